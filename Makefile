@@ -1,0 +1,83 @@
+# dflash: plain Makefile. `make` builds $(B)/libdflash.a and $(B)/dflash;
+# `make test` runs the whole suite (unit, sanitizers, fuzz smoke, parity);
+# `make run` runs the main job on the embedded models.
+B       ?= build
+CC      ?= gcc
+CLANG   ?= clang
+OPT     ?= -O2
+CFLAGS  := -std=c11 $(OPT) -g -fopenmp -Wall -Wextra -Werror -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE $(EXTRA_CFLAGS)
+LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -ldl -lm
+SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+LIB_SRC := $(sort $(shell find src -name '*.c' ! -path 'src/cli/*'))
+CLI_SRC := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+LIB_OBJ := $(LIB_SRC:%.c=$(B)/obj/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(B)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(B)/tests/%)
+ASAN_OBJ := $(LIB_SRC:%.c=$(B)/asan/%.o)
+ASAN_BIN := $(TEST_SRC:tests/%.c=$(B)/asan/tests/%)
+FUZZ_OBJ := $(LIB_SRC:%.c=$(B)/fuzz/%.o)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(B)/fuzz/bin/%)
+
+.PHONY: all deps test test-unit test-asan test-fuzz run clean format
+all: deps $(B)/dflash
+
+deps: $(B)/.deps-ok
+$(B)/.deps-ok: tools/deps.sh
+	@bash tools/deps.sh
+	@mkdir -p $(B) && touch $@
+
+$(B)/obj/%.o: %.c | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/libdflash.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/dflash: $(CLI_OBJ) $(B)/libdflash.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(B)/libdflash.a $(LDLIBS)
+
+$(B)/tests/%: tests/%.c $(B)/libdflash.a tests/harness.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(B)/libdflash.a $(LDLIBS)
+
+# Sanitizer build of the library and the unit tests.
+$(B)/asan/%.o: %.c | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) -c $< -o $@
+
+$(B)/asan/libdflash.a: $(ASAN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/asan/tests/%: tests/%.c $(B)/asan/libdflash.a tests/harness.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN) -Itests -o $@ $< $(B)/asan/libdflash.a $(LDLIBS)
+
+# libFuzzer builds (clang), run for a bounded time by `make test`.
+$(B)/fuzz/%.o: %.c | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CLANG) -std=c11 -O1 -g -Iinclude -Isrc -D_GNU_SOURCE -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+
+$(B)/fuzz/bin/%: tests/fuzz/%.c $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
+	$(CLANG) -std=c11 -O1 -g -Iinclude -Isrc -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_OBJ) $(LDLIBS) -fopenmp
+
+test: all $(TEST_BIN) $(ASAN_BIN) $(FUZZ_BIN)
+	@B=$(B) bash tests/run.sh
+
+run: all
+	@bash tools/run-default.sh
+
+format:
+	clang-format -i $$(find src include tests -name '*.[ch]')
+
+clean:
+	rm -rf $(B)/obj $(B)/asan $(B)/fuzz $(B)/tests $(B)/dflash $(B)/libdflash.a
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)
+.SECONDARY:

@@ -1,0 +1,128 @@
+/* backend.h: the compute contract between the model code and a backend.
+ *
+ * A backend is a table of function pointers (dflash_backend_ops) next to its
+ * own context, ggml-backend style. Model code (target, drafter) is written
+ * once against this table; the CPU backend (src/backend/cpu) is the
+ * reference definition of every op, and any other backend must agree with it
+ * within rounding. Activations are f32 row-major [rows, cols]; weights are
+ * dflash_weight (bf16/f16/f32, or fp8 e4m3 with per-row f32 scales). Every
+ * pointer an op takes lives in the backend's memory (the CPU backend: host).
+ * Ops are ordered on one stream; `sync` waits for all of them. */
+#ifndef DFLASH_BACKEND_H
+#define DFLASH_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+/* A weight matrix [rows, cols] (a vector is rows = 1). For fp8 weights,
+ * `scales` [rows] multiplies each row: W[r, c] = fp8(data[r, c]) * scales[r]. */
+typedef struct dflash_weight {
+    dflash_dtype dtype;
+    int64_t rows, cols;
+    const void *data;     /* backend memory */
+    const float *scales;  /* backend memory, fp8 only, else NULL */
+    const char *name;     /* tensor name, for messages */
+} dflash_weight;
+
+/* A paged KV pool: n_blocks blocks of DFLASH_KV_BLOCK positions; each block
+ * holds K and V of every layer: [n_blocks][n_layers][2][BLOCK][n_kv_heads *
+ * head_dim] elements of `dtype` (f32 on the CPU). K is stored after RoPE. */
+#define DFLASH_KV_BLOCK 16
+typedef struct dflash_kv_layout {
+    int n_blocks, n_layers, n_kv_heads, head_dim;
+    dflash_dtype dtype;
+    void *data; /* backend memory */
+} dflash_kv_layout;
+
+/* Per-sequence view used by kv_write and attention, one int32 record of
+ * DFLASH_SEQ_INFO_LEN fields per sequence of the batch:
+ *   [0] lo, [1] hi: the paged key positions [lo, hi) this sequence may see
+ *   [2] extra_off, [3] n_extra: rows of k_extra/v_extra that belong to it
+ *   [4] extra_pos0: absolute position of its first extra row
+ * Block tables: `block_tables + seq * bt_len` maps logical block
+ * (pos / BLOCK) % bt_len to a pool block; the modulo makes a bounded window a
+ * ring (a sequence that sees at most (bt_len - 1) * BLOCK positions). */
+#define DFLASH_SEQ_INFO_LEN 5
+
+typedef struct dflash_attn_args {
+    int n_rows, n_heads, n_kv_heads, head_dim;
+    float scale;
+    const float *q;           /* [n_rows, n_heads * head_dim] */
+    float *out;               /* [n_rows, n_heads * head_dim] */
+    const int32_t *q_pos;     /* [n_rows] absolute positions */
+    const int32_t *row_seq;   /* [n_rows] sequence index in the batch */
+    const int32_t *seq_info;  /* [n_seqs * DFLASH_SEQ_INFO_LEN] */
+    const dflash_kv_layout *kv; int layer;
+    const int32_t *block_tables; int bt_len;
+    const float *k_extra, *v_extra; /* [*, n_kv_heads * head_dim] or NULL */
+    int causal;               /* key visible only if key_pos <= q_pos */
+    int window;               /* > 0: also q_pos - key_pos < window */
+} dflash_attn_args;
+
+typedef struct dflash_backend dflash_backend;
+
+typedef struct dflash_backend_ops {
+    const char *name;
+    void (*destroy)(dflash_backend *be);
+    /* memory */
+    dflash_status (*alloc)(dflash_backend *be, size_t bytes, void **out);
+    void (*free)(dflash_backend *be, void *p);
+    dflash_status (*upload)(dflash_backend *be, void *dst, const void *src, size_t bytes);
+    dflash_status (*download)(dflash_backend *be, void *dst, const void *src, size_t bytes);
+    dflash_status (*sync)(dflash_backend *be);
+    /* Make a checkpoint tensor usable as a weight: the CPU backend points at
+     * the mapping, a device backend copies it once. */
+    dflash_status (*weight_from_host)(dflash_backend *be, dflash_weight *w, const void *host_data,
+                                      const float *host_scales);
+
+    /* ops */
+    /* out[i, :] = table[ids[i], :] as f32 */
+    dflash_status (*embed)(dflash_backend *be, const dflash_weight *table, const int32_t *ids, int n,
+                           float *out);
+    /* if delta: x += delta (x is the residual stream, updated in place);
+     * then out = x / sqrt(mean(x^2) + eps) * w, row by row over `dim`. */
+    dflash_status (*add_rmsnorm)(dflash_backend *be, float *x, const float *delta, const dflash_weight *w,
+                                 int n, int dim, float eps, float *out);
+    /* x += delta over n * dim elements */
+    dflash_status (*add)(dflash_backend *be, float *x, const float *delta, size_t count);
+    /* out[n, W.rows] = x[n, W.cols] * W^T, f32 accumulation */
+    dflash_status (*linear)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out);
+    /* In place on x [n, n_heads, head_dim]: optional per-head RMSNorm with
+     * `norm` [head_dim] (NULL: none), then NeoX RoPE at pos[i] / pos_scale
+     * with inv_freq[j] = theta^(-2j/head_dim). */
+    dflash_status (*norm_rope)(dflash_backend *be, float *x, const dflash_weight *norm, const int32_t *pos,
+                               int n, int n_heads, int head_dim, float eps, double theta,
+                               double pos_scale);
+    /* out = silu(gate) * up over count elements */
+    dflash_status (*swiglu)(dflash_backend *be, const float *gate, const float *up, size_t count,
+                            float *out);
+    /* Store rows' K and V [n, n_kv_heads * head_dim] at (row_seq, pos). */
+    dflash_status (*kv_write)(dflash_backend *be, const dflash_kv_layout *kv, int layer,
+                              const int32_t *block_tables, int bt_len, const int32_t *row_seq,
+                              const int32_t *pos, const float *k, const float *v, int n);
+    dflash_status (*attention)(dflash_backend *be, const dflash_attn_args *a);
+    /* dst[i * dst_stride + c] = src[idx[i] * src_stride + c] for c < cols;
+     * idx NULL means idx[i] = i. */
+    dflash_status (*copy_rows)(dflash_backend *be, float *dst, int64_t dst_stride, const float *src,
+                               int64_t src_stride, const int32_t *idx, int n, int64_t cols);
+    /* out[i] = index of the largest of x[i, 0..cols) (lowest index on ties) */
+    dflash_status (*argmax)(dflash_backend *be, const float *x, int n, int cols, int32_t *out);
+} dflash_backend_ops;
+
+struct dflash_backend {
+    const dflash_backend_ops *ops;
+    void *ctx;
+};
+
+/* The CPU reference backend (never fails to create unless out of memory). */
+dflash_status dflash_backend_cpu_create(dflash_backend **out);
+void dflash_backend_destroy(dflash_backend *be);
+
+/* Typed allocation helpers; contents are undefined until written. */
+dflash_status dflash_be_alloc_f32(dflash_backend *be, size_t count, float **out);
+dflash_status dflash_be_alloc_i32(dflash_backend *be, size_t count, int32_t **out);
+
+#endif

@@ -1,0 +1,52 @@
+/* cmd_info.c: `dflash info DIR`: describe a checkpoint (architecture,
+ * geometry, dtypes, parameter count) without building a model. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+
+int dflash_cmd_info(int argc, char **argv)
+{
+    if (argc != 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        FILE *f = argc == 2 ? stdout : stderr;
+        fprintf(f, "usage: dflash info DIR\n\nDescribe a Qwen3 target or DFlash drafter checkpoint folder:\n"
+                   "architecture, geometry, tensor dtypes and parameter count.\n");
+        return argc == 2 ? 0 : 2;
+    }
+    const char *dir = argv[1];
+    dflash_model_config c;
+    dflash_st *st = NULL;
+    if (dflash_config_load(dir, &c) != DFLASH_OK || dflash_st_open(dir, &st) != DFLASH_OK) {
+        fprintf(stderr, "dflash info: %s\n", dflash_last_error());
+        return 1;
+    }
+    int64_t params = 0, by_dtype[8] = { 0 };
+    for (size_t i = 0; i < dflash_st_count(st); i++) {
+        const dflash_tensor_info *t = dflash_st_at(st, i);
+        params += t->numel;
+        if ((unsigned)t->dtype < 8)
+            by_dtype[t->dtype] += t->numel;
+    }
+    printf("%s\n  architecture   %s%s\n", dir, c.architecture, c.is_dflash ? " (DFlash drafter)" : "");
+    printf("  layers         %d\n  hidden         %d\n  heads          %d (kv %d, head_dim %d)\n",
+           c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    printf("  intermediate   %d\n  vocab          %d%s\n  rope_theta     %g\n", c.intermediate_size, c.vocab_size,
+           c.tie_word_embeddings ? " (tied embeddings)" : "", c.rope_theta);
+    if (c.is_dflash) {
+        printf("  block_size     %d\n  mask_token_id  %d\n  target layers  %d, taps [", c.block_size,
+               c.mask_token_id, c.num_target_layers);
+        for (int i = 0; i < c.n_target_layer_ids; i++)
+            printf("%s%d", i ? ", " : "", c.target_layer_ids[i]);
+        printf("]\n");
+    }
+    printf("  tensors        %zu, %lld parameters (%.2f M)\n  dtypes        ", dflash_st_count(st),
+           (long long)params, params / 1e6);
+    for (int d = 0; d < 8; d++)
+        if (by_dtype[d])
+            printf(" %s %lld", dflash_dtype_name((dflash_dtype)d), (long long)by_dtype[d]);
+    printf("\n");
+    dflash_st_close(st);
+    return 0;
+}

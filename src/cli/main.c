@@ -1,0 +1,37 @@
+/* main.c: `dflash <command> ...`: dispatch to the subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} k_cmds[] = {
+    { "generate", dflash_cmd_generate, "generate tokens (plain or speculative)" },
+    { "info", dflash_cmd_info, "describe a checkpoint folder" },
+    { "tokenize", dflash_cmd_tokenize, "encode text to token ids" },
+    { "detokenize", dflash_cmd_detokenize, "decode token ids to text" },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dflash <command> [options]   (dflash <command> --help for details)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        fprintf(f, "  %-12s %s\n", k_cmds[i].name, k_cmds[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
+        if (!strcmp(argv[1], k_cmds[i].name))
+            return k_cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dflash: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

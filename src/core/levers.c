@@ -1,0 +1,41 @@
+/* levers.c: see levers.h. Malformed values fall back to the default with a
+ * warning on stderr rather than failing: a lever must never break a run. */
+#include "core/levers.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static dflash_levers g_levers;
+static int g_loaded;
+
+static int env_int(const char *name, int def, int lo, int hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < lo || x > hi) {
+        fprintf(stderr, "dflash: ignoring %s='%s' (expected an integer in [%d, %d]); using %d\n", name, v, lo, hi,
+                def);
+        return def;
+    }
+    return (int)x;
+}
+
+void dflash_levers_reload(void)
+{
+    g_levers.ctx_cap = env_int("DFLASH_CTX_CAP", 4096, 0, 1 << 30);
+    g_levers.drafter_fp8 = env_int("DFLASH_DRAFTER_FP8", env_int("ATLAS_DFLASH_DRAFTER_FP8", 0, 0, 1), 0, 1);
+    g_levers.log_level = env_int("DFLASH_LOG", 1, 0, 2);
+    g_loaded = 1;
+}
+
+const dflash_levers *dflash_levers_get(void)
+{
+    if (!g_loaded)
+        dflash_levers_reload();
+    return &g_levers;
+}

@@ -1,0 +1,17 @@
+/* levers.h: the environment switches, read once (on first use) into one
+ * struct, so hot code never calls getenv. They diagnose and tune the one
+ * release path; they never create alternate semantics. */
+#ifndef DFLASH_CORE_LEVERS_H
+#define DFLASH_CORE_LEVERS_H
+
+typedef struct dflash_levers {
+    int ctx_cap;      /* DFLASH_CTX_CAP: drafter context window in positions, 0 = none (default 4096) */
+    int drafter_fp8;  /* DFLASH_DRAFTER_FP8=1 (or the seed's ATLAS_DFLASH_DRAFTER_FP8=1) */
+    int log_level;    /* DFLASH_LOG: 0 quiet, 1 info (default), 2 debug */
+} dflash_levers;
+
+const dflash_levers *dflash_levers_get(void);
+/* Re-read the environment (tests change variables between cases). */
+void dflash_levers_reload(void);
+
+#endif

@@ -1,0 +1,457 @@
+/* dflash_head.c: the DFlash draft head: loading and checking a drafter
+ * against its target, the context path (taps -> fc -> hidden_norm -> every
+ * layer's K/V in the paged cache), the block forward (one propose), and the
+ * DraftProposer table that exposes them. */
+#include "draft/dflash_head.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/weight_bind.h"
+#include "core/levers.h"
+
+int dflash_ctx_cap(void) { return dflash_levers_get()->ctx_cap; }
+
+void dflash_head_default_opts(dflash_head_opts *o)
+{
+    o->max_seqs = 1;
+    o->max_ctx = 4096;
+    o->ctx_cap = -1;
+    o->kv_blocks = 0;
+    o->block_size = 0;
+    o->quant = -1;
+}
+
+/* ---- loading ---------------------------------------------------------- */
+
+static dflash_status check_against_target(const dflash_head *h, const char *dir, const dflash_qwen3 *t)
+{
+    const dflash_model_config *c = &h->cfg, *tc = &t->cfg;
+    if (c->hidden_size != tc->hidden_size)
+        return dflash_fail(DFLASH_ERR_SHAPE, "%s: drafter hidden_size %d != target hidden_size %d (the drafter "
+                           "runs on the target's embedding)", dir, c->hidden_size, tc->hidden_size);
+    if (c->vocab_size != tc->vocab_size)
+        return dflash_fail(DFLASH_ERR_SHAPE, "%s: drafter vocab_size %d != target vocab_size %d", dir,
+                           c->vocab_size, tc->vocab_size);
+    if (c->num_target_layers != tc->num_hidden_layers)
+        return dflash_fail(DFLASH_ERR_SHAPE, "%s: num_target_layers %d != the target's num_hidden_layers %d", dir,
+                           c->num_target_layers, tc->num_hidden_layers);
+    for (int i = 0; i < c->n_target_layer_ids; i++)
+        if (c->target_layer_ids[i] < 0 || c->target_layer_ids[i] >= tc->num_hidden_layers)
+            return dflash_fail(DFLASH_ERR_SHAPE, "%s: dflash_config.target_layer_ids[%d] = %d is not a layer of "
+                               "the target (0..%d)", dir, i, c->target_layer_ids[i], tc->num_hidden_layers - 1);
+    if (c->mask_token_id < 0 || c->mask_token_id >= tc->vocab_size)
+        return dflash_fail(DFLASH_ERR_SHAPE, "%s: dflash_config.mask_token_id %d is outside the target "
+                           "vocabulary [0, %d)", dir, c->mask_token_id, tc->vocab_size);
+    if (c->head_dim % 2)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", dir,
+                           c->head_dim);
+    for (int i = 0; i < c->num_hidden_layers; i++)
+        if (c->layer_sliding[i] && c->sliding_window <= 0)
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: layer %d is sliding_attention but sliding_window is %d",
+                               dir, i, c->sliding_window);
+    return DFLASH_OK;
+}
+
+static dflash_status bind_weights(dflash_head *h)
+{
+    const dflash_model_config *c = &h->cfg;
+    const int64_t K = c->n_target_layer_ids, H = c->hidden_size;
+    int64_t n_params = 0;
+    DFLASH_TRY(dflash_weight_bind(h->be, h->st, "fc.weight", H, K * H, &h->fc));
+    DFLASH_TRY(dflash_weight_bind(h->be, h->st, "hidden_norm.weight", 0, H, &h->hidden_norm));
+    DFLASH_TRY(dflash_weight_bind(h->be, h->st, "norm.weight", 0, H, &h->norm));
+    h->layers = calloc((size_t)c->num_hidden_layers, sizeof *h->layers);
+    if (!h->layers)
+        return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory");
+    char prefix[64];
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        snprintf(prefix, sizeof prefix, "layers.%d.", i);
+        DFLASH_TRY(qwen3_layer_bind(h->be, h->st, prefix, c, &h->layers[i].w, &n_params));
+        h->layers[i].sliding = c->layer_sliding[i];
+    }
+    return DFLASH_OK;
+}
+
+/* Per-row fp8 e4m3 copy of a weight: scale[r] = max|W[r,:]| / 448, so each
+ * row uses the format's whole range. Computed once at load, on the host. */
+static dflash_status quantize_fp8(dflash_backend *be, const dflash_weight *w, dflash_weight *q)
+{
+    const int64_t rows = w->rows, cols = w->cols;
+    uint8_t *bytes = malloc((size_t)(rows * cols));
+    float *scales = malloc((size_t)rows * sizeof(float)), *row = malloc((size_t)cols * sizeof(float));
+    dflash_status s = DFLASH_OK;
+    void *dbytes = NULL, *dscales = NULL;
+    if (!bytes || !scales || !row)
+        s = dflash_fail(DFLASH_ERR_OOM, "fp8 quantization of %s: out of memory", w->name);
+    /* The checkpoint tensor is host memory here; widen it through the
+     * backend-neutral dtype helpers. */
+    for (int64_t r = 0; s == DFLASH_OK && r < rows; r++) {
+        float amax = 0.0f;
+        for (int64_t k = 0; k < cols; k++) {
+            size_t idx = (size_t)(r * cols + k);
+            float v = w->dtype == DFLASH_DTYPE_BF16   ? dflash_bf16_to_f32(((const uint16_t *)w->data)[idx])
+                      : w->dtype == DFLASH_DTYPE_F16 ? dflash_f16_to_f32(((const uint16_t *)w->data)[idx])
+                                                     : ((const float *)w->data)[idx];
+            row[k] = v;
+            amax = fmaxf(amax, fabsf(v));
+        }
+        scales[r] = amax > 0.0f ? amax / 448.0f : 1.0f;
+        for (int64_t k = 0; k < cols; k++)
+            bytes[r * cols + k] = dflash_f32_to_fp8e4m3(row[k] / scales[r]);
+    }
+    if (s == DFLASH_OK)
+        s = be->ops->alloc(be, (size_t)(rows * cols), &dbytes);
+    if (s == DFLASH_OK)
+        s = be->ops->alloc(be, (size_t)rows * sizeof(float), &dscales);
+    if (s == DFLASH_OK)
+        s = be->ops->upload(be, dbytes, bytes, (size_t)(rows * cols));
+    if (s == DFLASH_OK)
+        s = be->ops->upload(be, dscales, scales, (size_t)rows * sizeof(float));
+    if (s == DFLASH_OK) {
+        *q = (dflash_weight){ DFLASH_DTYPE_F8_E4M3, rows, cols, dbytes, dscales, w->name };
+    } else {
+        if (dbytes)
+            be->ops->free(be, dbytes);
+        if (dscales)
+            be->ops->free(be, dscales);
+    }
+    free(bytes);
+    free(scales);
+    free(row);
+    return s;
+}
+
+static dflash_status quantize_layers(dflash_head *h)
+{
+    for (int i = 0; i < h->cfg.num_hidden_layers; i++)
+        for (int k = 0; k < QWEN3_LIN_COUNT; k++)
+            DFLASH_TRY(quantize_fp8(h->be, &h->layers[i].w.lin[k], &h->layers[i].lin_fp8[k]));
+    return DFLASH_OK;
+}
+
+/* The projection weights a layer runs with. */
+static const dflash_weight *layer_lin(const dflash_head *h, const dflash_layer *l)
+{
+    return h->quant == DFLASH_QUANT_FP8_WEIGHTS ? l->lin_fp8 : l->w.lin;
+}
+
+static dflash_status alloc_scratch(dflash_head *h)
+{
+    const size_t R = (size_t)h->max_rows, S = (size_t)h->opts.max_seqs, H = (size_t)h->cfg.hidden_size;
+    dflash_scratch *s = &h->s;
+    DFLASH_TRY(qwen3_bufs_alloc(h->be, &h->cfg, h->max_rows, &s->b));
+    DFLASH_TRY(dflash_be_alloc_f32(h->be, R * H, &s->z));
+    DFLASH_TRY(dflash_be_alloc_f32(h->be, R * H, &s->hsel));
+    DFLASH_TRY(dflash_be_alloc_f32(h->be, R * (size_t)h->cfg.vocab_size, &s->logits));
+    int32_t **ints[] = { &s->ids, &s->row_seq, &s->sel, &s->argmax };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        DFLASH_TRY(dflash_be_alloc_i32(h->be, R, ints[i]));
+    DFLASH_TRY(dflash_be_alloc_i32(h->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
+    return dflash_be_alloc_i32(h->be, S * (size_t)h->bt_len, &s->block_tables);
+}
+
+static void free_scratch(dflash_head *h)
+{
+    dflash_scratch *s = &h->s;
+    qwen3_bufs_free(h->be, &s->b);
+    void *p[] = { s->z, s->hsel, s->logits, s->ids, s->row_seq, s->sel, s->argmax, s->seq_info, s->block_tables };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        if (p[i])
+            h->be->ops->free(h->be, p[i]);
+}
+
+static const dflash_proposer_ops k_dflash_ops;
+
+dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dflash_head_opts *opts,
+                               dflash_head **out)
+{
+    *out = NULL;
+    dflash_head *h = calloc(1, sizeof *h);
+    if (!h)
+        return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory");
+    h->be = target->be;
+    if (opts)
+        h->opts = *opts;
+    else
+        dflash_head_default_opts(&h->opts);
+    h->proposer = (dflash_proposer){ &k_dflash_ops, h };
+    h->kernels = (dflash_kernels){ h->be->ops->name, 0, NULL }; /* generic ops: nothing to resolve */
+    dflash_status s = dflash_config_load(dir, &h->cfg);
+    if (s == DFLASH_OK && !h->cfg.is_dflash)
+        s = dflash_fail(DFLASH_ERR_FORMAT, "%s: not a DFlash drafter (architectures[0] is '%s' and there is no "
+                        "dflash_config)", dir, h->cfg.architecture);
+    if (s == DFLASH_OK)
+        s = check_against_target(h, dir, target);
+    if (s == DFLASH_OK) {
+        h->block_size = h->opts.block_size > 0 && h->opts.block_size < h->cfg.block_size ? h->opts.block_size
+                                                                                         : h->cfg.block_size;
+        h->ctx_cap = h->opts.ctx_cap >= 0 ? h->opts.ctx_cap : dflash_ctx_cap();
+        int quant = h->opts.quant >= 0 ? h->opts.quant : dflash_levers_get()->drafter_fp8;
+        h->quant = quant ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16;
+        /* With a cap the ring holds the window plus the block it straddles. */
+        int full = (h->opts.max_ctx + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
+        int ring = (h->ctx_cap + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK + 1;
+        h->bt_len = h->ctx_cap > 0 && ring < full ? ring : full;
+        h->max_rows = h->opts.max_seqs * h->block_size;
+        if (h->max_rows < target->opts.max_rows)
+            h->max_rows = target->opts.max_rows;
+        h->embed = target->embed;
+        h->lm_head = target->lm_head;
+        s = dflash_st_open(dir, &h->st);
+    }
+    if (s == DFLASH_OK)
+        s = bind_weights(h);
+    if (s == DFLASH_OK && h->quant == DFLASH_QUANT_FP8_WEIGHTS)
+        s = quantize_layers(h);
+    if (s == DFLASH_OK) {
+        int blocks = h->opts.kv_blocks > 0 ? h->opts.kv_blocks : h->opts.max_seqs * h->bt_len;
+        s = dflash_kv_pool_init(&h->kv, h->be, blocks, h->cfg.num_hidden_layers, h->cfg.num_key_value_heads,
+                                h->cfg.head_dim);
+    }
+    if (s == DFLASH_OK)
+        s = alloc_scratch(h);
+    if (s != DFLASH_OK) {
+        dflash_head_free(h);
+        return s;
+    }
+    *out = h;
+    return DFLASH_OK;
+}
+
+void dflash_head_free(dflash_head *h)
+{
+    if (!h)
+        return;
+    free_scratch(h);
+    if (h->kv.free_list)
+        dflash_kv_pool_free(&h->kv);
+    for (int i = 0; h->layers && i < h->cfg.num_hidden_layers; i++)
+        for (int k = 0; k < QWEN3_LIN_COUNT; k++) {
+            dflash_weight *q = &h->layers[i].lin_fp8[k];
+            if (q->data)
+                h->be->ops->free(h->be, (void *)q->data);
+            if (q->scales)
+                h->be->ops->free(h->be, (void *)q->scales);
+        }
+    free(h->layers);
+    dflash_st_close(h->st);
+    free(h);
+}
+
+const float *dflash_head_last_logits(const dflash_head *h) { return h->s.logits; }
+
+/* ---- the context path ------------------------------------------------- */
+
+/* Append committed rows [pos0, pos0 + n) of one sequence: only the rows the
+ * window keeps are projected, and whole blocks that fall out of the window
+ * go back to the pool first. */
+static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const dflash_ctx_rows *r)
+{
+    const dflash_model_config *c = &h->cfg;
+    const dflash_backend_ops *o = h->be->ops;
+    dflash_scratch *s = &h->s;
+    if (r->pos0 != st->kv.len)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: context rows start at position %d, expected %d",
+                           r->pos0, st->kv.len);
+    if (r->n <= 0)
+        return DFLASH_OK;
+    if (r->n > h->max_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: %d context rows at once (at most %d)", r->n,
+                           h->max_rows);
+    if (!r->taps || r->taps_stride != h->fc.cols)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: context rows need taps of %lld values per row, "
+                           "got %lld", (long long)h->fc.cols, (long long)(r->taps ? r->taps_stride : 0));
+    const int32_t end = r->pos0 + r->n;
+    if (end > st->budget)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: position %d past the state's budget of %d",
+                           end - 1, st->budget);
+    int32_t lo = h->ctx_cap > 0 && end - h->ctx_cap > st->kv.lo ? end - h->ctx_cap : st->kv.lo;
+    int first = lo > r->pos0 ? lo - r->pos0 : 0, m = r->n - first;
+    dflash_kv_seq_drop_before(&h->kv, &st->kv, lo);
+    DFLASH_TRY(dflash_kv_seq_reserve(&h->kv, &st->kv, end));
+
+    int32_t pos[m], zeros[m];
+    for (int i = 0; i < m; i++) {
+        pos[i] = r->pos0 + first + i;
+        zeros[i] = 0;
+    }
+    DFLASH_TRY(o->upload(h->be, s->b.pos, pos, sizeof pos));
+    DFLASH_TRY(o->upload(h->be, s->row_seq, zeros, sizeof zeros));
+    DFLASH_TRY(o->upload(h->be, s->block_tables, st->kv.table, (size_t)h->bt_len * sizeof(int32_t)));
+    /* z = hidden_norm(fc(taps)); input_layernorm is NOT applied to z. */
+    DFLASH_TRY(o->linear(h->be, r->taps + (int64_t)first * r->taps_stride, m, &h->fc, s->z));
+    DFLASH_TRY(o->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps, s->b.xn));
+    for (int li = 0; li < c->num_hidden_layers; li++) {
+        const dflash_layer *l = &h->layers[li];
+        const dflash_weight *lin = layer_lin(h, l);
+        DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], s->b.k));
+        DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_V], s->b.v));
+        DFLASH_TRY(o->norm_rope(h->be, s->b.k, &l->w.k_norm, s->b.pos, m, c->num_key_value_heads, c->head_dim,
+                                c->rms_norm_eps, c->rope_theta, c->rope_scaling_factor));
+        DFLASH_TRY(o->kv_write(h->be, &h->kv.layout, li, s->block_tables, h->bt_len, s->row_seq, s->b.pos, s->b.k,
+                               s->b.v, m));
+    }
+    st->kv.len = end;
+    return DFLASH_OK;
+}
+
+/* ---- the block forward ------------------------------------------------ */
+
+static dflash_status block_forward(dflash_head *h, dflash_proposer_state **states, int n_seqs,
+                                   const int32_t *last_tokens, const int32_t *positions, int n_drafts,
+                                   int32_t *drafts)
+{
+    const dflash_model_config *c = &h->cfg;
+    const dflash_backend_ops *o = h->be->ops;
+    dflash_scratch *s = &h->s;
+    const int B = n_drafts + 1, n = n_seqs * B;
+    int32_t ids[n], pos[n], row_seq[n], sel[n_seqs * n_drafts];
+    for (int q = 0; q < n_seqs; q++) {
+        const dflash_proposer_state *st = states[q];
+        if (positions[q] != st->kv.len)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: propose at position %d but sequence %d has "
+                               "%d committed positions", positions[q], q, st->kv.len);
+        for (int j = 0; j < B; j++) {
+            ids[q * B + j] = j == 0 ? last_tokens[q] : c->mask_token_id;
+            pos[q * B + j] = positions[q] + j;
+            row_seq[q * B + j] = q;
+            if (j > 0)
+                sel[q * n_drafts + j - 1] = q * B + j;
+        }
+        /* Context keys [lo, s) from the pages, then the block's own B rows. */
+        int32_t info[DFLASH_SEQ_INFO_LEN] = { st->kv.lo, st->kv.len, q * B, B, positions[q] };
+        DFLASH_TRY(o->upload(h->be, s->seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
+        DFLASH_TRY(o->upload(h->be, s->block_tables + (size_t)q * h->bt_len, st->kv.table,
+                             (size_t)h->bt_len * sizeof(int32_t)));
+    }
+    DFLASH_TRY(o->upload(h->be, s->ids, ids, sizeof ids));
+    DFLASH_TRY(o->upload(h->be, s->b.pos, pos, sizeof pos));
+    DFLASH_TRY(o->upload(h->be, s->row_seq, row_seq, sizeof row_seq));
+    DFLASH_TRY(o->upload(h->be, s->sel, sel, sizeof sel));
+    DFLASH_TRY(o->embed(h->be, &h->embed, s->ids, n, s->b.x));
+    for (int li = 0; li < c->num_hidden_layers; li++) {
+        const dflash_layer *l = &h->layers[li];
+        const dflash_weight *lin = layer_lin(h, l);
+        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0));
+        dflash_attn_args a = qwen3_attn_args(c, &s->b, n);
+        a.row_seq = s->row_seq;
+        a.seq_info = s->seq_info;
+        a.kv = &h->kv.layout;
+        a.layer = li;
+        a.block_tables = s->block_tables;
+        a.bt_len = h->bt_len;
+        a.k_extra = s->b.k;
+        a.v_extra = s->b.v;
+        a.causal = l->sliding;                    /* full layers: no mask at all */
+        a.window = l->sliding ? c->sliding_window : 0;
+        DFLASH_TRY(o->attention(h->be, &a));
+        DFLASH_TRY(qwen3_layer_attn_out_mlp(h->be, c, &l->w, lin, &s->b, n));
+    }
+    DFLASH_TRY(o->add_rmsnorm(h->be, s->b.x, s->b.delta, &h->norm, n, c->hidden_size, c->rms_norm_eps, s->b.xn));
+    /* Row j predicts the token at its own position s+j; row 0 is discarded. */
+    const int nd = n_seqs * n_drafts;
+    DFLASH_TRY(o->copy_rows(h->be, s->hsel, c->hidden_size, s->b.xn, c->hidden_size, s->sel, nd, c->hidden_size));
+    DFLASH_TRY(o->linear(h->be, s->hsel, nd, &h->lm_head, s->logits));
+    DFLASH_TRY(o->argmax(h->be, s->logits, nd, c->vocab_size, s->argmax));
+    DFLASH_TRY(o->download(h->be, drafts, s->argmax, (size_t)nd * sizeof(int32_t)));
+    h->last_rows = nd;
+    return DFLASH_OK;
+}
+
+/* ---- the DraftProposer table ------------------------------------------ */
+
+static const char *head_name(const dflash_proposer *p)
+{
+    (void)p;
+    return "dflash";
+}
+
+static int head_block_size(const dflash_proposer *p) { return ((const dflash_head *)p->self)->block_size; }
+
+static int head_tap_layers(const dflash_proposer *p, const int **layers)
+{
+    const dflash_head *h = p->self;
+    *layers = h->cfg.target_layer_ids;
+    return h->cfg.n_target_layer_ids;
+}
+
+static dflash_status head_alloc_state(dflash_proposer *p, int budget_tokens, void **state)
+{
+    dflash_head *h = p->self;
+    if (budget_tokens <= 0 || budget_tokens > h->opts.max_ctx)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: budget of %d tokens (1..%d allowed)",
+                           budget_tokens, h->opts.max_ctx);
+    dflash_proposer_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory");
+    dflash_status s = dflash_kv_seq_init(&st->kv, h->bt_len);
+    if (s != DFLASH_OK) {
+        free(st);
+        return s;
+    }
+    st->budget = budget_tokens;
+    *state = st;
+    return DFLASH_OK;
+}
+
+static void head_free_state(dflash_proposer *p, void *state)
+{
+    dflash_head *h = p->self;
+    dflash_proposer_state *st = state;
+    if (!st)
+        return;
+    dflash_kv_seq_free(&h->kv, &st->kv);
+    free(st);
+}
+
+static dflash_status head_reset(dflash_proposer *p, void *state)
+{
+    dflash_head *h = p->self;
+    dflash_proposer_state *st = state;
+    int bt_len = st->kv.bt_len;
+    dflash_kv_seq_free(&h->kv, &st->kv);
+    return dflash_kv_seq_init(&st->kv, bt_len);
+}
+
+static dflash_status head_begin(dflash_proposer *p, void *state, const dflash_ctx_rows *rows)
+{
+    return ctx_append(p->self, state, rows);
+}
+
+static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
+                                  const int32_t *positions, int n_drafts, int32_t *drafts)
+{
+    dflash_head *h = p->self;
+    if (n_seqs <= 0 || n_seqs > h->opts.max_seqs)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: %d sequences (1..%d allowed)", n_seqs,
+                           h->opts.max_seqs);
+    if (n_drafts <= 0 || n_drafts > h->block_size - 1)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: %d drafts (1..%d allowed)", n_drafts,
+                           h->block_size - 1);
+    return block_forward(h, (dflash_proposer_state **)states, n_seqs, last_tokens, positions, n_drafts, drafts);
+}
+
+static dflash_status head_after_verify(dflash_proposer *p, void **states, int n_seqs, const dflash_ctx_rows *rows)
+{
+    for (int q = 0; q < n_seqs; q++)
+        DFLASH_TRY(ctx_append(p->self, states[q], &rows[q]));
+    return DFLASH_OK;
+}
+
+static void head_destroy(dflash_proposer *p) { dflash_head_free(p->self); }
+
+static const dflash_proposer_ops k_dflash_ops = {
+    .name = head_name,
+    .block_size = head_block_size,
+    .tap_layers = head_tap_layers,
+    .alloc_state = head_alloc_state,
+    .free_state = head_free_state,
+    .reset = head_reset,
+    .begin = head_begin,
+    .propose = head_propose,
+    .after_verify = head_after_verify,
+    .destroy = head_destroy,
+};

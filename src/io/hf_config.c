@@ -1,0 +1,484 @@
+/* hf_config.c: owns reading a Hugging Face config.json of a Qwen3 target or
+ * a DFlash drafter into dflash_model_config: field defaults as transformers
+ * applies them, type and range checks, and the drafter's default tap layers.
+ * Every rejection names the source (file or label), the field and the value. */
+#include "io/hf_config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CFG_MAX_FILE (64u << 20) /* a config.json is a few KB */
+
+/* ---- typed field readers ----------------------------------------------- */
+
+static const char *cfg_json_type(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "unknown";
+}
+
+/* A field that is absent or JSON null counts as not given. */
+static const json_t *cfg_field(const json_t *obj, const char *key)
+{
+    const json_t *v = obj ? json_object_get(obj, key) : NULL;
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static dflash_status cfg_missing(const char *label, const char *field)
+{
+    return dflash_fail(DFLASH_ERR_FORMAT, "%s: required field '%s' is missing", label, field);
+}
+
+static dflash_status cfg_wrong_type(const char *label, const char *field, const json_t *v, const char *want)
+{
+    return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' is %s, expected %s", label, field, cfg_json_type(v),
+                       want);
+}
+
+static dflash_status cfg_int_value(const char *label, const char *field, const json_t *v, int *out)
+{
+    if (!json_is_integer(v))
+        return cfg_wrong_type(label, field, v, "an integer");
+    json_int_t x = json_integer_value(v);
+    if (x < INT_MIN || x > INT_MAX)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %lld does not fit in an int", label, field,
+                           (long long)x);
+    *out = (int)x;
+    return DFLASH_OK;
+}
+
+/* Integer `key` of `obj`; `field` is its printed name. When absent: error
+ * if `required`, else `def`. */
+static dflash_status cfg_int(const char *label, const json_t *obj, const char *key, const char *field,
+                             int required, int def, int *out)
+{
+    const json_t *v = cfg_field(obj, key);
+    if (!v) {
+        if (required)
+            return cfg_missing(label, field);
+        *out = def;
+        return DFLASH_OK;
+    }
+    return cfg_int_value(label, field, v, out);
+}
+
+static dflash_status cfg_positive_int(const char *label, const json_t *obj, const char *key, int required,
+                                      int def, int *out)
+{
+    DFLASH_TRY(cfg_int(label, obj, key, key, required, def, out));
+    if (*out <= 0)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %d, expected > 0", label, key, *out);
+    return DFLASH_OK;
+}
+
+static dflash_status cfg_number(const char *label, const json_t *obj, const char *key, const char *field,
+                                double def, double *out)
+{
+    const json_t *v = cfg_field(obj, key);
+    if (!v) {
+        *out = def;
+        return DFLASH_OK;
+    }
+    if (!json_is_number(v))
+        return cfg_wrong_type(label, field, v, "a number");
+    *out = json_number_value(v);
+    return DFLASH_OK;
+}
+
+static dflash_status cfg_bool(const char *label, const json_t *obj, const char *key, int *out)
+{
+    const json_t *v = cfg_field(obj, key);
+    if (!v) {
+        *out = 0;
+        return DFLASH_OK;
+    }
+    if (!json_is_boolean(v))
+        return cfg_wrong_type(label, key, v, "a boolean");
+    *out = json_is_true(v);
+    return DFLASH_OK;
+}
+
+/* Copies a string field into `buf` ("" when absent). */
+static dflash_status cfg_string(const char *label, const char *field, const json_t *v, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (!v)
+        return DFLASH_OK;
+    if (!json_is_string(v))
+        return cfg_wrong_type(label, field, v, "a string");
+    const char *s = json_string_value(v);
+    if (strlen(s) >= n)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = \"%s\" is longer than %zu characters", label,
+                           field, s, n - 1);
+    memcpy(buf, s, strlen(s) + 1);
+    return DFLASH_OK;
+}
+
+static dflash_status cfg_token_id(const char *label, const char *field, int id, int vocab)
+{
+    if (id < 0 || id >= vocab)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %d is outside [0, vocab_size %d)", label, field,
+                           id, vocab);
+    return DFLASH_OK;
+}
+
+/* ---- sections ----------------------------------------------------------- */
+
+static dflash_status cfg_parse_sizes(const char *label, const json_t *root, dflash_model_config *c)
+{
+    DFLASH_TRY(cfg_positive_int(label, root, "hidden_size", 1, 0, &c->hidden_size));
+    DFLASH_TRY(cfg_positive_int(label, root, "num_hidden_layers", 1, 0, &c->num_hidden_layers));
+    if (c->num_hidden_layers > DFLASH_MAX_LAYERS)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_hidden_layers' = %d, at most %d are supported", label,
+                           c->num_hidden_layers, DFLASH_MAX_LAYERS);
+    DFLASH_TRY(cfg_positive_int(label, root, "num_attention_heads", 1, 0, &c->num_attention_heads));
+    DFLASH_TRY(cfg_positive_int(label, root, "num_key_value_heads", 0, c->num_attention_heads,
+                                &c->num_key_value_heads));
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return dflash_fail(DFLASH_ERR_FORMAT,
+                           "%s: num_attention_heads = %d is not divisible by num_key_value_heads = %d", label,
+                           c->num_attention_heads, c->num_key_value_heads);
+    if (!cfg_field(root, "head_dim") && c->hidden_size % c->num_attention_heads != 0)
+        return dflash_fail(DFLASH_ERR_FORMAT,
+                           "%s: head_dim is absent and hidden_size = %d is not divisible by num_attention_heads = %d",
+                           label, c->hidden_size, c->num_attention_heads);
+    DFLASH_TRY(cfg_positive_int(label, root, "head_dim", 0, c->hidden_size / c->num_attention_heads,
+                                &c->head_dim));
+    DFLASH_TRY(cfg_positive_int(label, root, "intermediate_size", 1, 0, &c->intermediate_size));
+    DFLASH_TRY(cfg_positive_int(label, root, "vocab_size", 1, 0, &c->vocab_size));
+    DFLASH_TRY(cfg_positive_int(label, root, "max_position_embeddings", 0, 32768, &c->max_position_embeddings));
+    double eps = 0;
+    DFLASH_TRY(cfg_number(label, root, "rms_norm_eps", "rms_norm_eps", 1e-6, &eps));
+    if (!(eps > 0))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'rms_norm_eps' = %g, expected > 0", label, eps);
+    c->rms_norm_eps = (float)eps;
+    return DFLASH_OK;
+}
+
+/* One rope scaling description (`rope_scaling` or `rope_parameters`): only
+ * "default" and "linear" are implemented; anything else would silently
+ * change the positions, so it is refused. */
+static dflash_status cfg_parse_rope_kind(const char *label, const char *field, const json_t *obj,
+                                         dflash_model_config *c)
+{
+    const char *type_key = cfg_field(obj, "rope_type") ? "rope_type" : "type";
+    const json_t *t = cfg_field(obj, type_key);
+    char name[64], printed[96];
+    snprintf(printed, sizeof printed, "%s.%s", field, type_key);
+    DFLASH_TRY(cfg_string(label, printed, t, name, sizeof name));
+    if (name[0] == 0 || strcmp(name, "default") == 0)
+        return DFLASH_OK;
+    if (strcmp(name, "linear") != 0)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = \"%s\" is not supported (only default, linear)",
+                           label, printed, name);
+    snprintf(printed, sizeof printed, "%s.factor", field);
+    double factor = 0;
+    if (!cfg_field(obj, "factor"))
+        return cfg_missing(label, printed);
+    DFLASH_TRY(cfg_number(label, obj, "factor", printed, 1, &factor));
+    if (!(factor > 0))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %g, expected > 0", label, printed, factor);
+    c->rope_scaling = DFLASH_ROPE_LINEAR;
+    c->rope_scaling_factor = factor;
+    return DFLASH_OK;
+}
+
+static dflash_status cfg_parse_rope(const char *label, const json_t *root, dflash_model_config *c)
+{
+    c->rope_scaling = DFLASH_ROPE_NONE;
+    c->rope_scaling_factor = 1;
+    const json_t *params = cfg_field(root, "rope_parameters");
+    if (params && !json_is_object(params))
+        return cfg_wrong_type(label, "rope_parameters", params, "an object");
+    if (cfg_field(root, "rope_theta"))
+        DFLASH_TRY(cfg_number(label, root, "rope_theta", "rope_theta", 10000, &c->rope_theta));
+    else
+        DFLASH_TRY(cfg_number(label, params, "rope_theta", "rope_parameters.rope_theta", 10000, &c->rope_theta));
+    if (!(c->rope_theta > 0))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'rope_theta' = %g, expected > 0", label, c->rope_theta);
+    const json_t *scaling = cfg_field(root, "rope_scaling");
+    if (scaling && !json_is_object(scaling))
+        return cfg_wrong_type(label, "rope_scaling", scaling, "an object or null");
+    if (scaling)
+        DFLASH_TRY(cfg_parse_rope_kind(label, "rope_scaling", scaling, c));
+    if (params && c->rope_scaling == DFLASH_ROPE_NONE)
+        DFLASH_TRY(cfg_parse_rope_kind(label, "rope_parameters", params, c));
+    return DFLASH_OK;
+}
+
+static dflash_status cfg_parse_tokens(const char *label, const json_t *root, dflash_model_config *c)
+{
+    DFLASH_TRY(cfg_int(label, root, "bos_token_id", "bos_token_id", 0, -1, &c->bos_token_id));
+    if (cfg_field(root, "bos_token_id"))
+        DFLASH_TRY(cfg_token_id(label, "bos_token_id", c->bos_token_id, c->vocab_size));
+    const json_t *eos = cfg_field(root, "eos_token_id");
+    c->n_eos = 0;
+    if (!eos)
+        return DFLASH_OK;
+    if (json_is_integer(eos)) {
+        DFLASH_TRY(cfg_int_value(label, "eos_token_id", eos, &c->eos_token_ids[0]));
+        c->n_eos = 1;
+    } else if (json_is_array(eos)) {
+        if (json_array_size(eos) > DFLASH_MAX_EOS)
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'eos_token_id' lists %zu ids, at most %d are supported",
+                               label, json_array_size(eos), DFLASH_MAX_EOS);
+        for (size_t i = 0; i < json_array_size(eos); i++) {
+            char field[48];
+            snprintf(field, sizeof field, "eos_token_id[%zu]", i);
+            DFLASH_TRY(cfg_int_value(label, field, json_array_get(eos, i), &c->eos_token_ids[i]));
+        }
+        c->n_eos = (int)json_array_size(eos);
+    } else
+        return cfg_wrong_type(label, "eos_token_id", eos, "an integer, a list of integers or null");
+    for (int i = 0; i < c->n_eos; i++)
+        DFLASH_TRY(cfg_token_id(label, "eos_token_id", c->eos_token_ids[i], c->vocab_size));
+    return DFLASH_OK;
+}
+
+static dflash_status cfg_parse_names(const char *label, const json_t *root, dflash_model_config *c)
+{
+    const json_t *arch = cfg_field(root, "architectures");
+    if (arch && !json_is_array(arch))
+        return cfg_wrong_type(label, "architectures", arch, "a list of strings");
+    DFLASH_TRY(cfg_string(label, "architectures[0]", arch ? json_array_get(arch, 0) : NULL, c->architecture,
+                          sizeof c->architecture));
+    /* transformers >= 4.56 writes `dtype`; older ones `torch_dtype`. */
+    const char *dtype_key = cfg_field(root, "torch_dtype") ? "torch_dtype" : "dtype";
+    DFLASH_TRY(cfg_string(label, dtype_key, cfg_field(root, dtype_key), c->torch_dtype, sizeof c->torch_dtype));
+    return cfg_bool(label, root, "tie_word_embeddings", &c->tie_word_embeddings);
+}
+
+static dflash_status cfg_parse_layer_types(const char *label, const json_t *root, dflash_model_config *c)
+{
+    DFLASH_TRY(cfg_int(label, root, "sliding_window", "sliding_window", 0, 0, &c->sliding_window));
+    if (cfg_field(root, "sliding_window") && c->sliding_window <= 0)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'sliding_window' = %d, expected > 0 or null", label,
+                           c->sliding_window);
+    const json_t *types = cfg_field(root, "layer_types");
+    if (!types)
+        return DFLASH_OK;
+    if (!json_is_array(types))
+        return cfg_wrong_type(label, "layer_types", types, "a list of strings");
+    if (json_array_size(types) != (size_t)c->num_hidden_layers)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'layer_types' has %zu entries, num_hidden_layers is %d",
+                           label, json_array_size(types), c->num_hidden_layers);
+    for (size_t i = 0; i < json_array_size(types); i++) {
+        const json_t *t = json_array_get(types, i);
+        const char *s = json_is_string(t) ? json_string_value(t) : NULL;
+        if (s && strcmp(s, "full_attention") == 0)
+            c->layer_sliding[i] = 0;
+        else if (s && strcmp(s, "sliding_attention") == 0)
+            c->layer_sliding[i] = 1;
+        else if (s)
+            return dflash_fail(DFLASH_ERR_FORMAT,
+                               "%s: field 'layer_types[%zu]' = \"%s\", expected \"full_attention\" or \"sliding_attention\"",
+                               label, i, s);
+        else
+            return cfg_wrong_type(label, "layer_types[i]", t, "a string");
+        if (c->layer_sliding[i] && c->sliding_window <= 0)
+            return dflash_fail(DFLASH_ERR_FORMAT,
+                               "%s: field 'layer_types[%zu]' is \"sliding_attention\" but sliding_window is absent",
+                               label, i);
+    }
+    return DFLASH_OK;
+}
+
+/* ---- DFlash drafter ----------------------------------------------------- */
+
+/* Python 3 round(): nearest integer, exact halves to the even neighbour.
+ * Done by hand so the result never depends on the FP rounding mode. */
+static int cfg_round_half_even(double v)
+{
+    double f = floor(v), frac = v - f; /* exact for the small values used */
+    if (frac > 0.5 || (frac == 0.5 && fmod(f, 2.0) != 0.0))
+        f += 1.0;
+    return (int)f;
+}
+
+void dflash_default_target_layer_ids(int n_target, int n_draft, int *out)
+{
+    if (n_draft <= 0)
+        return;
+    if (n_draft == 1) {
+        out[0] = n_target / 2;
+        return;
+    }
+    /* Same expression order as the reference: start + (i * span) / (n - 1). */
+    int span = n_target - 4;
+    for (int i = 0; i < n_draft; i++)
+        out[i] = cfg_round_half_even(1.0 + (double)(i * span) / (double)(n_draft - 1));
+}
+
+static dflash_status cfg_parse_taps(const char *label, const json_t *dcfg, dflash_model_config *c)
+{
+    const json_t *ids = cfg_field(dcfg, "target_layer_ids");
+    const char *origin = "dflash_config.target_layer_ids";
+    if (ids) {
+        if (!json_is_array(ids))
+            return cfg_wrong_type(label, origin, ids, "a list of integers");
+        size_t n = json_array_size(ids);
+        if (n == 0 || n > DFLASH_MAX_TAPS)
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' has %zu entries, expected 1..%d", label, origin, n,
+                               DFLASH_MAX_TAPS);
+        for (size_t i = 0; i < n; i++) {
+            char field[64];
+            snprintf(field, sizeof field, "%s[%zu]", origin, i);
+            DFLASH_TRY(cfg_int_value(label, field, json_array_get(ids, i), &c->target_layer_ids[i]));
+        }
+        c->n_target_layer_ids = (int)n;
+    } else {
+        origin = "default target_layer_ids";
+        if (c->num_hidden_layers > DFLASH_MAX_TAPS)
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: %d draft layers need more than %d default taps; give %s",
+                               label, c->num_hidden_layers, DFLASH_MAX_TAPS, "dflash_config.target_layer_ids");
+        dflash_default_target_layer_ids(c->num_target_layers, c->num_hidden_layers, c->target_layer_ids);
+        c->n_target_layer_ids = c->num_hidden_layers;
+    }
+    for (int i = 0; i < c->n_target_layer_ids; i++) {
+        int id = c->target_layer_ids[i];
+        if (id < 0 || id >= c->num_target_layers)
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: %s[%d] = %d is outside [0, num_target_layers %d)", label,
+                               origin, i, id, c->num_target_layers);
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status cfg_parse_dflash(const char *label, const json_t *root, dflash_model_config *c)
+{
+    const json_t *dcfg = cfg_field(root, "dflash_config");
+    c->is_dflash = dcfg || strcmp(c->architecture, "DFlashDraftModel") == 0;
+    if (!c->is_dflash)
+        return DFLASH_OK;
+    if (dcfg && !json_is_object(dcfg))
+        return cfg_wrong_type(label, "dflash_config", dcfg, "an object");
+    DFLASH_TRY(cfg_int(label, root, "block_size", "block_size", 0, 16, &c->block_size));
+    if (c->block_size < 2 || c->block_size > 64)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'block_size' = %d, expected 2..64", label, c->block_size);
+    DFLASH_TRY(cfg_positive_int(label, root, "num_target_layers", 1, 0, &c->num_target_layers));
+    if (c->num_target_layers > DFLASH_MAX_LAYERS)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_target_layers' = %d, at most %d are supported", label,
+                           c->num_target_layers, DFLASH_MAX_LAYERS);
+    /* Only dflash_config is read, as the reference drafter does; say so when
+     * a top-level copy suggests the writer expected otherwise. */
+    if (!cfg_field(dcfg, "mask_token_id"))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: required field 'dflash_config.mask_token_id' is missing%s", label,
+                           cfg_field(root, "mask_token_id") ? " (a top-level mask_token_id is not read; it belongs in dflash_config)"
+                                                            : "");
+    DFLASH_TRY(cfg_int(label, dcfg, "mask_token_id", "dflash_config.mask_token_id", 1, 0, &c->mask_token_id));
+    DFLASH_TRY(cfg_token_id(label, "dflash_config.mask_token_id", c->mask_token_id, c->vocab_size));
+    return cfg_parse_taps(label, dcfg, c);
+}
+
+/* ---- public API --------------------------------------------------------- */
+
+static dflash_status cfg_parse_root(const char *label, const json_t *root, dflash_model_config *c)
+{
+    if (!json_is_object(root))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: config is %s, expected a JSON object", label,
+                           cfg_json_type(root));
+    DFLASH_TRY(cfg_parse_names(label, root, c));
+    DFLASH_TRY(cfg_parse_sizes(label, root, c));
+    DFLASH_TRY(cfg_parse_rope(label, root, c));
+    DFLASH_TRY(cfg_parse_tokens(label, root, c));
+    DFLASH_TRY(cfg_parse_layer_types(label, root, c));
+    DFLASH_TRY(cfg_parse_dflash(label, root, c));
+    int sliding;
+    DFLASH_TRY(cfg_bool(label, root, "use_sliding_window", &sliding));
+    if (sliding && !c->is_dflash)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED,
+                           "%s: field 'use_sliding_window' = true is not supported for a target model", label);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_config_parse(const char *json, size_t len, const char *label, dflash_model_config *out)
+{
+    if (!out || (!json && len))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash_config_parse: json and out must not be NULL");
+    if (!label)
+        label = "config";
+    memset(out, 0, sizeof *out);
+    json_error_t err;
+    json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &err);
+    if (!root)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", label, err.text,
+                           err.line, err.column);
+    dflash_status s = cfg_parse_root(label, root, out);
+    json_decref(root);
+    return s;
+}
+
+/* Reads a whole (small) file into a NUL-terminated buffer. */
+static dflash_status cfg_read_file(const char *path, char **buf, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dflash_fail(DFLASH_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CFG_MAX_FILE) {
+        close(fd);
+        return dflash_fail(DFLASH_ERR_IO, "%s: not a regular file of at most %u bytes", path, CFG_MAX_FILE);
+    }
+    size_t n = (size_t)sb.st_size, got = 0;
+    char *p = malloc(n + 1);
+    if (!p) {
+        close(fd);
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", path);
+    }
+    while (got < n) {
+        ssize_t r = read(fd, p + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : 0;
+            close(fd);
+            free(p);
+            return dflash_fail(DFLASH_ERR_IO, "%s: read failed: %s", path, e ? strerror(e) : "file shrank");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    p[n] = 0;
+    *buf = p;
+    *len = n;
+    return DFLASH_OK;
+}
+
+dflash_status dflash_config_load(const char *path, dflash_model_config *out)
+{
+    if (!path || !out)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash_config_load: path and out must not be NULL");
+    struct stat sb;
+    char *file = NULL;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        size_t n = strlen(path) + sizeof "/config.json";
+        file = malloc(n);
+        if (!file)
+            return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", path);
+        snprintf(file, n, "%s/config.json", path);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    dflash_status s = cfg_read_file(file ? file : path, &text, &len);
+    if (s == DFLASH_OK)
+        s = dflash_config_parse(text, len, file ? file : path, out);
+    free(text);
+    free(file);
+    return s;
+}

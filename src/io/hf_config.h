@@ -1,0 +1,62 @@
+/* hf_config.h: Hugging Face `config.json` of a Qwen3 model or of a DFlash
+ * drafter (a Qwen3 config + block_size, num_target_layers, dflash_config).
+ * Unknown or inconsistent values are errors naming the file and the field. */
+#ifndef DFLASH_IO_HF_CONFIG_H
+#define DFLASH_IO_HF_CONFIG_H
+
+#include <stddef.h>
+
+#include "core/status.h"
+
+#define DFLASH_MAX_LAYERS 256
+#define DFLASH_MAX_EOS 8
+#define DFLASH_MAX_TAPS 64
+
+typedef enum dflash_rope_scaling {
+    DFLASH_ROPE_NONE = 0,  /* absent, null, or rope_type "default" */
+    DFLASH_ROPE_LINEAR,    /* positions divided by factor */
+} dflash_rope_scaling;
+
+typedef struct dflash_model_config {
+    char architecture[64]; /* architectures[0], e.g. "Qwen3ForCausalLM" */
+    char torch_dtype[16];  /* "bfloat16", ... ("" if absent) */
+    int hidden_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim;            /* default hidden_size / num_attention_heads */
+    int intermediate_size;
+    int vocab_size;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    double rope_theta;       /* top level or rope_parameters.rope_theta */
+    dflash_rope_scaling rope_scaling;
+    double rope_scaling_factor; /* 1 when none */
+    int tie_word_embeddings; /* 0/1 */
+    int bos_token_id;        /* -1 if absent */
+    int n_eos;
+    int eos_token_ids[DFLASH_MAX_EOS]; /* int or list in the json */
+    /* Per-layer attention kind from `layer_types` (all full when absent). */
+    unsigned char layer_sliding[DFLASH_MAX_LAYERS];
+    int sliding_window;      /* 0 when absent/null */
+
+    /* DFlash drafter fields; is_dflash = architectures[0] == "DFlashDraftModel"
+     * or a dflash_config object is present. */
+    int is_dflash;
+    int block_size;          /* default 16 */
+    int num_target_layers;   /* required for a drafter */
+    int mask_token_id;       /* dflash_config.mask_token_id, required */
+    int n_target_layer_ids;
+    int target_layer_ids[DFLASH_MAX_TAPS]; /* explicit, or spread evenly */
+} dflash_model_config;
+
+/* `path` is a config.json file or a folder holding one. */
+dflash_status dflash_config_load(const char *path, dflash_model_config *out);
+/* Parse JSON text; `label` names the source in messages. */
+dflash_status dflash_config_parse(const char *json, size_t len, const char *label, dflash_model_config *out);
+
+/* Default tap layers: n_draft == 1 -> [n_target / 2]; otherwise
+ * round(1 + i * (n_target - 4) / (n_draft - 1)) with halves to even. */
+void dflash_default_target_layer_ids(int n_target, int n_draft, int *out);
+
+#endif

@@ -1,0 +1,198 @@
+/* spec.c: the speculative loop as a numbered state machine:
+ *
+ *   1 PREFILL   target runs the prompt in chunks (with taps); the proposer
+ *               receives each chunk as context; t_N = argmax of the last row
+ *   2 PROPOSE   drafts d_1..d_k for the block [t_s, MASK...] at positions s..
+ *   3 VERIFY    target runs [t_s, d_1..d_k] at s..s+k with taps
+ *   4 ACCEPT    a = leading run of d_i == argmax(row i-1); bonus = argmax(row a)
+ *   5 COMMIT    emit d_1..d_a, bonus (stop tokens and the budget cut it short)
+ *   6 ROLLBACK  target KV length moves back to s+a+1 (rejected rows are
+ *               simply overwritten later)
+ *   7 OBSERVE   proposer gets rows s..s+a (tokens + taps); s += a+1; goto 2
+ *
+ * With no proposer k = 0 and the same steps are plain greedy decoding. */
+#include "spec/spec.h"
+
+#include <string.h>
+#include <time.h>
+
+void dflash_gen_default_opts(dflash_gen_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_new = 64;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int is_stop(const dflash_gen_opts *o, int32_t t)
+{
+    for (int i = 0; i < o->n_stop; i++)
+        if (o->stop_ids[i] == t)
+            return 1;
+    return 0;
+}
+
+/* Run rows [tokens, positions start..] of the single sequence through the
+ * target; logits for the rows in logit_rows; argmax ids come back. */
+static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int32_t *tokens, int n,
+                                 const int *taps, int n_taps, int n_logit, const int32_t *logit_rows,
+                                 int32_t *argmax_out, float **taps_out)
+{
+    int32_t positions[t->opts.max_rows], row_seq[t->opts.max_rows];
+    for (int i = 0; i < n; i++) {
+        positions[i] = seq->len + i;
+        row_seq[i] = 0;
+    }
+    dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = positions, .row_seq = row_seq,
+                             .n_seqs = 1, .seqs = &seq, .n_logit_rows = n_logit, .logit_rows = logit_rows,
+                             .n_taps = n_taps, .tap_layers = taps };
+    float *logits;
+    DFLASH_TRY(dflash_qwen3_forward(t, &b, &logits, taps_out));
+    if (n_logit > 0) {
+        DFLASH_TRY(t->be->ops->argmax(t->be, logits, n_logit, t->cfg.vocab_size, t->s.sel));
+        DFLASH_TRY(t->be->ops->download(t->be, argmax_out, t->s.sel, (size_t)n_logit * sizeof(int32_t)));
+    }
+    return DFLASH_OK;
+}
+
+static void trace_step(FILE *f, int32_t s, const int32_t *drafts, int k, int a, int32_t next)
+{
+    fprintf(f, "{\"pos\":%d,\"drafts\":[", s);
+    for (int i = 0; i < k; i++)
+        fprintf(f, "%s%d", i ? "," : "", drafts[i]);
+    fprintf(f, "],\"accepted\":%d,\"next\":%d}\n", a, next);
+}
+
+dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                   const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int32_t *out,
+                                   int *n_out, dflash_gen_stats *st)
+{
+    const int max_rows = target->opts.max_rows;
+    const int *taps = NULL;
+    int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
+    int B = p ? p->ops->block_size(p) : 1;
+    if (p && o->block_size > 0 && o->block_size < B)
+        B = o->block_size;
+    if (B > DFLASH_MAX_BLOCK || B > max_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: block size %d exceeds the limit %d", B,
+                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : max_rows);
+    if (n_prompt <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the prompt is empty");
+    if (seq->len != 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the target sequence is not empty");
+    if (n_prompt + o->n_new + B > target->opts.max_ctx)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "generate: prompt %d + %d new tokens + block %d exceed the context limit %d", n_prompt,
+                           o->n_new, B, target->opts.max_ctx);
+    memset(st, 0, sizeof *st);
+    st->n_prompt = n_prompt;
+    *n_out = 0;
+    double t0 = now_ms();
+
+    /* 1 PREFILL */
+    int32_t cur = -1;
+    for (int done = 0; done < n_prompt;) {
+        int n = n_prompt - done < max_rows ? n_prompt - done : max_rows;
+        int32_t last_row = n - 1;
+        int last_chunk = done + n == n_prompt;
+        float *tap_rows = NULL;
+        int32_t pos0 = seq->len;
+        DFLASH_TRY(target_rows(target, seq, prompt + done, n, taps, n_taps, last_chunk, &last_row, &cur, &tap_rows));
+        if (p) {
+            dflash_ctx_rows rows = { prompt + done, n, pos0, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
+            DFLASH_TRY(p->ops->begin(p, pstate, &rows));
+        }
+        done += n;
+    }
+    st->prefill_ms = now_ms() - t0;
+    if (o->n_new <= 0)
+        goto finish;
+    out[(*n_out)++] = cur;
+    if (o->on_tokens)
+        o->on_tokens(o->user, &cur, 1);
+    if (is_stop(o, cur)) {
+        st->stopped = 1;
+        goto finish;
+    }
+
+    while (*n_out < o->n_new) {
+        const int32_t s = seq->len; /* position of cur, the unverified last token */
+        int remaining = o->n_new - *n_out;
+        int k = B - 1 < remaining ? B - 1 : remaining; /* drafts this step */
+        int32_t block[DFLASH_MAX_BLOCK], g[DFLASH_MAX_BLOCK], rows_idx[DFLASH_MAX_BLOCK];
+        block[0] = cur;
+
+        /* 2 PROPOSE */
+        double t1 = now_ms();
+        if (k > 0)
+            DFLASH_TRY(p->ops->propose(p, &pstate, 1, &cur, &s, k, block + 1));
+        double t2 = now_ms();
+
+        /* 3 VERIFY */
+        for (int i = 0; i <= k; i++)
+            rows_idx[i] = i;
+        float *tap_rows = NULL;
+        DFLASH_TRY(target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, &tap_rows));
+        double t3 = now_ms();
+        st->draft_ms += t2 - t1;
+        st->verify_ms += t3 - t2;
+
+        /* 4 ACCEPT */
+        int a = 0;
+        while (a < k && block[a + 1] == g[a])
+            a++;
+        int32_t bonus = g[a];
+
+        /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens and budget */
+        int32_t *emit = out + *n_out;
+        int n_emit = 0;
+        for (int i = 1; i <= a + 1 && *n_out + n_emit < o->n_new; i++) {
+            int32_t tok = i <= a ? block[i] : bonus;
+            emit[n_emit++] = tok;
+            if (is_stop(o, tok)) {
+                st->stopped = 1;
+                break;
+            }
+        }
+        *n_out += n_emit;
+        if (o->on_tokens && n_emit)
+            o->on_tokens(o->user, emit, n_emit);
+        if (o->trace)
+            trace_step(o->trace, s, block + 1, k, a, bonus);
+        st->n_steps++;
+        st->accept_hist[a + 1]++;
+        for (int i = 0; i < k; i++) {
+            st->pos_tried[i]++;
+            st->pos_accepted[i] += i < a;
+        }
+
+        /* 6 ROLLBACK */
+        dflash_kv_seq_truncate(seq, s + a + 1);
+
+        /* 7 OBSERVE */
+        if (p && !st->stopped && *n_out < o->n_new) {
+            dflash_ctx_rows rows = { block, a + 1, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
+            DFLASH_TRY(p->ops->after_verify(p, &pstate, 1, &rows));
+        }
+        cur = bonus;
+        if (st->stopped)
+            break;
+    }
+
+finish:
+    DFLASH_TRY(target->be->ops->sync(target->be));
+    st->total_ms = now_ms() - t0;
+    st->n_generated = *n_out;
+    int64_t committed = 0;
+    for (int i = 0; i <= DFLASH_MAX_BLOCK; i++)
+        committed += st->accept_hist[i] * i;
+    st->mean_accept = st->n_steps ? (double)committed / st->n_steps : 0.0;
+    double decode_ms = st->total_ms - st->prefill_ms;
+    st->tokens_per_s = decode_ms > 0 ? *n_out / (decode_ms / 1e3) : 0.0;
+    return DFLASH_OK;
+}

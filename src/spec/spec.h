@@ -1,0 +1,47 @@
+/* spec.h: the speculative decoding loop (and plain decoding, which is the
+ * same loop with no drafts): prefill with taps, propose, verify, accept,
+ * roll the target back, tell the proposer what was accepted. */
+#ifndef DFLASH_SPEC_SPEC_H
+#define DFLASH_SPEC_SPEC_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "draft/proposer.h"
+#include "target/qwen3.h"
+
+#define DFLASH_MAX_BLOCK 64
+
+typedef struct dflash_gen_opts {
+    int n_new;               /* tokens to generate at most */
+    int block_size;          /* 0: the proposer's; capped by it */
+    const int32_t *stop_ids; /* generation ends after emitting one of these */
+    int n_stop;
+    FILE *trace;             /* one JSON line per step, or NULL */
+    /* Called with the tokens committed by each step, in order (streaming). */
+    void (*on_tokens)(void *user, const int32_t *ids, int n);
+    void *user;
+} dflash_gen_opts;
+
+void dflash_gen_default_opts(dflash_gen_opts *o);
+
+typedef struct dflash_gen_stats {
+    int n_prompt, n_generated, n_steps;
+    int stopped;                               /* a stop token ended it */
+    double mean_accept;                        /* tau: tokens committed per verify step */
+    int64_t accept_hist[DFLASH_MAX_BLOCK + 1]; /* [k]: steps that committed k tokens */
+    int64_t pos_tried[DFLASH_MAX_BLOCK];       /* [i]: steps that drafted position i + 1 */
+    int64_t pos_accepted[DFLASH_MAX_BLOCK];    /* [i]: ... and accepted it */
+    double prefill_ms, draft_ms, verify_ms, total_ms;
+    double tokens_per_s;                       /* generated tokens / (total - prefill) */
+} dflash_gen_stats;
+
+/* Generate up to o->n_new tokens after `prompt` into out[] (caller-sized
+ * n_new); *n_out tokens were written. `seq` must be an empty target
+ * sequence and `pstate` a fresh (or reset) state of `p`; p == NULL decodes
+ * plainly. Greedy: the output equals plain greedy decoding exactly. */
+dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                   const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int32_t *out,
+                                   int *n_out, dflash_gen_stats *stats);
+
+#endif

@@ -1,0 +1,263 @@
+/* qwen3.c: Qwen3 target: load (bind every tensor by name with shape checks,
+ * size scratch and KV once) and the batched forward with taps. */
+#include "target/qwen3.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/weight_bind.h"
+
+void dflash_qwen3_default_opts(dflash_qwen3_opts *o)
+{
+    o->max_rows = 64;
+    o->max_seqs = 1;
+    o->kv_blocks = 0; /* 0: max_seqs * blocks of max_ctx */
+    o->max_ctx = 4096;
+}
+
+static dflash_status bind_weights(dflash_qwen3 *m)
+{
+    const dflash_model_config *c = &m->cfg;
+    DFLASH_TRY(dflash_weight_bind(m->be, m->st, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed));
+    DFLASH_TRY(dflash_weight_bind(m->be, m->st, "model.norm.weight", 0, c->hidden_size, &m->final_norm));
+    m->n_params = m->embed.rows * m->embed.cols + c->hidden_size;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else {
+        if (!dflash_st_find(m->st, "lm_head.weight"))
+            return dflash_fail(DFLASH_ERR_NOT_FOUND,
+                               "%s: tensor 'lm_head.weight' not found and tie_word_embeddings is false",
+                               dflash_st_path(m->st));
+        DFLASH_TRY(dflash_weight_bind(m->be, m->st, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head));
+        m->n_params += m->lm_head.rows * m->lm_head.cols;
+    }
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (!m->layers)
+        return dflash_fail(DFLASH_ERR_OOM, "qwen3: out of memory");
+    char prefix[64];
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", i);
+        DFLASH_TRY(qwen3_layer_bind(m->be, m->st, prefix, c, &m->layers[i], &m->n_params));
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status alloc_scratch(dflash_qwen3 *m)
+{
+    const dflash_model_config *c = &m->cfg;
+    const size_t R = (size_t)m->opts.max_rows, S = (size_t)m->opts.max_seqs, H = (size_t)c->hidden_size;
+    qwen3_scratch *s = &m->s;
+    DFLASH_TRY(qwen3_bufs_alloc(m->be, c, m->opts.max_rows, &s->b));
+    DFLASH_TRY(dflash_be_alloc_f32(m->be, R * (size_t)c->vocab_size, &s->logits));
+    DFLASH_TRY(dflash_be_alloc_f32(m->be, R * DFLASH_MAX_TAPS * H, &s->taps));
+    DFLASH_TRY(dflash_be_alloc_f32(m->be, R * H, &s->hsel));
+    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->ids));
+    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->row_seq));
+    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->sel));
+    DFLASH_TRY(dflash_be_alloc_i32(m->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
+    return dflash_be_alloc_i32(m->be, S * (size_t)m->bt_len, &s->block_tables);
+}
+
+static void free_scratch(dflash_qwen3 *m)
+{
+    qwen3_scratch *s = &m->s;
+    qwen3_bufs_free(m->be, &s->b);
+    void *p[] = { s->logits, s->taps, s->hsel, s->ids, s->row_seq, s->sel, s->seq_info, s->block_tables };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        if (p[i])
+            m->be->ops->free(m->be, p[i]);
+}
+
+dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflash_qwen3_opts *opts,
+                                dflash_qwen3 **out)
+{
+    *out = NULL;
+    dflash_qwen3 *m = calloc(1, sizeof *m);
+    if (!m)
+        return dflash_fail(DFLASH_ERR_OOM, "qwen3: out of memory");
+    m->be = be;
+    if (opts)
+        m->opts = *opts;
+    else
+        dflash_qwen3_default_opts(&m->opts);
+    dflash_status s = dflash_config_load(dir, &m->cfg);
+    if (s == DFLASH_OK && m->cfg.is_dflash)
+        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a Qwen3 target", dir);
+    if (s == DFLASH_OK && m->cfg.head_dim % 2 != 0)
+        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", dir,
+                        m->cfg.head_dim);
+    if (s == DFLASH_OK && (m->opts.max_rows <= 0 || m->opts.max_seqs <= 0 || m->opts.max_ctx <= 0))
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows, max_seqs and max_ctx must be positive");
+    if (s == DFLASH_OK)
+        s = dflash_st_open(dir, &m->st);
+    if (s == DFLASH_OK)
+        s = bind_weights(m);
+    if (s == DFLASH_OK) {
+        m->bt_len = (m->opts.max_ctx + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
+        int blocks = m->opts.kv_blocks > 0 ? m->opts.kv_blocks : m->opts.max_seqs * m->bt_len;
+        s = dflash_kv_pool_init(&m->kv, be, blocks, m->cfg.num_hidden_layers, m->cfg.num_key_value_heads,
+                                m->cfg.head_dim);
+    }
+    if (s == DFLASH_OK)
+        s = alloc_scratch(m);
+    if (s != DFLASH_OK) {
+        dflash_qwen3_free(m);
+        return s;
+    }
+    *out = m;
+    return DFLASH_OK;
+}
+
+void dflash_qwen3_free(dflash_qwen3 *m)
+{
+    if (!m)
+        return;
+    free_scratch(m);
+    if (m->kv.free_list)
+        dflash_kv_pool_free(&m->kv);
+    free(m->layers);
+    dflash_st_close(m->st);
+    free(m);
+}
+
+dflash_status dflash_qwen3_seq_init(dflash_qwen3 *m, dflash_kv_seq *seq)
+{
+    return dflash_kv_seq_init(seq, m->bt_len);
+}
+
+void dflash_qwen3_seq_free(dflash_qwen3 *m, dflash_kv_seq *seq) { dflash_kv_seq_free(&m->kv, seq); }
+
+/* Check the batch and reserve KV for its rows: every sequence's rows are
+ * consecutive positions that start at its current length. A failed forward
+ * leaves every sequence's length as it was (blocks already reserved for a
+ * sequence stay with it for its next rows). */
+static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, int32_t *new_len)
+{
+    const dflash_model_config *c = &m->cfg;
+    if (b->n_rows <= 0 || b->n_rows > m->opts.max_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: %d rows (1..%d allowed)", b->n_rows,
+                           m->opts.max_rows);
+    if (b->n_seqs <= 0 || b->n_seqs > m->opts.max_seqs)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: %d sequences (1..%d allowed)", b->n_seqs,
+                           m->opts.max_seqs);
+    if (b->n_logit_rows < 0 || b->n_logit_rows > b->n_rows || b->n_taps < 0 || b->n_taps > DFLASH_MAX_TAPS)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: %d logit rows, %d taps", b->n_logit_rows,
+                           b->n_taps);
+    for (int t = 0; t < b->n_taps; t++)
+        if (b->tap_layers[t] < 0 || b->tap_layers[t] >= c->num_hidden_layers)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: tap layer %d outside [0, %d)",
+                               b->tap_layers[t], c->num_hidden_layers);
+    for (int i = 0; i < b->n_logit_rows; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_rows)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: logit row %d outside [0, %d)",
+                               b->logit_rows[i], b->n_rows);
+    for (int q = 0; q < b->n_seqs; q++)
+        new_len[q] = b->seqs[q]->len;
+    for (int i = 0; i < b->n_rows; i++) {
+        int q = b->row_seq[i];
+        if (q < 0 || q >= b->n_seqs || (i > 0 && q < b->row_seq[i - 1]))
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: row %d has sequence %d (rows must be "
+                               "sequence-major, 0..%d)", i, q, b->n_seqs - 1);
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: token %d outside the vocabulary [0, %d)",
+                               b->tokens[i], c->vocab_size);
+        if (b->positions[i] != new_len[q])
+            return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                               "qwen3 forward: row %d of sequence %d is at position %d, expected %d", i, q,
+                               b->positions[i], new_len[q]);
+        if (b->positions[i] >= m->opts.max_ctx)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: position %d past max_ctx %d",
+                               b->positions[i], m->opts.max_ctx);
+        new_len[q]++;
+    }
+    for (int q = 0; q < b->n_seqs; q++) {
+        dflash_status s = dflash_kv_seq_reserve(&m->kv, b->seqs[q], new_len[q]);
+        if (s != DFLASH_OK)
+            return dflash_fail_prefix(s, "sequence %d: ", q);
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, const int32_t *new_len)
+{
+    const dflash_backend_ops *o = m->be->ops;
+    const size_t nr = (size_t)b->n_rows * sizeof(int32_t);
+    DFLASH_TRY(o->upload(m->be, m->s.ids, b->tokens, nr));
+    DFLASH_TRY(o->upload(m->be, m->s.b.pos, b->positions, nr));
+    DFLASH_TRY(o->upload(m->be, m->s.row_seq, b->row_seq, nr));
+    for (int q = 0; q < b->n_seqs; q++) {
+        /* Every stored position is a candidate key; causal masking bounds
+         * what each row sees. */
+        int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, new_len[q], 0, 0, 0 };
+        DFLASH_TRY(o->upload(m->be, m->s.seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
+        DFLASH_TRY(o->upload(m->be, m->s.block_tables + (size_t)q * m->bt_len, b->seqs[q]->table,
+                             (size_t)m->bt_len * sizeof(int32_t)));
+    }
+    return DFLASH_OK;
+}
+
+/* After the residual add that completes layer `layer`, copy the rows into
+ * the tap slots that ask for it. */
+static dflash_status capture_taps(dflash_qwen3 *m, const dflash_qwen3_batch *b, int layer)
+{
+    const int64_t H = m->cfg.hidden_size;
+    for (int t = 0; t < b->n_taps; t++)
+        if (b->tap_layers[t] == layer)
+            DFLASH_TRY(m->be->ops->copy_rows(m->be, m->s.taps + t * H, (int64_t)b->n_taps * H, m->s.b.x, H, NULL,
+                                             b->n_rows, H));
+    return DFLASH_OK;
+}
+
+static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, int li)
+{
+    const qwen3_layer *l = &m->layers[li];
+    const qwen3_bufs *bufs = &m->s.b;
+    const int n = b->n_rows;
+    /* The previous layer's MLP output is added here, fused with this norm. */
+    DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, li > 0));
+    if (li)
+        DFLASH_TRY(capture_taps(m, b, li - 1));
+    DFLASH_TRY(m->be->ops->kv_write(m->be, &m->kv.layout, li, m->s.block_tables, m->bt_len, m->s.row_seq, bufs->pos,
+                                    bufs->k, bufs->v, n));
+    dflash_attn_args a = qwen3_attn_args(&m->cfg, bufs, n);
+    a.row_seq = m->s.row_seq;
+    a.seq_info = m->s.seq_info;
+    a.kv = &m->kv.layout;
+    a.layer = li;
+    a.block_tables = m->s.block_tables;
+    a.bt_len = m->bt_len;
+    a.causal = 1;
+    DFLASH_TRY(m->be->ops->attention(m->be, &a));
+    return qwen3_layer_attn_out_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
+}
+
+dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps)
+{
+    const dflash_model_config *c = &m->cfg;
+    const dflash_backend_ops *o = m->be->ops;
+    int32_t new_len[m->opts.max_seqs];
+    *logits = NULL;
+    if (taps)
+        *taps = NULL;
+    DFLASH_TRY(prepare_batch(m, b, new_len));
+    DFLASH_TRY(upload_batch(m, b, new_len));
+    DFLASH_TRY(o->embed(m->be, &m->embed, m->s.ids, b->n_rows, m->s.b.x));
+    for (int li = 0; li < c->num_hidden_layers; li++)
+        DFLASH_TRY(layer_forward(m, b, li));
+    DFLASH_TRY(o->add_rmsnorm(m->be, m->s.b.x, m->s.b.delta, &m->final_norm, b->n_rows, c->hidden_size,
+                              c->rms_norm_eps, m->s.b.xn));
+    DFLASH_TRY(capture_taps(m, b, c->num_hidden_layers - 1));
+    for (int q = 0; q < b->n_seqs; q++)
+        b->seqs[q]->len = new_len[q];
+    if (b->n_logit_rows > 0) {
+        DFLASH_TRY(o->upload(m->be, m->s.sel, b->logit_rows, (size_t)b->n_logit_rows * sizeof(int32_t)));
+        DFLASH_TRY(o->copy_rows(m->be, m->s.hsel, c->hidden_size, m->s.b.xn, c->hidden_size, m->s.sel,
+                                b->n_logit_rows, c->hidden_size));
+        DFLASH_TRY(o->linear(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits));
+        *logits = m->s.logits;
+    }
+    if (taps && b->n_taps > 0)
+        *taps = m->s.taps;
+    return DFLASH_OK;
+}

@@ -1,0 +1,81 @@
+/* qwen3.h: the Qwen3 target model: weights bound by name from a Hugging Face
+ * checkpoint, a forward over a batch of rows (prefill chunks, one-token
+ * decode, multi-row verify) that returns logits for requested rows and the
+ * hidden-state taps a DFlash drafter needs.
+ *
+ * A row's result never depends on which other rows share the forward: a
+ * 16-row verify equals 16 one-row decodes bit for bit. */
+#ifndef DFLASH_TARGET_QWEN3_H
+#define DFLASH_TARGET_QWEN3_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "kv/kv_pool.h"
+#include "target/qwen3_layer.h"
+
+typedef struct dflash_qwen3_opts {
+    int max_rows;      /* rows per forward call (prefill is chunked by the caller) */
+    int max_seqs;      /* sequences per batch */
+    int kv_blocks;     /* pool size in blocks of DFLASH_KV_BLOCK positions */
+    int max_ctx;       /* longest sequence, in positions */
+} dflash_qwen3_opts;
+
+void dflash_qwen3_default_opts(dflash_qwen3_opts *o);
+
+/* Scratch for one forward, sized at load: nothing allocates per call. */
+typedef struct qwen3_scratch {
+    qwen3_bufs b;                   /* layer activations [R, ...] */
+    float *logits;                  /* [R, V] */
+    float *taps;                    /* [R, DFLASH_MAX_TAPS * H] */
+    float *hsel;                    /* [R, H] rows gathered for the LM head */
+    int32_t *ids, *row_seq, *sel;   /* [R] */
+    int32_t *seq_info;              /* [S * DFLASH_SEQ_INFO_LEN] */
+    int32_t *block_tables;          /* [S * bt_len] */
+} qwen3_scratch;
+
+typedef struct dflash_qwen3 {
+    dflash_model_config cfg;
+    dflash_qwen3_opts opts;
+    dflash_st *st;          /* the checkpoint mapping (weights point into it on the CPU) */
+    dflash_backend *be;
+    dflash_weight embed;    /* [V, H] */
+    dflash_weight final_norm; /* [H] */
+    dflash_weight lm_head;  /* [V, H], the embedding when tied */
+    qwen3_layer *layers;    /* [L] */
+    dflash_kv_pool kv;
+    int bt_len;             /* block table length of every sequence */
+    qwen3_scratch s;
+    int64_t n_params;
+} dflash_qwen3;
+
+/* One forward's input. Rows are sequence-major; row i belongs to
+ * seqs[row_seq[i]] at absolute position positions[i]. */
+typedef struct dflash_qwen3_batch {
+    int n_rows;
+    const int32_t *tokens;     /* host [n_rows] */
+    const int32_t *positions;  /* host [n_rows] */
+    const int32_t *row_seq;    /* host [n_rows] */
+    int n_seqs;
+    dflash_kv_seq **seqs;      /* [n_seqs] */
+    int n_logit_rows;          /* rows whose logits are wanted */
+    const int32_t *logit_rows; /* host [n_logit_rows] */
+    int n_taps;                /* target layers to tap (0: none) */
+    const int *tap_layers;     /* [n_taps] */
+} dflash_qwen3_batch;
+
+dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflash_qwen3_opts *opts,
+                                dflash_qwen3 **out);
+void dflash_qwen3_free(dflash_qwen3 *m);
+
+dflash_status dflash_qwen3_seq_init(dflash_qwen3 *m, dflash_kv_seq *seq);
+void dflash_qwen3_seq_free(dflash_qwen3 *m, dflash_kv_seq *seq);
+
+/* Run the batch. On success the KV of every row is stored, each seq's len
+ * covers its rows, and (in backend memory, valid until the next forward):
+ *   *logits = [n_logit_rows, V], *taps = [n_rows, n_taps * H] (NULL if none). */
+dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps);
+
+#endif

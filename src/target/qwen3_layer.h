@@ -1,0 +1,58 @@
+/* qwen3_layer.h: one Qwen3 decoder layer, shared by the target and the
+ * DFlash drafter (same pre-norm block; they differ only in where attention
+ * keys come from, so attention itself is left to the caller):
+ *
+ *   attn_in:      x += delta (pending); xn = rmsnorm(x); q,k,v = proj(xn);
+ *                 q,k = rope(qk_norm(q,k))
+ *   (caller)      attn = attention(q, keys...)
+ *   attn_out_mlp: delta = o(attn); x += delta; xn = rmsnorm(x);
+ *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
+ *                 layer's attn_in or the final norm)
+ */
+#ifndef DFLASH_TARGET_QWEN3_LAYER_H
+#define DFLASH_TARGET_QWEN3_LAYER_H
+
+#include "backend/backend.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+
+enum { QWEN3_LIN_Q, QWEN3_LIN_K, QWEN3_LIN_V, QWEN3_LIN_O, QWEN3_LIN_GATE, QWEN3_LIN_UP, QWEN3_LIN_DOWN,
+       QWEN3_LIN_COUNT };
+
+typedef struct qwen3_layer {
+    dflash_weight input_norm, post_norm;   /* [H] */
+    dflash_weight q_norm, k_norm;          /* [D] */
+    dflash_weight lin[QWEN3_LIN_COUNT];    /* q [Hq*D, H], k/v [Hkv*D, H], o [H, Hq*D],
+                                              gate/up [I, H], down [H, I] */
+} qwen3_layer;
+
+/* Activation buffers of a layer, [R, ...] with R rows at most. */
+typedef struct qwen3_bufs {
+    float *x;      /* [R, H] residual stream */
+    float *xn;     /* [R, H] normed input of the current sub-block */
+    float *q;      /* [R, Hq*D] */
+    float *k, *v;  /* [R, Hkv*D] */
+    float *attn;   /* [R, Hq*D] */
+    float *delta;  /* [R, H] pending residual update */
+    float *gate;   /* [R, I] */
+    float *up;     /* [R, I] */
+    int32_t *pos;  /* [R] absolute positions */
+} qwen3_bufs;
+
+/* Bind "<prefix>input_layernorm.weight", "<prefix>self_attn.q_proj.weight",
+ * ... with shape checks; adds the element count to *n_params. */
+dflash_status qwen3_layer_bind(dflash_backend *be, const dflash_st *st, const char *prefix,
+                               const dflash_model_config *c, qwen3_layer *l, int64_t *n_params);
+dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_bufs *b);
+void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b);
+
+/* lin: the projection weights to use (l->lin, or quantized copies). */
+dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, int add_delta);
+dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                                       const dflash_weight *lin, const qwen3_bufs *b, int n);
+
+/* The attention arguments every Qwen3 layer shares (geometry, q, out, scale). */
+dflash_attn_args qwen3_attn_args(const dflash_model_config *c, const qwen3_bufs *b, int n);
+
+#endif

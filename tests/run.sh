@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# run.sh: run every test executable (plain and sanitizer builds), then the
+# fuzz targets for a bounded time; add up the RESULT lines into the closing
+# "N passed, N failed" line. Exit status is non-zero if anything failed.
+set -u
+B=${B:-build}
+passed=0 failed=0
+run_one() { # label, command...
+    local label=$1; shift
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    local res p f
+    res=$(printf '%s\n' "$out" | grep '^RESULT ' | tail -n 1)
+    if [ -n "$res" ]; then
+        read -r _ p f <<<"$res"
+    else
+        p=0 f=1
+    fi
+    if [ $rc -ne 0 ] && [ "$f" = 0 ]; then f=1; fi
+    passed=$((passed + p)); failed=$((failed + f))
+    if [ "$f" != 0 ]; then
+        printf '%s\n' "$out" | grep -v '^ok ' | tail -n 60
+        echo "FAILED: $label (rc=$rc)"
+    else
+        echo "$label: $p passed"
+    fi
+}
+for t in $B/tests/test_*; do [ -x "$t" ] && run_one "$t" "$t"; done
+for t in $B/asan/tests/test_*; do
+    [ -x "$t" ] || continue
+    # The sanitizer pass covers the unit and parser tests; model-size tests
+    # would take minutes under ASan and add no new code paths.
+    case "$(basename "$t")" in test_slow_*) continue ;; esac
+    run_one "$t" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 "$t"
+done
+fuzz_secs=${DFLASH_FUZZ_SECONDS:-20}
+for f in $B/fuzz/bin/fuzz_*; do
+    [ -x "$f" ] || continue
+    name=$(basename "$f")
+    corpus=tests/fuzz/corpus/${name#fuzz_}
+    work=$B/fuzz/work/$name; mkdir -p "$work"
+    if "$f" -max_total_time="$fuzz_secs" -rss_limit_mb=2048 -print_final_stats=0 "$work" ${corpus:+$( [ -d "$corpus" ] && echo "$corpus")} >$B/fuzz/$name.log 2>&1; then
+        passed=$((passed + 1)); echo "$name: ran ${fuzz_secs}s, no crash"
+    else
+        failed=$((failed + 1)); tail -n 40 $B/fuzz/$name.log; echo "FAILED: $name"
+    fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,383 @@
+/* test_config.c: config.json parsing for Qwen3 targets and DFlash drafters:
+ * a full config, the rope_parameters form, defaults, every validation error
+ * (status and a distinctive piece of the message), eos lists, layer_types,
+ * and the drafter's explicit and default target_layer_ids. Error cases are
+ * made by editing one field of a good config with jansson. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/status.h"
+#include "harness.h"
+#include "io/hf_config.h"
+
+static const char *k_qwen3 =
+    "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"hidden_act\":\"silu\","
+    "\"hidden_size\":1024,\"num_hidden_layers\":28,\"num_attention_heads\":16,\"num_key_value_heads\":8,"
+    "\"head_dim\":128,\"intermediate_size\":3072,\"vocab_size\":151936,\"max_position_embeddings\":40960,"
+    "\"rms_norm_eps\":1e-06,\"rope_theta\":1000000,\"rope_scaling\":null,\"tie_word_embeddings\":true,"
+    "\"bos_token_id\":151643,\"eos_token_id\":151645,\"torch_dtype\":\"bfloat16\",\"sliding_window\":null,"
+    "\"use_sliding_window\":false,\"max_window_layers\":28,\"model_type\":\"qwen3\"}";
+
+static const char *k_minimal = "{\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                               "\"intermediate_size\":128,\"vocab_size\":1000}";
+
+static const char *k_drafter =
+    "{\"architectures\":[\"DFlashDraftModel\"],\"block_size\":16,"
+    "\"dflash_config\":{\"mask_token_id\":151669,\"target_layer_ids\":[1,9,17,25,33]},"
+    "\"hidden_size\":4096,\"num_hidden_layers\":5,\"num_attention_heads\":32,\"num_key_value_heads\":8,"
+    "\"head_dim\":128,\"intermediate_size\":12288,\"vocab_size\":151936,\"num_target_layers\":36,"
+    "\"rms_norm_eps\":1e-06,\"rope_theta\":1000000,\"tie_word_embeddings\":false,\"dtype\":\"bfloat16\","
+    "\"eos_token_id\":151645,\"use_sliding_window\":false}";
+
+static dflash_status parse(const char *text, dflash_model_config *c)
+{
+    return dflash_config_parse(text, strlen(text), "cfg.json", c);
+}
+
+/* Parse `base` after setting top-level `key` to the JSON `value` (or
+ * deleting it when value is NULL). */
+static dflash_status parse_edit(const char *base, const char *key, const char *value, dflash_model_config *c)
+{
+    json_t *root = json_loads(base, 0, NULL);
+    CHECK(root != NULL);
+    if (!root)
+        return DFLASH_ERR_INVALID_ARG;
+    if (value) {
+        json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
+        CHECKF(v != NULL, "bad test value %s", value);
+        json_object_set_new(root, key, v);
+    } else {
+        json_object_del(root, key);
+    }
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    dflash_status s = parse(text, c);
+    free(text);
+    return s;
+}
+
+/* ---- good configs ------------------------------------------------------ */
+
+static void test_qwen3_full(void)
+{
+    dflash_model_config c;
+    CHECK_OK(parse(k_qwen3, &c));
+    CHECK(strcmp(c.architecture, "Qwen3ForCausalLM") == 0);
+    CHECK(strcmp(c.torch_dtype, "bfloat16") == 0);
+    CHECK(c.hidden_size == 1024 && c.num_hidden_layers == 28);
+    CHECK(c.num_attention_heads == 16 && c.num_key_value_heads == 8 && c.head_dim == 128);
+    CHECK(c.intermediate_size == 3072 && c.vocab_size == 151936 && c.max_position_embeddings == 40960);
+    CHECK(c.rms_norm_eps == 1e-6f && c.rope_theta == 1e6);
+    CHECK(c.rope_scaling == DFLASH_ROPE_NONE && c.rope_scaling_factor == 1.0);
+    CHECK(c.tie_word_embeddings == 1 && c.bos_token_id == 151643);
+    CHECK(c.n_eos == 1 && c.eos_token_ids[0] == 151645);
+    CHECK(c.sliding_window == 0 && c.layer_sliding[0] == 0 && c.layer_sliding[27] == 0);
+    CHECK(c.is_dflash == 0);
+}
+
+static void test_defaults(void)
+{
+    dflash_model_config c;
+    CHECK_OK(parse(k_minimal, &c));
+    CHECK(c.num_key_value_heads == 4 && c.head_dim == 16);
+    CHECK(c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6f && c.rope_theta == 10000.0);
+    CHECK(c.rope_scaling == DFLASH_ROPE_NONE && c.rope_scaling_factor == 1.0);
+    CHECK(c.tie_word_embeddings == 0 && c.bos_token_id == -1 && c.n_eos == 0);
+    CHECK(c.architecture[0] == 0 && c.torch_dtype[0] == 0 && c.sliding_window == 0 && c.is_dflash == 0);
+    CHECK_OK(parse_edit(k_qwen3, "bos_token_id", "null", &c));
+    CHECK(c.bos_token_id == -1);
+    CHECK_OK(parse_edit(k_qwen3, "eos_token_id", "null", &c));
+    CHECK(c.n_eos == 0);
+    CHECK_OK(parse_edit(k_qwen3, "torch_dtype", NULL, &c));
+    CHECK(c.torch_dtype[0] == 0);
+}
+
+static void test_rope_parameters(void)
+{
+    dflash_model_config c;
+    const char *newer = "{\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                        "\"intermediate_size\":128,\"vocab_size\":1000,\"dtype\":\"float16\","
+                        "\"rope_parameters\":{\"rope_theta\":5000000.0,\"rope_type\":\"default\"}}";
+    CHECK_OK(parse(newer, &c));
+    CHECK(c.rope_theta == 5e6 && c.rope_scaling == DFLASH_ROPE_NONE);
+    CHECK(strcmp(c.torch_dtype, "float16") == 0);
+    CHECK_OK(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"linear\",\"factor\":2}", &c));
+    CHECK(c.rope_scaling == DFLASH_ROPE_LINEAR && c.rope_scaling_factor == 2.0);
+    CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"yarn\",\"factor\":4}", &c),
+                DFLASH_ERR_UNSUPPORTED, "'rope_parameters.rope_type' = \"yarn\"");
+    CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":0}", &c), DFLASH_ERR_FORMAT,
+                "'rope_theta' = 0");
+    CHECK_FAILS(parse_edit(newer, "rope_parameters", "[1]", &c), DFLASH_ERR_FORMAT,
+                "'rope_parameters' is an array");
+}
+
+static void test_rope_scaling(void)
+{
+    dflash_model_config c;
+    CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"linear\",\"factor\":4.0}", &c));
+    CHECK(c.rope_scaling == DFLASH_ROPE_LINEAR && c.rope_scaling_factor == 4.0);
+    CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"type\":\"linear\",\"factor\":2}", &c));
+    CHECK(c.rope_scaling == DFLASH_ROPE_LINEAR && c.rope_scaling_factor == 2.0);
+    CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"default\"}", &c));
+    CHECK(c.rope_scaling == DFLASH_ROPE_NONE);
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4.0}", &c),
+                DFLASH_ERR_UNSUPPORTED, "cfg.json: field 'rope_scaling.rope_type' = \"yarn\" is not supported");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"type\":\"dynamic\",\"factor\":2}", &c),
+                DFLASH_ERR_UNSUPPORTED, "'rope_scaling.type' = \"dynamic\"");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8}", &c),
+                DFLASH_ERR_UNSUPPORTED, "\"llama3\"");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"linear\"}", &c), DFLASH_ERR_FORMAT,
+                "required field 'rope_scaling.factor' is missing");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"linear\",\"factor\":-1}", &c),
+                DFLASH_ERR_FORMAT, "'rope_scaling.factor' = -1");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "\"linear\"", &c), DFLASH_ERR_FORMAT,
+                "'rope_scaling' is a string");
+}
+
+static void test_eos_and_bos(void)
+{
+    dflash_model_config c;
+    CHECK_OK(parse_edit(k_qwen3, "eos_token_id", "[151645, 151643]", &c));
+    CHECK(c.n_eos == 2 && c.eos_token_ids[0] == 151645 && c.eos_token_ids[1] == 151643);
+    CHECK_FAILS(parse_edit(k_qwen3, "eos_token_id", "151936", &c), DFLASH_ERR_FORMAT,
+                "'eos_token_id' = 151936 is outside [0, vocab_size 151936)");
+    CHECK_FAILS(parse_edit(k_qwen3, "eos_token_id", "[1, -1]", &c), DFLASH_ERR_FORMAT, "'eos_token_id' = -1");
+    CHECK_FAILS(parse_edit(k_qwen3, "eos_token_id", "[1, \"2\"]", &c), DFLASH_ERR_FORMAT,
+                "'eos_token_id[1]' is a string");
+    CHECK_FAILS(parse_edit(k_qwen3, "eos_token_id", "[1,2,3,4,5,6,7,8,9]", &c), DFLASH_ERR_FORMAT,
+                "lists 9 ids, at most 8");
+    CHECK_FAILS(parse_edit(k_qwen3, "eos_token_id", "\"</s>\"", &c), DFLASH_ERR_FORMAT,
+                "'eos_token_id' is a string");
+    CHECK_FAILS(parse_edit(k_qwen3, "bos_token_id", "-5", &c), DFLASH_ERR_FORMAT, "'bos_token_id' = -5");
+    CHECK_FAILS(parse_edit(k_qwen3, "bos_token_id", "1e3", &c), DFLASH_ERR_FORMAT,
+                "'bos_token_id' is a real number, expected an integer");
+}
+
+/* ---- validation errors -------------------------------------------------- */
+
+static void test_required_and_types(void)
+{
+    dflash_model_config c;
+    const char *required[] = { "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                               "vocab_size" };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "cfg.json: required field '%s' is missing", required[i]);
+        CHECK_FAILS(parse_edit(k_qwen3, required[i], NULL, &c), DFLASH_ERR_FORMAT, want);
+    }
+    CHECK_FAILS(parse_edit(k_qwen3, "hidden_size", "\"1024\"", &c), DFLASH_ERR_FORMAT,
+                "field 'hidden_size' is a string, expected an integer");
+    CHECK_FAILS(parse_edit(k_qwen3, "hidden_size", "1024.5", &c), DFLASH_ERR_FORMAT, "'hidden_size' is a real number");
+    CHECK_FAILS(parse_edit(k_qwen3, "hidden_size", "4294967296", &c), DFLASH_ERR_FORMAT, "does not fit in an int");
+    CHECK_FAILS(parse_edit(k_qwen3, "rms_norm_eps", "\"small\"", &c), DFLASH_ERR_FORMAT,
+                "'rms_norm_eps' is a string, expected a number");
+    CHECK_FAILS(parse_edit(k_qwen3, "tie_word_embeddings", "1", &c), DFLASH_ERR_FORMAT,
+                "'tie_word_embeddings' is an integer, expected a boolean");
+    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "\"Qwen3\"", &c), DFLASH_ERR_FORMAT, "'architectures'");
+    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[7]", &c), DFLASH_ERR_FORMAT, "'architectures[0]' is an integer");
+    CHECK_FAILS(parse_edit(k_qwen3, "torch_dtype", "16", &c), DFLASH_ERR_FORMAT, "'torch_dtype' is an integer");
+}
+
+static void test_bad_values(void)
+{
+    dflash_model_config c;
+    CHECK_FAILS(parse_edit(k_qwen3, "hidden_size", "0", &c), DFLASH_ERR_FORMAT, "'hidden_size' = 0, expected > 0");
+    CHECK_FAILS(parse_edit(k_qwen3, "intermediate_size", "-3", &c), DFLASH_ERR_FORMAT, "'intermediate_size' = -3");
+    CHECK_FAILS(parse_edit(k_qwen3, "head_dim", "0", &c), DFLASH_ERR_FORMAT, "'head_dim' = 0");
+    CHECK_FAILS(parse_edit(k_qwen3, "num_key_value_heads", "5", &c), DFLASH_ERR_FORMAT,
+                "num_attention_heads = 16 is not divisible by num_key_value_heads = 5");
+    CHECK_FAILS(parse_edit(k_qwen3, "num_hidden_layers", "300", &c), DFLASH_ERR_FORMAT,
+                "'num_hidden_layers' = 300, at most 256");
+    CHECK_FAILS(parse_edit(k_qwen3, "vocab_size", "0", &c), DFLASH_ERR_FORMAT, "'vocab_size' = 0");
+    CHECK_FAILS(parse_edit(k_qwen3, "rms_norm_eps", "0", &c), DFLASH_ERR_FORMAT, "'rms_norm_eps' = 0");
+    CHECK_FAILS(parse_edit(k_qwen3, "rms_norm_eps", "-1e-6", &c), DFLASH_ERR_FORMAT, "'rms_norm_eps' = -1e-06");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_theta", "0", &c), DFLASH_ERR_FORMAT, "'rope_theta' = 0");
+    CHECK_FAILS(parse_edit(k_qwen3, "max_position_embeddings", "0", &c), DFLASH_ERR_FORMAT,
+                "'max_position_embeddings' = 0");
+    CHECK_FAILS(parse_edit(k_minimal, "num_attention_heads", "5", &c), DFLASH_ERR_FORMAT,
+                "head_dim is absent and hidden_size = 64 is not divisible by num_attention_heads = 5");
+    CHECK_FAILS(parse_edit(k_qwen3, "use_sliding_window", "true", &c), DFLASH_ERR_UNSUPPORTED,
+                "'use_sliding_window' = true is not supported for a target model");
+}
+
+static void test_bad_json(void)
+{
+    dflash_model_config c;
+    CHECK_FAILS(parse("{\"hidden_size\":", &c), DFLASH_ERR_FORMAT, "cfg.json: not valid JSON");
+    CHECK_FAILS(parse("[1]", &c), DFLASH_ERR_FORMAT, "config is an array, expected a JSON object");
+    CHECK_FAILS(parse("{\"hidden_size\":1,\"hidden_size\":2}", &c), DFLASH_ERR_FORMAT, "duplicate");
+    CHECK_FAILS(dflash_config_parse("", 0, "empty.json", &c), DFLASH_ERR_FORMAT, "empty.json");
+}
+
+static void test_layer_types(void)
+{
+    dflash_model_config c;
+    const char *mixed = "[\"full_attention\",\"sliding_attention\"]";
+    CHECK_OK(parse_edit(k_minimal, "layer_types", "[\"full_attention\",\"full_attention\"]", &c));
+    CHECK(c.layer_sliding[0] == 0 && c.layer_sliding[1] == 0);
+    CHECK_FAILS(parse_edit(k_minimal, "layer_types", mixed, &c), DFLASH_ERR_FORMAT,
+                "'layer_types[1]' is \"sliding_attention\" but sliding_window is absent");
+    char with_window[512];
+    snprintf(with_window, sizeof with_window, "%.*s,\"sliding_window\":4096}", (int)strlen(k_minimal) - 1,
+             k_minimal);
+    CHECK_OK(parse_edit(with_window, "layer_types", mixed, &c));
+    CHECK(c.layer_sliding[0] == 0 && c.layer_sliding[1] == 1 && c.sliding_window == 4096);
+    CHECK_FAILS(parse_edit(k_minimal, "layer_types", "[\"full_attention\"]", &c), DFLASH_ERR_FORMAT,
+                "'layer_types' has 1 entries, num_hidden_layers is 2");
+    CHECK_FAILS(parse_edit(k_minimal, "layer_types", "[\"full_attention\",\"chunked_attention\"]", &c),
+                DFLASH_ERR_FORMAT, "'layer_types[1]' = \"chunked_attention\"");
+    CHECK_FAILS(parse_edit(k_minimal, "layer_types", "[\"full_attention\",3]", &c), DFLASH_ERR_FORMAT,
+                "is an integer, expected a string");
+    CHECK_FAILS(parse_edit(k_minimal, "sliding_window", "0", &c), DFLASH_ERR_FORMAT, "'sliding_window' = 0");
+}
+
+/* ---- DFlash drafters ---------------------------------------------------- */
+
+static void test_drafter_explicit(void)
+{
+    dflash_model_config c;
+    CHECK_OK(parse(k_drafter, &c));
+    CHECK(c.is_dflash == 1 && c.block_size == 16 && c.num_target_layers == 36 && c.mask_token_id == 151669);
+    CHECK(c.n_target_layer_ids == 5 && c.target_layer_ids[0] == 1 && c.target_layer_ids[4] == 33);
+    CHECK(strcmp(c.torch_dtype, "bfloat16") == 0);
+    /* A drafter may use sliding windows; only targets refuse it. */
+    CHECK_OK(parse_edit(k_drafter, "use_sliding_window", "true", &c));
+    /* dflash_config alone marks a drafter. */
+    CHECK_OK(parse_edit(k_drafter, "architectures", "[\"SomethingElse\"]", &c));
+    CHECK(c.is_dflash == 1);
+}
+
+static void check_ids(const int *got, const int *want, int n)
+{
+    for (int i = 0; i < n; i++)
+        CHECKF(got[i] == want[i], "id %d: got %d want %d", i, got[i], want[i]);
+}
+
+static void test_default_target_layer_ids(void)
+{
+    /* Expected values computed with Python 3:
+     * [int(round(1 + i*(nt-4)/(nd-1))) for i in range(nd)]. */
+    int out[DFLASH_MAX_TAPS];
+    const int a[] = { 1, 9, 17, 25, 33 };
+    dflash_default_target_layer_ids(36, 5, out);
+    check_ids(out, a, 5);
+    const int b[] = { 1, 6, 11, 16, 22, 27, 32, 37 };
+    dflash_default_target_layer_ids(40, 8, out);
+    check_ids(out, b, 8);
+    dflash_default_target_layer_ids(4, 1, out);
+    CHECK(out[0] == 2);
+    /* Exact halves go to the even neighbour: 3.5 -> 4, 2.5 -> 2. */
+    const int c[] = { 1, 4, 6 };
+    dflash_default_target_layer_ids(9, 3, out);
+    check_ids(out, c, 3);
+    const int d[] = { 1, 2, 4 };
+    dflash_default_target_layer_ids(7, 3, out);
+    check_ids(out, d, 3);
+    const int e[] = { 1, 7, 13, 19, 25 };
+    dflash_default_target_layer_ids(28, 5, out);
+    check_ids(out, e, 5);
+
+    /* Through the parser when dflash_config has no target_layer_ids. */
+    dflash_model_config cfg;
+    CHECK_OK(parse_edit(k_drafter, "dflash_config", "{\"mask_token_id\":151669}", &cfg));
+    CHECK(cfg.n_target_layer_ids == 5);
+    check_ids(cfg.target_layer_ids, a, 5);
+}
+
+static void test_drafter_errors(void)
+{
+    dflash_model_config c;
+    CHECK_FAILS(parse_edit(k_drafter, "num_target_layers", NULL, &c), DFLASH_ERR_FORMAT,
+                "required field 'num_target_layers' is missing");
+    CHECK_FAILS(parse_edit(k_drafter, "num_target_layers", "0", &c), DFLASH_ERR_FORMAT, "'num_target_layers' = 0");
+    CHECK_FAILS(parse_edit(k_drafter, "block_size", "1", &c), DFLASH_ERR_FORMAT, "'block_size' = 1, expected 2..64");
+    CHECK_FAILS(parse_edit(k_drafter, "block_size", "65", &c), DFLASH_ERR_FORMAT, "'block_size' = 65");
+    CHECK_OK(parse_edit(k_drafter, "block_size", NULL, &c));
+    CHECK(c.block_size == 16);
+    CHECK_FAILS(parse_edit(k_drafter, "dflash_config", "{\"target_layer_ids\":[1]}", &c), DFLASH_ERR_FORMAT,
+                "required field 'dflash_config.mask_token_id' is missing");
+    CHECK_FAILS(parse_edit(k_drafter, "dflash_config", NULL, &c), DFLASH_ERR_FORMAT, "dflash_config.mask_token_id");
+    CHECK_FAILS(parse_edit(k_drafter, "dflash_config", "7", &c), DFLASH_ERR_FORMAT, "'dflash_config' is an integer");
+    CHECK_FAILS(parse_edit(k_drafter, "dflash_config", "{\"mask_token_id\":151936}", &c), DFLASH_ERR_FORMAT,
+                "'dflash_config.mask_token_id' = 151936 is outside [0, vocab_size 151936)");
+    CHECK_FAILS(parse_edit(k_drafter, "dflash_config", "{\"mask_token_id\":1,\"target_layer_ids\":[1,36]}", &c),
+                DFLASH_ERR_FORMAT, "dflash_config.target_layer_ids[1] = 36 is outside [0, num_target_layers 36)");
+    CHECK_FAILS(parse_edit(k_drafter, "dflash_config", "{\"mask_token_id\":1,\"target_layer_ids\":[]}", &c),
+                DFLASH_ERR_FORMAT, "has 0 entries");
+    CHECK_FAILS(parse_edit(k_drafter, "dflash_config", "{\"mask_token_id\":1,\"target_layer_ids\":[1.5]}", &c),
+                DFLASH_ERR_FORMAT, "'dflash_config.target_layer_ids[0]' is a real number");
+}
+
+static void test_drafter_top_level_fields_not_read(void)
+{
+    /* Only dflash_config carries mask_token_id; a top-level copy is named in
+     * the error so the writer sees why it was not taken. */
+    json_t *root = json_loads(k_drafter, 0, NULL);
+    json_object_set_new(root, "dflash_config", json_object());
+    json_object_set_new(root, "mask_token_id", json_integer(5));
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    dflash_model_config c;
+    CHECK_FAILS(parse(text, &c), DFLASH_ERR_FORMAT, "a top-level mask_token_id is not read");
+    free(text);
+}
+
+static void test_drafter_small_target(void)
+{
+    /* 2 target layers, 2 draft layers: the default spread gives [1, -1]. */
+    json_t *root = json_loads(k_drafter, 0, NULL);
+    json_object_set_new(root, "num_target_layers", json_integer(2));
+    json_object_set_new(root, "num_hidden_layers", json_integer(2));
+    json_object_set_new(root, "dflash_config", json_pack("{s:i}", "mask_token_id", 3));
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    dflash_model_config c;
+    CHECK_FAILS(parse(text, &c), DFLASH_ERR_FORMAT, "default target_layer_ids[1] = -1 is outside");
+    free(text);
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+static void test_load_file_and_folder(void)
+{
+    char dir[] = "/tmp/dflash-cfg-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(k_drafter, f);
+        fclose(f);
+    }
+    dflash_model_config c;
+    CHECK_OK(dflash_config_load(path, &c));
+    CHECK(c.is_dflash && c.hidden_size == 4096);
+    CHECK_OK(dflash_config_load(dir, &c));
+    CHECK(c.num_target_layers == 36);
+    unlink(path);
+    CHECK_FAILS(dflash_config_load(dir, &c), DFLASH_ERR_IO, "config.json: cannot open: No such file");
+    rmdir(dir);
+}
+
+int main(void)
+{
+    RUN(test_qwen3_full);
+    RUN(test_defaults);
+    RUN(test_rope_parameters);
+    RUN(test_rope_scaling);
+    RUN(test_eos_and_bos);
+    RUN(test_required_and_types);
+    RUN(test_bad_values);
+    RUN(test_bad_json);
+    RUN(test_layer_types);
+    RUN(test_drafter_explicit);
+    RUN(test_default_target_layer_ids);
+    RUN(test_drafter_errors);
+    RUN(test_drafter_top_level_fields_not_read);
+    RUN(test_drafter_small_target);
+    RUN(test_load_file_and_folder);
+    TEST_END();
+}

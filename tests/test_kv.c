@@ -1,0 +1,125 @@
+/* test_kv.c: the paged KV pool: allocation, ring tables, truncate, window
+ * drop, exhaustion that leaves every sequence intact. */
+#include "harness.h"
+
+#include "kv/kv_pool.h"
+
+static dflash_backend *be;
+
+static int live_blocks(const dflash_kv_seq *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->bt_len; i++)
+        n += s->table[i] >= 0;
+    return n;
+}
+
+static void test_reserve_and_free(void)
+{
+    dflash_kv_pool pool;
+    dflash_kv_seq a, b;
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 8, 2, 2, 4));
+    CHECK_OK(dflash_kv_seq_init(&a, 8));
+    CHECK_OK(dflash_kv_seq_init(&b, 8));
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 1));
+    CHECK(live_blocks(&a) == 1 && pool.n_free == 7);
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 16)); /* same block */
+    CHECK(live_blocks(&a) == 1);
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 17));
+    CHECK(live_blocks(&a) == 2 && pool.n_free == 6);
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &b, 40));
+    CHECK(live_blocks(&b) == 3 && pool.n_free == 3);
+    /* distinct blocks across sequences */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            CHECK(a.table[i] != b.table[j]);
+    dflash_kv_seq_free(&pool, &a);
+    CHECK(pool.n_free == 5);
+    dflash_kv_seq_free(&pool, &b);
+    CHECK(pool.n_free == 8);
+    dflash_kv_pool_free(&pool);
+}
+
+static void test_exhaustion_leaves_state(void)
+{
+    dflash_kv_pool pool;
+    dflash_kv_seq a, b;
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 4, 1, 1, 2));
+    CHECK_OK(dflash_kv_seq_init(&a, 16));
+    CHECK_OK(dflash_kv_seq_init(&b, 16));
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 48));
+    a.len = 48;
+    int32_t before[16];
+    memcpy(before, a.table, sizeof before);
+    CHECK_FAILS(dflash_kv_seq_reserve(&pool, &b, 33), DFLASH_ERR_KV_FULL, "kv pool exhausted");
+    CHECK(live_blocks(&b) == 0 && pool.n_free == 1);
+    CHECK(memcmp(before, a.table, sizeof before) == 0 && a.len == 48);
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &b, 16));
+    dflash_kv_seq_free(&pool, &a);
+    dflash_kv_seq_free(&pool, &b);
+    CHECK(pool.n_free == 4);
+    dflash_kv_pool_free(&pool);
+}
+
+static void test_truncate_moves_length(void)
+{
+    dflash_kv_pool pool;
+    dflash_kv_seq a;
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 4, 1, 1, 2));
+    CHECK_OK(dflash_kv_seq_init(&a, 4));
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 40));
+    a.len = 40;
+    dflash_kv_seq_truncate(&a, 20);
+    CHECK(a.len == 20 && live_blocks(&a) == 3); /* blocks kept for reuse */
+    dflash_kv_seq_truncate(&a, 30);              /* never grows */
+    CHECK(a.len == 20);
+    dflash_kv_seq_free(&pool, &a);
+    dflash_kv_pool_free(&pool);
+}
+
+static void test_window_ring(void)
+{
+    /* A window of 20 positions: ring of 3 slots, blocks recycled forever. */
+    dflash_kv_pool pool;
+    dflash_kv_seq a;
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 3, 1, 1, 2));
+    CHECK_OK(dflash_kv_seq_init(&a, 3));
+    for (int32_t end = 5; end < 1000; end += 7) {
+        int32_t lo = end - 20 > a.lo ? end - 20 : a.lo;
+        dflash_kv_seq_drop_before(&pool, &a, lo);
+        CHECK_OK(dflash_kv_seq_reserve(&pool, &a, end));
+        a.len = end;
+        CHECK(live_blocks(&a) + pool.n_free == 3);
+        /* every position of the window maps to a live block */
+        for (int32_t p = a.lo; p < end; p++)
+            CHECK(a.table[(p / DFLASH_KV_BLOCK) % a.bt_len] >= 0);
+    }
+    CHECK(a.lo > 900);
+    dflash_kv_seq_free(&pool, &a);
+    CHECK(pool.n_free == 3);
+    dflash_kv_pool_free(&pool);
+}
+
+static void test_ring_overflow_is_error(void)
+{
+    dflash_kv_pool pool;
+    dflash_kv_seq a;
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 8, 1, 1, 2));
+    CHECK_OK(dflash_kv_seq_init(&a, 2));
+    CHECK_FAILS(dflash_kv_seq_reserve(&pool, &a, 33), DFLASH_ERR_INVALID_ARG, "block table holds 2");
+    CHECK(pool.n_free == 8);
+    dflash_kv_seq_free(&pool, &a);
+    dflash_kv_pool_free(&pool);
+}
+
+int main(void)
+{
+    dflash_backend_cpu_create(&be);
+    RUN(test_reserve_and_free);
+    RUN(test_exhaustion_leaves_state);
+    RUN(test_truncate_moves_length);
+    RUN(test_window_ring);
+    RUN(test_ring_overflow_is_error);
+    dflash_backend_destroy(be);
+    TEST_END();
+}

@@ -1,0 +1,231 @@
+/* test_ops.c: the CPU reference ops against naive double-precision
+ * recomputations on random inputs (attention over pages + extra keys with
+ * every mask mode, linear in every weight dtype, norms, RoPE), and the
+ * row-independence property the speculative loop relies on. */
+#include "harness.h"
+
+#include <stdlib.h>
+
+#include "backend/backend.h"
+
+static dflash_backend *be;
+static unsigned rng = 12345;
+
+static float frand(void)
+{
+    rng = rng * 1103515245u + 12345u;
+    return ((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static double rel_err(const float *a, const double *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] != a[i])
+            return INFINITY; /* NaN never passes */
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void test_linear_dtypes(void)
+{
+    enum { N = 5, IN = 37, OUT = 11 };
+    float x[N * IN], w32[OUT * IN], out[N * OUT];
+    uint16_t wb[OUT * IN];
+    uint8_t w8[OUT * IN];
+    float scales[OUT];
+    double ref[N * OUT];
+    for (int i = 0; i < N * IN; i++)
+        x[i] = frand();
+    for (int r = 0; r < OUT; r++) {
+        scales[r] = 0.01f * (r + 1);
+        for (int c = 0; c < IN; c++) {
+            w32[r * IN + c] = frand();
+            wb[r * IN + c] = dflash_f32_to_bf16(w32[r * IN + c]);
+            w8[r * IN + c] = dflash_f32_to_fp8e4m3(w32[r * IN + c] * 100);
+        }
+    }
+    const struct { dflash_dtype t; const void *d; const float *s; } cases[] = {
+        { DFLASH_DTYPE_F32, w32, NULL }, { DFLASH_DTYPE_BF16, wb, NULL }, { DFLASH_DTYPE_F8_E4M3, w8, scales } };
+    for (size_t k = 0; k < 3; k++) {
+        dflash_weight w = { cases[k].t, OUT, IN, cases[k].d, cases[k].s, "w" };
+        for (int i = 0; i < N; i++)
+            for (int r = 0; r < OUT; r++) {
+                double acc = 0;
+                for (int c = 0; c < IN; c++) {
+                    double wv = cases[k].t == DFLASH_DTYPE_F32    ? w32[r * IN + c]
+                                : cases[k].t == DFLASH_DTYPE_BF16 ? dflash_bf16_to_f32(wb[r * IN + c])
+                                                                  : dflash_fp8e4m3_to_f32(w8[r * IN + c]) * scales[r];
+                    acc += x[i * IN + c] * wv;
+                }
+                ref[i * OUT + r] = acc;
+            }
+        for (int i = 0; i < N * OUT; i++)
+            out[i] = NAN; /* poison */
+        CHECK_OK(be->ops->linear(be, x, N, &w, out));
+        double e = rel_err(out, ref, N * OUT);
+        CHECKF(e < 1e-6, "dtype %s rel err %g", dflash_dtype_name(cases[k].t), e);
+    }
+    dflash_weight bad = { DFLASH_DTYPE_F8_E4M3, OUT, IN, w8, NULL, "proj" };
+    CHECK_FAILS(be->ops->linear(be, x, N, &bad, out), DFLASH_ERR_UNSUPPORTED, "proj");
+}
+
+static void test_rmsnorm_and_rope(void)
+{
+    enum { N = 3, HEADS = 2, D = 8 };
+    float x[N * HEADS * D], x0[N * HEADS * D], nw[D];
+    int32_t pos[N] = { 0, 7, 300 };
+    for (int i = 0; i < N * HEADS * D; i++)
+        x0[i] = x[i] = frand();
+    for (int i = 0; i < D; i++)
+        nw[i] = 1.0f + 0.1f * frand();
+    dflash_weight w = { DFLASH_DTYPE_F32, 1, D, nw, NULL, "qn" };
+    CHECK_OK(be->ops->norm_rope(be, x, &w, pos, N, HEADS, D, 1e-6f, 10000.0, 1.0));
+    double ref[N * HEADS * D];
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < HEADS; h++) {
+            const float *v = x0 + (i * HEADS + h) * D;
+            double ss = 0, n[D];
+            for (int j = 0; j < D; j++)
+                ss += (double)v[j] * v[j];
+            for (int j = 0; j < D; j++)
+                n[j] = nw[j] * v[j] / sqrt(ss / D + 1e-6);
+            for (int j = 0; j < D / 2; j++) {
+                double ang = pos[i] * pow(10000.0, -2.0 * j / D);
+                ref[(i * HEADS + h) * D + j] = n[j] * cos(ang) - n[j + D / 2] * sin(ang);
+                ref[(i * HEADS + h) * D + j + D / 2] = n[j + D / 2] * cos(ang) + n[j] * sin(ang);
+            }
+        }
+    double e = rel_err(x, ref, N * HEADS * D);
+    CHECKF(e < 1e-5, "rel err %g", e);
+}
+
+/* Dense reference attention for one sequence: keys at explicit positions. */
+static void ref_attention(int n, int Hq, int Hkv, int D, const float *q, const int32_t *qpos, int nk,
+                          const float *k, const float *v, const int32_t *kpos, int causal, int window, double *out)
+{
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < Hq; h++) {
+            int kh = h / (Hq / Hkv);
+            double m = -INFINITY, s[nk];
+            for (int t = 0; t < nk; t++) {
+                int vis = !(causal && kpos[t] > qpos[i]) && !(window > 0 && qpos[i] - kpos[t] >= window);
+                double d = 0;
+                for (int j = 0; j < D; j++)
+                    d += (double)q[(i * Hq + h) * D + j] * k[(t * Hkv + kh) * D + j];
+                s[t] = vis ? d / sqrt(D) : -INFINITY;
+                if (s[t] > m)
+                    m = s[t];
+            }
+            double l = 0;
+            for (int t = 0; t < nk; t++)
+                l += s[t] == -INFINITY ? 0 : exp(s[t] - m);
+            for (int j = 0; j < D; j++) {
+                double acc = 0;
+                for (int t = 0; t < nk; t++)
+                    if (s[t] != -INFINITY)
+                        acc += exp(s[t] - m) / l * v[(t * Hkv + kh) * D + j];
+                out[(i * Hq + h) * D + j] = acc;
+            }
+        }
+}
+
+static void check_attention(int causal, int window, int lo)
+{
+    enum { HQ = 4, HKV = 2, D = 8, CTX = 37, NB = 5, B = 6, BT = 4 };
+    const int row = HKV * D;
+    dflash_kv_layout kv = { 8, 2, HKV, D, DFLASH_DTYPE_F32, NULL };
+    CHECK_OK(be->ops->alloc(be, (size_t)8 * 2 * 2 * DFLASH_KV_BLOCK * row * sizeof(float), &kv.data));
+    /* Ring table of 4 slots over blocks 0..2 of positions (ctx 37 -> 3 blocks). */
+    int32_t table[BT] = { 5, 2, 7, -1 };
+    float kc[CTX * row], vc[CTX * row], kb[B * row], vb[B * row], q[B * HQ * D], out[B * HQ * D];
+    int32_t ctx_pos[CTX], qpos[B], row_seq[B] = { 0 };
+    for (int i = 0; i < CTX * row; i++) {
+        kc[i] = frand();
+        vc[i] = frand();
+    }
+    for (int i = 0; i < B * row; i++) {
+        kb[i] = frand();
+        vb[i] = frand();
+    }
+    for (int i = 0; i < B * HQ * D; i++)
+        q[i] = frand();
+    for (int i = 0; i < CTX; i++)
+        ctx_pos[i] = i;
+    for (int i = 0; i < B; i++)
+        qpos[i] = CTX + i;
+    int32_t zero_seq[CTX];
+    memset(zero_seq, 0, sizeof zero_seq);
+    CHECK_OK(be->ops->kv_write(be, &kv, 1, table, BT, zero_seq, ctx_pos, kc, vc, CTX));
+    int32_t info[DFLASH_SEQ_INFO_LEN] = { lo, CTX, 0, B, CTX };
+    dflash_attn_args a = { .n_rows = B, .n_heads = HQ, .n_kv_heads = HKV, .head_dim = D,
+                           .scale = 1.0f / sqrtf(D), .q = q, .out = out, .q_pos = qpos, .row_seq = row_seq,
+                           .seq_info = info, .kv = &kv, .layer = 1, .block_tables = table, .bt_len = BT,
+                           .k_extra = kb, .v_extra = vb, .causal = causal, .window = window };
+    for (int i = 0; i < B * HQ * D; i++)
+        out[i] = NAN;
+    CHECK_OK(be->ops->attention(be, &a));
+    /* dense keys: context [lo, CTX) then the block */
+    int nk = CTX - lo + B;
+    float k[nk * row], v[nk * row];
+    int32_t kpos[nk];
+    memcpy(k, kc + lo * row, (size_t)(CTX - lo) * row * sizeof(float));
+    memcpy(v, vc + lo * row, (size_t)(CTX - lo) * row * sizeof(float));
+    memcpy(k + (CTX - lo) * row, kb, sizeof kb);
+    memcpy(v + (CTX - lo) * row, vb, sizeof vb);
+    for (int t = 0; t < nk; t++)
+        kpos[t] = lo + t;
+    double ref[B * HQ * D];
+    ref_attention(B, HQ, HKV, D, q, qpos, nk, k, v, kpos, causal, window, ref);
+    double e = rel_err(out, ref, B * HQ * D);
+    CHECKF(e < 1e-5, "causal %d window %d lo %d: rel err %g", causal, window, lo, e);
+    be->ops->free(be, kv.data);
+}
+
+static void test_attention_modes(void)
+{
+    check_attention(0, 0, 0);  /* drafter full layer: bidirectional */
+    check_attention(1, 0, 0);  /* causal */
+    check_attention(1, 5, 0);  /* sliding layer */
+    check_attention(0, 0, 20); /* context window cut mid-block */
+}
+
+/* A row's linear/attention result must not depend on the batch it is in. */
+static void test_linear_row_independent(void)
+{
+    enum { IN = 64, OUT = 33, N = 16 };
+    float x[N * IN], out_all[N * OUT], out_one[OUT];
+    uint16_t wb[OUT * IN];
+    for (int i = 0; i < N * IN; i++)
+        x[i] = frand();
+    for (int i = 0; i < OUT * IN; i++)
+        wb[i] = dflash_f32_to_bf16(frand());
+    dflash_weight w = { DFLASH_DTYPE_BF16, OUT, IN, wb, NULL, "w" };
+    CHECK_OK(be->ops->linear(be, x, N, &w, out_all));
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(be->ops->linear(be, x + i * IN, 1, &w, out_one));
+        CHECK(memcmp(out_one, out_all + i * OUT, sizeof out_one) == 0);
+    }
+}
+
+static void test_argmax_ties_low_index(void)
+{
+    float x[6] = { 1, 3, 3, 2, -1, 3 };
+    int32_t out;
+    CHECK_OK(be->ops->argmax(be, x, 1, 6, &out));
+    CHECK(out == 1);
+}
+
+int main(void)
+{
+    dflash_backend_cpu_create(&be);
+    RUN(test_linear_dtypes);
+    RUN(test_rmsnorm_and_rope);
+    RUN(test_attention_modes);
+    RUN(test_linear_row_independent);
+    RUN(test_argmax_ties_low_index);
+    dflash_backend_destroy(be);
+    TEST_END();
+}
