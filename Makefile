@@ -68,6 +68,7 @@ $(B)/fuzz/bin/%: tests/fuzz/%.c $(FUZZ_OBJ)
 	$(CLANG) -std=c11 -O1 -g -Iinclude -Isrc -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_OBJ) $(LDLIBS) -fopenmp
 
 test: all $(TEST_BIN) $(ASAN_BIN) $(FUZZ_BIN)
+	@B=$(B) bash tools/fetch-qwen3-tokenizer.sh
 	@B=$(B) bash tests/run.sh
 
 run: all

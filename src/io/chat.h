@@ -1,0 +1,59 @@
+/* chat.h: the Qwen3 chat format (what its chat_template renders for plain
+ * system/user/assistant turns) and the model's end-of-sequence ids.
+ *
+ *   [<|im_start|>system\n{system}<|im_end|>\n]
+ *   <|im_start|>user\n{user}<|im_end|>\n
+ *   <|im_start|>assistant\n{earlier answer}<|im_end|>\n      (multi-turn)
+ *   ...
+ *   <|im_start|>assistant\n[<think>\n\n</think>\n\n]          (generation prompt)
+ *
+ * The empty think block is Qwen3's enable_thinking=False; it is the default
+ * here, and opts.thinking = 1 leaves it out so the model may think. Earlier
+ * assistant turns are rendered as the template renders turns before the
+ * last user message: any "...</think>" reasoning prefix is dropped. Tools
+ * and tool responses are not supported. */
+#ifndef DFLASH_IO_CHAT_H
+#define DFLASH_IO_CHAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dflash.h"
+#include "io/tokenizer.h"
+
+typedef enum dflash_chat_role {
+    DFLASH_CHAT_SYSTEM = 0,
+    DFLASH_CHAT_USER = 1,
+    DFLASH_CHAT_ASSISTANT = 2,
+} dflash_chat_role;
+
+typedef struct dflash_chat_msg {
+    dflash_chat_role role;
+    const char *content; /* UTF-8, NUL-terminated */
+} dflash_chat_msg;
+
+typedef struct dflash_chat_opts {
+    int thinking;              /* 0 (default): append the empty think block */
+    int add_generation_prompt; /* 1 (default): end with the assistant prefix */
+} dflash_chat_opts;
+
+dflash_chat_opts dflash_chat_default_opts(void);
+
+/* Render msgs[0..n) to text; *text is malloc'd, NUL-terminated. opts may be
+ * NULL for the defaults. */
+dflash_status dflash_chat_render(const dflash_chat_msg *msgs, size_t n,
+                                 const dflash_chat_opts *opts, char **text, size_t *len);
+/* Render and encode (special tokens in the rendered text become their ids,
+ * as with HF apply_chat_template(tokenize=True)). *ids is malloc'd. */
+dflash_status dflash_chat_encode(dflash_tokenizer *tok, const dflash_chat_msg *msgs, size_t n,
+                                 const dflash_chat_opts *opts, int32_t **ids, size_t *n_ids);
+
+#define DFLASH_CHAT_MAX_EOS 8
+/* End-of-sequence ids of the model in model_dir: tokenizer_config.json's
+ * eos_token (looked up in tok) first, then generation_config.json's
+ * eos_token_id (an int or a list), without duplicates. Either file may be
+ * missing, not both; ids has room for cap entries. */
+dflash_status dflash_chat_eos_ids(const char *model_dir, const dflash_tokenizer *tok,
+                                  int32_t *ids, size_t cap, size_t *n);
+
+#endif
