@@ -10,6 +10,11 @@
 #include <math.h>
 #include <string.h>
 
+/* Below this many multiply-adds an op runs on one thread: waking a team
+ * costs more than the work (and oversubscribed machines spin). Results do
+ * not depend on the choice: each element is still computed in one order. */
+#define PAR_MIN_WORK (1 << 21)
+
 /* Widen n weight elements of row `r` into dst (f32). */
 static void weight_row_f32(const dflash_weight *w, int64_t r, float *dst)
 {
@@ -80,7 +85,7 @@ static dflash_status cpu_embed(dflash_backend *be, const dflash_weight *table, c
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "embed: token id %d outside the vocabulary [0, %lld)",
                                ids[i], (long long)table->rows);
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)n * table->cols > PAR_MIN_WORK)
     for (int i = 0; i < n; i++)
         weight_row_f32(table, ids[i], out + (int64_t)i * table->cols);
     return DFLASH_OK;
@@ -96,7 +101,7 @@ static dflash_status cpu_add_rmsnorm(dflash_backend *be, float *x, const float *
                            w->name ? w->name : "?", (long long)(w->rows * w->cols), dim);
     float wf[dim];
     weight_row_f32(&(dflash_weight){ w->dtype, 1, dim, w->data, NULL, NULL }, 0, wf);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)n * dim > PAR_MIN_WORK)
     for (int i = 0; i < n; i++) {
         float *xr = x + (int64_t)i * dim;
         if (delta)
@@ -127,7 +132,7 @@ static dflash_status cpu_linear(dflash_backend *be, const float *x, int n, const
     const int64_t in = w->cols, outc = w->rows;
     /* Parallel over output columns: each thread widens one weight row once
      * and reuses it for every input row. */
-#pragma omp parallel
+#pragma omp parallel if (n * in * outc > PAR_MIN_WORK)
     {
         float wrow[in]; /* one widened weight row per thread, on its stack */
 #pragma omp for schedule(static)
@@ -154,7 +159,7 @@ static dflash_status cpu_norm_rope(dflash_backend *be, float *x, const dflash_we
     /* As Hugging Face computes it: in f32, theta^(2j/D) then its inverse. */
     for (int j = 0; j < half; j++)
         inv_freq[j] = 1.0f / powf((float)theta, (float)(2 * j) / (float)head_dim);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)n * n_heads * head_dim > PAR_MIN_WORK)
     for (int i = 0; i < n; i++) {
         float p = (float)((double)pos[i] / pos_scale);
         for (int h = 0; h < n_heads; h++) {
@@ -182,7 +187,7 @@ static dflash_status cpu_norm_rope(dflash_backend *be, float *x, const dflash_we
 static dflash_status cpu_swiglu(dflash_backend *be, const float *gate, const float *up, size_t count, float *out)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count > PAR_MIN_WORK)
     for (size_t i = 0; i < count; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -263,7 +268,13 @@ static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a
     if (a->n_heads % a->n_kv_heads != 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: %d heads not a multiple of %d kv heads",
                            a->n_heads, a->n_kv_heads);
-#pragma omp parallel for collapse(2) schedule(static)
+    /* Work: rows x heads x visible keys x head_dim (keys bounded by hi). */
+    int64_t keys = 0;
+    for (int i = 0; i < a->n_rows; i++) {
+        const int32_t *si = a->seq_info + (int64_t)a->row_seq[i] * DFLASH_SEQ_INFO_LEN;
+        keys += si[1] - si[0] + si[3];
+    }
+#pragma omp parallel for collapse(2) schedule(static) if (keys * a->n_heads * a->head_dim > PAR_MIN_WORK)
     for (int i = 0; i < a->n_rows; i++)
         for (int h = 0; h < a->n_heads; h++)
             attend_one(a, i, h, a->out + ((int64_t)i * a->n_heads + h) * a->head_dim);

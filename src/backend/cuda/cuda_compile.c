@@ -1,0 +1,234 @@
+/* cuda_compile.c: NVRTC compilation of the embedded kernel sources and the
+ * on-disk CUBIN cache (see cuda_compile.h). */
+#include "backend/cuda/cuda_compile.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
+    [DFK_EMBED] = { "elementwise.cu", "dflash_embed" },
+    [DFK_ADD] = { "elementwise.cu", "dflash_add" },
+    [DFK_SWIGLU] = { "elementwise.cu", "dflash_swiglu" },
+    [DFK_COPY_ROWS] = { "elementwise.cu", "dflash_copy_rows" },
+    [DFK_KV_WRITE] = { "elementwise.cu", "dflash_kv_write" },
+    [DFK_ADD_RMSNORM] = { "norm.cu", "dflash_add_rmsnorm" },
+    [DFK_NORM_ROPE] = { "norm.cu", "dflash_norm_rope" },
+    [DFK_LINEAR_BF16_V] = { "linear.cu", "dflash_linear_bf16_v" },
+    [DFK_LINEAR_BF16_S] = { "linear.cu", "dflash_linear_bf16_s" },
+    [DFK_LINEAR_F16_V] = { "linear.cu", "dflash_linear_f16_v" },
+    [DFK_LINEAR_F16_S] = { "linear.cu", "dflash_linear_f16_s" },
+    [DFK_LINEAR_F32_V] = { "linear.cu", "dflash_linear_f32_v" },
+    [DFK_LINEAR_F32_S] = { "linear.cu", "dflash_linear_f32_s" },
+    [DFK_LINEAR_FP8_V] = { "linear.cu", "dflash_linear_fp8_v" },
+    [DFK_LINEAR_FP8_S] = { "linear.cu", "dflash_linear_fp8_s" },
+    [DFK_ATTENTION] = { "attention.cu", "dflash_attention" },
+    [DFK_ARGMAX] = { "argmax.cu", "dflash_argmax" },
+};
+
+/* -lineinfo costs nothing at run time and lets compute-sanitizer and
+ * profilers name source lines. Default IEEE division/sqrt and denormals are
+ * kept (no fast math): the ops must match the CPU reference. */
+static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-lineinfo" };
+#define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
+
+void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)
+{
+    snprintf(buf, len, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
+}
+
+const dflash_cuda_src *dflash_cuda_src_find(const char *file)
+{
+    for (int i = 0; i < dflash_cuda_src_count; i++)
+        if (strcmp(dflash_cuda_srcs[i].name, file) == 0)
+            return &dflash_cuda_srcs[i];
+    return NULL;
+}
+
+dflash_status dflash_cuda_compile(const dflash_nvrtc_api *nv, const dflash_cuda_src *src, const char *arch,
+                                  void **cubin, size_t *size, char **log)
+{
+    *cubin = NULL;
+    *size = 0;
+    *log = NULL;
+    /* Every header goes to every program; there are only a few. */
+    const char *hdr_text[8], *hdr_name[8];
+    int n_hdr = 0;
+    for (int i = 0; i < dflash_cuda_src_count && n_hdr < 8; i++)
+        if (dflash_cuda_srcs[i].is_header) {
+            hdr_text[n_hdr] = dflash_cuda_srcs[i].text;
+            hdr_name[n_hdr++] = dflash_cuda_srcs[i].name;
+        }
+    char arch_opt[64];
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+    const char *opts[N_OPTS_FIXED + 1];
+    for (size_t i = 0; i < N_OPTS_FIXED; i++)
+        opts[i] = k_opts_fixed[i];
+    opts[N_OPTS_FIXED] = arch_opt;
+
+    nvrtcProgram prog = NULL;
+    DFLASH_TRY(DFLASH_NVRTC(nv, nvrtcCreateProgram(&prog, src->text, src->name, n_hdr, hdr_text, hdr_name)));
+    nvrtcResult cr = nv->nvrtcCompileProgram(prog, (int)(N_OPTS_FIXED + 1), opts);
+    size_t log_size = 0;
+    dflash_status s = DFLASH_NVRTC(nv, nvrtcGetProgramLogSize(prog, &log_size));
+    char *text = NULL;
+    if (s == DFLASH_OK) {
+        text = malloc(log_size + 1);
+        if (!text)
+            s = dflash_fail(DFLASH_ERR_OOM, "nvrtc: out of memory for the log of %s", src->name);
+    }
+    if (s == DFLASH_OK) {
+        text[0] = 0;
+        s = DFLASH_NVRTC(nv, nvrtcGetProgramLog(prog, text));
+        text[log_size] = 0;
+    }
+    if (s == DFLASH_OK && cr != 0) {
+        const char *why = nv->nvrtcGetErrorString ? nv->nvrtcGetErrorString(cr) : "?";
+        s = dflash_fail(DFLASH_ERR_BACKEND, "nvrtc: compiling %s for %s failed (%s):\n%s", src->name, arch, why,
+                        text);
+    }
+    size_t n = 0;
+    void *bin = NULL;
+    if (s == DFLASH_OK)
+        s = DFLASH_NVRTC(nv, nvrtcGetCUBINSize(prog, &n));
+    if (s == DFLASH_OK && !(bin = malloc(n ? n : 1)))
+        s = dflash_fail(DFLASH_ERR_OOM, "nvrtc: out of memory for the CUBIN of %s", src->name);
+    if (s == DFLASH_OK)
+        s = DFLASH_NVRTC(nv, nvrtcGetCUBIN(prog, bin));
+    nv->nvrtcDestroyProgram(&prog);
+    if (s != DFLASH_OK) {
+        free(bin);
+        free(text);
+        return s;
+    }
+    *cubin = bin;
+    *size = n;
+    *log = text;
+    return DFLASH_OK;
+}
+
+/* FNV-1a, 64-bit: a cache key, not a defence against tampering. */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+#define FNV_INIT 0xcbf29ce484222325ull
+
+static uint64_t cache_key(const dflash_nvrtc_api *nv, const dflash_cuda_src *src, const char *arch)
+{
+    uint64_t h = FNV_INIT;
+    for (int i = 0; i < dflash_cuda_src_count; i++)
+        if (dflash_cuda_srcs[i].is_header)
+            h = fnv1a(h, dflash_cuda_srcs[i].text, strlen(dflash_cuda_srcs[i].text) + 1);
+    h = fnv1a(h, src->name, strlen(src->name) + 1);
+    h = fnv1a(h, src->text, strlen(src->text) + 1);
+    h = fnv1a(h, arch, strlen(arch) + 1);
+    for (size_t i = 0; i < N_OPTS_FIXED; i++)
+        h = fnv1a(h, k_opts_fixed[i], strlen(k_opts_fixed[i]) + 1);
+    int v[2] = { 0, 0 };
+    if (nv->nvrtcVersion(&v[0], &v[1]) != 0)
+        v[0] = v[1] = -1;
+    return fnv1a(h, v, sizeof v);
+}
+
+/* The cache directory, created if needed; 0 if there is none to use. */
+static int cache_dir(char *buf, size_t len)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char base[512];
+    if (xdg && xdg[0])
+        snprintf(base, sizeof base, "%s", xdg);
+    else if (home && home[0])
+        snprintf(base, sizeof base, "%s/.cache", home);
+    else
+        return 0;
+    if (mkdir(base, 0755) != 0 && errno != EEXIST)
+        return 0;
+    if ((size_t)snprintf(buf, len, "%s/dflash", base) >= len)
+        return 0;
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return 0;
+    return 1;
+}
+
+/* Entry format: "DFLCUBIN", u64 size, u64 fnv1a(cubin), cubin. */
+static const char k_magic[8] = { 'D', 'F', 'L', 'C', 'U', 'B', 'I', 'N' };
+
+static int cache_read(const char *path, void **cubin, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0; /* absent: the normal first run */
+    char magic[8];
+    uint64_t n = 0, sum = 0;
+    void *bin = NULL;
+    int ok = fread(magic, 1, 8, f) == 8 && memcmp(magic, k_magic, 8) == 0 && fread(&n, sizeof n, 1, f) == 1 &&
+             fread(&sum, sizeof sum, 1, f) == 1 && n > 0 && n < (1ull << 31) && (bin = malloc(n)) != NULL &&
+             fread(bin, 1, n, f) == n && fgetc(f) == EOF && fnv1a(FNV_INIT, bin, n) == sum;
+    fclose(f);
+    if (!ok) {
+        free(bin);
+        fprintf(stderr, "dflash: warning: ignoring corrupt kernel cache entry %s; recompiling\n", path);
+        return 0;
+    }
+    *cubin = bin;
+    *size = n;
+    return 1;
+}
+
+static void cache_write(const char *path, const void *cubin, size_t size)
+{
+    char tmp[640];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+        return;
+    FILE *f = fopen(tmp, "wb");
+    uint64_t n = size, sum = fnv1a(FNV_INIT, cubin, size);
+    int ok = f && fwrite(k_magic, 1, 8, f) == 8 && fwrite(&n, sizeof n, 1, f) == 1 &&
+             fwrite(&sum, sizeof sum, 1, f) == 1 && fwrite(cubin, 1, size, f) == size;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    /* rename: a concurrent reader sees the old entry or the whole new one. */
+    if (ok && rename(tmp, path) != 0)
+        ok = 0;
+    if (!ok) {
+        if (f)
+            remove(tmp);
+        fprintf(stderr, "dflash: warning: cannot write kernel cache %s (%s); compiling again next run\n", path,
+                strerror(errno));
+    }
+}
+
+dflash_status dflash_cuda_cubin_get(const dflash_nvrtc_api *nv, const dflash_cuda_src *src, const char *arch,
+                                    int *announced, void **cubin, size_t *size)
+{
+    char dir[520], path[600];
+    int have_dir = cache_dir(dir, sizeof dir);
+    if (have_dir && (size_t)snprintf(path, sizeof path, "%s/%s-%s-%016llx.cubin", dir, src->name, arch,
+                                     (unsigned long long)cache_key(nv, src, arch)) >= sizeof path)
+        have_dir = 0;
+    if (have_dir) {
+        if (cache_read(path, cubin, size))
+            return DFLASH_OK;
+    }
+    if (!*announced) {
+        fprintf(stderr, "dflash: compiling CUDA kernels for %s (first run only)...\n", arch);
+        *announced = 1;
+    }
+    char *log = NULL;
+    DFLASH_TRY(dflash_cuda_compile(nv, src, arch, cubin, size, &log));
+    if (log[0])
+        fprintf(stderr, "dflash: nvrtc said about %s:\n%s\n", src->name, log);
+    free(log);
+    if (have_dir)
+        cache_write(path, *cubin, *size);
+    return DFLASH_OK;
+}

@@ -1,0 +1,63 @@
+/* cuda_compile.h: the kernel set and how it becomes machine code: the table
+ * of kernels (file and extern "C" name) the backend resolves, NVRTC
+ * compilation of one embedded source for an arch, and the on-disk CUBIN
+ * cache ($XDG_CACHE_HOME/dflash or ~/.cache/dflash, keyed by a hash of the
+ * sources, arch, NVRTC version and options). Needs no GPU: the NVRTC test
+ * uses it on machines without one. */
+#ifndef DFLASH_BACKEND_CUDA_COMPILE_H
+#define DFLASH_BACKEND_CUDA_COMPILE_H
+
+#include <stddef.h>
+
+#include "backend/cuda/cuda_loader.h"
+#include "backend/cuda/kernels_src.h"
+
+typedef enum dflash_cuda_kernel_id {
+    DFK_EMBED,
+    DFK_ADD,
+    DFK_SWIGLU,
+    DFK_COPY_ROWS,
+    DFK_KV_WRITE,
+    DFK_ADD_RMSNORM,
+    DFK_NORM_ROPE,
+    DFK_LINEAR_BF16_V,
+    DFK_LINEAR_BF16_S,
+    DFK_LINEAR_F16_V,
+    DFK_LINEAR_F16_S,
+    DFK_LINEAR_F32_V,
+    DFK_LINEAR_F32_S,
+    DFK_LINEAR_FP8_V,
+    DFK_LINEAR_FP8_S,
+    DFK_ATTENTION,
+    DFK_ARGMAX,
+    DFK_COUNT
+} dflash_cuda_kernel_id;
+
+typedef struct dflash_cuda_kernel_info {
+    const char *file; /* source under src/backend/cuda/kernels/ */
+    const char *name; /* extern "C" symbol */
+} dflash_cuda_kernel_info;
+
+extern const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT];
+
+/* "sm_90a" for compute capability 9.0 (the arch-specific target that
+ * unlocks wgmma/setmaxnreg), "sm_<major><minor>" otherwise. */
+void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len);
+
+/* The embedded source named `file` (NULL if none). */
+const dflash_cuda_src *dflash_cuda_src_find(const char *file);
+
+/* Compile one embedded source for `arch`. On success *cubin (malloc'd,
+ * *size bytes) and *log (malloc'd, "" when the compiler said nothing). On a
+ * compile error: DFLASH_ERR_BACKEND with the log in the message. */
+dflash_status dflash_cuda_compile(const dflash_nvrtc_api *nv, const dflash_cuda_src *src, const char *arch,
+                                  void **cubin, size_t *size, char **log);
+
+/* The CUBIN for `src` on `arch`: from the disk cache when a valid entry
+ * exists, else compiled (printing `*announced` once per process-visible
+ * set: "dflash: compiling CUDA kernels for <arch> (first run only)...") and
+ * stored. A corrupt or unwritable cache only warns and compiles. */
+dflash_status dflash_cuda_cubin_get(const dflash_nvrtc_api *nv, const dflash_cuda_src *src, const char *arch,
+                                    int *announced, void **cubin, size_t *size);
+
+#endif

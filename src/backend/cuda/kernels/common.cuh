@@ -1,0 +1,114 @@
+/* common.cuh: what every dflash kernel shares: fixed-width types, the dtype
+ * codes (the values of dflash_dtype in src/core/dtype.h), element decoding
+ * (bf16, f16, fp8 e4m3 -> f32, written by hand because NVRTC programs here
+ * include no headers), warp/block reductions, and the device-side error
+ * report read back by the host at the next sync.
+ *
+ * Compiled by NVRTC with -default-device, so plain functions are device
+ * functions. */
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+/* dflash_dtype values (src/core/dtype.h). */
+#define DT_F32 1
+#define DT_F16 2
+#define DT_BF16 3
+#define DT_F8 4
+
+/* Error codes a kernel can report (decoded in cuda_backend.c). */
+#define ERR_EMBED_ID 1
+#define ERR_KV_WRITE_BLOCK 2
+#define ERR_ATTN_BLOCK 3
+
+__forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
+
+__forceinline__ float f16_to_f32(u16 h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+/* e4m3fn: the 7 magnitude bits placed at the top of an f32 exponent and
+ * mantissa give 2^(e-127) (1 + m/8), or an f32 subnormal when e = 0; one exact
+ * scale by 2^120 moves both to e4m3's bias of 7. Needs denormals kept (no
+ * --ftz), which is NVRTC's default. Only S.1111.111 is NaN. */
+__forceinline__ float fp8_to_f32(u32 b)
+{
+    u32 mag = b & 0x7fu;
+    float v = __uint_as_float(mag << 20) * 1.329227995784916e36f; /* 2^120 */
+    if (mag == 0x7fu)
+        v = __uint_as_float(0x7fc00000u);
+    return (b & 0x80u) ? -v : v;
+}
+
+/* Element i of a weight of dtype dt, widened to f32. */
+__forceinline__ float load_elem(const void *p, int dt, i64 i)
+{
+    switch (dt) {
+    case DT_BF16: return bf16_to_f32(((const u16 *)p)[i]);
+    case DT_F16: return f16_to_f32(((const u16 *)p)[i]);
+    case DT_F8: return fp8_to_f32(((const u8 *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+__forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+ * thread gets the result. `scratch` holds 32 floats; the fixed tree makes
+ * the result depend only on the block size, not on timing. */
+__forceinline__ float block_sum(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__forceinline__ float block_max(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : -__int_as_float(0x7f800000);
+    return warp_max(v);
+}
+
+/* Record the first error of this stream's work: the device word `flag`
+ * decides which report wins; the details go to mapped host memory, which the
+ * host reads after its next synchronization (no copy on the normal path). */
+__forceinline__ void report_error(int *flag, int *host, int code, int a, int b, int c)
+{
+    if (atomicCAS(flag, 0, code) == 0) {
+        volatile int *h = host;
+        h[1] = a;
+        h[2] = b;
+        h[3] = c;
+        __threadfence_system();
+        h[0] = code;
+    }
+}

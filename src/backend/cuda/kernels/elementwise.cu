@@ -1,0 +1,100 @@
+/* elementwise.cu: the memory-moving ops: embed (table row gather, widened to
+ * f32), add, swiglu, copy_rows and kv_write (rows into paged KV blocks).
+ * Each is a straight copy or a per-element function, so they match the CPU
+ * reference exactly (swiglu within expf's rounding). */
+#include "common.cuh"
+
+/* grid (n, column chunks): out[i, c] = table[ids[i], c]. An id outside the
+ * table is reported and its row left unwritten. */
+extern "C" __global__ void dflash_embed(const void *table, int dt, i64 rows, i64 cols, const int *ids, float *out,
+                                        int *eflag, int *ehost)
+{
+    const int i = blockIdx.x;
+    const int id = ids[i];
+    if (id < 0 || id >= rows) {
+        if (threadIdx.x == 0 && blockIdx.y == 0)
+            report_error(eflag, ehost, ERR_EMBED_ID, i, id, (int)rows);
+        return;
+    }
+    for (i64 c = (i64)blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.y * blockDim.x)
+        out[(i64)i * cols + c] = load_elem(table, dt, (i64)id * cols + c);
+}
+
+/* x += delta; vec: count % 4 == 0 and both 16-byte aligned. */
+extern "C" __global__ void dflash_add(float *x, const float *delta, i64 count, int vec)
+{
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        float4 *x4 = (float4 *)x;
+        const float4 *d4 = (const float4 *)delta;
+        for (; t < count / 4; t += stride) {
+            float4 a = x4[t], b = d4[t];
+            a.x += b.x;
+            a.y += b.y;
+            a.z += b.z;
+            a.w += b.w;
+            x4[t] = a;
+        }
+    } else {
+        for (; t < count; t += stride)
+            x[t] += delta[t];
+    }
+}
+
+__forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* out = silu(gate) * up */
+extern "C" __global__ void dflash_swiglu(const float *gate, const float *up, i64 count, float *out, int vec)
+{
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        for (; t < count / 4; t += stride) {
+            float4 g = ((const float4 *)gate)[t], u = ((const float4 *)up)[t], o;
+            o.x = silu_mul(g.x, u.x);
+            o.y = silu_mul(g.y, u.y);
+            o.z = silu_mul(g.z, u.z);
+            o.w = silu_mul(g.w, u.w);
+            ((float4 *)out)[t] = o;
+        }
+    } else {
+        for (; t < count; t += stride)
+            out[t] = silu_mul(gate[t], up[t]);
+    }
+}
+
+/* grid (n, column chunks): dst[i * dst_stride + c] = src[idx[i] * src_stride + c] */
+extern "C" __global__ void dflash_copy_rows(float *dst, i64 dst_stride, const float *src, i64 src_stride,
+                                            const int *idx, i64 cols)
+{
+    const int i = blockIdx.x;
+    const i64 r = idx ? (i64)idx[i] : (i64)i;
+    const float *s = src + r * src_stride;
+    float *d = dst + (i64)i * dst_stride;
+    for (i64 c = (i64)blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.y * blockDim.x)
+        d[c] = s[c];
+}
+
+/* grid (n, 2): row i's K (y = 0) or V (y = 1) into its paged slot. The
+ * layout is [n_blocks][n_layers][2][BLOCK][row] f32 (backend.h). A position
+ * that maps outside the pool is reported and not written. */
+extern "C" __global__ void dflash_kv_write(float *pool, int n_blocks, int n_layers, int layer, int row_len,
+                                           const int *block_tables, int bt_len, const int *row_seq,
+                                           const int *pos, const float *k, const float *v, int *eflag,
+                                           int *ehost)
+{
+    const int i = blockIdx.x, which = blockIdx.y;
+    const int p = pos[i];
+    const int blk = p >= 0 ? block_tables[(i64)row_seq[i] * bt_len + (p / 16) % bt_len] : -1;
+    if (blk < 0 || blk >= n_blocks) {
+        if (threadIdx.x == 0 && which == 0)
+            report_error(eflag, ehost, ERR_KV_WRITE_BLOCK, p, blk, n_blocks);
+        return;
+    }
+    const i64 slot = (((i64)blk * n_layers + layer) * 2 + which) * 16 + p % 16;
+    float *dst = pool + slot * row_len;
+    const float *src = (which ? v : k) + (i64)i * row_len;
+    for (int c = threadIdx.x; c < row_len; c += blockDim.x)
+        dst[c] = src[c];
+}

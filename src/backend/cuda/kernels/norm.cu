@@ -1,0 +1,62 @@
+/* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row)
+ * and norm_rope (per-head RMSNorm then NeoX RoPE, one warp per (row, head)).
+ * Arithmetic follows cpu_ops.c expression by expression; only the order of
+ * the sum of squares differs (a tree instead of a running sum). */
+#include "common.cuh"
+
+/* grid n, block 256..1024: if delta, x += delta (written back); then
+ * out = w * (x * inv), inv = 1 / sqrt(mean(x^2) + eps). */
+extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
+                                              float eps, float *out)
+{
+    __shared__ float scratch[32];
+    float *xr = x + (i64)blockIdx.x * dim;
+    const float *dr = delta ? delta + (i64)blockIdx.x * dim : 0;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = xr[j];
+        if (dr) {
+            v += dr[j];
+            xr[j] = v;
+        }
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    float *o = out + (i64)blockIdx.x * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        o[j] = load_elem(w, wdt, j) * (xr[j] * inv);
+}
+
+/* block 128 = 4 warps, one (row, head) per warp. inv_freq [head_dim / 2] is
+ * computed on the host exactly as the CPU reference does (same powf), so the
+ * angles agree bit for bit before sin/cos. */
+extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt, const int *pos, int n, int n_heads,
+                                            int head_dim, float eps, const float *inv_freq, double pos_scale)
+{
+    const int lane = threadIdx.x & 31;
+    const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (unit >= (i64)n * n_heads)
+        return;
+    const int i = (int)(unit / n_heads);
+    float *v = x + unit * head_dim;
+    if (norm) {
+        float ss = 0.0f;
+        for (int j = lane; j < head_dim; j += 32)
+            ss += v[j] * v[j];
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)head_dim + eps);
+        for (int j = lane; j < head_dim; j += 32)
+            v[j] = load_elem(norm, ndt, j) * (v[j] * inv);
+        __syncwarp(); /* the rotation below reads elements other lanes wrote */
+    }
+    const float p = (float)((double)pos[i] / pos_scale);
+    const int half = head_dim / 2;
+    for (int j = lane; j < half; j += 32) {
+        float ang = p * inv_freq[j];
+        float c = cosf(ang), s = sinf(ang);
+        float a = v[j], b = v[j + half];
+        v[j] = a * c - b * s;
+        v[j + half] = b * c + a * s;
+    }
+}

@@ -1,0 +1,173 @@
+/* test_slow_spec.c: the decisive property. Greedy speculative output equals
+ * greedy plain output token for token, for every fixture pair, block size,
+ * context cap (including prompts longer than the cap) and drafter weight
+ * precision, and for the n-gram proposer through the same contract. */
+#include "harness.h"
+
+#include <jansson.h>
+
+#include "draft/dflash_head.h"
+#include "draft/ngram.h"
+#include "fixture.h"
+#include "spec/spec.h"
+
+static dflash_backend *be;
+
+static void run(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int n_prompt, int n_new, int block,
+                int32_t *out, int *n_out, dflash_gen_stats *st)
+{
+    dflash_kv_seq seq;
+    void *state = NULL;
+    dflash_gen_opts go;
+    dflash_gen_default_opts(&go);
+    go.n_new = n_new;
+    go.block_size = block;
+    CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+    if (p)
+        CHECK_OK(p->ops->alloc_state(p, n_prompt + n_new + DFLASH_MAX_BLOCK, &state));
+    CHECK_OK(dflash_spec_generate(t, &seq, p, state, prompt, n_prompt, &go, out, n_out, st));
+    if (p)
+        p->ops->free_state(p, state);
+    dflash_qwen3_seq_free(t, &seq);
+}
+
+static void prompt_for(int V, int n, int seed, int32_t *out)
+{
+    /* A prompt with repeats, so n-gram lookups find matches. */
+    for (int i = 0; i < n; i++)
+        out[i] = (int32_t)(((i % 7) * 31 + seed * 17 + (i / 21)) % V);
+}
+
+static void test_dflash_equals_plain(void)
+{
+    const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
+    const int blocks[] = { 2, 4, 8, 16 }, caps[] = { 0, 3, 16, 37 };
+    for (size_t k = 0; k < sizeof drafters / sizeof drafters[0]; k++) {
+        char path[512], tdir[512], ddir[512];
+        snprintf(path, sizeof path, "%s/dflash/%s/meta.json", test_data_dir(), drafters[k]);
+        json_error_t err;
+        json_t *meta = json_load_file(path, 0, &err);
+        CHECKF(meta != NULL, "%s", err.text);
+        if (!meta)
+            continue;
+        fx_path(tdir, sizeof tdir, "qwen3", json_string_value(json_object_get(meta, "target")));
+        fx_path(ddir, sizeof ddir, "dflash", drafters[k]);
+        json_decref(meta);
+        dflash_qwen3_opts to;
+        dflash_qwen3_default_opts(&to);
+        to.max_ctx = 400;
+        to.max_rows = 32; /* prompts of 50 prefill in two chunks */
+        dflash_qwen3 *t = NULL;
+        CHECK_OK(dflash_qwen3_load(tdir, be, &to, &t));
+        if (!t)
+            continue;
+        int32_t prompt[50], plain[80], out[80];
+        int n_plain, n_out;
+        dflash_gen_stats st;
+        for (int seed = 0; seed < 2; seed++) {
+            prompt_for(t->cfg.vocab_size, 50, seed, prompt);
+            run(t, NULL, prompt, 50, 80, 0, plain, &n_plain, &st);
+            CHECK(n_plain == 80);
+            for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
+                for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++)
+                    for (int quant = 0; quant < 2; quant++) {
+                        if (quant && (bi != 3 || ci != 0))
+                            continue; /* fp8: one configuration is enough */
+                        dflash_head_opts ho;
+                        dflash_head_default_opts(&ho);
+                        ho.max_ctx = 400;
+                        ho.ctx_cap = caps[ci];
+                        ho.block_size = blocks[bi];
+                        ho.quant = quant;
+                        dflash_head *h = NULL;
+                        CHECK_OK(dflash_head_load(ddir, t, &ho, &h));
+                        if (!h)
+                            continue;
+                        run(t, &h->proposer, prompt, 50, 80, blocks[bi], out, &n_out, &st);
+                        CHECKF(n_out == n_plain && memcmp(out, plain, sizeof plain) == 0,
+                               "%s block %d cap %d quant %d seed %d: speculative output differs", drafters[k],
+                               blocks[bi], caps[ci], quant, seed);
+                        dflash_head_free(h);
+                    }
+        }
+        dflash_qwen3_free(t);
+    }
+}
+
+static void test_ngram_equals_plain_and_accepts(void)
+{
+    char tdir[512];
+    dflash_qwen3 *t = NULL;
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 400;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &t));
+    if (!t)
+        return;
+    int32_t prompt[40], plain[120], out[120];
+    int n_plain, n_out;
+    dflash_gen_stats st;
+    prompt_for(t->cfg.vocab_size, 40, 3, prompt);
+    run(t, NULL, prompt, 40, 120, 0, plain, &n_plain, &st);
+    for (int block = 2; block <= 16; block *= 2) {
+        dflash_proposer *p = NULL;
+        CHECK_OK(dflash_ngram_create(block, 1, 3, &p));
+        if (!p)
+            continue;
+        run(t, p, prompt, 40, 120, block, out, &n_out, &st);
+        CHECKF(n_out == n_plain && memcmp(out, plain, sizeof plain) == 0, "ngram block %d differs", block);
+        printf("  ngram block %d: tau %.2f over %d steps\n", block, st.mean_accept, st.n_steps);
+        dflash_proposer_destroy(p);
+    }
+    dflash_qwen3_free(t);
+}
+
+/* Stop tokens end the output at the stop token in both modes alike. */
+static void test_stop_tokens(void)
+{
+    char tdir[512];
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, NULL, &t));
+    if (!t)
+        return;
+    int32_t prompt[20], plain[60], out[60];
+    int n_plain, n_out;
+    dflash_gen_stats st;
+    prompt_for(t->cfg.vocab_size, 20, 5, prompt);
+    run(t, NULL, prompt, 20, 60, 0, plain, &n_plain, &st);
+    int32_t stop = plain[17];
+    int first = 0;
+    while (plain[first] != stop)
+        first++;
+    dflash_proposer *p = NULL;
+    CHECK_OK(dflash_ngram_create(8, 1, 3, &p));
+    for (int with = 0; with < 2 && p; with++) {
+        dflash_kv_seq seq;
+        void *state = NULL;
+        dflash_gen_opts go;
+        dflash_gen_default_opts(&go);
+        go.n_new = 60;
+        go.stop_ids = &stop;
+        go.n_stop = 1;
+        CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+        if (with)
+            CHECK_OK(p->ops->alloc_state(p, 200, &state));
+        CHECK_OK(dflash_spec_generate(t, &seq, with ? p : NULL, state, prompt, 20, &go, out, &n_out, &st));
+        CHECK(n_out == first + 1 && st.stopped && memcmp(out, plain, (size_t)n_out * sizeof(int32_t)) == 0);
+        if (with)
+            p->ops->free_state(p, state);
+        dflash_qwen3_seq_free(t, &seq);
+    }
+    dflash_proposer_destroy(p);
+    dflash_qwen3_free(t);
+}
+
+int main(void)
+{
+    dflash_backend_cpu_create(&be);
+    RUN(test_dflash_equals_plain);
+    RUN(test_ngram_equals_plain_and_accepts);
+    RUN(test_stop_tokens);
+    dflash_backend_destroy(be);
+    TEST_END();
+}

@@ -1,0 +1,1005 @@
+/* cuda_ops_check.c: op parity and op timing of the CUDA backend against the
+ * CPU reference, run on a GPU machine by tools/gpu-test.sh (not built by
+ * the Makefile: it needs a GPU, and tests never silently skip).
+ *
+ * Every op runs on fresh random inputs on both backends; GPU outputs are
+ * poisoned with NaN before each run; the error is max|gpu - cpu| / max|cpu|
+ * over the output (NaN never passes). Shapes include the real ones (rows 1,
+ * 16, 64; H 2048/4096; I 6144/12288; vocab 151936; head_dim 128 with 32:4
+ * and 32:8 heads; contexts 1..4097 with causal/window/none masks and ring
+ * block tables). Then each op is timed at the real shapes with CUDA events
+ * (median of 20 after warm-up, L2 flushed between samples) and the achieved
+ * GB/s = bytes that must move / time is printed.
+ *
+ * Usage: cuda_ops_check [--small] [--no-perf]
+ *   --small: small shapes only, no timing (for compute-sanitizer runs). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+static dflash_backend *g_cpu, *g_gpu;
+static int g_small, g_perf = 1;
+
+/* ---- infrastructure ----------------------------------------------------- */
+
+static void die(const char *what)
+{
+    fprintf(stderr, "cuda_ops_check: %s: %s\n", what, dflash_last_error());
+    exit(2);
+}
+#define MUST(expr)                  \
+    do {                            \
+        if ((expr) != DFLASH_OK)    \
+            die(#expr);             \
+    } while (0)
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void)
+{
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return g_rng * 0x2545f4914f6cdd1dull;
+}
+static float frand(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+static int irand(int n) { return (int)(rnd() % (uint64_t)n); }
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "cuda_ops_check: out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+static float *rand_f32(size_t n, float amp)
+{
+    float *p = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * amp;
+    return p;
+}
+
+/* Device buffers of the current case, freed together by gpu_reset(). */
+static void *g_dev[64];
+static int g_ndev;
+
+static void *gpu_alloc(size_t bytes)
+{
+    void *p;
+    MUST(g_gpu->ops->alloc(g_gpu, bytes, &p));
+    if (g_ndev == 64) {
+        fprintf(stderr, "cuda_ops_check: too many buffers in one case\n");
+        exit(2);
+    }
+    g_dev[g_ndev++] = p;
+    return p;
+}
+
+static void *gpu_copy(const void *h, size_t bytes)
+{
+    void *d = gpu_alloc(bytes);
+    MUST(g_gpu->ops->upload(g_gpu, d, h, bytes));
+    return d;
+}
+
+/* An output buffer filled with NaN, so an element the kernel never writes
+ * cannot pass. */
+static float *gpu_poison(size_t n)
+{
+    float *h = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    float *d = gpu_copy(h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+static void gpu_get(void *h, const void *d, size_t bytes) { MUST(g_gpu->ops->download(g_gpu, h, d, bytes)); }
+
+static void gpu_reset(void)
+{
+    for (int i = 0; i < g_ndev; i++)
+        g_gpu->ops->free(g_gpu, g_dev[i]);
+    g_ndev = 0;
+}
+
+/* A weight [rows, cols] of dtype dt with random content (fp8: random
+ * positive scales); host copy in *h, device copy in *d. */
+typedef struct wpair {
+    dflash_weight h, d;
+    void *hdata;
+    float *hscales;
+} wpair;
+
+static void make_weight(wpair *w, dflash_dtype dt, int64_t rows, int64_t cols, float amp)
+{
+    size_t n = (size_t)(rows * cols), es = dflash_dtype_size(dt);
+    w->hdata = xmalloc(n * es);
+    w->hscales = NULL;
+    for (size_t i = 0; i < n; i++) {
+        float v = frand() * amp;
+        switch (dt) {
+        case DFLASH_DTYPE_BF16: ((uint16_t *)w->hdata)[i] = dflash_f32_to_bf16(v); break;
+        case DFLASH_DTYPE_F16: {
+            /* f32 -> f16 by hand for |v| < 1: exact enough for a test input. */
+            float a = fabsf(v);
+            uint16_t s = v < 0 ? 0x8000 : 0;
+            uint16_t h = 0;
+            if (a >= 6.103515625e-05f) {
+                int e;
+                float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+                h = (uint16_t)(((e - 1 + 15) << 10) | ((uint16_t)((m * 2.0f - 1.0f) * 1024.0f) & 0x3ff));
+            }
+            ((uint16_t *)w->hdata)[i] = s | h;
+            break;
+        }
+        case DFLASH_DTYPE_F8_E4M3: ((uint8_t *)w->hdata)[i] = (uint8_t)(rnd() & 0xff); break;
+        default: ((float *)w->hdata)[i] = v;
+        }
+    }
+    if (dt == DFLASH_DTYPE_F8_E4M3) {
+        /* Avoid the NaN codes (0x7f, 0xff) in random weights: a NaN weight
+         * makes a whole output NaN on both sides and tests nothing. */
+        for (size_t i = 0; i < n; i++)
+            if ((((uint8_t *)w->hdata)[i] & 0x7f) == 0x7f)
+                ((uint8_t *)w->hdata)[i] ^= 1;
+        w->hscales = xmalloc((size_t)rows * sizeof(float));
+        for (int64_t r = 0; r < rows; r++)
+            w->hscales[r] = amp / 448.0f * (0.5f + 0.5f * fabsf(frand()));
+    }
+    w->h = (dflash_weight){ dt, rows, cols, w->hdata, w->hscales, "test" };
+    w->d = w->h;
+    w->d.data = gpu_copy(w->hdata, n * es);
+    w->d.scales = w->hscales ? gpu_copy(w->hscales, (size_t)rows * sizeof(float)) : NULL;
+}
+
+static void free_weight(wpair *w)
+{
+    free(w->hdata);
+    free(w->hscales);
+}
+
+/* ---- results ------------------------------------------------------------ */
+
+typedef struct result {
+    char op[24], shape[112];
+    double err, tol;
+    int pass;
+} result;
+static result g_res[1024];
+static int g_nres;
+
+typedef struct perf {
+    char op[24], shape[112];
+    double us, gbs;
+} perf;
+static perf g_perf_rows[512];
+static int g_nperf;
+
+/* max|g - c| / max|c|; NaN or Inf where the CPU has a number: infinite. */
+static double rel_err(const float *g, const float *c, size_t n)
+{
+    double maxd = 0.0, maxc = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(c[i]) || isnan(g[i])) {
+            if (!(isnan(c[i]) && isnan(g[i])))
+                return INFINITY;
+            continue;
+        }
+        double d = fabs((double)g[i] - (double)c[i]);
+        if (!(d <= 1e300))
+            return INFINITY;
+        if (d > maxd)
+            maxd = d;
+        if (fabs(c[i]) > maxc)
+            maxc = fabs(c[i]);
+    }
+    return maxc > 0 ? maxd / maxc : maxd;
+}
+
+static void record(const char *op, const char *shape, double err, double tol)
+{
+    if (g_nres == 1024)
+        return;
+    result *r = &g_res[g_nres++];
+    snprintf(r->op, sizeof r->op, "%s", op);
+    snprintf(r->shape, sizeof r->shape, "%s", shape);
+    r->err = err;
+    r->tol = tol;
+    r->pass = err <= tol; /* NaN and Inf fail */
+    printf("%-4s %-12s %-64s err %.3g (tol %.0e)\n", r->pass ? "ok" : "FAIL", op, shape, err, tol);
+    fflush(stdout);
+}
+
+static void check_f32(const char *op, const char *shape, const float *gdev, const float *cref, size_t n, double tol)
+{
+    float *g = xmalloc(n * sizeof(float));
+    gpu_get(g, gdev, n * sizeof(float));
+    record(op, shape, rel_err(g, cref, n), tol);
+    free(g);
+}
+
+/* ---- timing ------------------------------------------------------------- */
+
+typedef dflash_status (*run_fn)(void *arg);
+
+static float *g_flush; /* 256 MiB, bigger than any L2 */
+static const size_t k_flush_n = 64u << 20;
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void time_op(const char *op, const char *shape, run_fn run, void *arg, double bytes)
+{
+    if (!g_perf || g_nperf == 512)
+        return;
+    if (!g_flush) {
+        MUST(g_gpu->ops->alloc(g_gpu, k_flush_n * sizeof(float), (void **)&g_flush));
+        MUST(g_gpu->ops->add(g_gpu, g_flush, g_flush, 0));
+    }
+    for (int i = 0; i < 3; i++)
+        MUST(run(arg));
+    float t[20];
+    for (int i = 0; i < 20; i++) {
+        /* Evict the op's operands from L2: weights that fit there would
+         * otherwise be timed at L2, not HBM, speed. */
+        MUST(g_gpu->ops->add(g_gpu, g_flush, g_flush + k_flush_n / 2, k_flush_n / 2));
+        MUST(dflash_cuda_timer_start(g_gpu));
+        MUST(run(arg));
+        MUST(dflash_cuda_timer_stop(g_gpu, &t[i]));
+    }
+    qsort(t, 20, sizeof t[0], cmp_float);
+    perf *p = &g_perf_rows[g_nperf++];
+    snprintf(p->op, sizeof p->op, "%s", op);
+    snprintf(p->shape, sizeof p->shape, "%s", shape);
+    p->us = 0.5 * (t[9] + t[10]) * 1000.0;
+    p->gbs = bytes / (p->us * 1e-6) / 1e9;
+}
+
+/* ---- embed -------------------------------------------------------------- */
+
+typedef struct embed_arg {
+    const dflash_weight *w;
+    const int32_t *ids;
+    int n;
+    float *out;
+} embed_arg;
+static dflash_status run_embed(void *a_)
+{
+    embed_arg *a = a_;
+    return g_gpu->ops->embed(g_gpu, a->w, a->ids, a->n, a->out);
+}
+
+static void case_embed(dflash_dtype dt, int64_t vocab, int64_t H, int n, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s vocab %lld x H %lld, %d rows", dflash_dtype_name(dt), (long long)vocab,
+             (long long)H, n);
+    wpair w;
+    make_weight(&w, dt, vocab, H, 1.0f);
+    int32_t *ids = xmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        ids[i] = i == 0 ? (int32_t)(vocab - 1) : irand((int)vocab);
+    float *ref = xmalloc((size_t)(n * H) * sizeof(float));
+    MUST(g_cpu->ops->embed(g_cpu, &w.h, ids, n, ref));
+    int32_t *dids = gpu_copy(ids, (size_t)n * sizeof(int32_t));
+    float *dout = gpu_poison((size_t)(n * H));
+    MUST(g_gpu->ops->embed(g_gpu, &w.d, dids, n, dout));
+    check_f32("embed", shape, dout, ref, (size_t)(n * H), 0.0);
+    if (timed) {
+        embed_arg a = { &w.d, dids, n, dout };
+        time_op("embed", shape, run_embed, &a, (double)n * H * (dflash_dtype_size(dt) + 4));
+    }
+    free(ids);
+    free(ref);
+    free_weight(&w);
+    gpu_reset();
+}
+
+/* ---- add_rmsnorm, add, swiglu ------------------------------------------- */
+
+typedef struct rms_arg {
+    float *x;
+    const float *delta;
+    const dflash_weight *w;
+    int n, dim;
+    float *out;
+} rms_arg;
+static dflash_status run_rms(void *a_)
+{
+    rms_arg *a = a_;
+    return g_gpu->ops->add_rmsnorm(g_gpu, a->x, a->delta, a->w, a->n, a->dim, 1e-6f, a->out);
+}
+
+static void case_rmsnorm(int n, int dim, int with_delta, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d x %d%s", n, dim, with_delta ? " + residual" : "");
+    size_t cnt = (size_t)n * dim;
+    float *x = rand_f32(cnt, 3.0f), *delta = with_delta ? rand_f32(cnt, 3.0f) : NULL;
+    wpair w;
+    make_weight(&w, DFLASH_DTYPE_BF16, 1, dim, 2.0f);
+    float *dx = gpu_copy(x, cnt * sizeof(float));
+    float *dd = delta ? gpu_copy(delta, cnt * sizeof(float)) : NULL;
+    float *dout = gpu_poison(cnt), *ref = xmalloc(cnt * sizeof(float));
+    MUST(g_cpu->ops->add_rmsnorm(g_cpu, x, delta, &w.h, n, dim, 1e-6f, ref));
+    MUST(g_gpu->ops->add_rmsnorm(g_gpu, dx, dd, &w.d, n, dim, 1e-6f, dout));
+    check_f32("add_rmsnorm", shape, dout, ref, cnt, 1e-5);
+    if (delta) {
+        char s2[128];
+        snprintf(s2, sizeof s2, "%s (x)", shape);
+        check_f32("add_rmsnorm", s2, dx, x, cnt, 0.0);
+    }
+    if (timed) {
+        rms_arg a = { dx, dd, &w.d, n, dim, dout };
+        time_op("add_rmsnorm", shape, run_rms, &a, (double)cnt * 4 * (delta ? 4 : 2) + dim * 2.0);
+    }
+    free(x);
+    free(delta);
+    free(ref);
+    free_weight(&w);
+    gpu_reset();
+}
+
+typedef struct ew_arg {
+    float *a;
+    const float *b;
+    size_t n;
+    float *out;
+} ew_arg;
+static dflash_status run_add(void *p)
+{
+    ew_arg *a = p;
+    return g_gpu->ops->add(g_gpu, a->a, a->b, a->n);
+}
+static dflash_status run_swiglu(void *p)
+{
+    ew_arg *a = p;
+    return g_gpu->ops->swiglu(g_gpu, a->a, a->b, a->n, a->out);
+}
+
+static void case_elementwise(size_t count, size_t offset, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%zu elements%s", count, offset ? " (unaligned)" : "");
+    float *a = rand_f32(count + offset, 8.0f), *b = rand_f32(count + offset, 8.0f);
+    float *ref = xmalloc((count + offset) * sizeof(float));
+    /* swiglu */
+    float *da = gpu_copy(a, (count + offset) * sizeof(float)), *db = gpu_copy(b, (count + offset) * sizeof(float));
+    float *dout = gpu_poison(count + offset);
+    MUST(g_cpu->ops->swiglu(g_cpu, a + offset, b + offset, count, ref));
+    MUST(g_gpu->ops->swiglu(g_gpu, da + offset, db + offset, count, dout + offset));
+    check_f32("swiglu", shape, dout + offset, ref, count, 1e-6);
+    if (timed) {
+        ew_arg e = { da + offset, db + offset, count, dout + offset };
+        time_op("swiglu", shape, run_swiglu, &e, 12.0 * count);
+    }
+    /* add (in place) */
+    MUST(g_cpu->ops->add(g_cpu, a + offset, b + offset, count));
+    MUST(g_gpu->ops->add(g_gpu, da + offset, db + offset, count));
+    check_f32("add", shape, da + offset, a + offset, count, 0.0);
+    if (timed) {
+        ew_arg e = { da + offset, db + offset, count, NULL };
+        time_op("add", shape, run_add, &e, 12.0 * count);
+    }
+    free(a);
+    free(b);
+    free(ref);
+    gpu_reset();
+}
+
+/* ---- linear ------------------------------------------------------------- */
+
+typedef struct lin_arg {
+    const float *x;
+    int n;
+    const dflash_weight *w;
+    float *out;
+} lin_arg;
+static dflash_status run_linear(void *p)
+{
+    lin_arg *a = p;
+    return g_gpu->ops->linear(g_gpu, a->x, a->n, a->w, a->out);
+}
+
+static void case_linear(dflash_dtype dt, int64_t N, int64_t K, const int *rows, int n_rows, int timed,
+                        size_t x_offset)
+{
+    wpair w;
+    make_weight(&w, dt, N, K, 1.0f / sqrtf((float)K) * 2.0f);
+    int maxn = 0;
+    for (int r = 0; r < n_rows; r++)
+        maxn = rows[r] > maxn ? rows[r] : maxn;
+    float *x = rand_f32((size_t)(maxn * K) + x_offset, 1.0f);
+    float *dx = gpu_copy(x, ((size_t)(maxn * K) + x_offset) * sizeof(float));
+    float *ref = xmalloc((size_t)(maxn * N) * sizeof(float));
+    for (int r = 0; r < n_rows; r++) {
+        int n = rows[r];
+        char shape[112];
+        snprintf(shape, sizeof shape, "%s W %lld x %lld, %d rows%s", dflash_dtype_name(dt), (long long)N,
+                 (long long)K, n, x_offset ? " (x unaligned)" : "");
+        float *dout = gpu_poison((size_t)(n * N));
+        MUST(g_cpu->ops->linear(g_cpu, x + x_offset, n, &w.h, ref));
+        MUST(g_gpu->ops->linear(g_gpu, dx + x_offset, n, &w.d, dout));
+        check_f32("linear", shape, dout, ref, (size_t)(n * N), 1e-4);
+        if (timed) {
+            lin_arg a = { dx + x_offset, n, &w.d, dout };
+            double bytes = (double)N * K * dflash_dtype_size(dt) + (w.hscales ? N * 4.0 : 0) + 4.0 * n * (K + N);
+            time_op("linear", shape, run_linear, &a, bytes);
+        }
+    }
+    free(x);
+    free(ref);
+    free_weight(&w);
+    gpu_reset();
+}
+
+/* ---- norm_rope ---------------------------------------------------------- */
+
+typedef struct rope_arg {
+    float *x;
+    const dflash_weight *norm;
+    const int32_t *pos;
+    int n, heads, hd;
+    double theta, pos_scale;
+} rope_arg;
+static dflash_status run_rope(void *p)
+{
+    rope_arg *a = p;
+    return g_gpu->ops->norm_rope(g_gpu, a->x, a->norm, a->pos, a->n, a->heads, a->hd, 1e-6f, a->theta, a->pos_scale);
+}
+
+static void case_norm_rope(int n, int heads, int hd, int with_norm, int max_pos, double theta, double pos_scale,
+                           int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows x %d heads x %d%s, pos < %d, theta %g / %g", n, heads, hd,
+             with_norm ? " + norm" : "", max_pos, theta, pos_scale);
+    size_t cnt = (size_t)n * heads * hd;
+    float *x = rand_f32(cnt, 2.0f);
+    int32_t *pos = xmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        pos[i] = i == 0 ? max_pos - 1 : irand(max_pos);
+    wpair w;
+    make_weight(&w, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
+    float *dx = gpu_copy(x, cnt * sizeof(float));
+    int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t));
+    MUST(g_cpu->ops->norm_rope(g_cpu, x, with_norm ? &w.h : NULL, pos, n, heads, hd, 1e-6f, theta, pos_scale));
+    MUST(g_gpu->ops->norm_rope(g_gpu, dx, with_norm ? &w.d : NULL, dpos, n, heads, hd, 1e-6f, theta, pos_scale));
+    check_f32("norm_rope", shape, dx, x, cnt, 1e-5);
+    if (timed) {
+        rope_arg a = { dx, with_norm ? &w.d : NULL, dpos, n, heads, hd, theta, pos_scale };
+        time_op("norm_rope", shape, run_rope, &a, 8.0 * cnt);
+    }
+    free(x);
+    free(pos);
+    free_weight(&w);
+    gpu_reset();
+}
+
+/* ---- copy_rows, argmax -------------------------------------------------- */
+
+typedef struct copy_arg {
+    float *dst;
+    int64_t ds;
+    const float *src;
+    int64_t ss;
+    const int32_t *idx;
+    int n;
+    int64_t cols;
+} copy_arg;
+static dflash_status run_copy(void *p)
+{
+    copy_arg *a = p;
+    return g_gpu->ops->copy_rows(g_gpu, a->dst, a->ds, a->src, a->ss, a->idx, a->n, a->cols);
+}
+
+static void case_copy_rows(int n, int64_t cols, int64_t src_stride, int64_t dst_stride, int with_idx, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows x %lld cols, strides %lld/%lld%s", n, (long long)cols,
+             (long long)src_stride, (long long)dst_stride, with_idx ? ", indexed" : "");
+    int src_rows = n + 7;
+    size_t src_n = (size_t)(src_rows * src_stride), dst_n = (size_t)(n * dst_stride);
+    float *src = rand_f32(src_n, 1.0f), *dst = xmalloc(dst_n * sizeof(float));
+    for (size_t i = 0; i < dst_n; i++)
+        dst[i] = NAN; /* poisoned on both sides: the gaps between rows must stay NaN */
+    int32_t *idx = xmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        idx[i] = irand(src_rows);
+    float *dsrc = gpu_copy(src, src_n * sizeof(float)), *ddst = gpu_poison(dst_n);
+    int32_t *didx = gpu_copy(idx, (size_t)n * sizeof(int32_t));
+    MUST(g_cpu->ops->copy_rows(g_cpu, dst, dst_stride, src, src_stride, with_idx ? idx : NULL, n, cols));
+    MUST(g_gpu->ops->copy_rows(g_gpu, ddst, dst_stride, dsrc, src_stride, with_idx ? didx : NULL, n, cols));
+    check_f32("copy_rows", shape, ddst, dst, dst_n, 0.0);
+    if (timed) {
+        copy_arg a = { ddst, dst_stride, dsrc, src_stride, with_idx ? didx : NULL, n, cols };
+        time_op("copy_rows", shape, run_copy, &a, 8.0 * n * cols);
+    }
+    free(src);
+    free(dst);
+    free(idx);
+    gpu_reset();
+}
+
+typedef struct am_arg {
+    const float *x;
+    int n, cols;
+    int32_t *out;
+} am_arg;
+static dflash_status run_argmax(void *p)
+{
+    am_arg *a = p;
+    return g_gpu->ops->argmax(g_gpu, a->x, a->n, a->cols, a->out);
+}
+
+/* special: 0 random; 1 ties and NaN/inf planted in every row. */
+static void case_argmax(int n, int cols, int special, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows x %d%s", n, cols, special ? ", ties/NaN/-inf planted" : "");
+    float *x = rand_f32((size_t)n * cols, 10.0f);
+    if (special) {
+        for (int i = 0; i < n; i++) {
+            float *r = x + (size_t)i * cols;
+            switch (i % 5) {
+            case 0: /* the maximum twice: lowest index wins */
+                r[cols / 2] = 100.0f;
+                r[cols - 1] = 100.0f;
+                r[cols / 3] = NAN;
+                break;
+            case 1: /* NaN in column 0: the reference scan never moves */
+                r[0] = NAN;
+                r[cols / 2] = 100.0f;
+                break;
+            case 2: /* all equal */
+                for (int j = 0; j < cols; j++)
+                    r[j] = -INFINITY;
+                break;
+            case 3: /* NaN everywhere but one */
+                for (int j = 0; j < cols; j++)
+                    r[j] = NAN;
+                r[cols - 2 > 0 ? cols - 2 : 0] = -5.0f;
+                break;
+            default: /* +0 and -0 tie */
+                for (int j = 0; j < cols; j++)
+                    r[j] = -1.0f;
+                r[cols - 1] = 0.0f;
+                r[cols / 2] = -0.0f;
+            }
+        }
+    }
+    int32_t *ref = xmalloc((size_t)n * sizeof(int32_t)), *got = xmalloc((size_t)n * sizeof(int32_t));
+    float *dx = gpu_copy(x, (size_t)n * cols * sizeof(float));
+    int32_t *dout = gpu_alloc((size_t)n * sizeof(int32_t));
+    int32_t *poison = xmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        poison[i] = -12345;
+    MUST(g_gpu->ops->upload(g_gpu, dout, poison, (size_t)n * sizeof(int32_t)));
+    MUST(g_cpu->ops->argmax(g_cpu, x, n, cols, ref));
+    MUST(g_gpu->ops->argmax(g_gpu, dx, n, cols, dout));
+    gpu_get(got, dout, (size_t)n * sizeof(int32_t));
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (got[i] != ref[i]) {
+            if (bad < 3)
+                printf("     argmax row %d: gpu %d, cpu %d\n", i, got[i], ref[i]);
+            bad++;
+        }
+    record("argmax", shape, bad ? INFINITY : 0.0, 0.0);
+    if (timed) {
+        am_arg a = { dx, n, cols, dout };
+        time_op("argmax", shape, run_argmax, &a, 4.0 * n * cols);
+    }
+    free(x);
+    free(ref);
+    free(got);
+    free(poison);
+    gpu_reset();
+}
+
+/* ---- kv_write + attention ----------------------------------------------- */
+
+typedef enum { MODE_CAUSAL, MODE_WINDOW, MODE_NONE } attn_mode;
+static const char *const k_mode_names[] = { "causal", "window", "none" };
+
+typedef struct attn_case {
+    int n_seqs, rows_per_seq, ctx; /* ctx: paged positions per sequence end at ctx */
+    int n_heads, n_kv_heads, hd;
+    attn_mode mode;
+    int window;   /* MODE_WINDOW */
+    int ring;     /* bt_len shorter than the context: only the last (bt_len - 1) blocks are kept */
+    int timed;
+} attn_case;
+
+typedef struct attn_run_arg {
+    dflash_attn_args a;
+} attn_run_arg;
+static dflash_status run_attn(void *p) { return g_gpu->ops->attention(g_gpu, &((attn_run_arg *)p)->a); }
+
+typedef struct kvw_arg {
+    const dflash_kv_layout *kv;
+    const int32_t *bt;
+    int bt_len;
+    const int32_t *rs, *pos;
+    const float *k, *v;
+    int n;
+} kvw_arg;
+static dflash_status run_kvw(void *p)
+{
+    kvw_arg *a = p;
+    return g_gpu->ops->kv_write(g_gpu, a->kv, 1, a->bt, a->bt_len, a->rs, a->pos, a->k, a->v, a->n);
+}
+
+static void case_attention(const attn_case *c)
+{
+    const int S = c->n_seqs, R = c->rows_per_seq, L = c->ctx, D = c->hd, KVH = c->n_kv_heads, H = c->n_heads;
+    const int row = KVH * D;
+    const int need_blocks = (L + 15) / 16 + 1;
+    const int bt_len = c->ring ? (c->ring < need_blocks ? c->ring : need_blocks) : need_blocks;
+    const int lo = c->ring ? (L - (bt_len - 1) * 16 > 0 ? L - (bt_len - 1) * 16 : 0) : 0;
+    const int n_layers = 2;
+    char shape[112];
+    snprintf(shape, sizeof shape, "%dx%d rows, ctx %d [%d..), %d:%d x %d, %s%s", S, R, L, lo, H, KVH, D,
+             k_mode_names[c->mode], c->ring ? " ring" : "");
+    if (c->mode == MODE_WINDOW) {
+        size_t l = strlen(shape);
+        snprintf(shape + l, sizeof shape - l, " (w=%d)", c->window);
+    }
+    /* Pool: every sequence's blocks, shuffled, plus spare blocks. */
+    const int n_blocks = S * bt_len + 3;
+    int32_t *perm = xmalloc((size_t)n_blocks * sizeof(int32_t));
+    for (int i = 0; i < n_blocks; i++)
+        perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = irand(i + 1);
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *bt = xmalloc((size_t)S * bt_len * sizeof(int32_t));
+    for (int i = 0; i < S * bt_len; i++)
+        bt[i] = perm[i];
+    const size_t pool_n = (size_t)n_blocks * n_layers * 2 * 16 * row;
+    float *pool = rand_f32(pool_n, 1.0f); /* same garbage on both sides */
+    /* Paged K/V for positions [lo, L) of every sequence, written by kv_write. */
+    const int per_seq = L - lo, nw = S * per_seq, nwa = nw > 0 ? nw : 1; /* nwa: never a 0-byte buffer */
+    float *k = rand_f32((size_t)nwa * row, 1.0f), *v = rand_f32((size_t)nwa * row, 1.0f);
+    int32_t *rs = xmalloc((size_t)nwa * sizeof(int32_t)), *pos = xmalloc((size_t)nwa * sizeof(int32_t));
+    for (int s = 0; s < S; s++)
+        for (int t = 0; t < per_seq; t++) {
+            rs[s * per_seq + t] = s;
+            pos[s * per_seq + t] = lo + t;
+        }
+    dflash_kv_layout hkv = { n_blocks, n_layers, KVH, D, DFLASH_DTYPE_F32, pool };
+    dflash_kv_layout dkv = hkv;
+    dkv.data = gpu_copy(pool, pool_n * sizeof(float));
+    int32_t *dbt = gpu_copy(bt, (size_t)S * bt_len * sizeof(int32_t));
+    int32_t *drs = gpu_copy(rs, (size_t)nwa * sizeof(int32_t));
+    int32_t *dpos = gpu_copy(pos, (size_t)nwa * sizeof(int32_t));
+    float *dk = gpu_copy(k, (size_t)nwa * row * sizeof(float));
+    float *dv = gpu_copy(v, (size_t)nwa * row * sizeof(float));
+    MUST(g_cpu->ops->kv_write(g_cpu, &hkv, 1, bt, bt_len, rs, pos, k, v, nw));
+    MUST(g_gpu->ops->kv_write(g_gpu, &dkv, 1, dbt, bt_len, drs, dpos, dk, dv, nw));
+    char kshape[112];
+    snprintf(kshape, sizeof kshape, "%d rows x %d, %d blocks%s", nw, row, n_blocks, c->ring ? ", ring" : "");
+    check_f32("kv_write", kshape, dkv.data, pool, pool_n, 0.0);
+    if (c->timed && nw >= 16) {
+        int n16 = 16;
+        kvw_arg a = { &dkv, dbt, bt_len, drs + nw - n16, dpos + nw - n16, dk, dv, n16 };
+        snprintf(kshape, sizeof kshape, "16 rows x %d", row);
+        time_op("kv_write", kshape, run_kvw, &a, 16.0 * row * 4 * 4);
+    }
+    /* Queries. causal: the last R paged positions (the target's verify);
+     * window/none: R extra rows at positions L.. (the drafter's block). */
+    const int NR = S * R;
+    const int use_extra = c->mode != MODE_CAUSAL;
+    float *q = rand_f32((size_t)NR * H * D, 1.0f);
+    float *ke = rand_f32((size_t)NR * row, 1.0f), *ve = rand_f32((size_t)NR * row, 1.0f);
+    int32_t *qpos = xmalloc((size_t)NR * sizeof(int32_t)), *qseq = xmalloc((size_t)NR * sizeof(int32_t));
+    int32_t *info = xmalloc((size_t)S * DFLASH_SEQ_INFO_LEN * sizeof(int32_t));
+    for (int s = 0; s < S; s++) {
+        int32_t *si = info + s * DFLASH_SEQ_INFO_LEN;
+        si[0] = lo;
+        si[1] = L;
+        si[2] = use_extra ? s * R : 0;
+        si[3] = use_extra ? R : 0;
+        si[4] = L;
+        for (int r = 0; r < R; r++) {
+            qseq[s * R + r] = s;
+            qpos[s * R + r] = use_extra ? L + r : (L - R + r >= lo ? L - R + r : lo);
+        }
+    }
+    float *ref = xmalloc((size_t)NR * H * D * sizeof(float));
+    dflash_attn_args ha = { NR, H, KVH, D, 1.0f / sqrtf((float)D), q, ref, qpos, qseq, info, &hkv, 1, bt, bt_len,
+                            use_extra ? ke : NULL, use_extra ? ve : NULL, c->mode != MODE_NONE,
+                            c->mode == MODE_WINDOW ? c->window : 0 };
+    MUST(g_cpu->ops->attention(g_cpu, &ha));
+    dflash_attn_args da = ha;
+    da.q = gpu_copy(q, (size_t)NR * H * D * sizeof(float));
+    da.out = gpu_poison((size_t)NR * H * D);
+    da.q_pos = gpu_copy(qpos, (size_t)NR * sizeof(int32_t));
+    da.row_seq = gpu_copy(qseq, (size_t)NR * sizeof(int32_t));
+    da.seq_info = gpu_copy(info, (size_t)S * DFLASH_SEQ_INFO_LEN * sizeof(int32_t));
+    da.kv = &dkv;
+    da.block_tables = dbt;
+    da.k_extra = use_extra ? gpu_copy(ke, (size_t)NR * row * sizeof(float)) : NULL;
+    da.v_extra = use_extra ? gpu_copy(ve, (size_t)NR * row * sizeof(float)) : NULL;
+    MUST(g_gpu->ops->attention(g_gpu, &da));
+    check_f32("attention", shape, da.out, ref, (size_t)NR * H * D, 1e-4);
+    if (c->timed) {
+        attn_run_arg a = { da };
+        /* Bytes that must move: each sequence's visible K/V once (GQA heads
+         * share it), plus q and out. */
+        int visible = L - lo + (use_extra ? R : 0);
+        if (c->mode == MODE_WINDOW && c->window < visible)
+            visible = c->window;
+        double bytes = (double)S * visible * row * 4 * 2 + 2.0 * NR * H * D * 4;
+        time_op("attention", shape, run_attn, &a, bytes);
+    }
+    free(perm);
+    free(bt);
+    free(pool);
+    free(k);
+    free(v);
+    free(rs);
+    free(pos);
+    free(q);
+    free(ke);
+    free(ve);
+    free(qpos);
+    free(qseq);
+    free(info);
+    free(ref);
+    gpu_reset();
+}
+
+/* ---- error paths and weight_from_host ------------------------------------ */
+
+static void case_errors(void)
+{
+    /* A bad token id: the op is queued fine, the next sync reports it. */
+    wpair w;
+    make_weight(&w, DFLASH_DTYPE_BF16, 10, 64, 1.0f);
+    int32_t ids[2] = { 3, 10 };
+    int32_t *dids = gpu_copy(ids, sizeof ids);
+    float *dout = gpu_poison(2 * 64);
+    dflash_status s = g_gpu->ops->embed(g_gpu, &w.d, dids, 2, dout);
+    if (s == DFLASH_OK)
+        s = g_gpu->ops->sync(g_gpu);
+    int ok = s == DFLASH_ERR_INVALID_ARG && strstr(dflash_last_error(), "token id 10 outside") != NULL;
+    printf("     embed error: %s: %s\n", dflash_status_name(s), dflash_last_error());
+    ok = ok && g_gpu->ops->sync(g_gpu) == DFLASH_OK; /* reported once, then clear */
+    /* A KV position whose block is outside the pool. */
+    dflash_kv_layout kv = { 2, 1, 1, 4, DFLASH_DTYPE_F32, gpu_alloc(2 * 2 * 16 * 4 * sizeof(float)) };
+    int32_t bt[2] = { 0, 7 }, rs[1] = { 0 }, pos[1] = { 16 };
+    float kv4[4] = { 1, 2, 3, 4 };
+    int32_t *dbt = gpu_copy(bt, sizeof bt), *drs = gpu_copy(rs, sizeof rs), *dpos = gpu_copy(pos, sizeof pos);
+    float *dk = gpu_copy(kv4, sizeof kv4);
+    s = g_gpu->ops->kv_write(g_gpu, &kv, 0, dbt, 2, drs, dpos, dk, dk, 1);
+    if (s == DFLASH_OK)
+        s = g_gpu->ops->sync(g_gpu);
+    printf("     kv_write error: %s: %s\n", dflash_status_name(s), dflash_last_error());
+    ok = ok && s == DFLASH_ERR_INVALID_ARG && strstr(dflash_last_error(), "maps to block 7 (pool has 2)") != NULL;
+    ok = ok && g_gpu->ops->sync(g_gpu) == DFLASH_OK;
+    record("errors", "bad token id, KV block outside the pool", ok ? 0.0 : INFINITY, 0.0);
+    free_weight(&w);
+    gpu_reset();
+
+    /* weight_from_host: copies once, the backend frees it at destroy. */
+    wpair f;
+    make_weight(&f, DFLASH_DTYPE_F8_E4M3, 33, 48, 1.0f);
+    dflash_weight dw = f.h;
+    MUST(g_gpu->ops->weight_from_host(g_gpu, &dw, f.hdata, f.hscales));
+    float x[2 * 48], ref[2 * 33];
+    for (int i = 0; i < 2 * 48; i++)
+        x[i] = frand();
+    float *dx = gpu_copy(x, sizeof x), *dy = gpu_poison(2 * 33);
+    MUST(g_cpu->ops->linear(g_cpu, x, 2, &f.h, ref));
+    MUST(g_gpu->ops->linear(g_gpu, dx, 2, &dw, dy));
+    check_f32("weight_from_host", "fp8 33 x 48 + scales, linear 2 rows", dy, ref, 2 * 33, 1e-5);
+    free_weight(&f);
+    gpu_reset();
+}
+
+/* ---- main ----------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--small") == 0)
+            g_small = 1;
+        else if (strcmp(argv[i], "--no-perf") == 0)
+            g_perf = 0;
+        else {
+            fprintf(stderr, "usage: %s [--small] [--no-perf]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (g_small)
+        g_perf = 0;
+    MUST(dflash_backend_cpu_create(&g_cpu));
+    MUST(dflash_backend_cuda_create(0, &g_gpu));
+    printf("device: %s; mode: %s\n", dflash_cuda_device_desc(g_gpu), g_small ? "small" : "full");
+
+    const int rows_all[] = { 1, 16, 64 }, rows_small[] = { 1, 5, 16 };
+    const int *rows = g_small ? rows_small : rows_all;
+    const int T = !g_small; /* time the real shapes */
+
+    case_errors();
+
+    /* embed */
+    if (g_small) {
+        case_embed(DFLASH_DTYPE_BF16, 1000, 64, 5, 0);
+        case_embed(DFLASH_DTYPE_F16, 100, 24, 3, 0);
+        case_embed(DFLASH_DTYPE_F32, 100, 24, 3, 0);
+        case_embed(DFLASH_DTYPE_F8_E4M3, 100, 24, 3, 0);
+    } else {
+        for (int r = 0; r < 3; r++) {
+            case_embed(DFLASH_DTYPE_BF16, 151936, 2048, rows[r], T && rows[r] == 16);
+            case_embed(DFLASH_DTYPE_BF16, 151936, 4096, rows[r], T && rows[r] == 16);
+        }
+        case_embed(DFLASH_DTYPE_F16, 1000, 4096, 16, 0);
+        case_embed(DFLASH_DTYPE_F32, 1000, 2048, 16, 0);
+        case_embed(DFLASH_DTYPE_F8_E4M3, 1000, 2048, 16, 0);
+    }
+
+    /* add_rmsnorm */
+    for (int r = 0; r < 3; r++) {
+        if (g_small) {
+            case_rmsnorm(rows[r], 64, 1, 0);
+            case_rmsnorm(rows[r], 100, 0, 0);
+        } else {
+            case_rmsnorm(rows[r], 2048, 1, T && rows[r] == 16);
+            case_rmsnorm(rows[r], 4096, 1, T && rows[r] == 16);
+            case_rmsnorm(rows[r], 4096, 0, 0);
+            case_rmsnorm(rows[r], 128, 0, 0);
+        }
+    }
+
+    /* add, swiglu */
+    if (g_small) {
+        case_elementwise(1000, 0, 0);
+        case_elementwise(333, 1, 0);
+    } else {
+        case_elementwise((size_t)16 * 6144, 0, T);
+        case_elementwise((size_t)16 * 12288, 0, T);
+        case_elementwise((size_t)64 * 12288, 0, 0);
+        case_elementwise((size_t)1 * 2048, 0, 0);
+        case_elementwise(100003, 3, 0);
+    }
+
+    /* linear */
+    if (g_small) {
+        case_linear(DFLASH_DTYPE_BF16, 72, 256, rows, 3, 0, 0);
+        case_linear(DFLASH_DTYPE_F8_E4M3, 40, 512, rows, 3, 0, 0);
+        case_linear(DFLASH_DTYPE_F16, 9, 64, rows, 3, 0, 0);
+        case_linear(DFLASH_DTYPE_F32, 9, 64, rows, 3, 0, 0);
+        case_linear(DFLASH_DTYPE_BF16, 7, 33, rows, 3, 0, 0);  /* scalar path: odd K */
+        case_linear(DFLASH_DTYPE_BF16, 7, 64, rows, 3, 0, 1);  /* scalar path: unaligned x */
+    } else {
+        static const int64_t shapes[][2] = {
+            /* seed drafter: H 2048, 32:4 x 128, I 6144, vocab */
+            { 4096, 2048 }, { 512, 2048 }, { 2048, 4096 }, { 6144, 2048 }, { 2048, 6144 }, { 151936, 2048 },
+            /* Qwen3-8B geometry: H 4096, 32:8 x 128, I 12288 */
+            { 1024, 4096 }, { 4096, 4096 }, { 12288, 4096 }, { 4096, 12288 }, { 151936, 4096 },
+        };
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            case_linear(DFLASH_DTYPE_BF16, shapes[s][0], shapes[s][1], rows, 3, T, 0);
+            case_linear(DFLASH_DTYPE_F8_E4M3, shapes[s][0], shapes[s][1], rows, 3, T, 0);
+        }
+        case_linear(DFLASH_DTYPE_F16, 2048, 2048, rows, 3, 0, 0);
+        case_linear(DFLASH_DTYPE_F32, 512, 2048, rows, 3, 0, 0);
+        case_linear(DFLASH_DTYPE_BF16, 1001, 2050, rows, 3, 0, 0); /* scalar path */
+        case_linear(DFLASH_DTYPE_F8_E4M3, 1001, 2056, rows, 3, 0, 0);
+        case_linear(DFLASH_DTYPE_BF16, 512, 2048, rows, 3, 0, 1);
+    }
+
+    /* norm_rope */
+    for (int r = 0; r < 3; r++) {
+        if (g_small) {
+            case_norm_rope(rows[r], 4, 64, 1, 300, 1e6, 1.0, 0);
+            case_norm_rope(rows[r], 2, 40, 0, 300, 1e4, 1.0, 0);
+        } else {
+            case_norm_rope(rows[r], 32, 128, 1, 40960, 1e6, 1.0, T && rows[r] == 16);
+            case_norm_rope(rows[r], 8, 128, 1, 40960, 1e6, 1.0, 0);
+            case_norm_rope(rows[r], 4, 128, 0, 5000, 1e4, 4.0, 0);
+        }
+    }
+
+    /* kv_write + attention */
+    if (g_small) {
+        const attn_case cs[] = {
+            { 1, 1, 1, 4, 2, 64, MODE_CAUSAL, 0, 0, 0 },   { 1, 5, 37, 4, 2, 64, MODE_CAUSAL, 0, 0, 0 },
+            { 2, 3, 20, 4, 1, 32, MODE_NONE, 0, 0, 0 },    { 1, 16, 70, 8, 2, 64, MODE_WINDOW, 24, 0, 0 },
+            { 1, 4, 70, 4, 2, 64, MODE_WINDOW, 40, 4, 0 }, { 1, 3, 50, 2, 1, 18, MODE_NONE, 0, 0, 0 },
+            { 1, 2, 0, 4, 2, 64, MODE_NONE, 0, 0, 0 },
+        };
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+            case_attention(&cs[i]);
+    } else {
+        static const int ctxs[] = { 1, 17, 1000, 4097 };
+        for (int ci = 0; ci < 4; ci++)
+            for (int r = 0; r < 3; r++) {
+                const int L = ctxs[ci], R = rows[r];
+                const int timed = T && L == 4097 && R == 16;
+                attn_case a;
+                /* target verify: causal over its own paged rows, 32:8 */
+                a = (attn_case){ 1, R < L ? R : L, L, 32, 8, 128, MODE_CAUSAL, 0, 0, timed };
+                case_attention(&a);
+                /* drafter: full layer (none) and sliding layer (window), 32:4 */
+                a = (attn_case){ 1, R, L, 32, 4, 128, MODE_NONE, 0, 0, timed };
+                case_attention(&a);
+                a = (attn_case){ 1, R, L, 32, 4, 128, MODE_WINDOW, 2048, 0, timed };
+                case_attention(&a);
+            }
+        /* ring tables: a capped drafter context (bt_len 257 = 4096 + a block) */
+        attn_case rg[] = {
+            { 1, 16, 6000, 32, 4, 128, MODE_NONE, 0, 257, 0 },
+            { 1, 16, 6000, 32, 4, 128, MODE_WINDOW, 2048, 257, 0 },
+            { 2, 16, 4097, 32, 8, 128, MODE_CAUSAL, 0, 0, 0 },
+            { 2, 16, 300, 32, 4, 128, MODE_WINDOW, 100, 5, 0 },
+            { 1, 7, 100, 16, 16, 80, MODE_NONE, 0, 0, 0 },
+            { 1, 7, 100, 8, 2, 18, MODE_WINDOW, 50, 0, 0 },
+        };
+        for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
+            case_attention(&rg[i]);
+    }
+
+    /* copy_rows */
+    if (g_small) {
+        case_copy_rows(5, 64, 64, 64, 0, 0);
+        case_copy_rows(5, 30, 70, 100, 1, 0);
+    } else {
+        case_copy_rows(16, 2048, 2048, 2048, 1, T);
+        case_copy_rows(64, 4096, 5 * 4096, 4096, 0, 0);
+        case_copy_rows(16, 2048, 2048, 3 * 2048, 0, 0);
+        case_copy_rows(3, 1001, 1003, 1001, 1, 0);
+    }
+
+    /* argmax */
+    if (g_small) {
+        case_argmax(5, 1000, 0, 0);
+        case_argmax(10, 997, 1, 0);
+    } else {
+        for (int r = 0; r < 3; r++)
+            case_argmax(rows[r], 151936, 0, T && rows[r] == 16);
+        case_argmax(20, 151936, 1, 0);
+        case_argmax(20, 151935, 1, 0);
+        case_argmax(20, 3, 1, 0);
+    }
+
+    if (g_flush)
+        g_gpu->ops->free(g_gpu, g_flush);
+    dflash_backend_destroy(g_gpu);
+    dflash_backend_destroy(g_cpu);
+
+    /* Tables last: timings, then parity. */
+    if (g_nperf) {
+        printf("\n%-12s %-64s %10s %9s\n", "op", "shape (timed)", "us", "GB/s");
+        for (int i = 0; i < g_nperf; i++)
+            printf("%-12s %-64s %10.2f %9.1f\n", g_perf_rows[i].op, g_perf_rows[i].shape, g_perf_rows[i].us,
+                   g_perf_rows[i].gbs);
+    }
+    int failed = 0;
+    printf("\n%-12s %-64s %10s %7s %s\n", "op", "shape", "max err", "tol", "");
+    for (int i = 0; i < g_nres; i++) {
+        printf("%-12s %-64s %10.3g %7.0e %s\n", g_res[i].op, g_res[i].shape, g_res[i].err, g_res[i].tol,
+               g_res[i].pass ? "ok" : "FAIL");
+        failed += !g_res[i].pass;
+    }
+    printf("RESULT %d %d\n", g_nres - failed, failed);
+    return failed ? 1 : 0;
+}
