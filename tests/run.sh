@@ -4,6 +4,8 @@
 # "N passed, N failed" line. Exit status is non-zero if anything failed.
 set -u
 B=${B:-build}
+# See src/cli/main.c: spinning OpenMP workers starve the main thread on a busy machine.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 passed=0 failed=0
 run_one() { # label, command...
     local label=$1; shift

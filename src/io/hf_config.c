@@ -399,7 +399,7 @@ static dflash_status cfg_parse_root(const char *label, const json_t *root, dflas
     DFLASH_TRY(cfg_parse_tokens(label, root, c));
     DFLASH_TRY(cfg_parse_layer_types(label, root, c));
     DFLASH_TRY(cfg_parse_dflash(label, root, c));
-    int sliding;
+    int sliding = 0;
     DFLASH_TRY(cfg_bool(label, root, "use_sliding_window", &sliding));
     if (sliding && !c->is_dflash)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED,

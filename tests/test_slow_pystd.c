@@ -1,0 +1,88 @@
+/* test_slow_pystd.c: the embedded pair (models/qwen3-pystd + -dflash) on
+ * prompts cut from standard-library files the models never saw: greedy
+ * speculative output equals plain output token for token, and the mean
+ * acceptance length tau stays above a floor set a little below what was
+ * measured when the pair was committed (printed on every run). */
+#include "harness.h"
+
+#include <jansson.h>
+
+#include "draft/dflash_head.h"
+#include "io/tokenizer.h"
+#include "spec/spec.h"
+
+/* Measured with this CPU code at commit time: see models/qwen3-pystd-dflash/README.md. */
+#define TAU_FLOOR 2.2
+#define N_NEW 128
+
+static void test_pystd_lossless_and_tau(void)
+{
+    dflash_backend *be = NULL;
+    dflash_tokenizer *tok = NULL;
+    dflash_qwen3 *t = NULL;
+    dflash_head *h = NULL;
+    json_error_t err;
+    json_t *j = json_load_file("tests/data/pystd/heldout_prompts.json", 0, &err);
+    CHECKF(j != NULL, "heldout_prompts.json: %s", err.text);
+    CHECK_OK(dflash_backend_cpu_create(&be));
+    CHECK_OK(dflash_tokenizer_load("models/qwen3-pystd", &tok));
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 512;
+    CHECK_OK(dflash_qwen3_load("models/qwen3-pystd", be, &to, &t));
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = 512;
+    if (t)
+        CHECK_OK(dflash_head_load("models/qwen3-pystd-dflash", t, &ho, &h));
+    if (!j || !tok || !t || !h)
+        goto done;
+    json_t *prompts = json_object_get(j, "prompts");
+    int64_t steps = 0, committed = 0, same = 0, n = (int64_t)json_array_size(prompts);
+    for (size_t i = 0; i < json_array_size(prompts); i++) {
+        const char *text = json_string_value(json_object_get(json_array_get(prompts, i), "text"));
+        int32_t *ids = NULL, plain[N_NEW], spec[N_NEW];
+        size_t n_ids = 0;
+        int n_plain = 0, n_spec = 0;
+        CHECK_OK(dflash_tokenizer_encode(tok, text, strlen(text), &ids, &n_ids));
+        dflash_gen_opts go;
+        dflash_gen_stats st;
+        dflash_gen_default_opts(&go);
+        go.n_new = N_NEW;
+        for (int with = 0; with < 2; with++) {
+            dflash_kv_seq seq;
+            void *state = NULL;
+            CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+            if (with)
+                CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 400, &state));
+            CHECK_OK(dflash_spec_generate(t, &seq, with ? &h->proposer : NULL, state, ids, (int)n_ids, &go,
+                                          with ? spec : plain, with ? &n_spec : &n_plain, &st));
+            if (with) {
+                steps += st.n_steps;
+                committed += (int64_t)(st.mean_accept * st.n_steps + 0.5);
+                h->proposer.ops->free_state(&h->proposer, state);
+            }
+            dflash_qwen3_seq_free(t, &seq);
+        }
+        int eq = n_plain == n_spec && memcmp(plain, spec, (size_t)n_plain * sizeof(int32_t)) == 0;
+        same += eq;
+        CHECKF(eq, "prompt %zu: speculative output differs from plain", i);
+        free(ids);
+    }
+    double tau = steps ? (double)committed / steps : 0;
+    printf("  embedded pair: tau %.3f over %lld steps, %lld/%lld prompts identical to plain\n", tau,
+           (long long)steps, (long long)same, (long long)n);
+    CHECKF(tau >= TAU_FLOOR, "tau %.3f below the floor %.2f", tau, TAU_FLOOR);
+done:
+    json_decref(j);
+    dflash_head_free(h);
+    dflash_qwen3_free(t);
+    dflash_tokenizer_free(tok);
+    dflash_backend_destroy(be);
+}
+
+int main(void)
+{
+    RUN(test_pystd_lossless_and_tau);
+    TEST_END();
+}
