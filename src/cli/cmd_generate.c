@@ -1,6 +1,7 @@
 /* cmd_generate.c: `dflash generate`: load a target (and optionally a
  * drafter), run the speculative (or plain) loop on a prompt, print the ids
  * or a JSON object with statistics. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +17,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dflash generate -m TARGET_DIR [-d DRAFT_DIR | --draft ngram] --prompt-ids IDS [options]\n"
             "\n"
-            "Greedy generation on the CPU. With a drafter, speculative decoding whose output is\n"
-            "exactly the target's own greedy output; without one, plain autoregressive decoding.\n"
+            "Generation on the CPU, greedy by default. With a drafter, speculative decoding whose\n"
+            "output is exactly the target's own greedy output (or, when sampling, follows the\n"
+            "target's own distribution); without one, plain autoregressive decoding.\n"
             "\n"
             "options:\n"
             "  -m, --model DIR        Qwen3 target checkpoint folder (config.json + safetensors)\n"
@@ -31,6 +33,13 @@ static void usage(FILE *f)
             "  --prompt-ids IDS       prompt token ids, comma-separated (e.g. 1,2,3)\n"
             "  -n, --n-new N          tokens to generate (default 64)\n"
             "  --max-ctx N            longest sequence the KV cache holds (default: prompt + n + 64)\n"
+            "  --temp T               sampling temperature; 0 = greedy (default 0)\n"
+            "  --top-k K              keep the K most likely tokens; 0 = off (default)\n"
+            "  --top-p P              nucleus: keep the most likely tokens holding mass P; 1 = off (default)\n"
+            "  --min-p P              drop tokens below P x the top probability; 0 = off (default)\n"
+            "  --rep-penalty R        repetition penalty over tokens already in the sequence\n"
+            "                         (HF semantics); 1 = off (default)\n"
+            "  --seed S               RNG seed for sampling (default 0); the same seed gives the same output\n"
             "  --json                 print one JSON object {\"prompt_ids\",\"output_ids\",\"stats\"}\n"
             "  --trace FILE           write one JSON line per step: {\"pos\",\"drafts\",\"accepted\",\"next\"}\n"
             "  -h, --help             this text\n"
@@ -43,7 +52,22 @@ typedef struct gen_args {
     const char *model, *draft, *trace;
     int32_t *prompt;
     int n_prompt, n_new, max_ctx, json, block_size, ctx_cap, quant;
+    dflash_sampler_opts sampler;
 } gen_args;
+
+/* A whole-string unsigned 64-bit seed (decimal or 0x hex). */
+static int parse_seed(const char *opt, const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 0);
+    if (errno || end == v || *end || v[0] == '-') {
+        fprintf(stderr, "dflash generate: %s expects an unsigned 64-bit integer, got '%s'\n", opt, v);
+        return 0;
+    }
+    *out = (uint64_t)x;
+    return 1;
+}
 
 static int parse(int argc, char **argv, gen_args *a)
 {
@@ -51,6 +75,7 @@ static int parse(int argc, char **argv, gen_args *a)
     a->n_new = 64;
     a->ctx_cap = -1;
     a->quant = -1;
+    dflash_sampler_default_opts(&a->sampler);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -88,6 +113,24 @@ static int parse(int argc, char **argv, gen_args *a)
         } else if (!strcmp(o, "--max-ctx")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1, 1 << 24, &a->max_ctx))
                 return 0;
+        } else if (!strcmp(o, "--temp")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_double(o, v, 0, 1e6, &a->sampler.temperature))
+                return 0;
+        } else if (!strcmp(o, "--top-k")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 0, 1 << 30, &a->sampler.top_k))
+                return 0;
+        } else if (!strcmp(o, "--top-p")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_double(o, v, 1e-9, 1, &a->sampler.top_p))
+                return 0;
+        } else if (!strcmp(o, "--min-p")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_double(o, v, 0, 1, &a->sampler.min_p))
+                return 0;
+        } else if (!strcmp(o, "--rep-penalty")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_double(o, v, 1e-6, 1e6, &a->sampler.rep_penalty))
+                return 0;
+        } else if (!strcmp(o, "--seed")) {
+            if (!(v = cli_value(argc, argv, &i)) || !parse_seed(o, v, &a->sampler.seed))
+                return 0;
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
         } else if (!strcmp(o, "--trace")) {
@@ -111,8 +154,8 @@ static void print_json(const gen_args *a, const int32_t *out, int n_out, const d
     cli_print_ids(stdout, a->prompt, a->n_prompt);
     printf(",\"output_ids\":");
     cli_print_ids(stdout, out, n_out);
-    printf(",\"stats\":{\"n_prompt\":%d,\"n_generated\":%d,\"steps\":%d,\"mean_accept\":%.4f,\"accept_hist\":[",
-           st->n_prompt, st->n_generated, st->n_steps, st->mean_accept);
+    printf(",\"stats\":{\"seed\":%llu,\"n_prompt\":%d,\"n_generated\":%d,\"steps\":%d,\"mean_accept\":%.4f,\"accept_hist\":[",
+           (unsigned long long)a->sampler.seed, st->n_prompt, st->n_generated, st->n_steps, st->mean_accept);
     int top = 1;
     for (int i = 1; i <= DFLASH_MAX_BLOCK; i++)
         if (st->accept_hist[i])
@@ -180,6 +223,7 @@ int dflash_cmd_generate(int argc, char **argv)
         go.n_new = a.n_new;
         go.trace = trace;
         go.block_size = a.block_size;
+        go.sampler = a.sampler;
         dflash_gen_stats st;
         int n_out = 0;
         s = dflash_spec_generate(target, &seq, prop, pstate, a.prompt, a.n_prompt, &go, out, &n_out, &st);

@@ -2,17 +2,27 @@
  *
  *   1 PREFILL   target runs the prompt in chunks (with taps); the proposer
  *               receives each chunk as context; t_N = argmax of the last row
+ *               (sampled: drawn from its filtered distribution)
  *   2 PROPOSE   drafts d_1..d_k for the block [t_s, MASK...] at positions s..
  *   3 VERIFY    target runs [t_s, d_1..d_k] at s..s+k with taps
- *   4 ACCEPT    a = leading run of d_i == argmax(row i-1); bonus = argmax(row a)
+ *   4 ACCEPT    greedy: a = leading run of d_i == argmax(row i-1);
+ *               bonus = argmax(row a)
+ *               sampled: for i = 1..k accept d_i with probability
+ *               p_{i-1}(d_i) (p = the filtered distribution of row i-1; the
+ *               drafts are a point mass); at the first rejection the bonus is
+ *               drawn from p_{i-1} without d_i, renormalized; if all pass,
+ *               from p_k (temperature 0 with a repetition penalty runs here
+ *               too: p is then a point mass on the penalized argmax)
  *   5 COMMIT    emit d_1..d_a, bonus (stop tokens and the budget cut it short)
  *   6 ROLLBACK  target KV length moves back to s+a+1 (rejected rows are
  *               simply overwritten later)
  *   7 OBSERVE   proposer gets rows s..s+a (tokens + taps); s += a+1; goto 2
  *
- * With no proposer k = 0 and the same steps are plain greedy decoding. */
+ * With no proposer k = 0 and the same steps are plain decoding (greedy, or
+ * sampling each token from its filtered distribution with the same RNG). */
 #include "spec/spec.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -20,6 +30,7 @@ void dflash_gen_default_opts(dflash_gen_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->n_new = 64;
+    dflash_sampler_default_opts(&o->sampler);
 }
 
 static double now_ms(void)
@@ -38,10 +49,12 @@ static int is_stop(const dflash_gen_opts *o, int32_t t)
 }
 
 /* Run rows [tokens, positions start..] of the single sequence through the
- * target; logits for the rows in logit_rows; argmax ids come back. */
+ * target; logits for the rows in logit_rows. Greedy (host_logits NULL):
+ * only their argmax ids come back; sampling: the whole logits rows
+ * [n_logit, V] are downloaded into host_logits instead. */
 static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int32_t *tokens, int n,
                                  const int *taps, int n_taps, int n_logit, const int32_t *logit_rows,
-                                 int32_t *argmax_out, float **taps_out)
+                                 int32_t *argmax_out, float *host_logits, float **taps_out)
 {
     int32_t positions[t->opts.max_rows], row_seq[t->opts.max_rows];
     for (int i = 0; i < n; i++) {
@@ -53,7 +66,10 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
                              .n_taps = n_taps, .tap_layers = taps };
     float *logits;
     DFLASH_TRY(dflash_qwen3_forward(t, &b, &logits, taps_out));
-    if (n_logit > 0) {
+    if (n_logit > 0 && host_logits) {
+        DFLASH_TRY(t->be->ops->download(t->be, host_logits, logits,
+                                        (size_t)n_logit * (size_t)t->cfg.vocab_size * sizeof(float)));
+    } else if (n_logit > 0) {
         DFLASH_TRY(t->be->ops->argmax(t->be, logits, n_logit, t->cfg.vocab_size, t->s.sel));
         DFLASH_TRY(t->be->ops->download(t->be, argmax_out, t->s.sel, (size_t)n_logit * sizeof(int32_t)));
     }
@@ -68,56 +84,81 @@ static void trace_step(FILE *f, int32_t s, const int32_t *drafts, int k, int a, 
     fprintf(f, "],\"accepted\":%d,\"next\":%d}\n", a, next);
 }
 
-dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
-                                   const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int32_t *out,
-                                   int *n_out, dflash_gen_stats *st)
+/* Sampling state sized before the loop: the sampler and room for the
+ * logits rows of one verify. NULL members on the greedy path. */
+typedef struct spec_sampling {
+    dflash_sampler smp;
+    float *logits; /* host [B, V] */
+} spec_sampling;
+
+/* 4 ACCEPT, sampled: speculative sampling over the k drafts in block[1..k]
+ * with the verify's logits rows ss->logits [k+1, V]. Returns a and the
+ * bonus. Accepted drafts join the sampler's sequence as they pass (the
+ * repetition penalty of row i sees d_1..d_i, exactly as plain decoding
+ * would after emitting them). */
+static dflash_status accept_sampled(spec_sampling *ss, const int32_t *block, int k, int V, int *a_out,
+                                    int32_t *bonus)
 {
-    const int max_rows = target->opts.max_rows;
+    dflash_sampler *smp = &ss->smp;
+    int a = 0;
+    for (;; a++) {
+        DFLASH_TRY(dflash_sampler_probs(smp, ss->logits + (size_t)a * V, smp->probs));
+        if (a == k) {
+            *bonus = dflash_sampler_sample(smp, smp->probs);
+            break;
+        }
+        /* drafts of a greedy proposer are a point mass: q = NULL */
+        if (!dflash_sampler_accept(smp, smp->probs, NULL, block[a + 1], bonus))
+            break;
+        dflash_sampler_observe(smp, &block[a + 1], 1);
+    }
+    dflash_sampler_observe(smp, bonus, 1);
+    *a_out = a;
+    return DFLASH_OK;
+}
+
+static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                               const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int B,
+                               spec_sampling *ss, int32_t *out, int *n_out, dflash_gen_stats *st)
+{
+    const int max_rows = target->opts.max_rows, V = target->cfg.vocab_size;
     const int *taps = NULL;
     int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
-    int B = p ? p->ops->block_size(p) : 1;
-    if (p && o->block_size > 0 && o->block_size < B)
-        B = o->block_size;
-    if (B > DFLASH_MAX_BLOCK || B > max_rows)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: block size %d exceeds the limit %d", B,
-                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : max_rows);
-    if (n_prompt <= 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the prompt is empty");
-    if (seq->len != 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the target sequence is not empty");
-    if (n_prompt + o->n_new + B > target->opts.max_ctx)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG,
-                           "generate: prompt %d + %d new tokens + block %d exceed the context limit %d", n_prompt,
-                           o->n_new, B, target->opts.max_ctx);
-    memset(st, 0, sizeof *st);
-    st->n_prompt = n_prompt;
-    *n_out = 0;
+    float *hl = ss ? ss->logits : NULL;
     double t0 = now_ms();
 
     /* 1 PREFILL */
     int32_t cur = -1;
+    if (ss)
+        dflash_sampler_observe(&ss->smp, prompt, n_prompt);
     for (int done = 0; done < n_prompt;) {
         int n = n_prompt - done < max_rows ? n_prompt - done : max_rows;
         int32_t last_row = n - 1;
         int last_chunk = done + n == n_prompt;
         float *tap_rows = NULL;
         int32_t pos0 = seq->len;
-        DFLASH_TRY(target_rows(target, seq, prompt + done, n, taps, n_taps, last_chunk, &last_row, &cur, &tap_rows));
+        DFLASH_TRY(target_rows(target, seq, prompt + done, n, taps, n_taps, last_chunk, &last_row, &cur, hl,
+                               &tap_rows));
         if (p) {
             dflash_ctx_rows rows = { prompt + done, n, pos0, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
             DFLASH_TRY(p->ops->begin(p, pstate, &rows));
         }
         done += n;
     }
+    if (ss && o->n_new > 0) {
+        DFLASH_TRY(dflash_sampler_probs(&ss->smp, hl, ss->smp.probs));
+        cur = dflash_sampler_sample(&ss->smp, ss->smp.probs);
+        dflash_sampler_observe(&ss->smp, &cur, 1);
+    }
     st->prefill_ms = now_ms() - t0;
     if (o->n_new <= 0)
-        goto finish;
+        return DFLASH_OK;
     out[(*n_out)++] = cur;
     if (o->on_tokens)
         o->on_tokens(o->user, &cur, 1);
     if (is_stop(o, cur)) {
         st->stopped = 1;
-        goto finish;
+        return DFLASH_OK;
     }
 
     while (*n_out < o->n_new) {
@@ -137,16 +178,21 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
         for (int i = 0; i <= k; i++)
             rows_idx[i] = i;
         float *tap_rows = NULL;
-        DFLASH_TRY(target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, &tap_rows));
+        DFLASH_TRY(target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, hl, &tap_rows));
         double t3 = now_ms();
         st->draft_ms += t2 - t1;
         st->verify_ms += t3 - t2;
 
         /* 4 ACCEPT */
         int a = 0;
-        while (a < k && block[a + 1] == g[a])
-            a++;
-        int32_t bonus = g[a];
+        int32_t bonus;
+        if (ss) {
+            DFLASH_TRY(accept_sampled(ss, block, k, V, &a, &bonus));
+        } else {
+            while (a < k && block[a + 1] == g[a])
+                a++;
+            bonus = g[a];
+        }
 
         /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens and budget */
         int32_t *emit = out + *n_out;
@@ -183,8 +229,54 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
         if (st->stopped)
             break;
     }
+    return DFLASH_OK;
+}
 
-finish:
+dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                   const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int32_t *out,
+                                   int *n_out, dflash_gen_stats *st)
+{
+    const int max_rows = target->opts.max_rows;
+    int B = p ? p->ops->block_size(p) : 1;
+    if (p && o->block_size > 0 && o->block_size < B)
+        B = o->block_size;
+    if (B > DFLASH_MAX_BLOCK || B > max_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: block size %d exceeds the limit %d", B,
+                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : max_rows);
+    if (n_prompt <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the prompt is empty");
+    if (seq->len != 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the target sequence is not empty");
+    if (n_prompt + o->n_new + B > target->opts.max_ctx)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "generate: prompt %d + %d new tokens + block %d exceed the context limit %d", n_prompt,
+                           o->n_new, B, target->opts.max_ctx);
+    DFLASH_TRY(dflash_sampler_check_opts(&o->sampler));
+    memset(st, 0, sizeof *st);
+    st->n_prompt = n_prompt;
+    *n_out = 0;
+    double t0 = now_ms();
+
+    /* Sampling buffers are sized here, before the loop, so nothing
+     * allocates per token; greedy keeps the argmax-only path. */
+    spec_sampling ss_store, *ss = NULL;
+    if (!dflash_sampler_is_greedy(&o->sampler)) {
+        ss = &ss_store;
+        const int V = target->cfg.vocab_size;
+        DFLASH_TRY(dflash_sampler_init(&ss->smp, V, &o->sampler));
+        ss->logits = malloc((size_t)B * (size_t)V * sizeof(float));
+        if (!ss->logits) {
+            dflash_sampler_free(&ss->smp);
+            return dflash_fail(DFLASH_ERR_OOM, "generate: out of memory for %d logits rows of %d", B, V);
+        }
+    }
+    dflash_status s = spec_loop(target, seq, p, pstate, prompt, n_prompt, o, B, ss, out, n_out, st);
+    if (ss) {
+        free(ss->logits);
+        dflash_sampler_free(&ss->smp);
+    }
+    DFLASH_TRY(s);
+
     DFLASH_TRY(target->be->ops->sync(target->be));
     st->total_ms = now_ms() - t0;
     st->n_generated = *n_out;

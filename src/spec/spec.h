@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "draft/proposer.h"
+#include "spec/sampler.h"
 #include "target/qwen3.h"
 
 #define DFLASH_MAX_BLOCK 64
@@ -21,6 +22,10 @@ typedef struct dflash_gen_opts {
     /* Called with the tokens committed by each step, in order (streaming). */
     void (*on_tokens)(void *user, const int32_t *ids, int n);
     void *user;
+    /* Token choice; the default (temperature 0, no penalty) is greedy and
+     * keeps the argmax path. Otherwise logits rows come to the host and
+     * drafts are accepted by speculative sampling (sampler.h). */
+    dflash_sampler_opts sampler;
 } dflash_gen_opts;
 
 void dflash_gen_default_opts(dflash_gen_opts *o);
@@ -39,7 +44,9 @@ typedef struct dflash_gen_stats {
 /* Generate up to o->n_new tokens after `prompt` into out[] (caller-sized
  * n_new); *n_out tokens were written. `seq` must be an empty target
  * sequence and `pstate` a fresh (or reset) state of `p`; p == NULL decodes
- * plainly. Greedy: the output equals plain greedy decoding exactly. */
+ * plainly. Greedy: the output equals plain greedy decoding exactly.
+ * Sampled: every token follows the target's filtered distribution, with or
+ * without a proposer; a seed reproduces the output exactly. */
 dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
                                    const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int32_t *out,
                                    int *n_out, dflash_gen_stats *stats);

@@ -1,0 +1,358 @@
+/* sampler.c: see sampler.h. Owns the filter chain on one logits row, the
+ * RNG, inverse-CDF sampling and the speculative accept/resample step. All
+ * buffers are sized once in dflash_sampler_init; nothing here allocates per
+ * token. Every sum runs in double in a fixed order (index order, or the
+ * sorted order HF uses for top-p) so a seed reproduces a run bit for bit. */
+#include "spec/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dflash_sampler_default_opts(dflash_sampler_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->temperature = 0.0;
+    o->top_k = 0;
+    o->top_p = 1.0;
+    o->min_p = 0.0;
+    o->rep_penalty = 1.0;
+    o->seed = 0;
+    o->accept_rule = DFLASH_ACCEPT_EXACT;
+}
+
+dflash_status dflash_sampler_check_opts(const dflash_sampler_opts *o)
+{
+    if (!(o->temperature >= 0.0) || !isfinite(o->temperature))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: temperature %g must be finite and >= 0", o->temperature);
+    if (o->top_k < 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: top_k %d must be >= 0 (0 = off)", o->top_k);
+    if (!(o->top_p > 0.0 && o->top_p <= 1.0))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: top_p %g must be in (0, 1] (1 = off)", o->top_p);
+    if (!(o->min_p >= 0.0 && o->min_p <= 1.0))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: min_p %g must be in [0, 1] (0 = off)", o->min_p);
+    if (!(o->rep_penalty > 0.0) || !isfinite(o->rep_penalty))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: repetition penalty %g must be finite and > 0 (1 = off)",
+                           o->rep_penalty);
+    if (o->accept_rule < DFLASH_ACCEPT_EXACT || o->accept_rule > DFLASH_ACCEPT_TEST_ALWAYS)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: unknown accept rule %d", (int)o->accept_rule);
+    return DFLASH_OK;
+}
+
+int dflash_sampler_is_greedy(const dflash_sampler_opts *o)
+{
+    return o->temperature == 0.0 && o->rep_penalty == 1.0;
+}
+
+/* ---- RNG ----------------------------------------------------------------- */
+
+/* splitmix64 (Steele, Lea, Flood): spreads any 64-bit seed, 0 included,
+ * over a full xoshiro state that is never all zero. */
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void dflash_rng_seed(dflash_rng *r, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+}
+
+static uint64_t rotl(uint64_t v, int k) { return (v << k) | (v >> (64 - k)); }
+
+/* xoshiro256** (Blackman, Vigna): integer-only, so the stream is the same
+ * on every platform and compiler. */
+uint64_t dflash_rng_next(dflash_rng *r)
+{
+    uint64_t *s = r->s;
+    const uint64_t out = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+double dflash_rng_uniform(dflash_rng *r)
+{
+    /* 53 integer bits scaled by a power of two: exact in IEEE double, no
+     * rounding mode or libm involved. */
+    return (double)(dflash_rng_next(r) >> 11) * 0x1.0p-53;
+}
+
+/* ---- sampler --------------------------------------------------------------- */
+
+dflash_status dflash_sampler_init(dflash_sampler *s, int vocab, const dflash_sampler_opts *o)
+{
+    memset(s, 0, sizeof *s);
+    DFLASH_TRY(dflash_sampler_check_opts(o));
+    if (vocab <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: vocabulary size %d", vocab);
+    s->o = *o;
+    s->vocab = vocab;
+    const size_t V = (size_t)vocab;
+    s->probs = malloc(V * sizeof *s->probs);
+    s->x = malloc(V * sizeof *s->x);
+    s->resid = malloc(V * sizeof *s->resid);
+    s->order = malloc(V * sizeof *s->order);
+    s->seen = calloc(V, 1);
+    if (!s->probs || !s->x || !s->resid || !s->order || !s->seen) {
+        dflash_sampler_free(s);
+        return dflash_fail(DFLASH_ERR_OOM, "sampler: out of memory for a vocabulary of %d", vocab);
+    }
+    dflash_rng_seed(&s->rng, o->seed);
+    return DFLASH_OK;
+}
+
+void dflash_sampler_free(dflash_sampler *s)
+{
+    free(s->probs);
+    free(s->x);
+    free(s->resid);
+    free(s->order);
+    free(s->seen);
+    memset(s, 0, sizeof *s);
+}
+
+void dflash_sampler_reset(dflash_sampler *s, uint64_t seed)
+{
+    memset(s->seen, 0, (size_t)s->vocab);
+    s->o.seed = seed;
+    dflash_rng_seed(&s->rng, seed);
+}
+
+void dflash_sampler_observe(dflash_sampler *s, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->vocab)
+            s->seen[ids[i]] = 1;
+}
+
+/* The k-th largest (k >= 1) of a[0..n), n >= k; a is reordered. Three-way
+ * quickselect: O(n) on average, and rows full of equal values (masked
+ * -inf logits) do not degrade it. */
+static double kth_largest(double *a, int n, int k)
+{
+    int lo = 0, hi = n, want = k - 1;
+    for (;;) {
+        double p0 = a[lo], p1 = a[lo + (hi - lo) / 2], p2 = a[hi - 1];
+        double piv = p0 > p1 ? (p1 > p2 ? p1 : (p0 > p2 ? p2 : p0)) : (p0 > p2 ? p0 : (p1 > p2 ? p2 : p1));
+        int lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            double v = a[i];
+            if (v > piv) {
+                a[i++] = a[lt];
+                a[lt++] = v;
+            } else if (v < piv) {
+                a[i] = a[--gt];
+                a[gt] = v;
+            } else {
+                i++;
+            }
+        }
+        if (want < lt)
+            hi = lt;
+        else if (want >= gt)
+            lo = gt;
+        else
+            return piv;
+    }
+}
+
+/* Descending by value, ascending index on ties: a total order, so the
+ * sorted order (and every sum taken in it) is the same on every machine. */
+static int before(const double *x, int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); }
+
+/* Heapsort of idx[0..n) by `before` (in place, no allocation, no
+ * comparator context needed). */
+static void sort_desc(const double *x, int32_t *idx, int n)
+{
+    /* max-heap under "after" so the root is the last element of the order */
+    for (int start = n / 2 - 1, end = n;; ) {
+        int root;
+        if (start >= 0) {
+            root = start--;
+        } else {
+            if (--end <= 0)
+                break;
+            int32_t t = idx[0];
+            idx[0] = idx[end];
+            idx[end] = t;
+            root = 0;
+        }
+        for (;;) {
+            int c = 2 * root + 1;
+            if (c >= end)
+                break;
+            if (c + 1 < end && before(x, idx[c], idx[c + 1]))
+                c++;
+            if (!before(x, idx[root], idx[c]))
+                break;
+            int32_t t = idx[root];
+            idx[root] = idx[c];
+            idx[c] = t;
+            root = c;
+        }
+    }
+}
+
+dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, double *probs)
+{
+    const int V = s->vocab;
+    const dflash_sampler_opts *o = &s->o;
+    double *x = s->x;
+    int n_finite = 0;
+    double m = -INFINITY;
+    int32_t top = -1;
+    /* 1 repetition penalty (HF: score < 0 ? score * r : score / r), over
+     * the set of tokens in the sequence, each once however often it occurs */
+    for (int j = 0; j < V; j++) {
+        double v = logits[j];
+        if (isnan(v) || v == INFINITY)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: logit %d is %s", j, isnan(v) ? "NaN" : "+inf");
+        if (s->seen[j] && o->rep_penalty != 1.0)
+            v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
+        x[j] = v;
+        if (v != -INFINITY) {
+            n_finite++;
+            if (v > m) {
+                m = v;
+                top = j;
+            }
+        }
+    }
+    if (n_finite == 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: every logit of the row is -inf");
+    memset(probs, 0, (size_t)V * sizeof *probs);
+    if (o->temperature == 0.0) {
+        /* greedy with a penalty: a point mass on the first maximum */
+        probs[top] = 1.0;
+        return DFLASH_OK;
+    }
+    /* 2 temperature: scaling keeps the order, so m and top stay valid */
+    for (int j = 0; j < V; j++)
+        x[j] /= o->temperature;
+    m = x[top];
+    /* 3 top-k: drop everything below the k-th largest (ties with it stay,
+     * as torch's `scores < topk(...)[..., -1]` keeps them) */
+    if (o->top_k > 0 && o->top_k < n_finite) {
+        int n = 0;
+        for (int j = 0; j < V; j++)
+            if (x[j] != -INFINITY)
+                s->resid[n++] = x[j];
+        double kth = kth_largest(s->resid, n, o->top_k);
+        for (int j = 0; j < V; j++)
+            if (x[j] < kth)
+                x[j] = -INFINITY;
+    }
+    /* 4 top-p, as HF computes it: sort ascending, cumulative softmax from
+     * the smallest, drop while the cumulative mass <= 1 - top_p; the top
+     * token always stays. probs[] holds exp(x - m) meanwhile. */
+    if (o->top_p < 1.0) {
+        int n = 0;
+        for (int j = 0; j < V; j++)
+            if (x[j] != -INFINITY) {
+                s->order[n++] = j;
+                probs[j] = exp(x[j] - m);
+            }
+        sort_desc(x, s->order, n);
+        double z = 0;
+        for (int r = n - 1; r >= 0; r--)
+            z += probs[s->order[r]];
+        double cum = 0, limit = 1.0 - o->top_p;
+        for (int r = n - 1; r >= 1; r--) {
+            int32_t j = s->order[r];
+            cum += probs[j] / z;
+            if (cum > limit)
+                break;
+            x[j] = -INFINITY;
+            probs[j] = 0;
+        }
+    }
+    /* 5 min-p: p_j < min_p * p_max  <=>  exp(x_j - m) < min_p (the top
+     * token, which carries m, survives every filter) */
+    if (o->min_p > 0.0)
+        for (int j = 0; j < V; j++)
+            if (x[j] != -INFINITY && exp(x[j] - m) < o->min_p)
+                x[j] = -INFINITY;
+    /* softmax over the survivors, summed in index order */
+    double z = 0;
+    for (int j = 0; j < V; j++) {
+        double e = x[j] == -INFINITY ? 0.0 : exp(x[j] - m);
+        probs[j] = e;
+        z += e;
+    }
+    for (int j = 0; j < V; j++)
+        probs[j] /= z;
+    return DFLASH_OK;
+}
+
+int32_t dflash_sample_cdf(const double *probs, int n, double u)
+{
+    double total = 0;
+    for (int j = 0; j < n; j++)
+        total += probs[j];
+    double target = u * total, cum = 0;
+    int32_t last = 0;
+    for (int j = 0; j < n; j++) {
+        if (probs[j] <= 0)
+            continue;
+        cum += probs[j];
+        last = j;
+        if (cum > target)
+            return j;
+    }
+    /* rounding left the running sum a hair short of u * total: the last
+     * token with mass is the right answer (never a zero-probability one) */
+    return last;
+}
+
+int32_t dflash_sampler_sample(dflash_sampler *s, const double *probs)
+{
+    return dflash_sample_cdf(probs, s->vocab, dflash_rng_uniform(&s->rng));
+}
+
+int dflash_sampler_accept(dflash_sampler *s, const double *p, const double *q, int32_t draft, int32_t *next)
+{
+    const int V = s->vocab;
+    const int in_vocab = draft >= 0 && draft < V;
+    const double pd = in_vocab ? p[draft] : 0.0;
+    const double qd = !in_vocab ? 1.0 : q ? q[draft] : 1.0;
+    const double u = dflash_rng_uniform(&s->rng);
+    int accept;
+    switch (s->o.accept_rule) {
+    case DFLASH_ACCEPT_TEST_SQRT:
+        accept = pd > 0 && (qd <= 0 || u < sqrt(pd / qd));
+        break;
+    case DFLASH_ACCEPT_TEST_ALWAYS:
+        accept = 1;
+        break;
+    default:
+        /* u < p/q written without the division; q(d) = 0 (a draft the
+         * proposer gave no mass) accepts whenever p(d) > 0 */
+        accept = pd > 0 && u * qd < pd;
+        break;
+    }
+    if (accept)
+        return 1;
+    /* residual max(0, p - q), renormalized by sampling it as weights */
+    double z = 0;
+    for (int j = 0; j < V; j++) {
+        double r = q ? p[j] - q[j] : (j == draft ? 0.0 : p[j]);
+        r = r > 0 ? r : 0.0;
+        s->resid[j] = r;
+        z += r;
+    }
+    /* z == 0 only if p <= q everywhere, i.e. p == q, where rejection has
+     * probability 0; falling back to p keeps the function total */
+    *next = dflash_sampler_sample(s, z > 0 ? s->resid : p);
+    return 0;
+}

@@ -1,0 +1,496 @@
+/* test_slow_spec_sampling.c: speculative sampling keeps the target's
+ * distribution, statistically, and a wrong acceptance rule is caught.
+ *
+ * Model: a tiny Qwen3 the test writes itself (tests/testmodel.h), V = 32,
+ * whose LM head is built from the embedding so that after token t the
+ * likely next tokens are t+1..t+8 (mod V), t+1 the likeliest; the layers
+ * are random and weak, so the distribution still depends on the context.
+ * The prompt is the cycle 8, 9, ..., 31, 0, ..., 7: every token occurs in
+ * it once, so the n-gram proposer always finds the sampled token t1 earlier
+ * and drafts t1+1, t1+2, the model's favourite continuation. Drafts are
+ * accepted often (~the top probability) and rejected often: both paths run.
+ *
+ * Sampling: temperature 1.0, top-k 8 (small support, large counts per
+ * cell). Each run generates 3 tokens: t1 from the prefill row (plain
+ * sampling), t2 and t3 from ONE speculative step with 2 drafts (block 3),
+ * so tokens 2 and 3 go through accept / reject / resample / bonus. The
+ * statistic is over the joint (t1, t2, t3), which conditions everything
+ * properly: the exact joint p(t1) p(t2 | t1) p(t3 | t1, t2) is computed from
+ * the target's logits on every prefix (the filtered distributions of
+ * dflash_sampler_probs, checked by hand in test_sampler.c).
+ *
+ * Method: Pearson chi-square. Cells whose expected count is >= 10 are bins
+ * of their own; the remaining possible cells are pooled into one bin (folded
+ * into the smallest bin if the pool itself expects < 10). Cells outside the
+ * exact support must never occur. Tests:
+ *   (a) speculative vs plain sampling: two-sample homogeneity statistic
+ *       sum (a - b)^2 / (a + b) over bins (equal sample sizes), df = bins - 1;
+ *   (b) speculative vs exact: goodness of fit, df = bins - 1;
+ *   (c) plain vs exact (a check of the harness itself).
+ * Critical value: the upper 1e-6 quantile of chi-square(df) by the
+ * Wilson-Hilferty approximation (z = 4.7534). False-failure rate: about
+ * 1e-6 per comparison, 3e-6 for the three (the seeds are fixed, so the
+ * outcome is deterministic; the rate is that of an arbitrary seed).
+ * Negative checks (kept in the suite): the same goodness-of-fit test on
+ * runs with the test-only rules DFLASH_ACCEPT_TEST_SQRT (accept with
+ * sqrt(p)) and DFLASH_ACCEPT_TEST_ALWAYS MUST fail.
+ *
+ * Cells are indexed by each token's slot in the support of its row (at
+ * most K tokens survive top-k 8, ties included), so the same code serves any
+ * vocabulary. When the DFlash fixtures are present (tests/data/qwen3/
+ * gqa_tied + tests/data/dflash/d2_tied) the same checks (b) and the
+ * always-accept negative run again with the DFlash drafter, at temperature
+ * 1.5 and fewer runs; its acceptance is printed, not required (a random
+ * drafter rarely hits the random target's top 8). */
+#include "harness.h"
+
+#include <omp.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "draft/dflash_head.h"
+#include "draft/ngram.h"
+#include "spec/spec.h"
+#include "testmodel.h"
+
+enum { V_OWN = 32, NP_MAX = 32, N_NEW = 3, K = 12, CELLS = K * K * K, MIN_EXPECTED = 10 };
+enum { N_RUNS = 12000, N_NEG = 4000, N_DFLASH = 3000, N_DFLASH_NEG = 1500 };
+#define Z_1E6 4.7534 /* upper 1e-6 quantile of N(0, 1) */
+
+/* One target + proposer + prompt + sampler setting, with the exact joint
+ * distribution of the first three generated tokens over support slots. */
+typedef struct experiment {
+    dflash_backend *be;
+    dflash_qwen3 *target;
+    dflash_proposer *prop;
+    void *pstate;
+    int block;                  /* block size of the speculative runs */
+    int32_t prompt[NP_MAX];
+    int np, V;
+    dflash_sampler_opts so;
+    int32_t s1[K], s2[K][K], s3[K][K][K]; /* support tokens, -1 past the end */
+    double exact[CELLS];
+} experiment;
+
+typedef struct tally {
+    int64_t count[CELLS];
+    int64_t impossible;         /* draws outside the exact support */
+    int64_t tried, accepted;    /* drafts */
+} tally;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- the self-written model ------------------------------------------------ */
+
+static int write_model(const char *dir)
+{
+    testmodel m;
+    testmodel_geom g;
+    testmodel_default_geom(&g);
+    g.vocab = V_OWN;
+    g.hidden = 64;
+    g.std = 0.05f;
+    g.seed = 2024;
+    if (!testmodel_build(&m, &g))
+        return 0;
+    /* lm_head[j] = sum_d c_d E[j - d] / H: logit_j after token t is about
+     * c_{j - t} (the embedding rows are nearly orthogonal) */
+    static const float c[8] = { 3.0f, 2.2f, 2.0f, 1.8f, 1.6f, 1.5f, 1.4f, 1.3f };
+    const float *E = testmodel_find(&m, "model.embed_tokens.weight");
+    float *W = testmodel_find(&m, "lm_head.weight");
+    for (int j = 0; j < V_OWN; j++)
+        for (int h = 0; h < g.hidden; h++) {
+            double s = 0;
+            for (int d = 1; d <= 8; d++)
+                s += c[d - 1] * E[(size_t)((j - d + V_OWN) % V_OWN) * g.hidden + h];
+            W[(size_t)j * g.hidden + h] = (float)(s / g.hidden);
+        }
+    int ok = testmodel_save(&m, dir);
+    testmodel_free(&m);
+    return ok;
+}
+
+/* ---- the exact distribution --------------------------------------------------- */
+
+/* The filtered distribution after tokens[0..n) (one forward, last row). */
+static int row_probs(experiment *x, dflash_sampler *smp, float *host, const int32_t *tokens, int n, double *probs)
+{
+    dflash_kv_seq seq = { 0 };
+    int32_t pos[NP_MAX + N_NEW], rs[NP_MAX + N_NEW], last = n - 1;
+    for (int i = 0; i < n; i++) {
+        pos[i] = i;
+        rs[i] = 0;
+    }
+    dflash_kv_seq *sp = &seq;
+    dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = pos, .row_seq = rs, .n_seqs = 1,
+                             .seqs = &sp, .n_logit_rows = 1, .logit_rows = &last };
+    float *logits, *taps;
+    dflash_status s = dflash_qwen3_seq_init(x->target, &seq);
+    if (s == DFLASH_OK)
+        s = dflash_qwen3_forward(x->target, &b, &logits, &taps);
+    if (s == DFLASH_OK)
+        s = x->be->ops->download(x->be, host, logits, (size_t)x->V * sizeof(float));
+    dflash_qwen3_seq_free(x->target, &seq);
+    if (s == DFLASH_OK) {
+        dflash_sampler_reset(smp, 0);
+        dflash_sampler_observe(smp, tokens, n); /* the penalty set, were one on */
+        s = dflash_sampler_probs(smp, host, probs);
+    }
+    CHECK_OK(s);
+    return s == DFLASH_OK;
+}
+
+/* support slots of probs into sup[K] (ascending token order); 0 if > K */
+static int support(const double *probs, int V, int32_t *sup)
+{
+    int n = 0;
+    for (int j = 0; j < V; j++)
+        if (probs[j] > 0) {
+            if (n == K)
+                return 0;
+            sup[n++] = j;
+        }
+    for (int i = n; i < K; i++)
+        sup[i] = -1;
+    return 1;
+}
+
+/* exact[(i1 K + i2) K + i3] = p(t1) p(t2 | t1) p(t3 | t1 t2), t_k the i_k-th
+ * support token of its row */
+static int exact_joint(experiment *x)
+{
+    dflash_sampler smp;
+    if (dflash_sampler_init(&smp, x->V, &x->so) != DFLASH_OK)
+        return 0;
+    int32_t toks[NP_MAX + 2];
+    double *p = malloc(3 * (size_t)x->V * sizeof *p);
+    float *host = malloc((size_t)x->V * sizeof *host);
+    double *p1 = p, *p2 = p + x->V, *p3 = p + 2 * x->V;
+    memcpy(toks, x->prompt, (size_t)x->np * sizeof *toks);
+    memset(x->exact, 0, sizeof x->exact);
+    int ok = p && host && row_probs(x, &smp, host, toks, x->np, p1) && support(p1, x->V, x->s1);
+    for (int a = 0; ok && a < K && x->s1[a] >= 0; a++) {
+        toks[x->np] = x->s1[a];
+        ok = row_probs(x, &smp, host, toks, x->np + 1, p2) && support(p2, x->V, x->s2[a]);
+        for (int b = 0; ok && b < K && x->s2[a][b] >= 0; b++) {
+            toks[x->np + 1] = x->s2[a][b];
+            ok = row_probs(x, &smp, host, toks, x->np + 2, p3) && support(p3, x->V, x->s3[a][b]);
+            for (int c = 0; ok && c < K && x->s3[a][b][c] >= 0; c++)
+                x->exact[(a * K + b) * K + c] = p1[x->s1[a]] * p2[x->s2[a][b]] * p3[x->s3[a][b][c]];
+        }
+    }
+    if (ok) {
+        printf("  p(t1 | prompt):");
+        for (int a = 0; a < K && x->s1[a] >= 0; a++)
+            printf(" %d:%.3f", x->s1[a], p1[x->s1[a]]);
+        printf("\n");
+    }
+    free(p);
+    free(host);
+    dflash_sampler_free(&smp);
+    return ok;
+}
+
+static int slot(const int32_t *sup, int32_t t)
+{
+    for (int i = 0; i < K && sup[i] >= 0; i++)
+        if (sup[i] == t)
+            return i;
+    return -1;
+}
+
+/* cell of a generated triple, -1 outside the support */
+static int cell_of(const experiment *x, const int32_t *out)
+{
+    int a = slot(x->s1, out[0]);
+    int b = a < 0 ? -1 : slot(x->s2[a], out[1]);
+    int c = b < 0 ? -1 : slot(x->s3[a][b], out[2]);
+    return c < 0 ? -1 : (a * K + b) * K + c;
+}
+
+/* ---- sampling runs ------------------------------------------------------- */
+
+static int run_many(experiment *x, int spec, dflash_accept_rule rule, uint64_t seed0, int n_runs, tally *t)
+{
+    memset(t, 0, sizeof *t);
+    dflash_kv_seq seq = { 0 };
+    if (dflash_qwen3_seq_init(x->target, &seq) != DFLASH_OK)
+        return 0;
+    dflash_gen_opts o;
+    dflash_gen_default_opts(&o);
+    o.n_new = N_NEW;
+    o.block_size = x->block;
+    o.sampler = x->so;
+    o.sampler.accept_rule = rule;
+    dflash_proposer *p = spec ? x->prop : NULL;
+    int ok = 1;
+    for (int r = 0; ok && r < n_runs; r++) {
+        int32_t out[N_NEW];
+        int n = 0;
+        dflash_gen_stats st;
+        o.sampler.seed = seed0 + (uint64_t)r;
+        dflash_kv_seq_truncate(&seq, 0);
+        dflash_status s = p ? p->ops->reset(p, x->pstate) : DFLASH_OK;
+        if (s == DFLASH_OK)
+            s = dflash_spec_generate(x->target, &seq, p, p ? x->pstate : NULL, x->prompt, x->np, &o, out, &n, &st);
+        CHECK_OK(s);
+        ok = s == DFLASH_OK && n == N_NEW;
+        if (!ok)
+            break;
+        int c = cell_of(x, out);
+        if (c < 0)
+            t->impossible++;
+        else
+            t->count[c]++;
+        for (int i = 0; i < DFLASH_MAX_BLOCK; i++) {
+            t->tried += st.pos_tried[i];
+            t->accepted += st.pos_accepted[i];
+        }
+    }
+    dflash_qwen3_seq_free(x->target, &seq);
+    return ok;
+}
+
+/* ---- chi-square ------------------------------------------------------------ */
+
+/* Upper 1e-6 quantile of chi-square(df), Wilson-Hilferty. */
+static double chi2_crit(int df)
+{
+    double k = df > 0 ? df : 1, h = 2.0 / (9.0 * k);
+    double v = 1.0 - h + Z_1E6 * sqrt(h);
+    return k * v * v * v;
+}
+
+static int bins[CELLS];
+static double bin_p[CELLS];
+
+/* bins[c] for n samples (-1: impossible cell); returns the bin count */
+static int make_bins(const double *exact, int64_t n)
+{
+    int nb = 0;
+    for (int c = 0; c < CELLS; c++)
+        if (exact[c] > 0 && exact[c] * n >= MIN_EXPECTED) {
+            bin_p[nb] = exact[c];
+            bins[c] = nb++;
+        } else {
+            bins[c] = exact[c] > 0 ? -2 : -1; /* -2: pooled */
+        }
+    double rest = 0;
+    for (int c = 0; c < CELLS; c++)
+        if (bins[c] == -2)
+            rest += exact[c];
+    int rest_bin = -1;
+    if (rest > 0) {
+        if (rest * n >= MIN_EXPECTED || nb == 0) {
+            rest_bin = nb;
+            bin_p[nb++] = rest;
+        } else {
+            rest_bin = 0;
+            for (int b = 1; b < nb; b++)
+                if (bin_p[b] < bin_p[rest_bin])
+                    rest_bin = b;
+            bin_p[rest_bin] += rest;
+        }
+    }
+    for (int c = 0; c < CELLS; c++)
+        if (bins[c] == -2)
+            bins[c] = rest_bin;
+    return nb;
+}
+
+/* Goodness of fit of t against x->exact; 1 when it passes. */
+static int fits_exact(const experiment *x, const char *label, const tally *t, int64_t n)
+{
+    int nb = make_bins(x->exact, n);
+    static int64_t obs[CELLS];
+    memset(obs, 0, sizeof obs);
+    for (int c = 0; c < CELLS; c++)
+        if (bins[c] >= 0)
+            obs[bins[c]] += t->count[c];
+    double stat = 0;
+    for (int b = 0; b < nb; b++) {
+        double e = bin_p[b] * n;
+        stat += (obs[b] - e) * (obs[b] - e) / e;
+    }
+    double crit = chi2_crit(nb - 1);
+    int pass = t->impossible == 0 && stat <= crit;
+    printf("  %s vs exact: chi2 %.1f, df %d, critical %.1f (1e-6), impossible draws %lld -> %s\n", label, stat,
+           nb - 1, crit, (long long)t->impossible, pass ? "same" : "DIFFERENT");
+    return pass;
+}
+
+/* Two-sample homogeneity of a and b (n draws each); 1 when it passes. */
+static int same_as(const experiment *x, const char *label, const tally *a, const tally *b, int64_t n)
+{
+    int nb = make_bins(x->exact, n);
+    static int64_t oa[CELLS], ob[CELLS];
+    memset(oa, 0, sizeof oa);
+    memset(ob, 0, sizeof ob);
+    for (int c = 0; c < CELLS; c++)
+        if (bins[c] >= 0) {
+            oa[bins[c]] += a->count[c];
+            ob[bins[c]] += b->count[c];
+        }
+    double stat = 0;
+    int used = 0;
+    for (int k = 0; k < nb; k++)
+        if (oa[k] + ob[k] > 0) {
+            stat += (double)(oa[k] - ob[k]) * (double)(oa[k] - ob[k]) / (double)(oa[k] + ob[k]);
+            used++;
+        }
+    double crit = chi2_crit(used - 1);
+    int64_t impossible = a->impossible + b->impossible;
+    int pass = impossible == 0 && stat <= crit;
+    printf("  %s: chi2 %.1f, df %d, critical %.1f (1e-6), impossible draws %lld -> %s\n", label, stat, used - 1, crit,
+           (long long)impossible, pass ? "same" : "DIFFERENT");
+    return pass;
+}
+
+static double accept_rate(const tally *t) { return t->tried ? (double)t->accepted / t->tried : 0; }
+
+/* ---- cases ----------------------------------------------------------------- */
+
+static experiment own, dfx;
+static tally spec_t, plain_t, wrong_t;
+
+static void test_ngram_spec_matches_target(void)
+{
+    double t0 = now_s();
+    CHECK(run_many(&own, 1, DFLASH_ACCEPT_EXACT, 1, N_RUNS, &spec_t));
+    double t1 = now_s();
+    CHECK(run_many(&own, 0, DFLASH_ACCEPT_EXACT, 1000000007ull, N_RUNS, &plain_t));
+    double t2 = now_s();
+    double rate = accept_rate(&spec_t);
+    printf("  %d speculative runs (%.1f s), %d plain runs (%.1f s); drafts accepted %.1f%% (%lld of %lld), "
+           "rejected %.1f%%\n", N_RUNS, t1 - t0, N_RUNS, t2 - t1, 100 * rate, (long long)spec_t.accepted,
+           (long long)spec_t.tried, 100 * (1 - rate));
+    /* both paths must run often for the test to mean anything */
+    CHECKF(rate > 0.15 && rate < 0.85, "acceptance %.3f: the test would not exercise both paths", rate);
+    CHECK(same_as(&own, "speculative vs plain", &spec_t, &plain_t, N_RUNS));
+    CHECK(fits_exact(&own, "speculative", &spec_t, N_RUNS));
+    CHECK(fits_exact(&own, "plain", &plain_t, N_RUNS));
+}
+
+static void test_ngram_wrong_rules_are_caught(void)
+{
+    static const struct { dflash_accept_rule rule; const char *name; } wrong[] = {
+        { DFLASH_ACCEPT_TEST_SQRT, "accept with sqrt(p)" },
+        { DFLASH_ACCEPT_TEST_ALWAYS, "always accept" },
+    };
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        CHECK(run_many(&own, 1, wrong[i].rule, 777, N_NEG, &wrong_t));
+        CHECKF(!fits_exact(&own, wrong[i].name, &wrong_t, N_NEG), "the wrong rule '%s' passed the test",
+               wrong[i].name);
+    }
+}
+
+static void test_dflash_spec_matches_target(void)
+{
+    double t0 = now_s();
+    CHECK(run_many(&dfx, 1, DFLASH_ACCEPT_EXACT, 5, N_DFLASH, &spec_t));
+    double rate = accept_rate(&spec_t);
+    printf("  %d DFlash speculative runs (%.1f s); drafts accepted %.1f%% (%lld of %lld)\n", N_DFLASH,
+           now_s() - t0, 100 * rate, (long long)spec_t.accepted, (long long)spec_t.tried);
+    CHECK(spec_t.tried > spec_t.accepted); /* rejections happened */
+    CHECK(fits_exact(&dfx, "DFlash speculative", &spec_t, N_DFLASH));
+    CHECK(run_many(&dfx, 1, DFLASH_ACCEPT_TEST_ALWAYS, 9, N_DFLASH_NEG, &wrong_t));
+    CHECKF(!fits_exact(&dfx, "DFlash, always accept", &wrong_t, N_DFLASH_NEG), "always-accept passed");
+}
+
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static void close_experiment(experiment *x, dflash_head *h)
+{
+    if (x->prop && x->pstate)
+        x->prop->ops->free_state(x->prop, x->pstate);
+    if (h)
+        dflash_head_free(h);
+    else
+        dflash_proposer_destroy(x->prop);
+    dflash_qwen3_free(x->target);
+}
+
+int main(void)
+{
+    /* One thread: the models are tiny, so threads only add fork/join cost,
+     * and on a shared, busy machine spinning OpenMP workers can make the
+     * run many times slower. */
+    omp_set_num_threads(1);
+    /* the self-written model with the n-gram proposer */
+    char dir[64];
+    if (!testmodel_tmpdir(dir) || !write_model(dir)) {
+        fprintf(stderr, "cannot write the test model\n");
+        return 1;
+    }
+    dflash_backend *be;
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 64;
+    own.np = NP_MAX;
+    own.V = V_OWN;
+    own.block = 3; /* t2, t3 from one step with 2 drafts */
+    for (int i = 0; i < own.np; i++)
+        own.prompt[i] = (8 + i) % V_OWN;
+    dflash_sampler_default_opts(&own.so);
+    own.so.temperature = 1.0;
+    own.so.top_k = 8;
+    int ok = dflash_backend_cpu_create(&be) == DFLASH_OK;
+    own.be = dfx.be = be;
+    ok = ok && dflash_qwen3_load(dir, be, &to, &own.target) == DFLASH_OK &&
+         dflash_ngram_create(own.block, 1, 3, &own.prop) == DFLASH_OK &&
+         own.prop->ops->alloc_state(own.prop, own.np + N_NEW + own.block, &own.pstate) == DFLASH_OK;
+    testmodel_rmdir(dir);
+    if (!ok || !exact_joint(&own)) {
+        fprintf(stderr, "setup: %s\n", dflash_last_error());
+        return 1;
+    }
+    RUN(test_ngram_spec_matches_target);
+    RUN(test_ngram_wrong_rules_are_caught);
+    close_experiment(&own, NULL);
+
+    /* the DFlash fixture pair, when present */
+    char tdir[512], ddir[512];
+    snprintf(tdir, sizeof tdir, "%s/qwen3/gqa_tied", test_data_dir());
+    snprintf(ddir, sizeof ddir, "%s/dflash/d2_tied", test_data_dir());
+    if (is_dir(tdir) && is_dir(ddir)) {
+        dflash_head *h = NULL;
+        dflash_head_opts ho;
+        dflash_head_default_opts(&ho);
+        ho.max_ctx = to.max_ctx;
+        dfx.np = 16;
+        dfx.block = 3;
+        for (int i = 0; i < dfx.np; i++)
+            dfx.prompt[i] = (int32_t)((37 * i + 11) % 300);
+        dflash_sampler_default_opts(&dfx.so);
+        dfx.so.temperature = 1.5;
+        dfx.so.top_k = 8;
+        ok = dflash_qwen3_load(tdir, be, &to, &dfx.target) == DFLASH_OK &&
+             dflash_head_load(ddir, dfx.target, &ho, &h) == DFLASH_OK;
+        if (ok) {
+            dfx.V = dfx.target->cfg.vocab_size;
+            dfx.prop = &h->proposer;
+            ok = dfx.prop->ops->alloc_state(dfx.prop, dfx.np + N_NEW + dfx.block, &dfx.pstate) == DFLASH_OK &&
+                 exact_joint(&dfx);
+        }
+        if (!ok) {
+            fprintf(stderr, "DFlash fixture setup: %s\n", dflash_last_error());
+            h_failed++;
+        } else {
+            RUN(test_dflash_spec_matches_target);
+        }
+        close_experiment(&dfx, h);
+    } else {
+        printf("  (no DFlash fixtures under %s: the DFlash drafter case is skipped)\n", test_data_dir());
+    }
+    dflash_backend_destroy(be);
+    TEST_END();
+}
