@@ -162,12 +162,73 @@ static void test_stop_tokens(void)
     dflash_qwen3_free(t);
 }
 
+/* A second call continues the sequence (a chat turn): its output equals
+ * plain decoding of the whole conversation from scratch, and a stop token
+ * in the first call leaves both caches consistent. */
+static void test_continue_equals_fresh(void)
+{
+    char tdir[512], ddir[512];
+    dflash_qwen3 *t = NULL;
+    dflash_head *h = NULL;
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 400;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &t));
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = 400;
+    if (t)
+        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
+    if (!h) {
+        dflash_qwen3_free(t);
+        return;
+    }
+    int32_t p1[20], first[30], turn2[40], second[30], whole[120], plain[30];
+    int n1, n2, np;
+    dflash_gen_stats st;
+    prompt_for(t->cfg.vocab_size, 20, 7, p1);
+    /* stop at the 10th token of the plain continuation */
+    run(t, NULL, p1, 20, 30, 0, plain, &np, &st);
+    int32_t stop = plain[9];
+    dflash_kv_seq seq;
+    void *state;
+    dflash_gen_opts go;
+    dflash_gen_default_opts(&go);
+    go.n_new = 30;
+    go.stop_ids = &stop;
+    go.n_stop = 1;
+    CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+    CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 300, &state));
+    CHECK_OK(dflash_spec_generate(t, &seq, &h->proposer, state, p1, 20, &go, first, &n1, &st));
+    /* turn 2: the unverified last token, then new tokens */
+    turn2[0] = first[n1 - 1];
+    prompt_for(t->cfg.vocab_size, 39, 9, turn2 + 1);
+    go.n_stop = 0;
+    CHECK_OK(dflash_spec_generate(t, &seq, &h->proposer, state, turn2, 40, &go, second, &n2, &st));
+    /* the same conversation from scratch, plainly */
+    int nw = 0;
+    memcpy(whole, p1, sizeof p1);
+    nw = 20;
+    memcpy(whole + nw, first, (size_t)(n1 - 1) * sizeof(int32_t));
+    nw += n1 - 1;
+    memcpy(whole + nw, turn2, sizeof turn2);
+    nw += 40;
+    run(t, NULL, whole, nw, 30, 0, plain, &np, &st);
+    CHECK(n2 == 30 && np == 30 && memcmp(second, plain, sizeof plain) == 0);
+    CHECK(seq.len == nw + n2 - 1);
+    h->proposer.ops->free_state(&h->proposer, state);
+    dflash_qwen3_seq_free(t, &seq);
+    dflash_head_free(h);
+    dflash_qwen3_free(t);
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
     RUN(test_dflash_equals_plain);
     RUN(test_ngram_equals_plain_and_accepts);
     RUN(test_stop_tokens);
+    RUN(test_continue_equals_fresh);
     dflash_backend_destroy(be);
     TEST_END();
 }

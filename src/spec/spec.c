@@ -15,8 +15,15 @@
  *               too: p is then a point mass on the penalized argmax)
  *   5 COMMIT    emit d_1..d_a, bonus (stop tokens and the budget cut it short)
  *   6 ROLLBACK  target KV length moves back to s+a+1 (rejected rows are
- *               simply overwritten later)
- *   7 OBSERVE   proposer gets rows s..s+a (tokens + taps); s += a+1; goto 2
+ *               simply overwritten later); s+c if a stop token or the
+ *               budget cut the step to c emitted tokens
+ *   7 OBSERVE   proposer gets the same rows s.. (tokens + taps); s = the
+ *               new length; goto 2
+ *
+ * Invariant between steps and after a return: the target cache and the
+ * proposer hold the prompt and every emitted token except the last, which
+ * is the unverified t_s of the next step. So a later call can continue the
+ * sequence with a new prompt that starts with that token.
  *
  * With no proposer k = 0 and the same steps are plain decoding (greedy, or
  * sampling each token from its filtered distribution with the same RNG). */
@@ -217,15 +224,18 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             st->pos_accepted[i] += i < a;
         }
 
-        /* 6 ROLLBACK */
-        dflash_kv_seq_truncate(seq, s + a + 1);
+        /* 6 ROLLBACK: the cache keeps t_s and every emitted token but the
+         * last, which becomes the next unverified token. Normally that is
+         * s + a + 1; a stop token or the budget can end the run earlier. */
+        dflash_kv_seq_truncate(seq, s + n_emit);
 
-        /* 7 OBSERVE */
-        if (p && !st->stopped && *n_out < o->n_new) {
-            dflash_ctx_rows rows = { block, a + 1, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
+        /* 7 OBSERVE: the same rows go to the proposer, so a later call can
+         * continue this sequence (a chat's next turn). */
+        if (p) {
+            dflash_ctx_rows rows = { block, n_emit, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
             DFLASH_TRY(p->ops->after_verify(p, &pstate, 1, &rows));
         }
-        cur = bonus;
+        cur = emit[n_emit - 1];
         if (st->stopped)
             break;
     }
@@ -245,12 +255,10 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
                            B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : max_rows);
     if (n_prompt <= 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the prompt is empty");
-    if (seq->len != 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the target sequence is not empty");
-    if (n_prompt + o->n_new + B > target->opts.max_ctx)
+    if (seq->len + n_prompt + o->n_new + B > target->opts.max_ctx)
         return dflash_fail(DFLASH_ERR_INVALID_ARG,
-                           "generate: prompt %d + %d new tokens + block %d exceed the context limit %d", n_prompt,
-                           o->n_new, B, target->opts.max_ctx);
+                           "generate: %d cached + %d prompt + %d new tokens + block %d exceed the context limit %d",
+                           seq->len, n_prompt, o->n_new, B, target->opts.max_ctx);
     DFLASH_TRY(dflash_sampler_check_opts(&o->sampler));
     memset(st, 0, sizeof *st);
     st->n_prompt = n_prompt;

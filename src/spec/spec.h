@@ -42,9 +42,11 @@ typedef struct dflash_gen_stats {
 } dflash_gen_stats;
 
 /* Generate up to o->n_new tokens after `prompt` into out[] (caller-sized
- * n_new); *n_out tokens were written. `seq` must be an empty target
- * sequence and `pstate` a fresh (or reset) state of `p`; p == NULL decodes
- * plainly. Greedy: the output equals plain greedy decoding exactly.
+ * n_new); *n_out tokens were written. `seq` is a target sequence and
+ * `pstate` a state of `p` that has seen exactly the same committed rows:
+ * both empty for a new sequence, or left by an earlier call to continue it
+ * (then `prompt` must start with that call's last output token, which was
+ * emitted but not yet run through the target). p == NULL decodes plainly. Greedy: the output equals plain greedy decoding exactly.
  * Sampled: every token follows the target's filtered distribution, with or
  * without a proposer; a seed reproduces the output exactly. */
 dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
