@@ -2,6 +2,7 @@
 #include "cli/args.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,4 +81,13 @@ const char *cli_value(int argc, char **argv, int *i)
         return NULL;
     }
     return argv[++*i];
+}
+
+void cli_print_json_string(FILE *f, const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    char *out = j ? json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    fputs(out ? out : "\"\"", f);
+    free(out);
+    json_decref(j);
 }

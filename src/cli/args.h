@@ -17,4 +17,8 @@ void cli_print_ids(FILE *f, const int32_t *ids, int n);
 /* The value of option argv[*i] (advancing *i), or NULL with an error. */
 const char *cli_value(int argc, char **argv, int *i);
 
+
+
+/* Print s[0..n) as a JSON string literal (quoted, escaped). */
+void cli_print_json_string(FILE *f, const char *s, size_t n);
 #endif

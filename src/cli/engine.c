@@ -1,0 +1,227 @@
+/* engine.c: see engine.h. */
+#include "cli/engine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "draft/dflash_head.h"
+#include "draft/ngram.h"
+#include "io/chat.h"
+
+void cli_engine_args_init(cli_engine_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->ctx_cap = -1;
+    a->quant = -1;
+    dflash_sampler_default_opts(&a->sampler);
+}
+
+void cli_engine_usage(FILE *f)
+{
+    fprintf(f,
+            "model and drafting:\n"
+            "  -m, --model DIR        Qwen3 target checkpoint folder (config.json + safetensors)\n"
+            "  -d, --draft DIR|ngram  DFlash drafter folder, or 'ngram' for prompt-lookup drafting;\n"
+            "                         without it, plain decoding\n"
+            "  --tokenizer PATH       tokenizer.json or its folder (default: the model folder)\n"
+            "  --block-size B         tokens per speculative step (last token + B-1 drafts);\n"
+            "                         default: the drafter's block_size (16 for ngram)\n"
+            "  --ctx-cap N            drafter context window in positions, 0 = none\n"
+            "                         (default: DFLASH_CTX_CAP, else 4096)\n"
+            "  --drafter-quant Q      bf16 (default) or fp8: drafter weights in fp8 e4m3 with\n"
+            "                         per-row scales (also DFLASH_DRAFTER_FP8=1)\n"
+            "  --max-ctx N            longest sequence the KV cache holds\n"
+            "  --ignore-eos           do not stop at the model's end-of-sequence tokens\n"
+            "sampling (default: greedy):\n"
+            "  --temp T               temperature; 0 = greedy\n"
+            "  --top-k K              keep the K most likely tokens; 0 = off\n"
+            "  --top-p P              nucleus: keep the most likely tokens holding mass P; 1 = off\n"
+            "  --min-p P              drop tokens below P x the top probability; 0 = off\n"
+            "  --rep-penalty R        repetition penalty over this call's prompt and output\n"
+            "                         (HF semantics); 1 = off\n"
+            "  --seed S               RNG seed (default 0); the same seed gives the same output\n");
+}
+
+/* A whole-string unsigned 64-bit seed (decimal or 0x hex). */
+static int parse_seed(const char *opt, const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 0);
+    if (errno || end == v || *end || v[0] == '-') {
+        fprintf(stderr, "dflash: %s expects an unsigned 64-bit integer, got '%s'\n", opt, v);
+        return 0;
+    }
+    *out = (uint64_t)x;
+    return 1;
+}
+
+int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const char *cmd)
+{
+    const char *o = argv[*i], *v;
+#define VALUE() if (!(v = cli_value(argc, argv, i))) return -1
+    if (!strcmp(o, "-m") || !strcmp(o, "--model")) {
+        VALUE();
+        a->model = v;
+    } else if (!strcmp(o, "-d") || !strcmp(o, "--draft")) {
+        VALUE();
+        a->draft = v;
+    } else if (!strcmp(o, "--tokenizer")) {
+        VALUE();
+        a->tokenizer = v;
+    } else if (!strcmp(o, "--block-size")) {
+        VALUE();
+        return cli_parse_int(o, v, 2, DFLASH_MAX_BLOCK, &a->block_size) ? 1 : -1;
+    } else if (!strcmp(o, "--ctx-cap")) {
+        VALUE();
+        return cli_parse_int(o, v, 0, 1 << 30, &a->ctx_cap) ? 1 : -1;
+    } else if (!strcmp(o, "--max-ctx")) {
+        VALUE();
+        return cli_parse_int(o, v, 1, 1 << 24, &a->max_ctx) ? 1 : -1;
+    } else if (!strcmp(o, "--drafter-quant")) {
+        VALUE();
+        if (!strcmp(v, "bf16") || !strcmp(v, "fp8")) {
+            a->quant = !strcmp(v, "fp8") ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16;
+        } else {
+            fprintf(stderr, "dflash %s: --drafter-quant expects bf16 or fp8, got '%s'\n", cmd, v);
+            return -1;
+        }
+    } else if (!strcmp(o, "--ignore-eos")) {
+        a->ignore_eos = 1;
+    } else if (!strcmp(o, "--temp")) {
+        VALUE();
+        return cli_parse_double(o, v, 0, 1e6, &a->sampler.temperature) ? 1 : -1;
+    } else if (!strcmp(o, "--top-k")) {
+        VALUE();
+        return cli_parse_int(o, v, 0, 1 << 30, &a->sampler.top_k) ? 1 : -1;
+    } else if (!strcmp(o, "--top-p")) {
+        VALUE();
+        return cli_parse_double(o, v, 1e-9, 1, &a->sampler.top_p) ? 1 : -1;
+    } else if (!strcmp(o, "--min-p")) {
+        VALUE();
+        return cli_parse_double(o, v, 0, 1, &a->sampler.min_p) ? 1 : -1;
+    } else if (!strcmp(o, "--rep-penalty")) {
+        VALUE();
+        return cli_parse_double(o, v, 1e-6, 1e6, &a->sampler.rep_penalty) ? 1 : -1;
+    } else if (!strcmp(o, "--seed")) {
+        VALUE();
+        return parse_seed(o, v, &a->sampler.seed) ? 1 : -1;
+    } else {
+        return 0;
+    }
+#undef VALUE
+    return 1;
+}
+
+static dflash_status make_proposer(const cli_engine_args *a, dflash_qwen3 *target, dflash_proposer **out)
+{
+    if (!strcmp(a->draft, "ngram"))
+        return dflash_ngram_create(a->block_size ? a->block_size : 16, 1, 3, out);
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = target->opts.max_ctx;
+    ho.ctx_cap = a->ctx_cap;
+    ho.block_size = a->block_size;
+    ho.quant = a->quant;
+    dflash_head *h;
+    DFLASH_TRY(dflash_head_load(a->draft, target, &ho, &h));
+    *out = &h->proposer;
+    return DFLASH_OK;
+}
+
+static void add_stop(cli_engine *e, int32_t id)
+{
+    for (int i = 0; i < e->n_stop; i++)
+        if (e->stop_ids[i] == id)
+            return;
+    if (id >= 0 && e->n_stop < (int)(sizeof e->stop_ids / sizeof e->stop_ids[0]))
+        e->stop_ids[e->n_stop++] = id;
+}
+
+static dflash_status collect_stops(cli_engine *e, const cli_engine_args *a)
+{
+    for (int i = 0; i < e->target->cfg.n_eos; i++)
+        add_stop(e, e->target->cfg.eos_token_ids[i]);
+    if (e->tok) {
+        int32_t ids[DFLASH_CHAT_MAX_EOS];
+        size_t n = 0;
+        DFLASH_TRY(dflash_chat_eos_ids(a->model, e->tok, ids, DFLASH_CHAT_MAX_EOS, &n));
+        for (size_t i = 0; i < n; i++)
+            add_stop(e, ids[i]);
+    }
+    return DFLASH_OK;
+}
+
+dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)
+{
+    memset(e, 0, sizeof *e);
+    return dflash_tokenizer_load(a->tokenizer ? a->tokenizer : a->model, &e->tok);
+}
+
+dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int max_ctx)
+{
+    DFLASH_TRY(dflash_backend_cpu_create(&e->be));
+    dflash_qwen3_opts topts;
+    dflash_qwen3_default_opts(&topts);
+    topts.max_ctx = a->max_ctx ? a->max_ctx : max_ctx;
+    DFLASH_TRY(dflash_qwen3_load(a->model, e->be, &topts, &e->target));
+    DFLASH_TRY(dflash_qwen3_seq_init(e->target, &e->seq));
+    if (a->draft) {
+        DFLASH_TRY(make_proposer(a, e->target, &e->prop));
+        DFLASH_TRY(e->prop->ops->alloc_state(e->prop, topts.max_ctx, &e->pstate));
+    }
+    if (!a->ignore_eos)
+        DFLASH_TRY(collect_stops(e, a));
+    return DFLASH_OK;
+}
+
+void cli_engine_close(cli_engine *e)
+{
+    if (e->prop && e->pstate)
+        e->prop->ops->free_state(e->prop, e->pstate);
+    dflash_proposer_destroy(e->prop);
+    if (e->target && e->seq.table)
+        dflash_qwen3_seq_free(e->target, &e->seq);
+    dflash_qwen3_free(e->target);
+    dflash_tokenizer_free(e->tok);
+    dflash_backend_destroy(e->be);
+    memset(e, 0, sizeof *e);
+}
+
+void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_gen_opts *go)
+{
+    dflash_gen_default_opts(go);
+    go->block_size = a->block_size;
+    go->sampler = a->sampler;
+    go->stop_ids = e->stop_ids;
+    go->n_stop = e->n_stop;
+}
+
+void cli_print_stats_line(FILE *f, const dflash_gen_stats *st)
+{
+    fprintf(f, "[%d prompt + %d generated tokens in %d steps; tau %.2f tokens/step; %.1f tokens/s; "
+               "prefill %.0f ms, draft %.0f ms, verify %.0f ms%s]\n",
+            st->n_prompt, st->n_generated, st->n_steps, st->mean_accept, st->tokens_per_s, st->prefill_ms,
+            st->draft_ms, st->verify_ms, st->stopped ? "; stopped at end-of-sequence" : "");
+}
+
+void cli_print_stats_json(FILE *f, const dflash_gen_stats *st, uint64_t seed)
+{
+    fprintf(f, "{\"seed\":%llu,\"n_prompt\":%d,\"n_generated\":%d,\"steps\":%d,\"mean_accept\":%.4f,\"accept_hist\":[",
+            (unsigned long long)seed, st->n_prompt, st->n_generated, st->n_steps, st->mean_accept);
+    int top = 1;
+    for (int i = 1; i <= DFLASH_MAX_BLOCK; i++)
+        if (st->accept_hist[i])
+            top = i;
+    for (int i = 1; i <= top; i++)
+        fprintf(f, "%s%lld", i > 1 ? "," : "", (long long)st->accept_hist[i]);
+    fprintf(f, "],\"accept_per_pos\":[");
+    for (int i = 0; i < DFLASH_MAX_BLOCK && st->pos_tried[i]; i++)
+        fprintf(f, "%s%.4f", i ? "," : "", (double)st->pos_accepted[i] / (double)st->pos_tried[i]);
+    fprintf(f, "],\"prefill_ms\":%.3f,\"draft_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"tokens_per_s\":%.2f,"
+               "\"stopped\":%s}",
+            st->prefill_ms, st->draft_ms, st->verify_ms, st->total_ms, st->tokens_per_s,
+            st->stopped ? "true" : "false");
+}
