@@ -1,0 +1,159 @@
+/* test_slow_cli.c: the dflash command as a user runs it (through popen):
+ * --help tells the truth about the options, errors name what is wrong and
+ * exit non-zero, text and id prompts agree, JSON is well formed, traces
+ * have one line per step, chat keeps its conversation across turns. */
+#include "harness.h"
+
+#include <jansson.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_bin[256];
+
+/* Run a shell command; capture stdout (and stderr if merge) into buf. */
+static int sh(const char *cmd, char *buf, size_t cap, int merge)
+{
+    char full[4096];
+    snprintf(full, sizeof full, "%s%s", cmd, merge ? " 2>&1" : " 2>/dev/null");
+    FILE *p = popen(full, "r");
+    if (!p)
+        return -1;
+    size_t n = fread(buf, 1, cap - 1, p);
+    buf[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_help_lists_every_option(void)
+{
+    static char out[16384], cmd[512];
+    const struct { const char *sub; const char *opts[32]; } cases[] = {
+        { "generate", { "-m", "--draft", "--prompt ", "--prompt-ids", "--chat", "--system", "--think", "--n-new",
+                        "--json", "--trace", "--tokenizer", "--block-size", "--ctx-cap", "--drafter-quant",
+                        "--max-ctx", "--ignore-eos", "--temp", "--top-k", "--top-p", "--min-p", "--rep-penalty",
+                        "--seed", NULL } },
+        { "chat", { "-m", "--draft", "--system", "--think", "--n-new", "--quiet", "--block-size", "--temp", NULL } },
+        { "tokenize", { "--tokenizer", "--json", NULL } },
+        { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
+        { "info", { "DIR", NULL } },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        snprintf(cmd, sizeof cmd, "%s %s --help", g_bin, cases[k].sub);
+        CHECKF(sh(cmd, out, sizeof out, 0) == 0, "%s --help exit status", cases[k].sub);
+        for (int i = 0; cases[k].opts[i]; i++)
+            CHECKF(strstr(out, cases[k].opts[i]) != NULL, "%s --help lacks %s", cases[k].sub, cases[k].opts[i]);
+    }
+    snprintf(cmd, sizeof cmd, "%s --help", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "generate") && strstr(out, "chat"));
+}
+
+static void test_errors_are_clear(void)
+{
+    static char out[8192], cmd[512];
+    snprintf(cmd, sizeof cmd, "%s generate -m /nonexistent/model --prompt-ids 1,2", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 1);
+    CHECKF(strstr(out, "/nonexistent/model") != NULL, "message: %s", out);
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd --prompt-ids 1,x", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 2);
+    CHECKF(strstr(out, "--prompt-ids") != NULL, "message: %s", out);
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd --prompt-ids 1 --frobnicate", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 2 && strstr(out, "--frobnicate"));
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd --prompt-ids 99999", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 1 && strstr(out, "99999"));
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd -d models/qwen3-pystd --prompt-ids 1", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 1 && strstr(out, "not a DFlash drafter"));
+}
+
+static void test_text_and_ids_agree(void)
+{
+    static char a[65536], b[65536], cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd -d models/qwen3-pystd-dflash -p 'import os\n"
+             "def main(' -n 48 --json", g_bin);
+    CHECK(sh(cmd, a, sizeof a, 0) == 0);
+    json_error_t err;
+    json_t *ja = json_loads(a, 0, &err);
+    CHECKF(ja != NULL, "generate --json output is not JSON: %s", a);
+    if (!ja)
+        return;
+    json_t *pid = json_object_get(ja, "prompt_ids");
+    CHECK(json_array_size(json_object_get(ja, "output_ids")) > 0);
+    CHECK(json_is_string(json_object_get(ja, "text")));
+    CHECK(json_is_number(json_object_get(json_object_get(ja, "stats"), "mean_accept")));
+    /* the same ids through --prompt-ids, plainly: same output ids */
+    char ids[2048] = "";
+    for (size_t i = 0; i < json_array_size(pid); i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%lld", i ? "," : "",
+                 (long long)json_integer_value(json_array_get(pid, i)));
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd --prompt-ids %s -n 48 --json", g_bin, ids);
+    CHECK(sh(cmd, b, sizeof b, 0) == 0);
+    json_t *jb = json_loads(b, 0, &err);
+    CHECK(jb && json_equal(json_object_get(ja, "output_ids"), json_object_get(jb, "output_ids")));
+    json_decref(ja);
+    json_decref(jb);
+}
+
+static void test_trace_one_line_per_step(void)
+{
+    static char out[65536], cmd[1024];
+    char path[] = "/tmp/dflash_cli_trace_XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd --draft ngram --prompt-ids 1,2,3,1,2,3,1,2 -n 30 "
+             "--json --trace %s", g_bin, path);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0);
+    json_error_t err;
+    json_t *j = json_loads(out, 0, &err);
+    long steps = j ? (long)json_integer_value(json_object_get(json_object_get(j, "stats"), "steps")) : -1;
+    json_decref(j);
+    FILE *f = fopen(path, "r");
+    long lines = 0;
+    char line[4096];
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *l = json_loads(line, 0, &err);
+        CHECK(l && json_object_get(l, "pos") && json_object_get(l, "drafts") && json_object_get(l, "accepted") &&
+              json_object_get(l, "next"));
+        json_decref(l);
+        lines++;
+    }
+    if (f)
+        fclose(f);
+    unlink(path);
+    CHECKF(lines == steps && steps > 0, "%ld trace lines, %ld steps", lines, steps);
+}
+
+static void test_chat_two_turns(void)
+{
+    static char out[65536], cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf 'def add(a, b):\\nclass Foo:\\n' | %s chat -m models/qwen3-pystd "
+             "-d models/qwen3-pystd-dflash -n 24", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 0);
+    /* two statistics lines "[P prompt + G generated"; the second turn runs
+     * only its own tokens, fewer than the conversation so far */
+    int p[2] = { -1, -1 }, g[2] = { -1, -1 }, found = 0;
+    for (const char *c = strchr(out, '['); c && found < 2; c = strchr(c + 1, '[')) /* '[' also occurs in code */
+        if (sscanf(c, "[%d prompt + %d generated", &p[found], &g[found]) == 2)
+            found++;
+    CHECKF(found == 2, "chat output: %s", out);
+    int p1 = p[0], g1 = g[0], p2 = p[1];
+    CHECKF(p2 > 0 && p2 < p1 + g1, "second turn ran %d tokens; the conversation had %d", p2, p1 + g1);
+}
+
+static void test_info(void)
+{
+    static char out[8192], cmd[512];
+    snprintf(cmd, sizeof cmd, "%s info models/qwen3-pystd-dflash", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "DFlash drafter") && strstr(out, "taps [1, 3, 5]"));
+}
+
+int main(void)
+{
+    const char *b = getenv("B");
+    snprintf(g_bin, sizeof g_bin, "%s/dflash", b ? b : "build");
+    RUN(test_help_lists_every_option);
+    RUN(test_errors_are_clear);
+    RUN(test_text_and_ids_agree);
+    RUN(test_trace_one_line_per_step);
+    RUN(test_chat_two_turns);
+    RUN(test_info);
+    TEST_END();
+}
