@@ -205,6 +205,12 @@ void cli_print_stats_line(FILE *f, const dflash_gen_stats *st)
                "prefill %.0f ms, draft %.0f ms, verify %.0f ms%s]\n",
             st->n_prompt, st->n_generated, st->n_steps, st->mean_accept, st->tokens_per_s, st->prefill_ms,
             st->draft_ms, st->verify_ms, st->stopped ? "; stopped at end-of-sequence" : "");
+    if (st->pos_tried[0]) {
+        fprintf(f, "[draft acceptance by position:");
+        for (int i = 0; i < DFLASH_MAX_BLOCK && st->pos_tried[i]; i++)
+            fprintf(f, " %.2f", (double)st->pos_accepted[i] / (double)st->pos_tried[i]);
+        fprintf(f, "]\n");
+    }
 }
 
 void cli_print_stats_json(FILE *f, const dflash_gen_stats *st, uint64_t seed)
