@@ -358,7 +358,7 @@ static void test_load_file_and_folder(void)
     CHECK_OK(dflash_config_load(dir, &c));
     CHECK(c.num_target_layers == 36);
     unlink(path);
-    CHECK_FAILS(dflash_config_load(dir, &c), DFLASH_ERR_IO, "config.json: cannot open: No such file");
+    CHECK_FAILS(dflash_config_load(dir, &c), DFLASH_ERR_NOT_FOUND, "config.json: cannot open: No such file");
     rmdir(dir);
 }
 

@@ -126,31 +126,13 @@ static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int fir
     return DFLASH_OK;
 }
 
-typedef struct streamer {
-    dflash_detok_stream *ds;
-    dflash_status status;
-} streamer;
-
-static void on_tokens(void *user, const int32_t *ids, int n)
-{
-    streamer *st = user;
-    for (int i = 0; i < n && st->status == DFLASH_OK; i++) {
-        const char *piece;
-        size_t len;
-        st->status = dflash_detok_stream_push(st->ds, ids[i], &piece, &len);
-        if (st->status == DFLASH_OK)
-            fwrite(piece, 1, len, stdout);
-    }
-    fflush(stdout);
-}
-
 int dflash_cmd_chat(int argc, char **argv)
 {
     chat_args a;
     if (!parse(argc, argv, &a))
         return 2;
     cli_engine e;
-    streamer sm = { NULL, DFLASH_OK };
+    cli_streamer sm = { NULL, DFLASH_OK };
     int32_t *out = malloc((size_t)a.n_new * sizeof *out);
     dflash_status s = out ? cli_engine_load_tokenizer(&e, &a.e) : dflash_fail(DFLASH_ERR_OOM, "out of memory");
     if (!out)
@@ -181,7 +163,7 @@ int dflash_cmd_chat(int argc, char **argv)
         dflash_gen_opts go;
         cli_engine_gen_opts(&e, &a.e, &go);
         go.n_new = a.n_new;
-        go.on_tokens = on_tokens;
+        go.on_tokens = cli_streamer_on_tokens;
         go.user = &sm;
         if (e.seq.len + (int)n_ids + a.n_new + DFLASH_MAX_BLOCK > e.target->opts.max_ctx) {
             s = dflash_fail(DFLASH_ERR_INVALID_ARG, "the conversation (%d tokens) would outgrow --max-ctx %d; "

@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/engine.h"
+#include "core/file.h"
 #include "io/chat.h"
 
 static void usage(FILE *f)
@@ -99,29 +100,6 @@ static int parse(int argc, char **argv, gen_args *a)
     return 1;
 }
 
-static char *read_all(FILE *f, size_t *len)
-{
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (cap - n - 1 == 0) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf) {
-        buf[n] = 0;
-        *len = n;
-    }
-    return buf;
-}
-
 /* Text prompt -> ids (plain, or rendered as a chat). */
 static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
 {
@@ -129,8 +107,7 @@ static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
     char *owned = NULL;
     const char *text = a->text;
     if (!strcmp(text, "-")) {
-        if (!(owned = read_all(stdin, &len)))
-            return dflash_fail(DFLASH_ERR_IO, "cannot read the prompt from stdin");
+        DFLASH_TRY(dflash_read_stream(stdin, "standard input", &owned, &len));
         text = owned;
     } else {
         len = strlen(text);
@@ -155,29 +132,10 @@ static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
     return s;
 }
 
-/* Streaming text out as the loop commits tokens. */
-typedef struct streamer {
-    dflash_detok_stream *ds;
-    dflash_status status;
-} streamer;
-
-static void on_tokens(void *user, const int32_t *ids, int n)
-{
-    streamer *st = user;
-    for (int i = 0; i < n && st->status == DFLASH_OK; i++) {
-        const char *piece;
-        size_t len;
-        st->status = dflash_detok_stream_push(st->ds, ids[i], &piece, &len);
-        if (st->status == DFLASH_OK)
-            fwrite(piece, 1, len, stdout);
-    }
-    fflush(stdout);
-}
-
 static dflash_status run(gen_args *a, cli_engine *e, int32_t *out, int *n_out, dflash_gen_stats *st)
 {
     FILE *trace = NULL;
-    streamer sm = { NULL, DFLASH_OK };
+    cli_streamer sm = { NULL, DFLASH_OK };
     dflash_gen_opts go;
     cli_engine_gen_opts(e, &a->e, &go);
     go.n_new = a->n_new;
@@ -187,7 +145,7 @@ static dflash_status run(gen_args *a, cli_engine *e, int32_t *out, int *n_out, d
     dflash_status s = DFLASH_OK;
     if (a->text && !a->json) {
         s = dflash_detok_stream_new(e->tok, DFLASH_DECODE_SKIP_SPECIAL, &sm.ds);
-        go.on_tokens = on_tokens;
+        go.on_tokens = cli_streamer_on_tokens;
         go.user = &sm;
     }
     if (s == DFLASH_OK)

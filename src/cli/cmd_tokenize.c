@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "core/file.h"
 #include "io/tokenizer.h"
 
 static const char k_tok_help[] =
@@ -84,31 +85,6 @@ static int parse_opts(int argc, char **argv, const char *help, const char **tok_
     return -1;
 }
 
-static char *read_stdin(size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *p = malloc(cap);
-    while (p) {
-        if (n == cap) {
-            char *q = realloc(p, cap *= 2);
-            if (!q) {
-                free(p);
-                return NULL;
-            }
-            p = q;
-        }
-        size_t got = fread(p + n, 1, cap - n, stdin);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    if (p && ferror(stdin)) {
-        free(p);
-        return NULL;
-    }
-    *len = n;
-    return p;
-}
 
 int dflash_cmd_tokenize(int argc, char **argv)
 {
@@ -130,8 +106,8 @@ int dflash_cmd_tokenize(int argc, char **argv)
     size_t len = strlen(text);
     free(rest);
     if (!strcmp(text, "-")) {
-        if (!(owned = read_stdin(&len))) {
-            fprintf(stderr, "dflash tokenize: reading standard input: %s\n", strerror(errno));
+        if (dflash_read_stream(stdin, "standard input", &owned, &len) != DFLASH_OK) {
+            fprintf(stderr, "dflash tokenize: %s\n", dflash_last_error());
             return 1;
         }
         text = owned;

@@ -199,6 +199,19 @@ void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_g
     go->n_stop = e->n_stop;
 }
 
+void cli_streamer_on_tokens(void *user, const int32_t *ids, int n)
+{
+    cli_streamer *st = user;
+    for (int i = 0; i < n && st->status == DFLASH_OK; i++) {
+        const char *piece;
+        size_t len;
+        st->status = dflash_detok_stream_push(st->ds, ids[i], &piece, &len);
+        if (st->status == DFLASH_OK)
+            fwrite(piece, 1, len, stdout);
+    }
+    fflush(stdout);
+}
+
 void cli_print_stats_line(FILE *f, const dflash_gen_stats *st)
 {
     fprintf(f, "[%d prompt + %d generated tokens in %d steps; tau %.2f tokens/step; %.1f tokens/s; "

@@ -45,6 +45,14 @@ void cli_engine_close(cli_engine *e);
 /* Generation options from the arguments (sampler, block size, stop ids). */
 void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_gen_opts *go);
 
+/* Streams decoded text to stdout as the loop commits tokens (an
+ * on_tokens callback; never splits a UTF-8 sequence). */
+typedef struct cli_streamer {
+    dflash_detok_stream *ds;
+    dflash_status status; /* the first failure, if any */
+} cli_streamer;
+void cli_streamer_on_tokens(void *user, const int32_t *ids, int n);
+
 /* One line of statistics, for stderr. */
 void cli_print_stats_line(FILE *f, const dflash_gen_stats *st);
 /* The "stats" JSON object. */

@@ -4,9 +4,13 @@
  * Every rejection names the source (file or label), the field and the value. */
 #include "io/hf_config.h"
 
+#include "core/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+
+#include "io/json_util.h"
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,20 +23,6 @@
 
 /* ---- typed field readers ----------------------------------------------- */
 
-static const char *cfg_json_type(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "unknown";
-}
 
 /* A field that is absent or JSON null counts as not given. */
 static const json_t *cfg_field(const json_t *obj, const char *key)
@@ -48,7 +38,7 @@ static dflash_status cfg_missing(const char *label, const char *field)
 
 static dflash_status cfg_wrong_type(const char *label, const char *field, const json_t *v, const char *want)
 {
-    return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' is %s, expected %s", label, field, cfg_json_type(v),
+    return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' is %s, expected %s", label, field, dflash_json_type_name(v),
                        want);
 }
 
@@ -392,7 +382,7 @@ static dflash_status cfg_parse_root(const char *label, const json_t *root, dflas
 {
     if (!json_is_object(root))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: config is %s, expected a JSON object", label,
-                           cfg_json_type(root));
+                           dflash_json_type_name(root));
     DFLASH_TRY(cfg_parse_names(label, root, c));
     DFLASH_TRY(cfg_parse_sizes(label, root, c));
     DFLASH_TRY(cfg_parse_rope(label, root, c));
@@ -424,41 +414,6 @@ dflash_status dflash_config_parse(const char *json, size_t len, const char *labe
     return s;
 }
 
-/* Reads a whole (small) file into a NUL-terminated buffer. */
-static dflash_status cfg_read_file(const char *path, char **buf, size_t *len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dflash_fail(DFLASH_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CFG_MAX_FILE) {
-        close(fd);
-        return dflash_fail(DFLASH_ERR_IO, "%s: not a regular file of at most %u bytes", path, CFG_MAX_FILE);
-    }
-    size_t n = (size_t)sb.st_size, got = 0;
-    char *p = malloc(n + 1);
-    if (!p) {
-        close(fd);
-        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", path);
-    }
-    while (got < n) {
-        ssize_t r = read(fd, p + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : 0;
-            close(fd);
-            free(p);
-            return dflash_fail(DFLASH_ERR_IO, "%s: read failed: %s", path, e ? strerror(e) : "file shrank");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    p[n] = 0;
-    *buf = p;
-    *len = n;
-    return DFLASH_OK;
-}
 
 dflash_status dflash_config_load(const char *path, dflash_model_config *out)
 {
@@ -475,7 +430,7 @@ dflash_status dflash_config_load(const char *path, dflash_model_config *out)
     }
     char *text = NULL;
     size_t len = 0;
-    dflash_status s = cfg_read_file(file ? file : path, &text, &len);
+    dflash_status s = dflash_read_file(file ? file : path, CFG_MAX_FILE, &text, &len);
     if (s == DFLASH_OK)
         s = dflash_config_parse(text, len, file ? file : path, out);
     free(text);

@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+
+#include "io/json_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,20 +43,6 @@ struct dflash_st {
 
 /* ---- small helpers ---------------------------------------------------- */
 
-static const char *st_json_type(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "unknown";
-}
 
 static void st_shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
 {
@@ -170,7 +158,7 @@ static dflash_status st_parse_dtype(const char *label, const char *name, const j
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s' has no \"dtype\"", label, name);
     if (!json_is_string(v))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s': \"dtype\" is %s, expected a string",
-                           label, name, st_json_type(v));
+                           label, name, dflash_json_type_name(v));
     *out = dflash_dtype_from_name(json_string_value(v));
     if (*out == DFLASH_DTYPE_INVALID)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED,
@@ -187,7 +175,7 @@ static dflash_status st_parse_shape(const char *label, const char *name, const j
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s' has no \"shape\"", label, name);
     if (!json_is_array(v))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s': \"shape\" is %s, expected an array",
-                           label, name, st_json_type(v));
+                           label, name, dflash_json_type_name(v));
     size_t nd = json_array_size(v);
     if (nd > DFLASH_ST_MAX_DIMS)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: tensor '%s' has %zu dims, at most %d are supported",
@@ -198,7 +186,7 @@ static dflash_status st_parse_shape(const char *label, const char *name, const j
         const json_t *d = json_array_get(v, i);
         if (!json_is_integer(d))
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s': shape[%zu] is %s, expected an integer",
-                               label, name, i, st_json_type(d));
+                               label, name, i, dflash_json_type_name(d));
         json_int_t dim = json_integer_value(d);
         if (dim < 0)
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s': shape[%zu] = %lld is negative", label,
@@ -225,7 +213,7 @@ static dflash_status st_parse_offsets(const char *label, const char *name, const
         const json_t *d = json_array_get(v, i);
         if (!json_is_integer(d))
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s': data_offsets[%zu] is %s, expected an integer",
-                               label, name, i, st_json_type(d));
+                               label, name, i, dflash_json_type_name(d));
         o[i] = json_integer_value(d);
         if (o[i] < 0)
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s': data_offsets[%zu] = %lld is negative",
@@ -243,7 +231,7 @@ static dflash_status st_parse_entry(const st_file *f, const char *name, const js
     const char *label = f->path;
     if (!json_is_object(entry))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s' is %s, expected an object", label, name,
-                           st_json_type(entry));
+                           dflash_json_type_name(entry));
     uint64_t begin = 0, end = 0;
     DFLASH_TRY(st_parse_dtype(label, name, entry, &t->dtype));
     DFLASH_TRY(st_parse_shape(label, name, entry, t));
@@ -278,13 +266,13 @@ static dflash_status st_check_metadata(const char *label, const json_t *meta)
 {
     if (!json_is_object(meta))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: \"__metadata__\" is %s, expected an object", label,
-                           st_json_type(meta));
+                           dflash_json_type_name(meta));
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)meta, key, v) {
         if (!json_is_string(v))
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: __metadata__ '%s' is %s, expected a string", label, key,
-                               st_json_type(v));
+                               dflash_json_type_name(v));
     }
     return DFLASH_OK;
 }
@@ -327,7 +315,7 @@ static dflash_status st_parse_header_json(dflash_st *st, st_file *f, const json_
 {
     if (!json_is_object(root))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: header is %s, expected a JSON object", f->path,
-                           st_json_type(root));
+                           dflash_json_type_name(root));
     size_t first = st->n_tensors;
     const char *key;
     const json_t *v;
@@ -441,19 +429,19 @@ static dflash_status st_load_index(const char *index, json_t **weight_map, json_
                            err.line, err.column);
     }
     if (!json_is_object(*root))
-        return dflash_fail(DFLASH_ERR_FORMAT, "%s: is %s, expected a JSON object", index, st_json_type(*root));
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: is %s, expected a JSON object", index, dflash_json_type_name(*root));
     *weight_map = json_object_get(*root, "weight_map");
     if (!*weight_map)
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: has no \"weight_map\"", index);
     if (!json_is_object(*weight_map))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: \"weight_map\" is %s, expected an object", index,
-                           st_json_type(*weight_map));
+                           dflash_json_type_name(*weight_map));
     const char *key;
     json_t *v;
     json_object_foreach(*weight_map, key, v) {
         if (!json_is_string(v) || json_string_length(v) == 0)
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: weight_map entry for tensor '%s' is %s, expected a shard file name",
-                               index, key, json_is_string(v) ? "an empty string" : st_json_type(v));
+                               index, key, json_is_string(v) ? "an empty string" : dflash_json_type_name(v));
     }
     return DFLASH_OK;
 }

@@ -12,6 +12,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "io/tokenizer.h"
 
+#include "core/file.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <pcre2.h>
@@ -928,39 +930,11 @@ dflash_status dflash_tokenizer_load(const char *path, dflash_tokenizer **out)
     } else if (!(file = strdup(path))) {
         return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", path);
     }
-    FILE *f = fopen(file, "rb");
-    if (!f) {
-        dflash_status st = dflash_fail(errno == ENOENT ? DFLASH_ERR_NOT_FOUND : DFLASH_ERR_IO,
-                                       "%s: %s", file, strerror(errno));
-        free(file);
-        return st;
-    }
+    /* tokenizer.json of a big model is ~11 MB; 1 GB bounds a corrupt path. */
     char *data = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : (1 << 20);
-            char *nd = realloc(data, cap);
-            if (!nd) {
-                free(data);
-                fclose(f);
-                dflash_status st = dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", file);
-                free(file);
-                return st;
-            }
-            data = nd;
-        }
-        size_t got = fread(data + n, 1, cap - n, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    dflash_status st;
-    if (bad)
-        st = dflash_fail(DFLASH_ERR_IO, "%s: read error", file);
-    else
+    size_t n = 0;
+    dflash_status st = dflash_read_file(file, (size_t)1 << 30, &data, &n);
+    if (st == DFLASH_OK)
         st = dflash_tokenizer_load_memory(data, n, file, out);
     free(data);
     free(file);
