@@ -305,12 +305,49 @@ static void test_bad_drafter_folders(void)
     dflash_qwen3_free(t);
 }
 
+/* fp8 weights (per-row scales) stay close to the bf16 drafter: block logits
+ * within a few percent; exactness of the output is test_slow_spec's job. */
+static void test_fp8_weights_close(void)
+{
+    for (size_t k = 0; k < sizeof k_drafters / sizeof k_drafters[0]; k++) {
+        pair p;
+        if (!open_pair(k_drafters[k], 0, DFLASH_QUANT_FP8_WEIGHTS, &p)) {
+            close_pair(&p);
+            continue;
+        }
+        CHECK(p.h->quant == DFLASH_QUANT_FP8_WEIGHTS && p.h->layers[0].lin_fp8[0].dtype == DFLASH_DTYPE_F8_E4M3);
+        int64_t T = 0;
+        const int32_t *prompt = fx_i32(p.ex, "prompt_ids", &T);
+        const int32_t *last = fx_i32(p.ex, "block_last", NULL);
+        const float *want = fx_f32(p.ex, "block_logits", NULL);
+        if (!prompt || !last || !want || T > 64) {
+            close_pair(&p);
+            continue;
+        }
+        dflash_kv_seq seq;
+        void *state;
+        int32_t s = (int32_t)T, drafts[64];
+        int nd = p.h->block_size - 1;
+        CHECK_OK(dflash_qwen3_seq_init(p.t, &seq));
+        CHECK_OK(p.h->proposer.ops->alloc_state(&p.h->proposer, 200, &state));
+        prefill(&p, &seq, state, prompt, (int)T, NULL);
+        CHECK_OK(p.h->proposer.ops->propose(&p.h->proposer, &state, 1, last, &s, nd, drafts));
+        double e = fx_rel_err(dflash_head_last_logits(p.h), want, (size_t)nd * p.h->cfg.vocab_size);
+        printf("  %s fp8 weights: block logits rel err %.2e\n", k_drafters[k], e);
+        CHECKF(e > 1e-6 && e < 0.1, "%s fp8 block logits rel err %g", k_drafters[k], e);
+        p.h->proposer.ops->free_state(&p.h->proposer, state);
+        dflash_qwen3_seq_free(p.t, &seq);
+        close_pair(&p);
+    }
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
     RUN(test_context_kv_and_block);
     RUN(test_spec_runs_match_reference);
     RUN(test_bad_drafter_folders);
+    RUN(test_fp8_weights_close);
     dflash_backend_destroy(be);
     TEST_END();
 }

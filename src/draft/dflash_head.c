@@ -76,25 +76,28 @@ static dflash_status bind_weights(dflash_head *h)
 }
 
 /* Per-row fp8 e4m3 copy of a weight: scale[r] = max|W[r,:]| / 448, so each
- * row uses the format's whole range. Computed once at load, on the host. */
-static dflash_status quantize_fp8(dflash_backend *be, const dflash_weight *w, dflash_weight *q)
+ * row uses the format's whole range. Computed once at load, on the host,
+ * from the checkpoint mapping (w->data may be device memory). */
+static dflash_status quantize_fp8(dflash_backend *be, const dflash_st *st, const dflash_weight *w, dflash_weight *q)
 {
     const int64_t rows = w->rows, cols = w->cols;
+    const dflash_tensor_info *t = dflash_st_find(st, w->name);
+    if (!t)
+        return dflash_fail(DFLASH_ERR_NOT_FOUND, "fp8 quantization: tensor %s not found", w->name);
+    const void *host = t->data;
     uint8_t *bytes = malloc((size_t)(rows * cols));
     float *scales = malloc((size_t)rows * sizeof(float)), *row = malloc((size_t)cols * sizeof(float));
     dflash_status s = DFLASH_OK;
     void *dbytes = NULL, *dscales = NULL;
     if (!bytes || !scales || !row)
         s = dflash_fail(DFLASH_ERR_OOM, "fp8 quantization of %s: out of memory", w->name);
-    /* The checkpoint tensor is host memory here; widen it through the
-     * backend-neutral dtype helpers. */
     for (int64_t r = 0; s == DFLASH_OK && r < rows; r++) {
         float amax = 0.0f;
         for (int64_t k = 0; k < cols; k++) {
             size_t idx = (size_t)(r * cols + k);
-            float v = w->dtype == DFLASH_DTYPE_BF16   ? dflash_bf16_to_f32(((const uint16_t *)w->data)[idx])
-                      : w->dtype == DFLASH_DTYPE_F16 ? dflash_f16_to_f32(((const uint16_t *)w->data)[idx])
-                                                     : ((const float *)w->data)[idx];
+            float v = w->dtype == DFLASH_DTYPE_BF16   ? dflash_bf16_to_f32(((const uint16_t *)host)[idx])
+                      : w->dtype == DFLASH_DTYPE_F16 ? dflash_f16_to_f32(((const uint16_t *)host)[idx])
+                                                     : ((const float *)host)[idx];
             row[k] = v;
             amax = fmaxf(amax, fabsf(v));
         }
@@ -128,7 +131,7 @@ static dflash_status quantize_layers(dflash_head *h)
 {
     for (int i = 0; i < h->cfg.num_hidden_layers; i++)
         for (int k = 0; k < QWEN3_LIN_COUNT; k++)
-            DFLASH_TRY(quantize_fp8(h->be, &h->layers[i].w.lin[k], &h->layers[i].lin_fp8[k]));
+            DFLASH_TRY(quantize_fp8(h->be, h->st, &h->layers[i].w.lin[k], &h->layers[i].lin_fp8[k]));
     return DFLASH_OK;
 }
 
