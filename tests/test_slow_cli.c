@@ -30,7 +30,7 @@ static void test_help_lists_every_option(void)
     const struct { const char *sub; const char *opts[32]; } cases[] = {
         { "generate", { "-m", "--draft", "--prompt ", "--prompt-ids", "--chat", "--system", "--think", "--n-new",
                         "--json", "--trace", "--tokenizer", "--block-size", "--ctx-cap", "--drafter-quant",
-                        "--max-ctx", "--ignore-eos", "--temp", "--top-k", "--top-p", "--min-p", "--rep-penalty",
+                        "--max-ctx", "--ignore-eos", "--device", "--temp", "--top-k", "--top-p", "--min-p", "--rep-penalty",
                         "--seed", NULL } },
         { "chat", { "-m", "--draft", "--system", "--think", "--n-new", "--quiet", "--block-size", "--temp", NULL } },
         { "tokenize", { "--tokenizer", "--json", NULL } },

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "cli/args.h"
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
@@ -15,6 +16,7 @@ void cli_engine_args_init(cli_engine_args *a)
     memset(a, 0, sizeof *a);
     a->ctx_cap = -1;
     a->quant = -1;
+    a->device = "cpu";
     dflash_sampler_default_opts(&a->sampler);
 }
 
@@ -34,6 +36,9 @@ void cli_engine_usage(FILE *f)
             "                         per-row scales (also DFLASH_DRAFTER_FP8=1)\n"
             "  --max-ctx N            longest sequence the KV cache holds\n"
             "  --ignore-eos           do not stop at the model's end-of-sequence tokens\n"
+            "  --device D             cpu (default), cuda, or auto (cuda when a GPU is usable, else\n"
+            "                         cpu); which one is used, and why, is printed on stderr.\n"
+            "                         The CUDA backend is new and not yet verified on a GPU.\n"
             "sampling (default: greedy):\n"
             "  --temp T               temperature; 0 = greedy\n"
             "  --top-k K              keep the K most likely tokens; 0 = off\n"
@@ -88,6 +93,13 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
             fprintf(stderr, "dflash %s: --drafter-quant expects bf16 or fp8, got '%s'\n", cmd, v);
             return -1;
         }
+    } else if (!strcmp(o, "--device")) {
+        VALUE();
+        if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
+            fprintf(stderr, "dflash %s: --device expects cpu, cuda or auto, got '%s'\n", cmd, v);
+            return -1;
+        }
+        a->device = v;
     } else if (!strcmp(o, "--ignore-eos")) {
         a->ignore_eos = 1;
     } else if (!strcmp(o, "--temp")) {
@@ -160,9 +172,25 @@ dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)
     return dflash_tokenizer_load(a->tokenizer ? a->tokenizer : a->model, &e->tok);
 }
 
+/* --device: cuda must work; auto falls back to the CPU and says why. */
+static dflash_status open_backend(cli_engine *e, const cli_engine_args *a)
+{
+    if (strcmp(a->device, "cpu") != 0) {
+        dflash_status s = dflash_backend_cuda_create(0, &e->be);
+        if (s == DFLASH_OK) {
+            fprintf(stderr, "dflash: device: %s\n", dflash_cuda_device_desc(e->be));
+            return DFLASH_OK;
+        }
+        if (!strcmp(a->device, "cuda"))
+            return dflash_fail_prefix(s, "--device cuda: ");
+        fprintf(stderr, "dflash: device: cpu (no usable GPU: %s)\n", dflash_last_error());
+    }
+    return dflash_backend_cpu_create(&e->be);
+}
+
 dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int max_ctx)
 {
-    DFLASH_TRY(dflash_backend_cpu_create(&e->be));
+    DFLASH_TRY(open_backend(e, a));
     dflash_qwen3_opts topts;
     dflash_qwen3_default_opts(&topts);
     topts.max_ctx = a->max_ctx ? a->max_ctx : max_ctx;

@@ -12,6 +12,7 @@
 
 typedef struct cli_engine_args {
     const char *model, *draft, *tokenizer;
+    const char *device; /* "cpu" (default), "cuda" or "auto" */
     int block_size, ctx_cap, quant, max_ctx, ignore_eos;
     dflash_sampler_opts sampler;
 } cli_engine_args;
