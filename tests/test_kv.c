@@ -112,6 +112,31 @@ static void test_ring_overflow_is_error(void)
     dflash_kv_pool_free(&pool);
 }
 
+/* A window move that cannot get its blocks changes nothing; the blocks the
+ * drop frees count toward the reserve. */
+static void test_slide_is_atomic(void)
+{
+    dflash_kv_pool pool;
+    dflash_kv_seq a, hog;
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 3, 1, 1, 2));
+    CHECK_OK(dflash_kv_seq_init(&a, 3));
+    CHECK_OK(dflash_kv_seq_init(&hog, 3));
+    CHECK_OK(dflash_kv_seq_slide(&pool, &a, 0, 20)); /* 2 blocks */
+    a.len = 20;
+    CHECK_OK(dflash_kv_seq_reserve(&pool, &hog, 1)); /* pool now empty */
+    int32_t before[3];
+    memcpy(before, a.table, sizeof before);
+    CHECK_FAILS(dflash_kv_seq_slide(&pool, &a, 4, 40), DFLASH_ERR_KV_FULL, "kv pool exhausted");
+    CHECK(a.lo == 0 && a.len == 20 && memcmp(before, a.table, sizeof before) == 0 && pool.n_free == 0);
+    /* dropping block 0 frees the one block that [16, 40) needs beyond block 1 */
+    CHECK_OK(dflash_kv_seq_slide(&pool, &a, 16, 40));
+    CHECK(a.lo == 16 && live_blocks(&a) == 2 && pool.n_free == 0);
+    dflash_kv_seq_free(&pool, &a);
+    dflash_kv_seq_free(&pool, &hog);
+    CHECK(pool.n_free == 3);
+    dflash_kv_pool_free(&pool);
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
@@ -120,6 +145,7 @@ int main(void)
     RUN(test_truncate_moves_length);
     RUN(test_window_ring);
     RUN(test_ring_overflow_is_error);
+    RUN(test_slide_is_atomic);
     dflash_backend_destroy(be);
     TEST_END();
 }

@@ -222,6 +222,45 @@ static void test_continue_equals_fresh(void)
     dflash_qwen3_free(t);
 }
 
+/* The drafter's pool runs dry: the error names the drafter, and the target
+ * cache and the drafter's context stay in step (nothing half-appended). */
+static void test_drafter_pool_exhaustion(void)
+{
+    char tdir[512], ddir[512];
+    dflash_qwen3 *t = NULL;
+    dflash_head *h = NULL;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, NULL, &t));
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.ctx_cap = 16;
+    ho.kv_blocks = 1;
+    if (t)
+        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
+    if (!h) {
+        dflash_qwen3_free(t);
+        return;
+    }
+    int32_t prompt[20], out[8];
+    int n_out = 0;
+    prompt_for(t->cfg.vocab_size, 20, 1, prompt);
+    dflash_kv_seq seq;
+    void *state;
+    dflash_gen_opts go;
+    dflash_gen_stats st;
+    dflash_gen_default_opts(&go);
+    go.n_new = 8;
+    CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+    CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 100, &state));
+    CHECK_FAILS(dflash_spec_generate(t, &seq, &h->proposer, state, prompt, 20, &go, out, &n_out, &st),
+                DFLASH_ERR_KV_FULL, "drafter context: kv pool exhausted");
+    dflash_proposer_state *ps = state;
+    CHECKF(seq.len == ps->kv.len, "target holds %d rows, drafter %d", seq.len, ps->kv.len);
+    h->proposer.ops->free_state(&h->proposer, state);
+    dflash_qwen3_seq_free(t, &seq);
+    dflash_head_free(h);
+    dflash_qwen3_free(t);
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
@@ -229,6 +268,7 @@ int main(void)
     RUN(test_ngram_equals_plain_and_accepts);
     RUN(test_stop_tokens);
     RUN(test_continue_equals_fresh);
+    RUN(test_drafter_pool_exhaustion);
     dflash_backend_destroy(be);
     TEST_END();
 }

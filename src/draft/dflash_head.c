@@ -273,8 +273,9 @@ static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const
                            end - 1, st->budget);
     int32_t lo = h->ctx_cap > 0 && end - h->ctx_cap > st->kv.lo ? end - h->ctx_cap : st->kv.lo;
     int first = lo > r->pos0 ? lo - r->pos0 : 0, m = r->n - first;
-    dflash_kv_seq_drop_before(&h->kv, &st->kv, lo);
-    DFLASH_TRY(dflash_kv_seq_reserve(&h->kv, &st->kv, end));
+    dflash_status sl = dflash_kv_seq_slide(&h->kv, &st->kv, lo, end);
+    if (sl != DFLASH_OK)
+        return dflash_fail_prefix(sl, "drafter context: ");
 
     int32_t pos[m], zeros[m];
     for (int i = 0; i < m; i++) {

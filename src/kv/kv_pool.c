@@ -107,3 +107,27 @@ void dflash_kv_seq_drop_before(dflash_kv_pool *pool, dflash_kv_seq *seq, int32_t
     if (seq->alloc_end < new_lo / DFLASH_KV_BLOCK * DFLASH_KV_BLOCK)
         seq->alloc_end = new_lo / DFLASH_KV_BLOCK * DFLASH_KV_BLOCK;
 }
+
+dflash_status dflash_kv_seq_slide(dflash_kv_pool *pool, dflash_kv_seq *seq, int32_t new_lo, int32_t new_end)
+{
+    if (new_lo < seq->lo)
+        new_lo = seq->lo;
+    const int32_t first = new_lo / DFLASH_KV_BLOCK, need = (new_end + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
+    if (need - first > seq->bt_len)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "kv sequence: positions %d..%d need %d blocks, the block table holds %d", new_lo,
+                           new_end - 1, need - first, seq->bt_len);
+    /* Count what the drop frees and what the reserve takes, before either. */
+    int freed = 0;
+    for (int32_t b = seq->lo / DFLASH_KV_BLOCK; (b + 1) * DFLASH_KV_BLOCK <= new_lo; b++)
+        freed += b * DFLASH_KV_BLOCK < seq->alloc_end && seq->table[b % seq->bt_len] >= 0;
+    int32_t have = (seq->alloc_end + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
+    if (have < first)
+        have = first;
+    if (need - have > pool->n_free + freed)
+        return dflash_fail(DFLASH_ERR_KV_FULL,
+                           "kv pool exhausted: %d more blocks needed for positions up to %d, %d free of %d",
+                           need - have - freed, new_end - 1, pool->n_free, pool->layout.n_blocks);
+    dflash_kv_seq_drop_before(pool, seq, new_lo);
+    return dflash_kv_seq_reserve(pool, seq, new_end);
+}

@@ -43,5 +43,9 @@ dflash_status dflash_kv_seq_reserve(dflash_kv_pool *pool, dflash_kv_seq *seq, in
 void dflash_kv_seq_truncate(dflash_kv_seq *seq, int32_t len);
 /* Release whole blocks below new_lo (a sliding window moved). */
 void dflash_kv_seq_drop_before(dflash_kv_pool *pool, dflash_kv_seq *seq, int32_t new_lo);
+/* Move a window: drop below new_lo, then reserve up to new_end, as one step
+ * that either succeeds or leaves the sequence and the pool unchanged (the
+ * blocks the drop would free count toward what the reserve needs). */
+dflash_status dflash_kv_seq_slide(dflash_kv_pool *pool, dflash_kv_seq *seq, int32_t new_lo, int32_t new_end);
 
 #endif

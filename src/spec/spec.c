@@ -13,7 +13,8 @@
  *               drawn from p_{i-1} without d_i, renormalized; if all pass,
  *               from p_k (temperature 0 with a repetition penalty runs here
  *               too: p is then a point mass on the penalized argmax)
- *   5 COMMIT    emit d_1..d_a, bonus (stop tokens and the budget cut it short)
+ *   5 COMMIT    choose d_1..d_a, bonus (stop tokens and the budget cut it
+ *               short); they are emitted once 6 and 7 succeeded
  *   6 ROLLBACK  target KV length moves back to s+a+1 (rejected rows are
  *               simply overwritten later); s+c if a stop token or the
  *               budget cut the step to c emitted tokens
@@ -148,7 +149,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
                                &tap_rows));
         if (p) {
             dflash_ctx_rows rows = { prompt + done, n, pos0, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
-            DFLASH_TRY(p->ops->begin(p, pstate, &rows));
+            dflash_status bs = p->ops->begin(p, pstate, &rows);
+            if (bs != DFLASH_OK) {
+                dflash_kv_seq_truncate(seq, pos0); /* both caches stop at the same row */
+                return bs;
+            }
         }
         done += n;
     }
@@ -201,27 +206,14 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             bonus = g[a];
         }
 
-        /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens and budget */
+        /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens and budget
+         * (handed out after 7, so a failure there emits nothing) */
         int32_t *emit = out + *n_out;
-        int n_emit = 0;
-        for (int i = 1; i <= a + 1 && *n_out + n_emit < o->n_new; i++) {
+        int n_emit = 0, stopped = 0;
+        for (int i = 1; i <= a + 1 && *n_out + n_emit < o->n_new && !stopped; i++) {
             int32_t tok = i <= a ? block[i] : bonus;
             emit[n_emit++] = tok;
-            if (is_stop(o, tok)) {
-                st->stopped = 1;
-                break;
-            }
-        }
-        *n_out += n_emit;
-        if (o->on_tokens && n_emit)
-            o->on_tokens(o->user, emit, n_emit);
-        if (o->trace)
-            trace_step(o->trace, s, block + 1, k, a, bonus);
-        st->n_steps++;
-        st->accept_hist[a + 1]++;
-        for (int i = 0; i < k; i++) {
-            st->pos_tried[i]++;
-            st->pos_accepted[i] += i < a;
+            stopped = is_stop(o, tok);
         }
 
         /* 6 ROLLBACK: the cache keeps t_s and every emitted token but the
@@ -230,10 +222,28 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         dflash_kv_seq_truncate(seq, s + n_emit);
 
         /* 7 OBSERVE: the same rows go to the proposer, so a later call can
-         * continue this sequence (a chat's next turn). */
+         * continue this sequence (a chat's next turn). If it fails, the
+         * target goes back to s too: both caches stay in step. */
         if (p) {
             dflash_ctx_rows rows = { block, n_emit, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
-            DFLASH_TRY(p->ops->after_verify(p, &pstate, 1, &rows));
+            dflash_status os = p->ops->after_verify(p, &pstate, 1, &rows);
+            if (os != DFLASH_OK) {
+                dflash_kv_seq_truncate(seq, s);
+                return os;
+            }
+        }
+
+        *n_out += n_emit;
+        st->stopped = stopped;
+        if (o->on_tokens)
+            o->on_tokens(o->user, emit, n_emit);
+        if (o->trace)
+            trace_step(o->trace, s, block + 1, k, a, bonus);
+        st->n_steps++;
+        st->accept_hist[n_emit]++; /* tokens this step committed */
+        for (int i = 0; i < k; i++) {
+            st->pos_tried[i]++;
+            st->pos_accepted[i] += i < a;
         }
         cur = emit[n_emit - 1];
         if (st->stopped)

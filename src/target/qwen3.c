@@ -88,7 +88,8 @@ dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflas
         s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", dir,
                         m->cfg.head_dim);
     if (s == DFLASH_OK && (m->opts.max_rows <= 0 || m->opts.max_seqs <= 0 || m->opts.max_ctx <= 0))
-        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows, max_seqs and max_ctx must be positive");
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows %d, max_seqs %d and max_ctx %d must be positive",
+                        m->opts.max_rows, m->opts.max_seqs, m->opts.max_ctx);
     if (s == DFLASH_OK)
         s = dflash_st_open(dir, &m->st);
     if (s == DFLASH_OK)
@@ -174,7 +175,7 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     for (int q = 0; q < b->n_seqs; q++) {
         dflash_status s = dflash_kv_seq_reserve(&m->kv, b->seqs[q], new_len[q]);
         if (s != DFLASH_OK)
-            return dflash_fail_prefix(s, "sequence %d: ", q);
+            return dflash_fail_prefix(s, "target, sequence %d: ", q);
     }
     return DFLASH_OK;
 }
