@@ -136,6 +136,44 @@ static void test_dtype_table(void)
     CHECK(strcmp(dflash_dtype_name(DFLASH_DTYPE_BF16), "BF16") == 0);
 }
 
+/* The fast f32 -> e4m3 rounding equals the nearest code (ties to even)
+ * found by brute force, on a spread of floats and on every midpoint. */
+static uint8_t fp8_nearest(float f)
+{
+    if (isnan(f))
+        return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0, best = 0;
+    float a = fabsf(f), best_err = INFINITY;
+    if (a >= 448.0f)
+        return sign | 0x7e;
+    for (uint8_t c = 0; c <= 0x7e; c++) {
+        float err = fabsf(dflash_fp8e4m3_to_f32(c) - a);
+        if (err < best_err || (err == best_err && (c & 1u) == 0)) {
+            best = c;
+            best_err = err;
+        }
+    }
+    return sign | best;
+}
+
+static void test_fp8_rounding_matches_brute_force(void)
+{
+    long bad = 0;
+    for (uint64_t x = 0; x < 0x100000000ull; x += 65521) {
+        uint32_t u = (uint32_t)x;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        if (!isinf(f) && dflash_f32_to_fp8e4m3(f) != fp8_nearest(f))
+            bad++;
+    }
+    for (int c = 0; c < 0x7e; c++) {
+        float m = (dflash_fp8e4m3_to_f32((uint8_t)c) + dflash_fp8e4m3_to_f32((uint8_t)(c + 1))) / 2;
+        bad += dflash_f32_to_fp8e4m3(m) != fp8_nearest(m);
+        bad += dflash_f32_to_fp8e4m3(-m) != fp8_nearest(-m);
+    }
+    CHECKF(bad == 0, "%ld floats round to the wrong fp8 code", bad);
+}
+
 int main(void)
 {
     RUN(test_bf16_exact_values);
@@ -145,5 +183,6 @@ int main(void)
     RUN(test_fp8_saturation_and_ties);
     RUN(test_f16_decode);
     RUN(test_dtype_table);
+    RUN(test_fp8_rounding_matches_brute_force);
     TEST_END();
 }

@@ -75,16 +75,18 @@ uint8_t dflash_f32_to_fp8e4m3(float f)
     float a = fabsf(f);
     if (a >= 448.0f)
         return sign | 0x7e; /* saturate to the largest finite value */
-    /* Search the 127 non-negative finite codes for the nearest, ties to the
-     * even code (even mantissa). Clear and exact; not a hot path. */
-    uint8_t best = 0;
-    float best_err = INFINITY;
-    for (uint8_t c = 0; c <= 0x7e; c++) {
-        float err = fabsf(dflash_fp8e4m3_to_f32(c) - a);
-        if (err < best_err || (err == best_err && (c & 1u) == 0)) {
-            best = c;
-            best_err = err;
-        }
-    }
-    return sign | best;
+    /* Quantize to a grid of 8 steps per binade: below 2^-6 (subnormals) the
+     * step is 2^-9; above, 2^(e-3) for a in [2^e, 2^(e+1)). rintf rounds
+     * half to even in the default mode; a mantissa that rounds up to 16
+     * steps is the next binade's first code, which the arithmetic gives. */
+    int e = 0;
+    if (a >= 0x1p-6f)
+        frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1): binade 2^(e-1) */
+    int binade = a >= 0x1p-6f ? e - 1 : -6;
+    float q = rintf(ldexpf(a, 3 - binade)); /* steps of 2^(binade-3) */
+    if (binade == -6 && q < 8.0f)
+        return sign | (uint8_t)q; /* subnormal (or zero) */
+    /* q in [8, 16]: exponent field binade + 7, mantissa q - 8 */
+    int code = ((binade + 7) << 3) + ((int)q - 8);
+    return sign | (uint8_t)(code > 0x7e ? 0x7e : code);
 }

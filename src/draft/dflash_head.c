@@ -86,13 +86,15 @@ static dflash_status quantize_fp8(dflash_backend *be, const dflash_st *st, const
         return dflash_fail(DFLASH_ERR_NOT_FOUND, "fp8 quantization: tensor %s not found", w->name);
     const void *host = t->data;
     uint8_t *bytes = malloc((size_t)(rows * cols));
-    float *scales = malloc((size_t)rows * sizeof(float)), *row = malloc((size_t)cols * sizeof(float));
-    dflash_status s = DFLASH_OK;
-    void *dbytes = NULL, *dscales = NULL;
-    if (!bytes || !scales || !row)
-        s = dflash_fail(DFLASH_ERR_OOM, "fp8 quantization of %s: out of memory", w->name);
-    for (int64_t r = 0; s == DFLASH_OK && r < rows; r++) {
-        float amax = 0.0f;
+    float *scales = malloc((size_t)rows * sizeof(float));
+    if (!bytes || !scales) {
+        free(bytes);
+        free(scales);
+        return dflash_fail(DFLASH_ERR_OOM, "fp8 quantization of %s: out of memory", w->name);
+    }
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 20))
+    for (int64_t r = 0; r < rows; r++) {
+        float row[cols], amax = 0.0f;
         for (int64_t k = 0; k < cols; k++) {
             size_t idx = (size_t)(r * cols + k);
             float v = w->dtype == DFLASH_DTYPE_BF16   ? dflash_bf16_to_f32(((const uint16_t *)host)[idx])
@@ -105,8 +107,8 @@ static dflash_status quantize_fp8(dflash_backend *be, const dflash_st *st, const
         for (int64_t k = 0; k < cols; k++)
             bytes[r * cols + k] = dflash_f32_to_fp8e4m3(row[k] / scales[r]);
     }
-    if (s == DFLASH_OK)
-        s = be->ops->alloc(be, (size_t)(rows * cols), &dbytes);
+    void *dbytes = NULL, *dscales = NULL;
+    dflash_status s = be->ops->alloc(be, (size_t)(rows * cols), &dbytes);
     if (s == DFLASH_OK)
         s = be->ops->alloc(be, (size_t)rows * sizeof(float), &dscales);
     if (s == DFLASH_OK)
@@ -123,7 +125,6 @@ static dflash_status quantize_fp8(dflash_backend *be, const dflash_st *st, const
     }
     free(bytes);
     free(scales);
-    free(row);
     return s;
 }
 
