@@ -111,7 +111,8 @@ static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int fir
     free(with_nl);
     DFLASH_TRY(s);
     int32_t im_end = dflash_tokenizer_token_id(tok, "<|im_end|>");
-    int extra = stopped || im_end < 0 ? 1 : 2;
+    /* The turn is closed already only if the answer ended on <|im_end|>. */
+    int extra = (stopped && last == im_end) || im_end < 0 ? 1 : 2;
     *ids = malloc((n_body + 2) * sizeof(int32_t));
     if (!*ids) {
         free(body);
@@ -171,7 +172,7 @@ int dflash_cmd_chat(int argc, char **argv)
             free(ids);
             break;
         }
-        dflash_gen_stats st;
+        dflash_gen_stats st = { 0 };
         int n_out = 0;
         dflash_detok_stream_reset(sm.ds);
         s = dflash_spec_generate(e.target, &e.seq, e.prop, e.pstate, ids, (int)n_ids, &go, out, &n_out, &st);

@@ -1,6 +1,7 @@
 /* cmd_generate.c: `dflash generate`: one prompt (token ids, text, or a chat
  * message) through the speculative (or plain) loop; streams text or prints
  * ids, or one JSON object with statistics. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +18,10 @@ static void usage(FILE *f)
             "usage: dflash generate -m TARGET_DIR [-d DRAFT_DIR | --draft ngram]\n"
             "                       (-p TEXT | --prompt-ids IDS) [options]\n"
             "\n"
-            "Generate on the CPU. With a drafter, speculative decoding whose output is exactly\n"
-            "what the target alone produces (greedy), or follows the target's own distribution\n"
-            "(sampling); without one, plain autoregressive decoding.\n"
+            "Generate text (on the CPU unless --device says otherwise). With a drafter,\n"
+            "speculative decoding whose output is exactly what the target alone produces\n"
+            "(greedy), or follows the target's own distribution (sampling); without one,\n"
+            "plain autoregressive decoding.\n"
             "\n"
             "prompt and output:\n"
             "  -p, --prompt TEXT      prompt text (tokenized with the model's tokenizer.json);\n"
@@ -140,7 +142,7 @@ static dflash_status run(gen_args *a, cli_engine *e, int32_t *out, int *n_out, d
     cli_engine_gen_opts(e, &a->e, &go);
     go.n_new = a->n_new;
     if (a->trace && !(trace = fopen(a->trace, "w")))
-        return dflash_fail(DFLASH_ERR_IO, "cannot open trace file %s", a->trace);
+        return dflash_fail(DFLASH_ERR_IO, "cannot open trace file %s: %s", a->trace, strerror(errno));
     go.trace = trace;
     dflash_status s = DFLASH_OK;
     if (a->text && !a->json) {

@@ -196,8 +196,14 @@ dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int max_c
     topts.max_ctx = a->max_ctx ? a->max_ctx : max_ctx;
     DFLASH_TRY(dflash_qwen3_load(a->model, e->be, &topts, &e->target));
     DFLASH_TRY(dflash_qwen3_seq_init(e->target, &e->seq));
+    if (a->block_size && !a->draft)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "--block-size %d needs a drafter (-d DIR or --draft ngram)",
+                           a->block_size);
     if (a->draft) {
         DFLASH_TRY(make_proposer(a, e->target, &e->prop));
+        if (a->block_size > e->prop->ops->block_size(e->prop))
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "--block-size %d exceeds the drafter's block_size %d (%s)",
+                               a->block_size, e->prop->ops->block_size(e->prop), a->draft);
         DFLASH_TRY(e->prop->ops->alloc_state(e->prop, topts.max_ctx, &e->pstate));
     }
     if (!a->ignore_eos)

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 
@@ -29,8 +30,13 @@ int main(int argc, char **argv)
     /* OpenMP threads that spin between parallel regions steal the core the
      * main thread needs whenever the machine is busy (measured: 20x slower
      * decoding on a loaded 2-core machine). Sleep instead, unless the user
-     * chose a policy. Must happen before the OpenMP runtime starts. */
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+     * chose a policy. libgomp reads its environment when it is loaded,
+     * before main, so the setting takes a re-exec of ourselves. */
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        execv("/proc/self/exe", argv);
+        /* If that fails we run on with the default policy. */
+    }
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

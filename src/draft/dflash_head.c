@@ -184,6 +184,9 @@ dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dfla
     h->proposer = (dflash_proposer){ &k_dflash_ops, h };
     h->kernels = (dflash_kernels){ h->be->ops->name, 0, NULL }; /* generic ops: nothing to resolve */
     dflash_status s = dflash_config_load(dir, &h->cfg);
+    if (s == DFLASH_OK && (h->opts.max_seqs <= 0 || h->opts.max_ctx <= 0 || h->opts.kv_blocks < 0))
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: drafter options max_seqs %d, max_ctx %d, kv_blocks %d", dir,
+                        h->opts.max_seqs, h->opts.max_ctx, h->opts.kv_blocks);
     if (s == DFLASH_OK && !h->cfg.is_dflash)
         s = dflash_fail(DFLASH_ERR_FORMAT, "%s: not a DFlash drafter (architectures[0] is '%s' and there is no "
                         "dflash_config)", dir, h->cfg.architecture);
