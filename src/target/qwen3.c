@@ -199,7 +199,11 @@ static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, 
 }
 
 /* After the residual add that completes layer `layer`, copy the rows into
- * the tap slots that ask for it. */
+ * the tap slots that ask for it. A tap is always the un-normed residual
+ * stream. Note for the last layer: Hugging Face's output_hidden_states[L]
+ * is the final-normed state instead, so a drafter trained on that entry
+ * and tapping layer L-1 would see different features here (no published
+ * drafter taps the last layer). */
 static dflash_status capture_taps(dflash_qwen3 *m, const dflash_qwen3_batch *b, int layer)
 {
     const int64_t H = m->cfg.hidden_size;
