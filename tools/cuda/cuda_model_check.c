@@ -1,0 +1,881 @@
+/* cuda_model_check.c: model-level parity of the CUDA backend (issue 7),
+ * run on a GPU machine by tools/gpu-test.sh after the op checks; not built by
+ * the Makefile (it needs a GPU, and tests never silently skip). It owns the
+ * model-level GPU checks only; op parity is tools/cuda/cuda_ops_check.c.
+ *
+ * The same code runs on the CUDA backend (dflash_backend_cuda_create(0))
+ * and on the CPU reference backend side by side; every GPU result is
+ * downloaded and compared:
+ *  1. Qwen3 fixtures (tests/data/qwen3/{mha_untied,gqa_tied,gqa_sharded}):
+ *     input_ids forwarded with logits for every row and every layer tapped;
+ *     GPU vs CPU (max|gpu - cpu| / max|cpu| <= 1e-4) and GPU vs the
+ *     transformers expectation (the CPU tests' criterion, ||gpu - hf|| /
+ *     ||hf|| < 1e-4, max error printed too); greedy generation on the GPU
+ *     equals the fixture's greedy_ids.
+ *  2. DFlash fixtures (tests/data/dflash/{d1_sharded,d2_tied,d3_sliding},
+ *     target from meta.json), bf16 drafter weights: taps, context K/V (no
+ *     cap), block logits and drafts with context cap 0 and 7 against the
+ *     reference and the CPU; whole greedy speculative runs (spec_prompt,
+ *     caps 0 and 5) equal spec_out.capN, greedy_plain and every step of
+ *     spec_steps.capN (positions, accepted counts, drafts).
+ *  3. The embedded pair (models/qwen3-pystd + models/qwen3-pystd-dflash,
+ *     prompts of tests/data/pystd/heldout_prompts.json tokenized with
+ *     src/io/tokenizer.h): greedy speculative output on the GPU equals greedy
+ *     plain output on the GPU token for token (128 new tokens, every
+ *     prompt); prompt 0 + its output is forwarded on both backends and
+ *     every row's logits compared (long context); GPU tau and tokens/s of
+ *     both modes are printed (wall clock after a warm-up run; not a
+ *     benchmark, the model is tiny).
+ * Any compared GPU tensor holding a NaN fails its row. Every CUDA-side step
+ * is guarded: a failure becomes a FAIL row with dflash_last_error() and the
+ * remaining checks still run. Output: progress lines, then a table (check,
+ * value, bound, result), then "RESULT <passed> <failed>" (rows); exit 1 if
+ * any row failed.
+ *
+ * Usage (from the repo root): cuda_model_check [--cpu-as-gpu] [--no-pair]
+ *   --cpu-as-gpu: a second CPU backend stands in for the GPU. Proves the
+ *   checker's own logic (downloads, comparisons, fixtures) on a machine
+ *   without a GPU; says nothing about CUDA (1-4 minutes on a 2-core
+ *   dev machine, nearly all of it the embedded pair's decoding on the CPU).
+ *   --no-pair: leave out part 3 (the embedded pair).
+ * Without a GPU (this dev machine, CI) it stops at once with
+ * "cuda_model_check: no GPU: <reason>", one FAIL row and exit status 1:
+ * that is expected there. */
+#include "harness.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "draft/dflash_head.h"
+#include "fixture.h"
+#include "io/tokenizer.h"
+#include "spec/spec.h"
+
+#define BOUND_CPU 1e-4   /* GPU vs CPU: max|d| / max|cpu| */
+#define BOUND_REF 1e-4   /* GPU vs transformers / PyTorch: ||d|| / ||ref|| */
+#define PYSTD_NEW 128
+#define MAX_FX 64        /* fixture rows / tokens at most */
+
+static dflash_backend *g_cpu, *g_gpu;
+static const char *g_gpu_name = "gpu";
+
+/* ---- the results table ---------------------------------------------------- */
+
+typedef struct row {
+    char check[96], value[48], bound[12];
+    int ok;
+} row;
+static row g_rows[512];
+static int g_nrows, g_case_bad_rows, g_bad_rows, g_quiet;
+static char g_case[64];
+
+static void case_begin(const char *fmt, const char *arg)
+{
+    snprintf(g_case, sizeof g_case, fmt, arg);
+    h_case = g_case;
+    h_case_failed = 0;
+    g_case_bad_rows = g_bad_rows;
+    printf("--- %s\n", g_case);
+    fflush(stdout);
+}
+
+/* A table row "<case> <what>". Also counts a failure for the harness. */
+static int add_row(const char *what, int ok, const char *bound, const char *fmt, ...) DFLASH_PRINTF(4, 5);
+static int add_row(const char *what, int ok, const char *bound, const char *fmt, ...)
+{
+    if (g_nrows == (int)(sizeof g_rows / sizeof g_rows[0]))
+        return ok;
+    row *r = &g_rows[g_nrows++];
+    snprintf(r->check, sizeof r->check, "%.40s %.50s", g_case, what);
+    snprintf(r->bound, sizeof r->bound, "%s", bound ? bound : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->value, sizeof r->value, fmt, ap);
+    va_end(ap);
+    r->ok = ok;
+    if (!ok) {
+        g_bad_rows++;
+        h_case_failed = 1;
+        if (!g_quiet)
+            fprintf(stderr, "  FAIL %s: %s\n", r->check, r->value);
+    }
+    return ok;
+}
+
+/* A step that must succeed; on failure a FAIL row with the error message
+ * (only logged while g_no_rows: the caller adds one row for many steps). */
+static int g_no_rows;
+static int step(dflash_status s, const char *what)
+{
+    if (s == DFLASH_OK)
+        return 1;
+    fprintf(stderr, "  FAIL %s %s: %s: %s\n", g_case, what, dflash_status_name(s), dflash_last_error());
+    if (g_no_rows) {
+        h_case_failed = 1;
+        return 0;
+    }
+    g_quiet = 1;
+    add_row(what, 0, NULL, "%s", dflash_status_name(s));
+    g_quiet = 0;
+    return 0;
+}
+
+/* Close a case: a harness CHECK (the fx_* helpers) that failed without
+ * adding a row gets one; cases are counted like the harness's RUN. */
+static void case_end(void)
+{
+    if (h_case_failed && g_bad_rows == g_case_bad_rows)
+        add_row("fixture", 0, NULL, "see log");
+    if (h_case_failed)
+        h_failed++;
+    else
+        h_passed++;
+    printf("%s %s\n", h_case_failed ? "not ok" : "ok", g_case);
+    fflush(stdout);
+}
+
+/* ---- comparisons ------------------------------------------------------------ */
+
+static size_t count_nan(const float *a, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += isnan(a[i]) != 0;
+    return k;
+}
+
+/* max|a - b| / max|b|; NaN anywhere gives infinity. */
+static double max_rel_err(const float *a, const float *b, size_t n)
+{
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]))
+            return INFINITY;
+        double e = fabs((double)a[i] - b[i]);
+        d = e > d ? e : d;
+        m = fabs((double)b[i]) > m ? fabs((double)b[i]) : m;
+    }
+    return d / (m > 0 ? m : 1e-30);
+}
+
+/* GPU tensor vs the CPU's: max-normalized error within BOUND_CPU, no NaN. */
+static int cmp_cpu(const char *what, const float *gpu, const float *cpu, size_t n)
+{
+    if (!gpu || !cpu)
+        return add_row(what, 0, NULL, "missing");
+    size_t nan = count_nan(gpu, n);
+    double e = max_rel_err(gpu, cpu, n);
+    printf("  %-34s max rel err %.2e\n", what, e);
+    if (nan)
+        return add_row(what, 0, "1e-04", "%zu NaN of %zu", nan, n);
+    return add_row(what, e <= BOUND_CPU, "1e-04", "%.2e", e);
+}
+
+/* GPU tensor vs a transformers / PyTorch reference: the CPU tests' L2
+ * criterion, the max error printed next to it; no NaN. */
+static int cmp_ref(const char *what, const float *gpu, const float *ref, size_t n)
+{
+    if (!gpu || !ref)
+        return add_row(what, 0, NULL, "missing");
+    size_t nan = count_nan(gpu, n);
+    double e = fx_rel_err(gpu, ref, n), m = max_rel_err(gpu, ref, n);
+    printf("  %-34s rel err %.2e (max %.2e)\n", what, e, m);
+    if (nan)
+        return add_row(what, 0, "1e-04", "%zu NaN of %zu", nan, n);
+    return add_row(what, e < BOUND_REF, "1e-04", "%.2e (max %.1e)", e, m);
+}
+
+static int cmp_ids(const char *what, const int32_t *got, int n_got, const int32_t *want, int n_want)
+{
+    if (!got || !want)
+        return add_row(what, 0, NULL, "missing");
+    int first = -1;
+    for (int i = 0; i < n_got && i < n_want && first < 0; i++)
+        if (got[i] != want[i])
+            first = i;
+    if (first < 0 && n_got != n_want)
+        first = n_got < n_want ? n_got : n_want;
+    if (first >= 0)
+        return add_row(what, 0, "equal", "differ at %d of %d", first, n_want);
+    return add_row(what, 1, "equal", "%d equal", n_want);
+}
+
+/* ---- backend memory -------------------------------------------------------- */
+
+/* A malloc'd host copy of n floats of backend memory (NULL and a FAIL row
+ * on failure). */
+static float *dl_f32(dflash_backend *be, const float *src, size_t n, const char *what)
+{
+    if (!src) {
+        add_row(what, 0, NULL, "no output");
+        return NULL;
+    }
+    float *h = malloc(n * sizeof(float) + 1);
+    if (!h) {
+        add_row(what, 0, NULL, "host OOM");
+        return NULL;
+    }
+    if (!step(be->ops->download(be, h, src, n * sizeof(float)), what)) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- 1. Qwen3 fixtures ------------------------------------------------------- */
+
+static dflash_status load_target(const char *dir, dflash_backend *be, int max_ctx, dflash_qwen3 **m)
+{
+    dflash_qwen3_opts o;
+    dflash_qwen3_default_opts(&o);
+    o.max_rows = 64;
+    o.max_ctx = max_ctx;
+    o.max_seqs = 2;
+    return dflash_qwen3_load(dir, be, &o, m);
+}
+
+/* Forward tokens[0..n) of a fresh sequence (chunks of max_rows), logits of
+ * every row and the given taps, copied to the host: logits [n, V], taps
+ * [n, n_taps * H] (taps only when n <= max_rows). */
+static int forward_all(dflash_qwen3 *m, const int32_t *tokens, int n, int n_taps, const int *taps,
+                       float **logits_out, float **taps_out, const char *what)
+{
+    const int V = m->cfg.vocab_size, H = m->cfg.hidden_size, R = m->opts.max_rows;
+    float *hl = malloc((size_t)n * V * sizeof(float) + 1);
+    float *ht = n_taps ? malloc((size_t)n * n_taps * H * sizeof(float) + 1) : NULL;
+    int32_t pos[64], rs[64], sel[64];
+    dflash_kv_seq seq;
+    int ok = hl && (!n_taps || ht) && R <= 64;
+    if (!ok)
+        add_row(what, 0, NULL, "host OOM");
+    ok = ok && step(dflash_qwen3_seq_init(m, &seq), what);
+    if (!ok) {
+        free(hl);
+        free(ht);
+        return 0;
+    }
+    dflash_kv_seq *sp = &seq;
+    for (int done = 0; ok && done < n;) {
+        int c = n - done < R ? n - done : R;
+        for (int i = 0; i < c; i++) {
+            pos[i] = done + i;
+            rs[i] = 0;
+            sel[i] = i;
+        }
+        dflash_qwen3_batch b = { c, tokens + done, pos, rs, 1, &sp, c, sel, n_taps, taps };
+        float *dl = NULL, *dt = NULL;
+        ok = step(dflash_qwen3_forward(m, &b, &dl, &dt), what) &&
+             step(m->be->ops->download(m->be, hl + (size_t)done * V, dl, (size_t)c * V * sizeof(float)), what);
+        if (ok && n_taps)
+            ok = step(m->be->ops->download(m->be, ht + (size_t)done * n_taps * H, dt,
+                                           (size_t)c * n_taps * H * sizeof(float)),
+                      what);
+        done += c;
+    }
+    dflash_qwen3_seq_free(m, &seq);
+    if (!ok) {
+        free(hl);
+        free(ht);
+        return 0;
+    }
+    *logits_out = hl;
+    if (taps_out)
+        *taps_out = ht;
+    else
+        free(ht);
+    return 1;
+}
+
+/* Layer l's slice [T, H] of taps [T, L * H]. */
+static void tap_slice(const float *taps, int T, int L, int H, int l, float *out)
+{
+    for (int t = 0; t < T; t++)
+        memcpy(out + (size_t)t * H, taps + ((size_t)t * L + l) * H, (size_t)H * sizeof(float));
+}
+
+static void check_qwen3(const char *name)
+{
+    char dir[512], path[600], what[64];
+    dflash_st *ex = NULL;
+    dflash_qwen3 *mc = NULL, *mg = NULL;
+    float *lc = NULL, *tc = NULL, *lg = NULL, *tg = NULL, *sc = NULL, *sg = NULL;
+    case_begin("qwen3/%s", name);
+    fx_path(dir, sizeof dir, "qwen3", name);
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    if (!step(dflash_st_open(path, &ex), "fixture") || !step(load_target(dir, g_cpu, 256, &mc), "cpu load"))
+        goto done;
+    int gpu_ok = step(load_target(dir, g_gpu, 256, &mg), "gpu load");
+    int64_t T = 0;
+    const int32_t *ids = fx_i32(ex, "input_ids", &T);
+    const float *want = fx_f32(ex, "logits", NULL);
+    const int L = mc->cfg.num_hidden_layers, H = mc->cfg.hidden_size, V = mc->cfg.vocab_size;
+    if (!ids || !want || T <= 0 || T > MAX_FX || L > DFLASH_MAX_TAPS) {
+        add_row("fixture", 0, NULL, "bad input_ids/logits");
+        goto done;
+    }
+    int taps[DFLASH_MAX_TAPS];
+    for (int i = 0; i < L; i++)
+        taps[i] = i;
+    if (!forward_all(mc, ids, (int)T, L, taps, &lc, &tc, "cpu forward"))
+        goto done;
+    if (gpu_ok && forward_all(mg, ids, (int)T, L, taps, &lg, &tg, "gpu forward")) {
+        cmp_cpu("logits gpu~cpu", lg, lc, (size_t)T * V);
+        cmp_ref("logits gpu~hf", lg, want, (size_t)T * V);
+        sc = malloc((size_t)T * H * sizeof(float));
+        sg = malloc((size_t)T * H * sizeof(float));
+        double worst_cpu = 0, worst_ref = 0;
+        int bad = -1;
+        size_t nan = count_nan(tg, (size_t)T * L * H);
+        for (int l = 0; sc && sg && l < L; l++) {
+            snprintf(what, sizeof what, "layer_out.%d", l);
+            const float *hl = fx_f32(ex, what, NULL);
+            tap_slice(tc, (int)T, L, H, l, sc);
+            tap_slice(tg, (int)T, L, H, l, sg);
+            double ec = max_rel_err(sg, sc, (size_t)T * H), er = hl ? fx_rel_err(sg, hl, (size_t)T * H) : INFINITY;
+            worst_cpu = ec > worst_cpu ? ec : worst_cpu;
+            worst_ref = er > worst_ref ? er : worst_ref;
+            if ((ec > BOUND_CPU || !(er < BOUND_REF)) && bad < 0)
+                bad = l;
+        }
+        printf("  %-34s max rel err %.2e (worst layer), hf rel err %.2e\n", "taps (all layers)", worst_cpu, worst_ref);
+        if (nan)
+            add_row("taps gpu (all layers)", 0, "1e-04", "%zu NaN", nan);
+        else if (bad >= 0)
+            add_row("taps gpu (all layers)", 0, "1e-04", "layer %d: cpu %.1e hf %.1e", bad, worst_cpu, worst_ref);
+        else
+            add_row("taps gpu (all layers)", 1, "1e-04", "cpu %.1e hf %.1e", worst_cpu, worst_ref);
+    }
+    /* greedy generation on the GPU */
+    int64_t P = 0, N = 0;
+    const int32_t *prompt = fx_i32(ex, "greedy_prompt", &P), *gw = fx_i32(ex, "greedy_ids", &N);
+    if (gpu_ok && prompt && gw && N <= MAX_FX) {
+        int32_t out[MAX_FX];
+        int n_out = 0;
+        dflash_kv_seq seq;
+        dflash_gen_opts go;
+        dflash_gen_stats st;
+        dflash_gen_default_opts(&go);
+        go.n_new = (int)N;
+        if (step(dflash_qwen3_seq_init(mg, &seq), "gpu greedy")) {
+            if (step(dflash_spec_generate(mg, &seq, NULL, NULL, prompt, (int)P, &go, out, &n_out, &st), "gpu greedy"))
+                cmp_ids("greedy gpu==hf", out, n_out, gw, (int)N);
+            dflash_qwen3_seq_free(mg, &seq);
+        }
+    }
+done:
+    case_end();
+    free(lc), free(tc), free(lg), free(tg), free(sc), free(sg);
+    dflash_qwen3_free(mg);
+    dflash_qwen3_free(mc);
+    dflash_st_close(ex);
+}
+
+/* ---- 2. DFlash fixtures -------------------------------------------------------- */
+
+typedef struct pair {
+    dflash_qwen3 *t;
+    dflash_head *h;
+} pair;
+
+static int target_of(const char *drafter, char *out, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/dflash/%s/meta.json", test_data_dir(), drafter);
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    const char *t = j ? json_string_value(json_object_get(j, "target")) : NULL;
+    if (t)
+        snprintf(out, n, "%s/qwen3/%s", test_data_dir(), t);
+    json_decref(j);
+    return t != NULL;
+}
+
+static void close_pair(pair *p)
+{
+    dflash_head_free(p->h);
+    dflash_qwen3_free(p->t);
+    memset(p, 0, sizeof *p);
+}
+
+static int open_pair(const char *drafter, dflash_backend *be, int cap, pair *p, const char *what)
+{
+    char tdir[512], ddir[512];
+    memset(p, 0, sizeof *p);
+    if (!target_of(drafter, tdir, sizeof tdir))
+        return add_row(what, 0, NULL, "meta.json: no target");
+    if (!step(load_target(tdir, be, 256, &p->t), what))
+        return 0;
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = 256;
+    ho.ctx_cap = cap;
+    ho.quant = DFLASH_QUANT_BF16;
+    if (!step(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", drafter), p->t, &ho, &p->h), what)) {
+        close_pair(p);
+        return 0;
+    }
+    return 1;
+}
+
+/* Results of prefill + one block at s = T on one backend, on the host. */
+typedef struct block_out {
+    float *taps;    /* [T, n_taps * H] */
+    float *kv;      /* the drafter's whole KV pool (f32) */
+    int32_t *table; /* the state's block table */
+    int bt_len;
+    float *logits;  /* [nd, V] */
+    int32_t drafts[DFLASH_MAX_BLOCK];
+    int nd;
+} block_out;
+
+static void free_block_out(block_out *b)
+{
+    free(b->taps), free(b->kv), free(b->table), free(b->logits);
+    memset(b, 0, sizeof *b);
+}
+
+static int run_block(pair *p, const int32_t *prompt, int T, int32_t last, block_out *o, const char *what)
+{
+    dflash_proposer *pr = &p->h->proposer;
+    dflash_backend *be = p->t->be;
+    const int *taps;
+    const int n_taps = pr->ops->tap_layers(pr, &taps), H = p->t->cfg.hidden_size, V = p->t->cfg.vocab_size;
+    const dflash_kv_layout *kv = &p->h->kv.layout;
+    const size_t kv_n = (size_t)kv->n_blocks * kv->n_layers * 2 * DFLASH_KV_BLOCK * kv->n_kv_heads * kv->head_dim;
+    int32_t pos[MAX_FX], rs[MAX_FX];
+    dflash_kv_seq seq;
+    void *state = NULL;
+    int ok = 0;
+    memset(o, 0, sizeof *o);
+    o->nd = p->h->block_size - 1;
+    for (int i = 0; i < T; i++) {
+        pos[i] = i;
+        rs[i] = 0;
+    }
+    if (!step(dflash_qwen3_seq_init(p->t, &seq), what))
+        return 0;
+    if (step(pr->ops->alloc_state(pr, 200, &state), what)) {
+        dflash_kv_seq *sp = &seq;
+        dflash_qwen3_batch b = { T, prompt, pos, rs, 1, &sp, 0, NULL, n_taps, taps };
+        float *logits = NULL, *tap_rows = NULL;
+        int32_t s = T;
+        dflash_proposer_state *ps = state;
+        if (step(dflash_qwen3_forward(p->t, &b, &logits, &tap_rows), what) &&
+            (o->taps = dl_f32(be, tap_rows, (size_t)T * n_taps * H, what)) != NULL) {
+            dflash_ctx_rows rows = { prompt, T, 0, tap_rows, (int64_t)n_taps * H };
+            if (step(pr->ops->begin(pr, state, &rows), what)) {
+                if (kv->dtype == DFLASH_DTYPE_F32 && (o->table = malloc((size_t)ps->kv.bt_len * sizeof(int32_t)))) {
+                    memcpy(o->table, ps->kv.table, (size_t)ps->kv.bt_len * sizeof(int32_t));
+                    o->bt_len = ps->kv.bt_len;
+                    o->kv = dl_f32(be, kv->data, kv_n, what);
+                }
+                ok = step(pr->ops->propose(pr, &state, 1, &last, &s, o->nd, o->drafts), what) &&
+                     (o->logits = dl_f32(be, dflash_head_last_logits(p->h), (size_t)o->nd * V, what)) != NULL;
+            }
+        }
+        pr->ops->free_state(pr, state);
+    }
+    dflash_qwen3_seq_free(p->t, &seq);
+    return ok;
+}
+
+/* Context K (which 0) or V (1) rows [T, row] of layer l out of a pool copy. */
+static void kv_rows(const dflash_head *h, const block_out *o, int l, int which, int T, float *out)
+{
+    const dflash_kv_layout *kv = &h->kv.layout;
+    const int64_t row = (int64_t)kv->n_kv_heads * kv->head_dim;
+    const int bt_len = o->bt_len;
+    for (int t = 0; t < T; t++) {
+        int blk = o->table[(t / DFLASH_KV_BLOCK) % bt_len];
+        int64_t idx = (((int64_t)blk * kv->n_layers + l) * 2 + which) * DFLASH_KV_BLOCK + t % DFLASH_KV_BLOCK;
+        memcpy(out + (size_t)t * row, o->kv + idx * row, (size_t)row * sizeof(float));
+    }
+}
+
+static void check_block(const char *drafter, dflash_st *ex, int cap)
+{
+    char what[64];
+    pair pc, pg;
+    block_out oc, og;
+    memset(&oc, 0, sizeof oc);
+    memset(&og, 0, sizeof og);
+    int64_t T = 0;
+    const int32_t *prompt = fx_i32(ex, "prompt_ids", &T), *last = fx_i32(ex, "block_last", NULL);
+    const float *want = fx_f32(ex, cap ? "block_logits_cap" : "block_logits", NULL);
+    const int32_t *want_d = fx_i32(ex, cap ? "block_drafts_cap" : "block_drafts", NULL);
+    const dflash_tensor_info *taps_t = fx_tensor(ex, "taps");
+    if (!prompt || !last || !want || !want_d || !taps_t || T <= 0 || T > MAX_FX) {
+        add_row("fixture", 0, NULL, "bad block tensors");
+        return;
+    }
+    snprintf(what, sizeof what, "cap%d cpu run", cap);
+    if (!open_pair(drafter, g_cpu, cap, &pc, what))
+        return;
+    int cpu_ok = run_block(&pc, prompt, (int)T, last[0], &oc, what);
+    snprintf(what, sizeof what, "cap%d gpu run", cap);
+    if (cpu_ok && open_pair(drafter, g_gpu, cap, &pg, what)) {
+        if (run_block(&pg, prompt, (int)T, last[0], &og, what)) {
+            const dflash_model_config *c = &pg.h->cfg;
+            const int V = c->vocab_size, nd = og.nd;
+            if (!cap) {
+                cmp_ref("taps gpu~ref", og.taps, taps_t->data, (size_t)taps_t->numel);
+                const int row = c->num_key_value_heads * c->head_dim;
+                float *kc = malloc((size_t)T * row * sizeof(float)), *kg = malloc((size_t)T * row * sizeof(float));
+                double worst = 0, worst_ref = 0;
+                int have = og.kv && oc.kv && kc && kg;
+                size_t nan = 0;
+                for (int l = 0; have && l < c->num_hidden_layers; l++)
+                    for (int which = 0; which < 2; which++) {
+                        char name[32];
+                        snprintf(name, sizeof name, "ctx_%c.%d", which ? 'v' : 'k', l);
+                        const float *wkv = fx_f32(ex, name, NULL);
+                        kv_rows(pc.h, &oc, l, which, (int)T, kc);
+                        kv_rows(pg.h, &og, l, which, (int)T, kg);
+                        nan += count_nan(kg, (size_t)T * row);
+                        double e = max_rel_err(kg, kc, (size_t)T * row);
+                        double er = wkv ? fx_rel_err(kg, wkv, (size_t)T * row) : INFINITY;
+                        worst = e > worst ? e : worst;
+                        worst_ref = er > worst_ref ? er : worst_ref;
+                    }
+                printf("  %-34s max rel err %.2e, ref rel err %.2e\n", "context K/V (all layers)", worst, worst_ref);
+                if (!have)
+                    add_row("ctx K/V gpu", 0, NULL, "not read");
+                else if (nan)
+                    add_row("ctx K/V gpu", 0, "1e-04", "%zu NaN", nan);
+                else
+                    add_row("ctx K/V gpu", worst <= BOUND_CPU && worst_ref < BOUND_REF, "1e-04", "cpu %.1e ref %.1e",
+                            worst, worst_ref);
+                free(kc);
+                free(kg);
+            }
+            snprintf(what, sizeof what, "cap%d block logits gpu~cpu", cap);
+            cmp_cpu(what, og.logits, oc.logits, (size_t)nd * V);
+            snprintf(what, sizeof what, "cap%d block logits gpu~ref", cap);
+            cmp_ref(what, og.logits, want, (size_t)nd * V);
+            snprintf(what, sizeof what, "cap%d drafts gpu==ref", cap);
+            cmp_ids(what, og.drafts, nd, want_d, nd);
+        }
+        close_pair(&pg);
+    }
+    free_block_out(&oc);
+    free_block_out(&og);
+    close_pair(&pc);
+}
+
+/* The whole greedy speculative run on the GPU against the reference. */
+static void check_spec_run(const char *drafter, dflash_st *ex, int cap)
+{
+    char name[64], what[64];
+    int64_t P = 0, N = 0, S = 0;
+    const int32_t *prompt = fx_i32(ex, "spec_prompt", &P);
+    snprintf(name, sizeof name, "spec_out.cap%d", cap);
+    const int32_t *want = fx_i32(ex, name, &N);
+    snprintf(name, sizeof name, "spec_steps.cap%d", cap);
+    const int32_t *steps = fx_i32(ex, name, &S);
+    const int32_t *plain = fx_i32(ex, "greedy_plain", NULL);
+    if (!prompt || !want || !steps || !plain || N > MAX_FX) {
+        add_row("fixture", 0, NULL, "bad spec tensors");
+        return;
+    }
+    pair p;
+    snprintf(what, sizeof what, "cap%d gpu spec run", cap);
+    if (!open_pair(drafter, g_gpu, cap, &p, what))
+        return;
+    dflash_proposer *pr = &p.h->proposer;
+    dflash_kv_seq seq;
+    void *state = NULL;
+    int32_t out[MAX_FX];
+    int n_out = 0;
+    FILE *trace = tmpfile();
+    dflash_gen_opts go;
+    dflash_gen_stats st;
+    dflash_gen_default_opts(&go);
+    go.n_new = (int)N;
+    go.trace = trace;
+    if (!trace)
+        add_row(what, 0, NULL, "tmpfile failed");
+    else if (step(dflash_qwen3_seq_init(p.t, &seq), what)) {
+        if (step(pr->ops->alloc_state(pr, 200, &state), what)) {
+            if (step(dflash_spec_generate(p.t, &seq, pr, state, prompt, (int)P, &go, out, &n_out, &st), what)) {
+                snprintf(what, sizeof what, "cap%d spec gpu==ref", cap);
+                cmp_ids(what, out, n_out, want, (int)N);
+                snprintf(what, sizeof what, "cap%d spec gpu==plain", cap);
+                cmp_ids(what, out, n_out, plain, (int)N);
+                /* steps: rows of (s, a, drafts[B-1] padded with -1) */
+                const int B = p.h->block_size, width = 2 + B - 1, n_steps = (int)(S / width);
+                int bad = st.n_steps == n_steps ? -1 : 0;
+                char line[4096];
+                rewind(trace);
+                for (int i = 0; bad < 0 && i < n_steps; i++) {
+                    json_error_t err;
+                    json_t *j = fgets(line, sizeof line, trace) ? json_loads(line, 0, &err) : NULL;
+                    const int32_t *r = steps + (size_t)i * width;
+                    json_t *d = j ? json_object_get(j, "drafts") : NULL;
+                    int same = j && json_integer_value(json_object_get(j, "pos")) == r[0] &&
+                               json_integer_value(json_object_get(j, "accepted")) == r[1];
+                    for (size_t x = 0; same && d && x < json_array_size(d) && x < (size_t)(B - 1); x++)
+                        same = json_integer_value(json_array_get(d, x)) == r[2 + x];
+                    if (!same)
+                        bad = i;
+                    json_decref(j);
+                }
+                snprintf(what, sizeof what, "cap%d steps gpu==ref", cap);
+                if (bad >= 0)
+                    add_row(what, 0, "equal", "%d steps (ref %d), first diff %d", st.n_steps, n_steps, bad);
+                else
+                    add_row(what, 1, "equal", "%d steps, tau %.2f", n_steps, st.mean_accept);
+            }
+            pr->ops->free_state(pr, state);
+        }
+        dflash_qwen3_seq_free(p.t, &seq);
+    }
+    if (trace)
+        fclose(trace);
+    close_pair(&p);
+}
+
+static void check_dflash(const char *drafter)
+{
+    char path[512];
+    dflash_st *ex = NULL;
+    case_begin("dflash/%s", drafter);
+    snprintf(path, sizeof path, "%s/dflash/%s/expected.safetensors", test_data_dir(), drafter);
+    if (step(dflash_st_open(path, &ex), "fixture")) {
+        check_block(drafter, ex, 0);
+        check_block(drafter, ex, 7);
+        check_spec_run(drafter, ex, 0);
+        check_spec_run(drafter, ex, 5);
+    }
+    case_end();
+    dflash_st_close(ex);
+}
+
+/* ---- 3. the embedded pair ------------------------------------------------------ */
+
+typedef struct mode_total {
+    double wall_s, decode_ms;
+    int64_t tokens, steps, committed;
+} mode_total;
+
+static int gen_timed(dflash_qwen3 *t, dflash_head *h, const int32_t *ids, int n_ids, int32_t *out, int *n_out,
+                     mode_total *tot, const char *what)
+{
+    dflash_kv_seq seq;
+    void *state = NULL;
+    dflash_gen_opts go;
+    dflash_gen_stats st;
+    dflash_gen_default_opts(&go);
+    go.n_new = PYSTD_NEW;
+    *n_out = 0;
+    if (!step(dflash_qwen3_seq_init(t, &seq), what))
+        return 0;
+    int ok = !h || step(h->proposer.ops->alloc_state(&h->proposer, 400, &state), what);
+    if (ok) {
+        double t0 = now_s();
+        ok = step(dflash_spec_generate(t, &seq, h ? &h->proposer : NULL, state, ids, n_ids, &go, out, n_out, &st),
+                  what);
+        double dt = now_s() - t0;
+        if (ok && tot) {
+            tot->wall_s += dt;
+            tot->decode_ms += st.total_ms - st.prefill_ms;
+            tot->tokens += *n_out;
+            tot->steps += st.n_steps;
+            tot->committed += (int64_t)(st.mean_accept * st.n_steps + 0.5);
+        }
+        if (h)
+            h->proposer.ops->free_state(&h->proposer, state);
+    }
+    dflash_qwen3_seq_free(t, &seq);
+    return ok;
+}
+
+static void check_pystd(void)
+{
+    const char *tdir = "models/qwen3-pystd", *ddir = "models/qwen3-pystd-dflash";
+    dflash_tokenizer *tok = NULL;
+    dflash_qwen3 *t = NULL, *tc = NULL;
+    dflash_head *h = NULL;
+    json_error_t err;
+    int32_t **ids = NULL;
+    size_t *n_ids = NULL, n = 0;
+    case_begin("%s", "pystd");
+    json_t *j = json_load_file("tests/data/pystd/heldout_prompts.json", 0, &err);
+    if (!j) {
+        add_row("prompts", 0, NULL, "heldout_prompts.json: %s", err.text);
+        goto done;
+    }
+    json_t *prompts = json_object_get(j, "prompts");
+    n = json_array_size(prompts);
+    ids = calloc(n + 1, sizeof *ids);
+    n_ids = calloc(n + 1, sizeof *n_ids);
+    if (!n || !ids || !n_ids || !step(dflash_tokenizer_load(tdir, &tok), "tokenizer")) {
+        if (!n)
+            add_row("prompts", 0, NULL, "none");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *text = json_string_value(json_object_get(json_array_get(prompts, i), "text"));
+        if (!text || !step(dflash_tokenizer_encode(tok, text, strlen(text), &ids[i], &n_ids[i]), "tokenize"))
+            goto done;
+    }
+    if (!step(load_target(tdir, g_gpu, 512, &t), "gpu load target"))
+        goto done;
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = 512;
+    if (!step(dflash_head_load(ddir, t, &ho, &h), "gpu load drafter"))
+        goto done;
+    printf("  %zu prompts, %d new tokens each, drafter block %d, %s weights\n", n, PYSTD_NEW, h->block_size,
+           h->quant == DFLASH_QUANT_FP8_WEIGHTS ? "fp8" : "bf16");
+    /* warm-up: both modes once on prompt 0, not timed */
+    int32_t plain[PYSTD_NEW], spec[PYSTD_NEW];
+    int n_plain = 0, n_spec = 0;
+    gen_timed(t, NULL, ids[0], (int)n_ids[0], plain, &n_plain, NULL, "warm-up plain");
+    gen_timed(t, h, ids[0], (int)n_ids[0], spec, &n_spec, NULL, "warm-up spec");
+    mode_total tp = { 0 }, ts = { 0 };
+    int same = 0, failed_runs = 0, first_bad = -1;
+    for (size_t i = 0; i < n; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "prompt %zu gpu plain", i);
+        g_no_rows = 1; /* one row below for all prompts */
+        int ok = gen_timed(t, NULL, ids[i], (int)n_ids[i], plain, &n_plain, &tp, what);
+        snprintf(what, sizeof what, "prompt %zu gpu spec", i);
+        ok = ok && gen_timed(t, h, ids[i], (int)n_ids[i], spec, &n_spec, &ts, what);
+        g_no_rows = 0;
+        if (!ok) {
+            failed_runs++;
+            continue;
+        }
+        int eq = n_plain == n_spec && n_plain == PYSTD_NEW &&
+                 memcmp(plain, spec, (size_t)n_plain * sizeof(int32_t)) == 0;
+        same += eq;
+        if (!eq && first_bad < 0)
+            first_bad = (int)i;
+        if (i == 0) {
+            /* prompt 0 + its plain output forwarded on both backends */
+            int n_all = (int)n_ids[0] + n_plain;
+            int32_t *all = malloc((size_t)n_all * sizeof(int32_t));
+            float *lc = NULL, *lg = NULL;
+            if (all && step(load_target(tdir, g_cpu, 512, &tc), "cpu load target")) {
+                memcpy(all, ids[0], n_ids[0] * sizeof(int32_t));
+                memcpy(all + n_ids[0], plain, (size_t)n_plain * sizeof(int32_t));
+                if (forward_all(tc, all, n_all, 0, NULL, &lc, NULL, "cpu long forward") &&
+                    forward_all(t, all, n_all, 0, NULL, &lg, NULL, "gpu long forward")) {
+                    char what[64];
+                    snprintf(what, sizeof what, "prompt 0 logits x%d gpu~cpu", n_all);
+                    cmp_cpu(what, lg, lc, (size_t)n_all * t->cfg.vocab_size);
+                }
+            }
+            free(all), free(lc), free(lg);
+        }
+    }
+    if (first_bad >= 0)
+        add_row("spec==plain (gpu)", 0, "equal", "%d/%zu same, first diff prompt %d", same, n, first_bad);
+    else if (failed_runs)
+        add_row("spec==plain (gpu)", 0, "equal", "%d runs failed", failed_runs);
+    else
+        add_row("spec==plain (gpu)", 1, "equal", "%d/%zu prompts", same, n);
+    double tau = ts.steps ? (double)ts.committed / (double)ts.steps : 0;
+    double plain_tps = tp.wall_s > 0 ? (double)tp.tokens / tp.wall_s : 0;
+    double spec_tps = ts.wall_s > 0 ? (double)ts.tokens / ts.wall_s : 0;
+    printf("  plain: %lld tokens in %.3f s wall = %.1f tok/s (decode only %.1f tok/s)\n", (long long)tp.tokens,
+           tp.wall_s, plain_tps, tp.decode_ms > 0 ? (double)tp.tokens / (tp.decode_ms / 1e3) : 0);
+    printf("  spec:  %lld tokens in %.3f s wall = %.1f tok/s (decode only %.1f tok/s), tau %.3f over %lld steps\n",
+           (long long)ts.tokens, ts.wall_s, spec_tps, ts.decode_ms > 0 ? (double)ts.tokens / (ts.decode_ms / 1e3) : 0,
+           tau, (long long)ts.steps);
+    printf("  speedup spec/plain (wall): %.2fx\n", plain_tps > 0 ? spec_tps / plain_tps : 0);
+    if (tp.tokens && ts.tokens) {
+        add_row("tau (gpu, info)", 1, NULL, "%.3f", tau);
+        add_row("tok/s plain (gpu, info)", 1, NULL, "%.1f", plain_tps);
+        add_row("tok/s spec (gpu, info)", 1, NULL, "%.1f (%.2fx)", spec_tps,
+                plain_tps > 0 ? spec_tps / plain_tps : 0);
+    }
+done:
+    case_end();
+    for (size_t i = 0; ids && i < n; i++)
+        free(ids[i]);
+    free(ids);
+    free(n_ids);
+    json_decref(j);
+    dflash_head_free(h);
+    dflash_qwen3_free(t);
+    dflash_qwen3_free(tc);
+    dflash_tokenizer_free(tok);
+}
+
+/* ---- main ------------------------------------------------------------------- */
+
+static int finish(void)
+{
+    int passed = 0, failed = 0;
+    printf("\n%-56s %-30s %-8s %s\n", "check", "value", "bound", "result");
+    for (int i = 0; i < g_nrows; i++) {
+        const row *r = &g_rows[i];
+        printf("%-56s %-30s %-8s %s\n", r->check, r->value, r->bound, r->ok ? "ok" : "FAIL");
+        passed += r->ok;
+        failed += !r->ok;
+    }
+    printf("cases: %d ok, %d failed\n", h_passed, h_failed);
+    printf("RESULT %d %d\n", passed, failed);
+    return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    int cpu_as_gpu = 0, pair = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--cpu-as-gpu")) {
+            cpu_as_gpu = 1;
+        } else if (!strcmp(argv[i], "--no-pair")) {
+            pair = 0;
+        } else {
+            fprintf(stderr, "usage: cuda_model_check [--cpu-as-gpu] [--no-pair]\n");
+            return 2;
+        }
+    }
+    case_begin("%s", "setup");
+    if (!step(dflash_backend_cpu_create(&g_cpu), "cpu backend"))
+        return finish();
+    if (cpu_as_gpu) {
+        printf("cuda_model_check: --cpu-as-gpu: a second CPU backend stands in for the GPU (checks the checker, "
+               "not CUDA)\n");
+        g_gpu_name = "cpu-as-gpu";
+        if (!step(dflash_backend_cpu_create(&g_gpu), "cpu-as-gpu backend")) {
+            dflash_backend_destroy(g_cpu);
+            return finish();
+        }
+    } else {
+        dflash_status s = dflash_backend_cuda_create(0, &g_gpu);
+        if (s != DFLASH_OK) {
+            printf("cuda_model_check: no GPU: %s: %s\n", dflash_status_name(s), dflash_last_error());
+            add_row("cuda backend", 0, NULL, "no GPU: %.39s", dflash_last_error());
+            dflash_backend_destroy(g_cpu);
+            return finish();
+        }
+        g_gpu_name = dflash_cuda_device_desc(g_gpu);
+    }
+    printf("cuda_model_check: gpu side: %s\n", g_gpu_name);
+    add_row("gpu backend", 1, NULL, "%.30s", g_gpu_name);
+    double t0 = now_s();
+    static const char *qwen3[] = { "mha_untied", "gqa_tied", "gqa_sharded" };
+    static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
+    for (size_t i = 0; i < sizeof qwen3 / sizeof qwen3[0]; i++)
+        check_qwen3(qwen3[i]);
+    for (size_t i = 0; i < sizeof drafters / sizeof drafters[0]; i++)
+        check_dflash(drafters[i]);
+    if (pair)
+        check_pystd();
+    printf("cuda_model_check: %.1f s\n", now_s() - t0);
+    dflash_backend_destroy(g_gpu);
+    dflash_backend_destroy(g_cpu);
+    return finish();
+}
