@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "cli/args.h"
+#include "core/log.h"
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
 #include "io/chat.h"
@@ -178,12 +179,12 @@ static dflash_status open_backend(cli_engine *e, const cli_engine_args *a)
     if (strcmp(a->device, "cpu") != 0) {
         dflash_status s = dflash_backend_cuda_create(0, &e->be);
         if (s == DFLASH_OK) {
-            fprintf(stderr, "dflash: device: %s\n", dflash_cuda_device_desc(e->be));
+            dflash_log(DFLASH_LOG_INFO, "device: %s", dflash_cuda_device_desc(e->be));
             return DFLASH_OK;
         }
         if (!strcmp(a->device, "cuda"))
             return dflash_fail_prefix(s, "--device cuda: ");
-        fprintf(stderr, "dflash: device: cpu (no usable GPU: %s)\n", dflash_last_error());
+        dflash_log(DFLASH_LOG_INFO, "device: cpu (no usable GPU: %s)", dflash_last_error());
     }
     return dflash_backend_cpu_create(&e->be);
 }

@@ -2,6 +2,8 @@
  * on-disk CUBIN cache (see cuda_compile.h). */
 #include "backend/cuda/cuda_compile.h"
 
+#include "core/log.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -177,7 +179,7 @@ static int cache_read(const char *path, void **cubin, size_t *size)
     fclose(f);
     if (!ok) {
         free(bin);
-        fprintf(stderr, "dflash: warning: ignoring corrupt kernel cache entry %s; recompiling\n", path);
+        dflash_log(DFLASH_LOG_WARN, "ignoring corrupt kernel cache entry %s; recompiling", path);
         return 0;
     }
     *cubin = bin;
@@ -202,7 +204,7 @@ static void cache_write(const char *path, const void *cubin, size_t size)
     if (!ok) {
         if (f)
             remove(tmp);
-        fprintf(stderr, "dflash: warning: cannot write kernel cache %s (%s); compiling again next run\n", path,
+        dflash_log(DFLASH_LOG_WARN, "cannot write kernel cache %s (%s); compiling again next run", path,
                 strerror(errno));
     }
 }
@@ -220,13 +222,13 @@ dflash_status dflash_cuda_cubin_get(const dflash_nvrtc_api *nv, const dflash_cud
             return DFLASH_OK;
     }
     if (!*announced) {
-        fprintf(stderr, "dflash: compiling CUDA kernels for %s (first run only)...\n", arch);
+        dflash_log(DFLASH_LOG_INFO, "compiling CUDA kernels for %s (first run only)...", arch);
         *announced = 1;
     }
     char *log = NULL;
     DFLASH_TRY(dflash_cuda_compile(nv, src, arch, cubin, size, &log));
     if (log[0])
-        fprintf(stderr, "dflash: nvrtc said about %s:\n%s\n", src->name, log);
+        dflash_log(DFLASH_LOG_INFO, "nvrtc said about %s:\n%s", src->name, log);
     free(log);
     if (have_dir)
         cache_write(path, *cubin, *size);
