@@ -1,7 +1,8 @@
 /* test_slow_cli.c: the dflash command as a user runs it (through popen):
  * --help tells the truth about the options, errors name what is wrong and
  * exit non-zero, text and id prompts agree, JSON is well formed, traces
- * have one line per step, chat keeps its conversation across turns. */
+ * have one line per step, chat keeps its conversation across turns, bench
+ * prints its table. */
 #include "harness.h"
 
 #include <jansson.h>
@@ -36,6 +37,8 @@ static void test_help_lists_every_option(void)
         { "tokenize", { "--tokenizer", "--json", NULL } },
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
+        { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "tiny", "--ctx", "--reps",
+                     "--device", "--json", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         snprintf(cmd, sizeof cmd, "%s %s --help", g_bin, cases[k].sub);
@@ -44,7 +47,7 @@ static void test_help_lists_every_option(void)
             CHECKF(strstr(out, cases[k].opts[i]) != NULL, "%s --help lacks %s", cases[k].sub, cases[k].opts[i]);
     }
     snprintf(cmd, sizeof cmd, "%s --help", g_bin);
-    CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "generate") && strstr(out, "chat"));
+    CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "generate") && strstr(out, "chat") && strstr(out, "bench"));
 }
 
 static void test_errors_are_clear(void)
@@ -145,6 +148,34 @@ static void test_info(void)
     CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "DFlash drafter") && strstr(out, "taps [1, 3, 5]"));
 }
 
+/* The tiny preset: a bandwidth line, and one row per (op, ctx) in order
+ * (contexts sorted, duplicates dropped) with positive times and floors. */
+static void test_bench_tiny(void)
+{
+    static char out[16384], cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny --reps 2 --ctx 32,8,32", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0);
+    CHECKF(strstr(out, "bandwidth: ") && strstr(out, "GB/s"), "output: %s", out);
+    const struct { const char *op; int rows, ctx; } want[] = {
+        { "propose", 8, 8 }, { "propose", 8, 32 }, { "verify", 16, 8 }, { "decode", 1, 8 },
+        { "verify", 16, 32 }, { "decode", 1, 32 },
+    };
+    const int n_want = (int)(sizeof want / sizeof want[0]);
+    int n = 0;
+    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char op[16];
+        int rows, ctx;
+        double med, min, mb, fl, pct;
+        if (sscanf(line, "%15s %d %d %lf %lf %lf %lf %lf%%", op, &rows, &ctx, &med, &min, &mb, &fl, &pct) != 8)
+            continue;
+        CHECKF(n < n_want && !strcmp(op, want[n].op) && rows == want[n].rows && ctx == want[n].ctx,
+               "row %d: %s %d %d", n, op, rows, ctx);
+        CHECKF(med > 0 && min > 0 && min <= med && mb > 0 && fl > 0 && pct > 0, "row %d: %s", n, line);
+        n++;
+    }
+    CHECKF(n == n_want, "%d table rows, expected %d: %s", n, n_want, out);
+}
+
 int main(void)
 {
     const char *b = getenv("B");
@@ -155,5 +186,6 @@ int main(void)
     RUN(test_trace_one_line_per_step);
     RUN(test_chat_two_turns);
     RUN(test_info);
+    RUN(test_bench_tiny);
     TEST_END();
 }

@@ -16,6 +16,7 @@ static const struct {
     { "info", dflash_cmd_info, "describe a checkpoint folder" },
     { "tokenize", dflash_cmd_tokenize, "encode text to token ids" },
     { "detokenize", dflash_cmd_detokenize, "decode token ids to text" },
+    { "bench", dflash_cmd_bench, "time propose / verify / decode at real geometries against a bandwidth floor" },
 };
 
 static void usage(FILE *f)

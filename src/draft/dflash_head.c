@@ -169,13 +169,17 @@ static void free_scratch(dflash_head *h)
 
 static const dflash_proposer_ops k_dflash_ops;
 
-dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dflash_head_opts *opts,
-                               dflash_head **out)
+dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st, const char *label,
+                                  dflash_qwen3 *target, const dflash_head_opts *opts, dflash_head **out)
 {
     *out = NULL;
     dflash_head *h = calloc(1, sizeof *h);
-    if (!h)
+    if (!h) {
+        dflash_st_close(st); /* ours from the call on, also on failure */
         return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory");
+    }
+    h->st = st;
+    h->cfg = *cfg;
     h->be = target->be;
     if (opts)
         h->opts = *opts;
@@ -183,15 +187,15 @@ dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dfla
         dflash_head_default_opts(&h->opts);
     h->proposer = (dflash_proposer){ &k_dflash_ops, h };
     h->kernels = (dflash_kernels){ h->be->ops->name, 0, NULL }; /* generic ops: nothing to resolve */
-    dflash_status s = dflash_config_load(dir, &h->cfg);
-    if (s == DFLASH_OK && (h->opts.max_seqs <= 0 || h->opts.max_ctx <= 0 || h->opts.kv_blocks < 0))
-        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: drafter options max_seqs %d, max_ctx %d, kv_blocks %d", dir,
+    dflash_status s = DFLASH_OK;
+    if (h->opts.max_seqs <= 0 || h->opts.max_ctx <= 0 || h->opts.kv_blocks < 0)
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: drafter options max_seqs %d, max_ctx %d, kv_blocks %d", label,
                         h->opts.max_seqs, h->opts.max_ctx, h->opts.kv_blocks);
     if (s == DFLASH_OK && !h->cfg.is_dflash)
         s = dflash_fail(DFLASH_ERR_FORMAT, "%s: not a DFlash drafter (architectures[0] is '%s' and there is no "
-                        "dflash_config)", dir, h->cfg.architecture);
+                        "dflash_config)", label, h->cfg.architecture);
     if (s == DFLASH_OK)
-        s = check_against_target(h, dir, target);
+        s = check_against_target(h, label, target);
     if (s == DFLASH_OK) {
         h->block_size = h->opts.block_size > 0 && h->opts.block_size < h->cfg.block_size ? h->opts.block_size
                                                                                          : h->cfg.block_size;
@@ -207,10 +211,8 @@ dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dfla
             h->max_rows = target->opts.max_rows;
         h->embed = target->embed;
         h->lm_head = target->lm_head;
-        s = dflash_st_open(dir, &h->st);
-    }
-    if (s == DFLASH_OK)
         s = bind_weights(h);
+    }
     if (s == DFLASH_OK && h->quant == DFLASH_QUANT_FP8_WEIGHTS)
         s = quantize_layers(h);
     if (s == DFLASH_OK) {
@@ -226,6 +228,17 @@ dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dfla
     }
     *out = h;
     return DFLASH_OK;
+}
+
+dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dflash_head_opts *opts,
+                               dflash_head **out)
+{
+    *out = NULL;
+    dflash_model_config cfg;
+    dflash_st *st;
+    DFLASH_TRY(dflash_config_load(dir, &cfg));
+    DFLASH_TRY(dflash_st_open(dir, &st));
+    return dflash_head_load_st(&cfg, st, dir, target, opts, out);
 }
 
 void dflash_head_free(dflash_head *h)

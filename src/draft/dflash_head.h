@@ -102,6 +102,11 @@ int dflash_ctx_cap(void);
  * LM head it shares, and whose geometry it is checked against). */
 dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dflash_head_opts *opts,
                                dflash_head **out);
+/* The same from a parsed config and an open tensor set. `st` belongs to the
+ * head from this call on, also when it fails (what backs it must outlive
+ * the head); `label` names the drafter in messages (e.g. its folder). */
+dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st, const char *label,
+                                  dflash_qwen3 *target, const dflash_head_opts *opts, dflash_head **out);
 void dflash_head_free(dflash_head *h);
 
 /* Block-forward logits of the last propose ([rows, V] with rows = n_seqs *

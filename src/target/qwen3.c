@@ -69,29 +69,32 @@ static void free_scratch(dflash_qwen3 *m)
             m->be->ops->free(m->be, p[i]);
 }
 
-dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflash_qwen3_opts *opts,
-                                dflash_qwen3 **out)
+dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st, dflash_backend *be,
+                                   const dflash_qwen3_opts *opts, dflash_qwen3 **out)
 {
     *out = NULL;
     dflash_qwen3 *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m) {
+        dflash_st_close(st); /* ours from the call on, also on failure */
         return dflash_fail(DFLASH_ERR_OOM, "qwen3: out of memory");
+    }
+    m->st = st;
     m->be = be;
+    m->cfg = *cfg;
     if (opts)
         m->opts = *opts;
     else
         dflash_qwen3_default_opts(&m->opts);
-    dflash_status s = dflash_config_load(dir, &m->cfg);
-    if (s == DFLASH_OK && m->cfg.is_dflash)
-        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a Qwen3 target", dir);
+    const char *label = dflash_st_path(st);
+    dflash_status s = DFLASH_OK;
+    if (m->cfg.is_dflash)
+        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a Qwen3 target", label);
     if (s == DFLASH_OK && m->cfg.head_dim % 2 != 0)
-        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", dir,
+        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", label,
                         m->cfg.head_dim);
     if (s == DFLASH_OK && (m->opts.max_rows <= 0 || m->opts.max_seqs <= 0 || m->opts.max_ctx <= 0))
         s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows %d, max_seqs %d and max_ctx %d must be positive",
                         m->opts.max_rows, m->opts.max_seqs, m->opts.max_ctx);
-    if (s == DFLASH_OK)
-        s = dflash_st_open(dir, &m->st);
     if (s == DFLASH_OK)
         s = bind_weights(m);
     if (s == DFLASH_OK) {
@@ -108,6 +111,17 @@ dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflas
     }
     *out = m;
     return DFLASH_OK;
+}
+
+dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflash_qwen3_opts *opts,
+                                dflash_qwen3 **out)
+{
+    *out = NULL;
+    dflash_model_config cfg;
+    dflash_st *st;
+    DFLASH_TRY(dflash_config_load(dir, &cfg));
+    DFLASH_TRY(dflash_st_open(dir, &st));
+    return dflash_qwen3_load_st(&cfg, st, be, opts, out);
 }
 
 void dflash_qwen3_free(dflash_qwen3 *m)

@@ -66,8 +66,16 @@ typedef struct dflash_qwen3_batch {
     const int *tap_layers;     /* [n_taps] */
 } dflash_qwen3_batch;
 
+/* Load a Qwen3 folder (config.json + safetensors). */
 dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflash_qwen3_opts *opts,
                                 dflash_qwen3 **out);
+/* The same from a parsed config and an open tensor set (for instance an
+ * in-memory image built by `dflash bench`). `st` belongs to the model from
+ * this call on, also when it fails; on the CPU backend the weights point
+ * into it, so whatever backs the set must outlive the model. Messages name
+ * dflash_st_path(st). */
+dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st, dflash_backend *be,
+                                   const dflash_qwen3_opts *opts, dflash_qwen3 **out);
 void dflash_qwen3_free(dflash_qwen3 *m);
 
 dflash_status dflash_qwen3_seq_init(dflash_qwen3 *m, dflash_kv_seq *seq);

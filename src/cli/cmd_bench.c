@@ -1,0 +1,938 @@
+/* cmd_bench.c: `dflash bench`: time the forwards speculative decoding is made
+ * of, at published geometries, against a memory-bandwidth floor measured in
+ * the same run (issue 7). It owns the presets, the random-weight models
+ * (bf16 safetensors images built in memory, configs built as JSON text), the
+ * bandwidth measurement, the timing loop and the report (table or JSON).
+ *
+ * What is timed, per context length:
+ *   propose  one drafter propose of B-1 drafts (block forward, LM head,
+ *            argmax, drafts downloaded) over `ctx` committed context rows;
+ *   verify   one 16-row target forward with logits for all 16 rows;
+ *   decode   one 1-row target forward with its logits.
+ * Each call sees the same state: a propose keeps nothing, and the target's
+ * KV is truncated back to `ctx` after each timed call (untimed).
+ *
+ * Floor = bytes the call must move (weights read once, the context's K/V
+ * read once: the pool is f32 on every backend) / the bandwidth measured
+ * here with the backend's own copy op (bytes read + written). */
+#include <jansson.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "draft/dflash_head.h"
+
+#define BENCH_WARMUP 3
+#define BENCH_MAX_REPS 1000
+#define BENCH_MAX_CTX 16      /* context lengths per run */
+#define BENCH_VERIFY_ROWS 16
+#define BENCH_MAX_BLOCK 256    /* drafts per propose at most */
+#define BENCH_BW_REPS 5
+#define BENCH_PROGRESS_BYTES (256u << 20) /* images above this report progress */
+
+/* ---- presets ------------------------------------------------------------ */
+
+typedef struct bench_geom {
+    int layers, hidden, heads, kv_heads, head_dim, inter;
+} bench_geom;
+
+typedef struct bench_preset {
+    const char *name;
+    int vocab;
+    int drafter;            /* time a drafter propose with geometry d */
+    bench_geom d;
+    int block, target_layers, n_taps, taps[8];
+    int target;             /* time the target's verify and decode with geometry t */
+    bench_geom t;
+    int tied;               /* the target's LM head is its embedding */
+} bench_preset;
+
+static const bench_preset k_presets[] = {
+    { "seed-drafter", 151936, 1, { 8, 2048, 32, 4, 128, 6144 }, 16, 40, 5, { 1, 10, 19, 28, 37 }, 0, { 0 }, 0 },
+    { "qwen3-8b-drafter", 151936, 1, { 5, 4096, 32, 8, 128, 12288 }, 16, 36, 5, { 1, 9, 17, 25, 33 }, 0, { 0 }, 0 },
+    { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0 },
+    /* A few MB: both benches' code paths in seconds on a 2-core CPU (tests). */
+    { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0 },
+};
+
+static const bench_preset *find_preset(const char *name)
+{
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (!strcmp(k_presets[i].name, name))
+            return &k_presets[i];
+    return NULL;
+}
+
+/* ---- arguments ---------------------------------------------------------- */
+
+typedef struct bench_args {
+    const bench_preset *preset;
+    const char *device;
+    int reps, json, n_ctx;
+    int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
+} bench_args;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dflash bench [--preset P] [--ctx LIST] [--reps N] [--device D] [--json]\n"
+            "\n"
+            "Time one drafter propose and the target's verify and decode forwards at a\n"
+            "published geometry, on random bf16 weights built in memory (several GB for\n"
+            "the real presets; progress on stderr), against the floor: the bytes the call\n"
+            "must move (weights read once + the context's K/V, f32) over the memory\n"
+            "bandwidth measured in the same run with the backend's copy op.\n"
+            "\n"
+            "  --preset P     seed-drafter (default): 8 layers, H 2048, I 6144, 32:4 x 128,\n"
+            "                   vocab 151936, block 16, taps [1,10,19,28,37] of 40 layers\n"
+            "                 qwen3-8b-drafter: 5 layers, H 4096, I 12288, 32:8 x 128,\n"
+            "                   vocab 151936, block 16, taps [1,9,17,25,33] of 36 layers\n"
+            "                 qwen3-8b-target: 36 layers, H 4096, I 12288, 32:8 x 128,\n"
+            "                   vocab 151936, untied LM head\n"
+            "                 tiny: a few MB (drafter and target), for tests\n"
+            "  --ctx LIST     context lengths, comma-separated (default 1024,4096 for a\n"
+            "                 drafter, 1,1024,4096 for a target)\n"
+            "  --reps N       timed calls per row after %d warm-up calls (default 20);\n"
+            "                 the median and the minimum are reported\n"
+            "  --device D     cpu (default), cuda, or auto (cuda when a GPU is usable)\n"
+            "  --json         print one JSON object instead of the table\n"
+            "  -h, --help     this text\n"
+            "\n"
+            "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
+            "16 rows, logits for all), decode (target, 1 row). Times are per call: CUDA\n"
+            "events on the GPU, the monotonic clock around call + sync on the CPU.\n",
+            BENCH_WARMUP);
+}
+
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+static int parse_ctx(const char *opt, const char *v, bench_args *a)
+{
+    int32_t *ids;
+    int n;
+    if (!cli_parse_ids(opt, v, &ids, &n))
+        return 0;
+    a->n_ctx = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 1 || ids[i] > (1 << 20) || a->n_ctx == BENCH_MAX_CTX) {
+            fprintf(stderr, "dflash bench: %s takes at most %d lengths in [1, %d], got '%s'\n", opt, BENCH_MAX_CTX,
+                    1 << 20, v);
+            free(ids);
+            return 0;
+        }
+        a->ctx[a->n_ctx++] = ids[i];
+    }
+    free(ids);
+    /* Ascending: each model's context is then extended, never rebuilt. */
+    qsort(a->ctx, (size_t)a->n_ctx, sizeof a->ctx[0], cmp_int);
+    int k = 0;
+    for (int i = 0; i < a->n_ctx; i++)
+        if (k == 0 || a->ctx[i] != a->ctx[k - 1])
+            a->ctx[k++] = a->ctx[i];
+    a->n_ctx = k;
+    return 1;
+}
+
+static int parse(int argc, char **argv, bench_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->preset = &k_presets[0];
+    a->device = "cpu";
+    a->reps = 20;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v;
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(o, "--preset")) {
+            if (!(v = cli_value(argc, argv, &i)))
+                return 0;
+            if (!(a->preset = find_preset(v))) {
+                fprintf(stderr, "dflash bench: unknown preset '%s' (seed-drafter, qwen3-8b-drafter, "
+                                "qwen3-8b-target, tiny)\n", v);
+                return 0;
+            }
+        } else if (!strcmp(o, "--ctx")) {
+            if (!(v = cli_value(argc, argv, &i)) || !parse_ctx(o, v, a))
+                return 0;
+        } else if (!strcmp(o, "--reps")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1, BENCH_MAX_REPS, &a->reps))
+                return 0;
+        } else if (!strcmp(o, "--device")) {
+            if (!(v = cli_value(argc, argv, &i)))
+                return 0;
+            if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
+                fprintf(stderr, "dflash bench: --device expects cpu, cuda or auto, got '%s'\n", v);
+                return 0;
+            }
+            a->device = v;
+        } else if (!strcmp(o, "--json")) {
+            a->json = 1;
+        } else {
+            fprintf(stderr, "dflash bench: unknown option '%s' (see --help)\n", o);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- random numbers ----------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* xorshift64: fast enough to write GBs of weights in seconds. */
+static inline uint64_t xorshift64(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+/* Uniform in [-1, 1) from the high 32 bits. */
+static inline float uniform_pm1(uint64_t *s) { return (float)(int32_t)(uint32_t)(xorshift64(s) >> 32) * 0x1p-31f; }
+
+static void fill_f32(float *x, size_t n, uint64_t seed, float amp)
+{
+    uint64_t s = splitmix64(seed) | 1;
+    for (size_t i = 0; i < n; i++)
+        x[i] = amp * uniform_pm1(&s);
+}
+
+/* ---- random-weight safetensors images ----------------------------------- */
+
+/* One bf16 tensor of an image: values center + amp * u, u uniform in
+ * [-1, 1). rows 0: a vector [cols]. */
+typedef struct img_tensor {
+    char name[96];
+    int64_t rows, cols;
+    float center, amp;
+    size_t off; /* in the data region */
+} img_tensor;
+
+typedef struct bench_image {
+    img_tensor *t;
+    int n, cap;
+    uint8_t *buf; /* the whole file image: 8-byte header length, header, data */
+    size_t len, data_off;
+} bench_image;
+
+/* Projections: std 0.02 (amp 0.02 * sqrt(3)), as Qwen3's initializer;
+ * norms near 1, so activations keep a sane scale through every layer. */
+#define W_AMP 0.0346f
+#define NORM_AMP 0.1f
+
+static dflash_status img_add(bench_image *im, const char *prefix, const char *name, int64_t rows, int64_t cols,
+                             float center, float amp)
+{
+    if (im->n == im->cap) {
+        int cap = im->cap ? 2 * im->cap : 64;
+        img_tensor *t = realloc(im->t, (size_t)cap * sizeof *t);
+        if (!t)
+            return dflash_fail(DFLASH_ERR_OOM, "out of memory");
+        im->t = t;
+        im->cap = cap;
+    }
+    img_tensor *t = &im->t[im->n++];
+    snprintf(t->name, sizeof t->name, "%s%s", prefix, name);
+    t->rows = rows;
+    t->cols = cols;
+    t->center = center;
+    t->amp = amp;
+    return DFLASH_OK;
+}
+
+/* The tensors qwen3_layer_bind reads, under `prefix`. */
+static dflash_status img_add_layer(bench_image *im, const char *prefix, const bench_geom *g)
+{
+    const int64_t H = g->hidden, D = g->head_dim, QD = (int64_t)g->heads * D, KD = (int64_t)g->kv_heads * D,
+                  I = g->inter;
+    DFLASH_TRY(img_add(im, prefix, "input_layernorm.weight", 0, H, 1, NORM_AMP));
+    DFLASH_TRY(img_add(im, prefix, "post_attention_layernorm.weight", 0, H, 1, NORM_AMP));
+    DFLASH_TRY(img_add(im, prefix, "self_attn.q_norm.weight", 0, D, 1, NORM_AMP));
+    DFLASH_TRY(img_add(im, prefix, "self_attn.k_norm.weight", 0, D, 1, NORM_AMP));
+    DFLASH_TRY(img_add(im, prefix, "self_attn.q_proj.weight", QD, H, 0, W_AMP));
+    DFLASH_TRY(img_add(im, prefix, "self_attn.k_proj.weight", KD, H, 0, W_AMP));
+    DFLASH_TRY(img_add(im, prefix, "self_attn.v_proj.weight", KD, H, 0, W_AMP));
+    DFLASH_TRY(img_add(im, prefix, "self_attn.o_proj.weight", H, QD, 0, W_AMP));
+    DFLASH_TRY(img_add(im, prefix, "mlp.gate_proj.weight", I, H, 0, W_AMP));
+    DFLASH_TRY(img_add(im, prefix, "mlp.up_proj.weight", I, H, 0, W_AMP));
+    return img_add(im, prefix, "mlp.down_proj.weight", H, I, 0, W_AMP);
+}
+
+static size_t img_numel(const img_tensor *t) { return (size_t)(t->rows ? t->rows : 1) * (size_t)t->cols; }
+
+static void fill_bf16(uint16_t *x, size_t n, uint64_t seed, float center, float amp)
+{
+    uint64_t s = splitmix64(seed) | 1;
+    for (size_t i = 0; i < n; i++)
+        x[i] = dflash_f32_to_bf16(center + amp * uniform_pm1(&s));
+}
+
+/* Lay out, write the header, fill the data. Chunks are seeded by (seed,
+ * tensor, chunk), so the image does not depend on the thread count. */
+static dflash_status img_build(bench_image *im, const char *what, uint64_t seed)
+{
+    json_t *hdr = json_object();
+    size_t off = 0;
+    int ok = hdr != NULL;
+    for (int i = 0; ok && i < im->n; i++) {
+        img_tensor *t = &im->t[i];
+        size_t bytes = img_numel(t) * 2;
+        t->off = off;
+        json_t *shape = t->rows ? json_pack("[II]", (json_int_t)t->rows, (json_int_t)t->cols)
+                                : json_pack("[I]", (json_int_t)t->cols);
+        json_t *e = shape ? json_pack("{s:s, s:o, s:[II]}", "dtype", "BF16", "shape", shape, "data_offsets",
+                                      (json_int_t)off, (json_int_t)(off + bytes))
+                          : NULL;
+        ok = e && json_object_set_new(hdr, t->name, e) == 0;
+        off += bytes;
+    }
+    char *text = ok ? json_dumps(hdr, JSON_COMPACT) : NULL;
+    json_decref(hdr);
+    if (!text)
+        return dflash_fail(DFLASH_ERR_OOM, "out of memory building a safetensors header");
+    /* Pad the header with spaces so the data starts 8-byte aligned, as
+     * safetensors writers do (bf16 elements must be aligned). */
+    size_t hlen = strlen(text), hpad = (hlen + 7) / 8 * 8;
+    im->data_off = 8 + hpad;
+    im->len = im->data_off + off;
+    im->buf = malloc(im->len);
+    if (!im->buf) {
+        free(text);
+        return dflash_fail(DFLASH_ERR_OOM, "cannot allocate %.2f GB for the %s weights", im->len / 1e9, what);
+    }
+    for (int b = 0; b < 8; b++)
+        im->buf[b] = (uint8_t)((uint64_t)hpad >> (8 * b));
+    memcpy(im->buf + 8, text, hlen);
+    memset(im->buf + 8 + hlen, ' ', hpad - hlen);
+    free(text);
+
+    const int progress = off > BENCH_PROGRESS_BYTES;
+    const size_t chunk = (size_t)1 << 20;
+    size_t done = 0, shown = 0;
+    if (progress)
+        fprintf(stderr, "dflash bench: %s: writing %.2f GB of random bf16 weights\n", what, off / 1e9);
+    for (int i = 0; i < im->n; i++) {
+        const img_tensor *t = &im->t[i];
+        uint16_t *x = (uint16_t *)(im->buf + im->data_off + t->off);
+        const size_t n = img_numel(t);
+        const int64_t n_chunks = (int64_t)((n + chunk - 1) / chunk);
+        const uint64_t tseed = splitmix64(seed ^ ((uint64_t)i << 40));
+#pragma omp parallel for schedule(dynamic, 4) if (n_chunks > 1)
+        for (int64_t c = 0; c < n_chunks; c++) {
+            size_t lo = (size_t)c * chunk, m = n - lo < chunk ? n - lo : chunk;
+            fill_bf16(x + lo, m, tseed + (uint64_t)c, t->center, t->amp);
+        }
+        done += n * 2;
+        if (progress && (done - shown >= off / 10 || (done == off && shown != off))) {
+            fprintf(stderr, "dflash bench: %s: %.2f / %.2f GB\n", what, done / 1e9, off / 1e9);
+            shown = done;
+        }
+    }
+    return DFLASH_OK;
+}
+
+static void img_free(bench_image *im)
+{
+    free(im->t);
+    free(im->buf);
+    memset(im, 0, sizeof *im);
+}
+
+/* Parse a config and open the image as a tensor set. */
+static dflash_status img_open(const bench_image *im, const char *json, const char *label, dflash_model_config *cfg,
+                              dflash_st **st)
+{
+    DFLASH_TRY(dflash_config_parse(json, strlen(json), label, cfg));
+    return dflash_st_open_memory(im->buf, im->len, label, st);
+}
+
+/* config.json text of a Qwen3 target, or (drafter != NULL) of that
+ * preset's DFlash drafter. */
+static void config_json(char *buf, size_t cap, const bench_geom *g, int vocab, int tied, const bench_preset *drafter)
+{
+    size_t k = (size_t)snprintf(
+        buf, cap,
+        "{\"architectures\":[\"%s\"],\"torch_dtype\":\"bfloat16\",\"hidden_size\":%d,\"num_hidden_layers\":%d,"
+        "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"intermediate_size\":%d,"
+        "\"vocab_size\":%d,\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000,"
+        "\"tie_word_embeddings\":%s",
+        drafter ? "DFlashDraftModel" : "Qwen3ForCausalLM", g->hidden, g->layers, g->heads, g->kv_heads, g->head_dim,
+        g->inter, vocab, tied ? "true" : "false");
+    if (drafter) {
+        k += (size_t)snprintf(buf + k, cap - k,
+                              ",\"block_size\":%d,\"num_target_layers\":%d,\"dflash_config\":{\"mask_token_id\":%d,"
+                              "\"target_layer_ids\":[",
+                              drafter->block, drafter->target_layers, vocab - 1);
+        for (int i = 0; i < drafter->n_taps; i++)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%d", i ? "," : "", drafter->taps[i]);
+        k += (size_t)snprintf(buf + k, cap - k, "]}");
+    }
+    snprintf(buf + k, cap - k, "}");
+}
+
+/* A Qwen3 target image: embedding, final norm, LM head unless tied, layers. */
+static dflash_status target_image(bench_image *im, const bench_geom *g, int vocab, int tied, const char *what,
+                                  uint64_t seed)
+{
+    DFLASH_TRY(img_add(im, "", "model.embed_tokens.weight", vocab, g->hidden, 0, W_AMP));
+    DFLASH_TRY(img_add(im, "", "model.norm.weight", 0, g->hidden, 1, NORM_AMP));
+    if (!tied)
+        DFLASH_TRY(img_add(im, "", "lm_head.weight", vocab, g->hidden, 0, W_AMP));
+    char prefix[64];
+    for (int l = 0; l < g->layers; l++) {
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        DFLASH_TRY(img_add_layer(im, prefix, g));
+    }
+    return img_build(im, what, seed);
+}
+
+/* ---- the backend, its clock and its bandwidth --------------------------- */
+
+typedef struct bench_row {
+    const char *op;
+    int rows, ctx;
+    double median_us, min_us, bytes;
+} bench_row;
+
+typedef struct bench_run {
+    const bench_args *a;
+    dflash_backend *be;
+    int cuda;
+    char device[160];
+    double bw;        /* bytes per second, read + written */
+    double bw_bytes;  /* the copy's size */
+    bench_row rows[3 * BENCH_MAX_CTX];
+    int n_rows;
+} bench_run;
+
+/* --device: cuda must work; auto falls back to the CPU and says why. */
+static dflash_status open_backend(bench_run *r)
+{
+    if (strcmp(r->a->device, "cpu") != 0) {
+        dflash_status s = dflash_backend_cuda_create(0, &r->be);
+        if (s == DFLASH_OK) {
+            r->cuda = 1;
+            snprintf(r->device, sizeof r->device, "cuda: %s", dflash_cuda_device_desc(r->be));
+            return DFLASH_OK;
+        }
+        if (!strcmp(r->a->device, "cuda"))
+            return dflash_fail_prefix(s, "--device cuda: ");
+        fprintf(stderr, "dflash bench: device: cpu (no usable GPU: %s)\n", dflash_last_error());
+    }
+    snprintf(r->device, sizeof r->device, "cpu (%d OpenMP threads)", omp_get_max_threads());
+    return dflash_backend_cpu_create(&r->be);
+}
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* One timed region: device events on CUDA (they bracket exactly the work
+ * queued in between); on the CPU the clock around the call and a sync. */
+static dflash_status clock_start(bench_run *r, double *t0)
+{
+    if (r->cuda)
+        return dflash_cuda_timer_start(r->be);
+    DFLASH_TRY(r->be->ops->sync(r->be));
+    *t0 = now_us();
+    return DFLASH_OK;
+}
+
+static dflash_status clock_stop(bench_run *r, double t0, double *us)
+{
+    if (r->cuda) {
+        float ms;
+        DFLASH_TRY(dflash_cuda_timer_stop(r->be, &ms));
+        *us = ms * 1e3;
+        return DFLASH_OK;
+    }
+    DFLASH_TRY(r->be->ops->sync(r->be));
+    *us = now_us() - t0;
+    return DFLASH_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The call to time, and what undoes its effect on the state (untimed). */
+typedef struct bench_op {
+    dflash_status (*run)(void *self);
+    dflash_status (*after)(void *self); /* NULL: nothing to undo */
+    void *self;
+} bench_op;
+
+static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double *median, double *min)
+{
+    double us[BENCH_MAX_REPS];
+    for (int i = -BENCH_WARMUP; i < reps; i++) {
+        double t0 = 0, t;
+        DFLASH_TRY(clock_start(r, &t0));
+        DFLASH_TRY(op->run(op->self));
+        DFLASH_TRY(clock_stop(r, t0, &t));
+        if (op->after)
+            DFLASH_TRY(op->after(op->self));
+        if (i >= 0)
+            us[i] = t;
+    }
+    qsort(us, (size_t)reps, sizeof us[0], cmp_double);
+    *median = reps % 2 ? us[reps / 2] : 0.5 * (us[reps / 2 - 1] + us[reps / 2]);
+    *min = us[0];
+    return DFLASH_OK;
+}
+
+typedef struct copy_op {
+    dflash_backend *be;
+    float *dst, *src;
+    int n;
+    int64_t cols;
+} copy_op;
+
+static dflash_status copy_run(void *self)
+{
+    copy_op *c = self;
+    return c->be->ops->copy_rows(c->be, c->dst, c->cols, c->src, c->cols, NULL, c->n, c->cols);
+}
+
+/* A large copy through the backend's copy_rows op (on the CPU a memcpy per
+ * row): the bandwidth the floors divide by, measured on this machine now. */
+static dflash_status measure_bandwidth(bench_run *r)
+{
+    const int64_t cols = 1 << 20; /* 4 MiB rows */
+    const int n = r->cuda ? 512 : 64; /* 2 GiB on a GPU, 256 MiB on the CPU: far past the caches */
+    const size_t row_bytes = (size_t)cols * sizeof(float);
+    copy_op c = { r->be, NULL, NULL, n, cols };
+    float *host = malloc(row_bytes);
+    dflash_status s = host ? DFLASH_OK : dflash_fail(DFLASH_ERR_OOM, "out of memory");
+    if (s == DFLASH_OK)
+        s = dflash_be_alloc_f32(r->be, (size_t)n * cols, &c.src);
+    if (s == DFLASH_OK)
+        s = dflash_be_alloc_f32(r->be, (size_t)n * cols, &c.dst);
+    /* Random source rows: never time a copy of zeros or untouched pages. */
+    for (int i = 0; s == DFLASH_OK && i < n; i++) {
+        fill_f32(host, (size_t)cols, 0xb0b0ull + (uint64_t)i, 1.0f);
+        s = r->be->ops->upload(r->be, c.src + (size_t)i * cols, host, row_bytes);
+    }
+    double med = 0, min = 0;
+    if (s == DFLASH_OK) {
+        bench_op op = { copy_run, NULL, &c };
+        /* time_op's warm-up also faults the destination's pages in. */
+        s = time_op(r, &op, BENCH_BW_REPS, &med, &min);
+    }
+    r->bw_bytes = (double)n * (double)row_bytes;
+    r->bw = med > 0 ? 2 * r->bw_bytes / (med * 1e-6) : 0;
+    if (c.src)
+        r->be->ops->free(r->be, c.src);
+    if (c.dst)
+        r->be->ops->free(r->be, c.dst);
+    free(host);
+    if (s == DFLASH_OK && r->bw <= 0)
+        s = dflash_fail(DFLASH_ERR_BACKEND, "the bandwidth copy took no measurable time");
+    return s;
+}
+
+static double weight_bytes(const dflash_weight *w)
+{
+    return (double)w->rows * (double)w->cols * (double)dflash_dtype_size(w->dtype) +
+           (w->scales ? (double)w->rows * sizeof(float) : 0);
+}
+
+static double layer_bytes(const qwen3_layer *l, const dflash_weight *lin)
+{
+    double b = weight_bytes(&l->input_norm) + weight_bytes(&l->post_norm) + weight_bytes(&l->q_norm) +
+               weight_bytes(&l->k_norm);
+    for (int k = 0; k < QWEN3_LIN_COUNT; k++)
+        b += weight_bytes(&lin[k]);
+    return b;
+}
+
+/* K and V of one position in every layer of a pool. */
+static double kv_bytes_per_pos(const dflash_kv_layout *kv)
+{
+    return (double)kv->n_layers * 2 * kv->n_kv_heads * kv->head_dim * (double)dflash_dtype_size(kv->dtype);
+}
+
+static void add_row(bench_run *r, const char *op, int rows, int ctx, double med, double min, double bytes)
+{
+    r->rows[r->n_rows++] = (bench_row){ op, rows, ctx, med, min, bytes };
+}
+
+static const int *ctx_list(const bench_run *r, int target, int *n)
+{
+    static const int k_drafter[] = { 1024, 4096 }, k_target[] = { 1, 1024, 4096 };
+    if (r->a->n_ctx) {
+        *n = r->a->n_ctx;
+        return r->a->ctx;
+    }
+    *n = target ? 3 : 2;
+    return target ? k_target : k_drafter;
+}
+
+/* ---- the drafter -------------------------------------------------------- */
+
+typedef struct drafter_set {
+    bench_image timg, dimg;
+    dflash_qwen3 *target;
+    dflash_head *head;
+    void *state;
+    float *taps;          /* backend [max_rows, K*H] */
+    int32_t *tokens;      /* host [max_rows] */
+} drafter_set;
+
+typedef struct propose_op {
+    dflash_proposer *p;
+    void *state;
+    int32_t last, pos;
+    int n_drafts;
+    int32_t drafts[BENCH_MAX_BLOCK];
+} propose_op;
+
+static dflash_status propose_run(void *self)
+{
+    propose_op *o = self;
+    void *st = o->state;
+    return o->p->ops->propose(o->p, &st, 1, &o->last, &o->pos, o->n_drafts, o->drafts);
+}
+
+static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
+{
+    const bench_preset *p = r->a->preset;
+    char json[2048], label[96];
+    dflash_model_config cfg;
+    dflash_st *st;
+    /* The drafter uses only its target's embedding, LM head, hidden size,
+     * vocabulary and layer count; it never runs the target's layers (the
+     * verify rows bench the real target). So its target here has the real
+     * layer count but 1 head of head_dim 2 and intermediate_size 1: ~13 H
+     * values per layer instead of ~100 MB (40 real layers at H 2048 would be
+     * ~4 GB nobody reads). Its LM head is tied: the same V x H bytes. */
+    const bench_geom mini = { p->target_layers, p->d.hidden, 1, 1, 2, 1 };
+    snprintf(label, sizeof label, "%s target (embedding and LM head only)", p->name);
+    DFLASH_TRY(target_image(&d->timg, &mini, p->vocab, 1, label, 1));
+    config_json(json, sizeof json, &mini, p->vocab, 1, NULL);
+    DFLASH_TRY(img_open(&d->timg, json, label, &cfg, &st));
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = DFLASH_KV_BLOCK; /* never runs: the smallest pool */
+    if (r->cuda && d->timg.len > BENCH_PROGRESS_BYTES)
+        fprintf(stderr, "dflash bench: %s: copying to the GPU\n", label);
+    DFLASH_TRY(dflash_qwen3_load_st(&cfg, st, r->be, &to, &d->target));
+
+    const int64_t H = p->d.hidden;
+    snprintf(label, sizeof label, "%s drafter", p->name);
+    DFLASH_TRY(img_add(&d->dimg, "", "fc.weight", H, p->n_taps * H, 0, W_AMP));
+    DFLASH_TRY(img_add(&d->dimg, "", "hidden_norm.weight", 0, H, 1, NORM_AMP));
+    DFLASH_TRY(img_add(&d->dimg, "", "norm.weight", 0, H, 1, NORM_AMP));
+    char prefix[64];
+    for (int l = 0; l < p->d.layers; l++) {
+        snprintf(prefix, sizeof prefix, "layers.%d.", l);
+        DFLASH_TRY(img_add_layer(&d->dimg, prefix, &p->d));
+    }
+    DFLASH_TRY(img_build(&d->dimg, label, 2));
+    config_json(json, sizeof json, &p->d, p->vocab, 1, p);
+    DFLASH_TRY(img_open(&d->dimg, json, label, &cfg, &st));
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = max_ctx + p->block;
+    ho.ctx_cap = 0;                /* --ctx says how much context is visible */
+    ho.quant = DFLASH_QUANT_BF16;  /* the floors assume bf16; no lever changes that here */
+    if (r->cuda && d->dimg.len > BENCH_PROGRESS_BYTES)
+        fprintf(stderr, "dflash bench: %s: copying to the GPU\n", label);
+    DFLASH_TRY(dflash_head_load_st(&cfg, st, label, d->target, &ho, &d->head));
+    if (d->head->block_size - 1 > BENCH_MAX_BLOCK)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "block size %d is over %d", d->head->block_size,
+                           BENCH_MAX_BLOCK + 1);
+    dflash_proposer *pr = &d->head->proposer;
+    DFLASH_TRY(pr->ops->alloc_state(pr, ho.max_ctx, &d->state));
+
+    /* Random tap rows (hidden states of scale ~1), uploaded once and reused
+     * for every chunk: the context's values do not change its cost. */
+    const size_t R = (size_t)d->head->max_rows, cols = (size_t)d->head->fc.cols;
+    float *host = malloc(R * cols * sizeof(float));
+    d->tokens = malloc(R * sizeof(int32_t));
+    if (!host || !d->tokens) {
+        free(host);
+        return dflash_fail(DFLASH_ERR_OOM, "out of memory");
+    }
+    fill_f32(host, R * cols, 3, 1.0f);
+    for (size_t i = 0; i < R; i++)
+        d->tokens[i] = (int32_t)(splitmix64(i) % (uint64_t)p->vocab);
+    dflash_status s = dflash_be_alloc_f32(r->be, R * cols, &d->taps);
+    if (s == DFLASH_OK)
+        s = r->be->ops->upload(r->be, d->taps, host, R * cols * sizeof(float));
+    free(host);
+    return s;
+}
+
+static void drafter_close(bench_run *r, drafter_set *d)
+{
+    if (d->state)
+        d->head->proposer.ops->free_state(&d->head->proposer, d->state);
+    dflash_head_free(d->head);
+    dflash_qwen3_free(d->target);
+    if (d->taps)
+        r->be->ops->free(r->be, d->taps);
+    free(d->tokens);
+    /* Last: on the CPU the models' weights point into the images. */
+    img_free(&d->timg);
+    img_free(&d->dimg);
+}
+
+static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, int n_ctx)
+{
+    dflash_head *h = d->head;
+    dflash_proposer *pr = &h->proposer;
+    double weights = weight_bytes(&h->norm) + weight_bytes(&h->lm_head);
+    for (int l = 0; l < h->cfg.num_hidden_layers; l++)
+        weights += layer_bytes(&h->layers[l].w, h->layers[l].w.lin);
+    int filled = 0;
+    const int verbose = d->dimg.len > BENCH_PROGRESS_BYTES;
+    for (int c = 0; c < n_ctx; c++) {
+        if (verbose)
+            fprintf(stderr, "dflash bench: drafter: building %d context rows\n", ctx[c]);
+        while (filled < ctx[c]) {
+            int n = ctx[c] - filled < h->max_rows ? ctx[c] - filled : h->max_rows;
+            dflash_ctx_rows rows = { d->tokens, n, filled, d->taps, h->fc.cols };
+            DFLASH_TRY(pr->ops->begin(pr, d->state, &rows));
+            filled += n;
+        }
+        propose_op o = { pr, d->state, d->tokens[0], filled, h->block_size - 1, { 0 } };
+        bench_op op = { propose_run, NULL, &o };
+        double med, min;
+        DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min));
+        /* Weights once (the fc is not used: the context is already built),
+         * the B embedding rows, and every visible context position's K/V. */
+        double bytes = weights + (double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
+                       (double)filled * kv_bytes_per_pos(&h->kv.layout);
+        add_row(r, "propose", h->block_size, filled, med, min, bytes);
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status bench_drafter(bench_run *r)
+{
+    int n_ctx;
+    const int *ctx = ctx_list(r, 0, &n_ctx);
+    drafter_set d = { 0 };
+    dflash_status s = drafter_open(r, &d, ctx[n_ctx - 1]);
+    if (s == DFLASH_OK)
+        s = drafter_time(r, &d, ctx, n_ctx);
+    drafter_close(r, &d);
+    return s;
+}
+
+/* ---- the target --------------------------------------------------------- */
+
+typedef struct forward_op {
+    dflash_qwen3 *m;
+    dflash_kv_seq *seq;
+    int n;
+    int32_t ctx;
+    int32_t tokens[BENCH_VERIFY_ROWS], pos[BENCH_VERIFY_ROWS], row_seq[BENCH_VERIFY_ROWS],
+        logit_rows[BENCH_VERIFY_ROWS];
+} forward_op;
+
+static dflash_status forward_run(void *self)
+{
+    forward_op *o = self;
+    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, 1, &o->seq, o->n, o->logit_rows, 0, NULL };
+    float *logits;
+    return dflash_qwen3_forward(o->m, &b, &logits, NULL);
+}
+
+/* Rollback by moving the length, as the speculative loop does. */
+static dflash_status forward_after(void *self)
+{
+    forward_op *o = self;
+    dflash_kv_seq_truncate(o->seq, o->ctx);
+    return DFLASH_OK;
+}
+
+static int32_t random_token(uint64_t i, int vocab) { return (int32_t)(splitmix64(i) % (uint64_t)vocab); }
+
+/* Prefill random tokens from seq->len up to `to` (no logits, no taps). */
+static dflash_status prefill(dflash_qwen3 *m, dflash_kv_seq *seq, int32_t to)
+{
+    const int R = m->opts.max_rows;
+    int32_t tokens[R], pos[R], row_seq[R];
+    while (seq->len < to) {
+        int n = to - seq->len < R ? to - seq->len : R;
+        for (int i = 0; i < n; i++) {
+            pos[i] = seq->len + i;
+            tokens[i] = random_token((uint64_t)pos[i], m->cfg.vocab_size);
+            row_seq[i] = 0;
+        }
+        dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, 0, NULL, 0, NULL };
+        float *logits;
+        DFLASH_TRY(dflash_qwen3_forward(m, &b, &logits, NULL));
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *seq, const int *ctx, int n_ctx,
+                                 int verbose)
+{
+    double weights = weight_bytes(&m->final_norm) + weight_bytes(&m->lm_head);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        weights += layer_bytes(&m->layers[l], m->layers[l].lin);
+    const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
+    for (int c = 0; c < n_ctx; c++) {
+        if (verbose)
+            fprintf(stderr, "dflash bench: target: prefilling to %d tokens\n", ctx[c]);
+        DFLASH_TRY(prefill(m, seq, ctx[c]));
+        static const struct { const char *name; int n; } k_ops[] = { { "verify", BENCH_VERIFY_ROWS }, { "decode", 1 } };
+        for (size_t k = 0; k < sizeof k_ops / sizeof k_ops[0]; k++) {
+            forward_op o = { .m = m, .seq = seq, .n = k_ops[k].n, .ctx = ctx[c] };
+            for (int i = 0; i < o.n; i++) {
+                o.pos[i] = ctx[c] + i;
+                o.tokens[i] = random_token(1000003u + (uint64_t)i, m->cfg.vocab_size);
+                o.row_seq[i] = 0;
+                o.logit_rows[i] = i;
+            }
+            bench_op op = { forward_run, forward_after, &o };
+            double med, min;
+            DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min));
+            /* Weights once, the rows' embeddings, and the K/V of every
+             * position the last row sees (the context and the rows). */
+            double bytes = weights + o.n * embed_row + (double)(ctx[c] + o.n) * kv_bytes_per_pos(&m->kv.layout);
+            add_row(r, k_ops[k].name, o.n, ctx[c], med, min, bytes);
+        }
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status bench_target(bench_run *r)
+{
+    const bench_preset *p = r->a->preset;
+    int n_ctx;
+    const int *ctx = ctx_list(r, 1, &n_ctx);
+    char json[2048], label[96];
+    snprintf(label, sizeof label, "%s target", p->name);
+    bench_image im = { 0 };
+    dflash_qwen3 *m = NULL;
+    dflash_kv_seq seq = { 0 };
+    dflash_model_config cfg;
+    dflash_st *st;
+    config_json(json, sizeof json, &p->t, p->vocab, p->tied, NULL);
+    dflash_status s = target_image(&im, &p->t, p->vocab, p->tied, label, 4);
+    if (s == DFLASH_OK)
+        s = img_open(&im, json, label, &cfg, &st);
+    if (s == DFLASH_OK) {
+        dflash_qwen3_opts to;
+        dflash_qwen3_default_opts(&to);
+        to.max_ctx = ctx[n_ctx - 1] + BENCH_VERIFY_ROWS;
+        if (r->cuda && im.len > BENCH_PROGRESS_BYTES)
+            fprintf(stderr, "dflash bench: %s: copying to the GPU\n", label);
+        s = dflash_qwen3_load_st(&cfg, st, r->be, &to, &m);
+    }
+    if (s == DFLASH_OK)
+        s = dflash_qwen3_seq_init(m, &seq);
+    if (s == DFLASH_OK)
+        s = target_time(r, m, &seq, ctx, n_ctx, im.len > BENCH_PROGRESS_BYTES);
+    if (m && seq.table)
+        dflash_qwen3_seq_free(m, &seq);
+    dflash_qwen3_free(m);
+    img_free(&im); /* last: on the CPU the weights point into it */
+    return s;
+}
+
+/* ---- the report --------------------------------------------------------- */
+
+static double floor_us(const bench_run *r, const bench_row *w) { return w->bytes / r->bw * 1e6; }
+
+static void describe_preset(FILE *f, const bench_preset *p)
+{
+    if (p->drafter) {
+        fprintf(f, "drafter %d layers, H %d, I %d, %d:%d x %d, block %d, taps [", p->d.layers, p->d.hidden,
+                p->d.inter, p->d.heads, p->d.kv_heads, p->d.head_dim, p->block);
+        for (int i = 0; i < p->n_taps; i++)
+            fprintf(f, "%s%d", i ? "," : "", p->taps[i]);
+        fprintf(f, "] of %d; ", p->target_layers);
+    }
+    if (p->target)
+        fprintf(f, "target %d layers, H %d, I %d, %d:%d x %d, %s LM head; ", p->t.layers, p->t.hidden, p->t.inter,
+                p->t.heads, p->t.kv_heads, p->t.head_dim, p->tied ? "tied" : "untied");
+    fprintf(f, "vocab %d; random bf16 weights", p->vocab);
+}
+
+static void print_table(const bench_run *r)
+{
+    printf("dflash bench: preset %s: ", r->a->preset->name);
+    describe_preset(stdout, r->a->preset);
+    printf("\ndevice: %s\n", r->device);
+    printf("bandwidth: %.1f GB/s (backend copy_rows of %.0f MiB, bytes read + written, median of %d)\n",
+           r->bw / 1e9, r->bw_bytes / (1 << 20), BENCH_BW_REPS);
+    printf("timing: median and min of %d calls after %d warm-up; floor = bytes moved / bandwidth\n"
+           "        (weights once + context K/V in f32; propose excludes fc: the context is built)\n\n",
+           r->a->reps, BENCH_WARMUP);
+    printf("%-8s %5s %7s %12s %12s %10s %12s %8s\n", "op", "rows", "ctx", "median_us", "min_us", "MB", "floor_us",
+           "%floor");
+    for (int i = 0; i < r->n_rows; i++) {
+        const bench_row *w = &r->rows[i];
+        double fl = floor_us(r, w);
+        printf("%-8s %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%%\n", w->op, w->rows, w->ctx, w->median_us,
+               w->min_us, w->bytes / 1e6, fl, 100 * fl / w->median_us);
+    }
+}
+
+static void print_json(const bench_run *r)
+{
+    printf("{\"preset\":");
+    cli_print_json_string(stdout, r->a->preset->name, strlen(r->a->preset->name));
+    printf(",\"device\":");
+    cli_print_json_string(stdout, r->device, strlen(r->device));
+    printf(",\"bandwidth_gbs\":%.3f,\"bandwidth_bytes\":%.0f,\"reps\":%d,\"warmup\":%d,\"rows\":[",
+           r->bw / 1e9, r->bw_bytes, r->a->reps, BENCH_WARMUP);
+    for (int i = 0; i < r->n_rows; i++) {
+        const bench_row *w = &r->rows[i];
+        double fl = floor_us(r, w);
+        printf("%s{\"op\":\"%s\",\"rows\":%d,\"ctx\":%d,\"median_us\":%.3f,\"min_us\":%.3f,\"bytes\":%.0f,"
+               "\"floor_us\":%.3f,\"floor_pct\":%.3f}",
+               i ? "," : "", w->op, w->rows, w->ctx, w->median_us, w->min_us, w->bytes, fl, 100 * fl / w->median_us);
+    }
+    printf("]}\n");
+}
+
+int dflash_cmd_bench(int argc, char **argv)
+{
+    bench_args a;
+    if (!parse(argc, argv, &a))
+        return 2;
+    bench_run r = { .a = &a };
+    dflash_status s = open_backend(&r);
+    if (s == DFLASH_OK)
+        s = measure_bandwidth(&r);
+    if (s == DFLASH_OK && a.preset->drafter)
+        s = bench_drafter(&r);
+    if (s == DFLASH_OK && a.preset->target)
+        s = bench_target(&r);
+    if (s == DFLASH_OK) {
+        if (a.json)
+            print_json(&r);
+        else
+            print_table(&r);
+    } else {
+        fprintf(stderr, "dflash bench: %s\n", dflash_last_error());
+    }
+    dflash_backend_destroy(r.be);
+    return s == DFLASH_OK ? 0 : 1;
+}
