@@ -75,6 +75,21 @@ static float dot_f32(const float *a, const float *b, int64_t n)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* dot_f32 of a and the bf16 row w, widening on the fly in the same lane
+ * order: bit-identical to widening the row first (the widening is exact),
+ * without a pass over a row buffer. */
+static float dot_bf16(const float *a, const uint16_t *w, int64_t n)
+{
+    float acc[8] = { 0 };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * dflash_bf16_to_f32(w[i + j]);
+    for (; i < n; i++)
+        acc[i & 7] += a[i] * dflash_bf16_to_f32(w[i]);
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 static dflash_status cpu_embed(dflash_backend *be, const dflash_weight *table, const int32_t *ids, int n,
                                float *out)
 {
@@ -130,6 +145,13 @@ static dflash_status cpu_linear(dflash_backend *be, const float *x, int n, const
     (void)be;
     DFLASH_TRY(check_weight(w, "linear"));
     const int64_t in = w->cols, outc = w->rows;
+    if (n == 1 && w->dtype == DFLASH_DTYPE_BF16) {
+        /* One-row decode: read each bf16 weight once, no row buffer. */
+#pragma omp parallel for schedule(static) if (in * outc > PAR_MIN_WORK)
+        for (int64_t c = 0; c < outc; c++)
+            out[c] = dot_bf16(x, (const uint16_t *)w->data + c * in, in);
+        return DFLASH_OK;
+    }
     /* Parallel over output columns: each thread widens one weight row once
      * and reuses it for every input row. */
 #pragma omp parallel if (n * in * outc > PAR_MIN_WORK)
