@@ -972,7 +972,9 @@ static bool scratch_reserve(dflash_tokenizer *t, size_t n)
     int32_t *c = realloc(t->next, cap * sizeof *c);
     if (c)
         t->next = c;
-    heap_item *h = realloc(t->heap, cap * sizeof *h);
+    /* The heap keeps stale entries: n-1 initial pairs plus up to two per
+     * merge (at most n-1 merges) is under 3n entries. */
+    heap_item *h = realloc(t->heap, 3 * cap * sizeof *h);
     if (h)
         t->heap = h;
     if (!a || !b || !c || !h)
