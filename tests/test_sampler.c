@@ -407,6 +407,32 @@ static void test_accept_rule(void)
     CHECK(rate == 1 && count[1] == N);
 }
 
+/* Temperatures or penalties small enough to overflow the scaled logits
+ * give the argmax as a point mass (the limit), never NaN or a hang. */
+static void test_extreme_scaling(void)
+{
+    const float logits[4] = { 2, -2, -3, -4 };
+    const struct { double temp, pen; int top_k; } cases[] = {
+        { 1e-308, 1.0, 0 }, { 1e-308, 1.0, 2 }, { 1e-40, 1.0, 3 }, { 1.0, 1e-300, 2 },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        dflash_sampler_opts o;
+        dflash_sampler_default_opts(&o);
+        o.temperature = cases[k].temp;
+        o.rep_penalty = cases[k].pen;
+        o.top_k = cases[k].top_k;
+        dflash_sampler smp;
+        CHECK_OK(dflash_sampler_init(&smp, 4, &o));
+        int32_t seen = 0;
+        dflash_sampler_observe(&smp, &seen, 1);
+        double p[4];
+        CHECK_OK(dflash_sampler_probs(&smp, logits, p));
+        CHECKF(p[0] == 1.0 && p[1] == 0.0 && p[2] == 0.0 && p[3] == 0.0, "case %zu: %g %g %g %g", k, p[0], p[1],
+               p[2], p[3]);
+        dflash_sampler_free(&smp);
+    }
+}
+
 int main(void)
 {
     RUN(test_rng_known_values);
@@ -421,5 +447,6 @@ int main(void)
     RUN(test_cdf_edges);
     RUN(test_sample_frequencies_and_seed);
     RUN(test_accept_rule);
+    RUN(test_extreme_scaling);
     TEST_END();
 }

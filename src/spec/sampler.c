@@ -241,6 +241,16 @@ dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, doubl
     for (int j = 0; j < V; j++)
         x[j] /= o->temperature;
     m = x[top];
+    if (isinf(m)) {
+        /* A temperature (or penalty) so small that scaling overflowed: the
+         * limit of the distribution is the point mass on the maximum. */
+        probs[top] = 1.0;
+        return DFLASH_OK;
+    }
+    /* scaling can send tiny values to -inf: count the survivors again */
+    n_finite = 0;
+    for (int j = 0; j < V; j++)
+        n_finite += x[j] != -INFINITY;
     /* 3 top-k: drop everything below the k-th largest (ties with it stay,
      * as torch's `scores < topk(...)[..., -1]` keeps them) */
     if (o->top_k > 0 && o->top_k < n_finite) {
