@@ -375,6 +375,17 @@ static void test_sharded_missing_shard(void)
     CHECK(st == NULL);
 }
 
+static void test_sharded_path_outside_folder(void)
+{
+    char dir[256];
+    const char *index = "{\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\","
+                        "\"z\":\"../../../etc/passwd\"}}";
+    make_sharded(dir, sizeof dir, "escaping_shard", index, k_shard2);
+    dflash_st *st = NULL;
+    CHECK_FAILS(dflash_st_open(dir, &st), DFLASH_ERR_FORMAT, "names '../../../etc/passwd'");
+    CHECK(st == NULL);
+}
+
 static void test_sharded_name_not_in_shard(void)
 {
     char dir[256];
@@ -474,6 +485,7 @@ int main(void)
     RUN(test_sharded_good);
     RUN(test_sharded_missing_shard);
     RUN(test_sharded_name_not_in_shard);
+    RUN(test_sharded_path_outside_folder);
     RUN(test_sharded_duplicate);
     RUN(test_sharded_bad_index);
     RUN(test_get_checks);

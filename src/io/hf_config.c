@@ -280,8 +280,11 @@ static dflash_status cfg_parse_layer_types(const char *label, const json_t *root
             return dflash_fail(DFLASH_ERR_FORMAT,
                                "%s: field 'layer_types[%zu]' = \"%s\", expected \"full_attention\" or \"sliding_attention\"",
                                label, i, s);
-        else
-            return cfg_wrong_type(label, "layer_types[i]", t, "a string");
+        else {
+            char field[40];
+            snprintf(field, sizeof field, "layer_types[%zu]", i);
+            return cfg_wrong_type(label, field, t, "a string");
+        }
         if (c->layer_sliding[i] && c->sliding_window <= 0)
             return dflash_fail(DFLASH_ERR_FORMAT,
                                "%s: field 'layer_types[%zu]' is \"sliding_attention\" but sliding_window is absent",

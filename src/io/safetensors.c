@@ -369,8 +369,9 @@ static dflash_status st_add_file(dflash_st *st, const char *path, size_t *index)
     if (fd < 0)
         return dflash_fail(DFLASH_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        int e = errno;
+    int stat_failed = fstat(fd, &sb) != 0;
+    if (stat_failed || !S_ISREG(sb.st_mode)) {
+        int e = stat_failed ? errno : 0; /* errno only means something if fstat failed */
         close(fd);
         return dflash_fail(DFLASH_ERR_IO, "%s: not a readable regular file%s%s", path, e ? ": " : "",
                            e ? strerror(e) : "");
@@ -442,6 +443,11 @@ static dflash_status st_load_index(const char *index, json_t **weight_map, json_
         if (!json_is_string(v) || json_string_length(v) == 0)
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: weight_map entry for tensor '%s' is %s, expected a shard file name",
                                index, key, json_is_string(v) ? "an empty string" : dflash_json_type_name(v));
+        /* Shards live beside the index: no paths that leave the folder. */
+        const char *f = json_string_value(v);
+        if (strchr(f, '/') || f[0] == '.')
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: weight_map entry for tensor '%s' names '%s', expected a file "
+                               "name in the same folder", index, key, f);
     }
     return DFLASH_OK;
 }
