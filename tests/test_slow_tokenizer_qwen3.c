@@ -17,6 +17,8 @@
 
 #include "core/status.h"
 #include "harness.h"
+
+#include "tokenizer_check.h"
 #include "io/chat.h"
 #include "io/tokenizer.h"
 
@@ -108,26 +110,7 @@ static void test_round_trip(void)
         json_decref(texts);
         return;
     }
-    size_t i;
-    json_t *v;
-    json_array_foreach(texts, i, v)
-    {
-        const char *s = json_string_value(v);
-        size_t sl = json_string_length(v);
-        utf8proc_uint8_t *nfc = NULL;
-        utf8proc_ssize_t nl = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)sl, &nfc,
-                                           UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        int32_t *ids;
-        size_t n;
-        char *out = NULL;
-        size_t ol = 0;
-        CHECK_OK(dflash_tokenizer_encode(g_tok, s, sl, &ids, &n));
-        CHECK_OK(dflash_tokenizer_decode(g_tok, ids, n, 0, &out, &ol));
-        CHECKF(nl >= 0 && ol == (size_t)nl && !memcmp(out, nfc, ol), "text %zu: \"%.60s\"", i, s);
-        free(nfc);
-        free(out);
-        free(ids);
-    }
+    check_round_trip(g_tok, texts);
     json_decref(texts);
 }
 
