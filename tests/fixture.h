@@ -4,6 +4,7 @@
 #ifndef DFLASH_TESTS_FIXTURE_H
 #define DFLASH_TESTS_FIXTURE_H
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,20 @@ static inline const char *fx_path(char *buf, size_t n, const char *a, const char
 {
     snprintf(buf, n, "%s/%s%s%s", test_data_dir(), a, b ? "/" : "", b ? b : "");
     return buf;
+}
+
+/* The target folder a drafter fixture names in its meta.json; 0 if none. */
+static inline int fx_drafter_target(const char *drafter, char *out, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/dflash/%s/meta.json", test_data_dir(), drafter);
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    const char *t = j ? json_string_value(json_object_get(j, "target")) : NULL;
+    if (t)
+        snprintf(out, n, "%s/qwen3/%s", test_data_dir(), t);
+    json_decref(j);
+    return t != NULL;
 }
 
 /* A named F32 / I32 tensor of an expected file (NULL, with a failed CHECK, if absent). */

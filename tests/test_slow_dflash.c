@@ -21,25 +21,11 @@ typedef struct pair {
     dflash_st *ex;
 } pair;
 
-/* The target named in the drafter's meta.json. */
-static int target_of(const char *drafter, char *out, size_t n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/dflash/%s/meta.json", test_data_dir(), drafter);
-    json_error_t err;
-    json_t *j = json_load_file(path, 0, &err);
-    const char *t = j ? json_string_value(json_object_get(j, "target")) : NULL;
-    if (t)
-        snprintf(out, n, "%s/qwen3/%s", test_data_dir(), t);
-    json_decref(j);
-    return t != NULL;
-}
-
 static int open_pair(const char *drafter, int cap, int quant, pair *p)
 {
     char tdir[512], ddir[512], ex[512];
     memset(p, 0, sizeof *p);
-    CHECKF(target_of(drafter, tdir, sizeof tdir), "%s: meta.json with a target", drafter);
+    CHECKF(fx_drafter_target(drafter, tdir, sizeof tdir), "%s: meta.json with a target", drafter);
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
     to.max_ctx = 256;
@@ -286,7 +272,7 @@ static void test_bad_drafter_folders(void)
     char tdir[512], dir[64];
     dflash_qwen3 *t = NULL;
     dflash_head *h = NULL;
-    CHECK(target_of("d2_tied", tdir, sizeof tdir));
+    CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
     CHECK_OK(dflash_qwen3_load(tdir, be, NULL, &t));
     if (!t)
         return;

@@ -4,7 +4,6 @@
  * precision, and for the n-gram proposer through the same contract. */
 #include "harness.h"
 
-#include <jansson.h>
 
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
@@ -43,16 +42,12 @@ static void test_dflash_equals_plain(void)
     const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
     const int blocks[] = { 2, 4, 8, 16 }, caps[] = { 0, 3, 16, 37 };
     for (size_t k = 0; k < sizeof drafters / sizeof drafters[0]; k++) {
-        char path[512], tdir[512], ddir[512];
-        snprintf(path, sizeof path, "%s/dflash/%s/meta.json", test_data_dir(), drafters[k]);
-        json_error_t err;
-        json_t *meta = json_load_file(path, 0, &err);
-        CHECKF(meta != NULL, "%s", err.text);
-        if (!meta)
+        char tdir[512], ddir[512];
+        int have = fx_drafter_target(drafters[k], tdir, sizeof tdir);
+        CHECKF(have, "%s: meta.json with a target", drafters[k]);
+        if (!have)
             continue;
-        fx_path(tdir, sizeof tdir, "qwen3", json_string_value(json_object_get(meta, "target")));
         fx_path(ddir, sizeof ddir, "dflash", drafters[k]);
-        json_decref(meta);
         dflash_qwen3_opts to;
         dflash_qwen3_default_opts(&to);
         to.max_ctx = 400;

@@ -386,19 +386,6 @@ typedef struct pair {
     dflash_head *h;
 } pair;
 
-static int target_of(const char *drafter, char *out, size_t n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/dflash/%s/meta.json", test_data_dir(), drafter);
-    json_error_t err;
-    json_t *j = json_load_file(path, 0, &err);
-    const char *t = j ? json_string_value(json_object_get(j, "target")) : NULL;
-    if (t)
-        snprintf(out, n, "%s/qwen3/%s", test_data_dir(), t);
-    json_decref(j);
-    return t != NULL;
-}
-
 static void close_pair(pair *p)
 {
     dflash_head_free(p->h);
@@ -410,7 +397,7 @@ static int open_pair(const char *drafter, dflash_backend *be, int cap, pair *p, 
 {
     char tdir[512], ddir[512];
     memset(p, 0, sizeof *p);
-    if (!target_of(drafter, tdir, sizeof tdir))
+    if (!fx_drafter_target(drafter, tdir, sizeof tdir))
         return add_row(what, 0, NULL, "meta.json: no target");
     if (!step(load_target(tdir, be, 256, &p->t), what))
         return 0;
