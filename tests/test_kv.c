@@ -18,7 +18,7 @@ static void test_reserve_and_free(void)
 {
     dflash_kv_pool pool;
     dflash_kv_seq a, b;
-    CHECK_OK(dflash_kv_pool_init(&pool, be, 8, 2, 2, 4));
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 8, 2, 2, 4, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 8));
     CHECK_OK(dflash_kv_seq_init(&b, 8));
     CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 1));
@@ -44,7 +44,7 @@ static void test_exhaustion_leaves_state(void)
 {
     dflash_kv_pool pool;
     dflash_kv_seq a, b;
-    CHECK_OK(dflash_kv_pool_init(&pool, be, 4, 1, 1, 2));
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 4, 1, 1, 2, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 16));
     CHECK_OK(dflash_kv_seq_init(&b, 16));
     CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 48));
@@ -65,7 +65,7 @@ static void test_truncate_moves_length(void)
 {
     dflash_kv_pool pool;
     dflash_kv_seq a;
-    CHECK_OK(dflash_kv_pool_init(&pool, be, 4, 1, 1, 2));
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 4, 1, 1, 2, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 4));
     CHECK_OK(dflash_kv_seq_reserve(&pool, &a, 40));
     a.len = 40;
@@ -82,7 +82,7 @@ static void test_window_ring(void)
     /* A window of 20 positions: ring of 3 slots, blocks recycled forever. */
     dflash_kv_pool pool;
     dflash_kv_seq a;
-    CHECK_OK(dflash_kv_pool_init(&pool, be, 3, 1, 1, 2));
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 3, 1, 1, 2, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 3));
     for (int32_t end = 5; end < 1000; end += 7) {
         int32_t lo = end - 20 > a.lo ? end - 20 : a.lo;
@@ -104,7 +104,7 @@ static void test_ring_overflow_is_error(void)
 {
     dflash_kv_pool pool;
     dflash_kv_seq a;
-    CHECK_OK(dflash_kv_pool_init(&pool, be, 8, 1, 1, 2));
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 8, 1, 1, 2, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 2));
     CHECK_FAILS(dflash_kv_seq_reserve(&pool, &a, 33), DFLASH_ERR_INVALID_ARG, "block table holds 2");
     CHECK(pool.n_free == 8);
@@ -118,7 +118,7 @@ static void test_slide_is_atomic(void)
 {
     dflash_kv_pool pool;
     dflash_kv_seq a, hog;
-    CHECK_OK(dflash_kv_pool_init(&pool, be, 3, 1, 1, 2));
+    CHECK_OK(dflash_kv_pool_init(&pool, be, 3, 1, 1, 2, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 3));
     CHECK_OK(dflash_kv_seq_init(&hog, 3));
     CHECK_OK(dflash_kv_seq_slide(&pool, &a, 0, 20)); /* 2 blocks */

@@ -132,12 +132,14 @@ static void ref_attention(int n, int Hq, int Hkv, int D, const float *q, const i
         }
 }
 
-static void check_attention(int causal, int window, int lo)
+/* bf16: the pool keeps bf16 and extra keys are rounded to it, so the
+ * reference sees every key and value rounded. */
+static void check_attention(int causal, int window, int lo, dflash_dtype kv_dt)
 {
     enum { HQ = 4, HKV = 2, D = 8, CTX = 37, NB = 5, B = 6, BT = 4 };
     const int row = HKV * D;
-    dflash_kv_layout kv = { 8, 2, HKV, D, DFLASH_DTYPE_F32, NULL };
-    CHECK_OK(be->ops->alloc(be, (size_t)8 * 2 * 2 * DFLASH_KV_BLOCK * row * sizeof(float), &kv.data));
+    dflash_kv_layout kv = { 8, 2, HKV, D, kv_dt, NULL };
+    CHECK_OK(be->ops->alloc(be, (size_t)8 * 2 * 2 * DFLASH_KV_BLOCK * row * dflash_dtype_size(kv_dt), &kv.data));
     /* Ring table of 4 slots over blocks 0..2 of positions (ctx 37 -> 3 blocks). */
     int32_t table[BT] = { 5, 2, 7, -1 };
     float kc[CTX * row], vc[CTX * row], kb[B * row], vb[B * row], q[B * HQ * D], out[B * HQ * D];
@@ -159,7 +161,7 @@ static void check_attention(int causal, int window, int lo)
     int32_t zero_seq[CTX];
     memset(zero_seq, 0, sizeof zero_seq);
     CHECK_OK(be->ops->kv_write(be, &kv, 1, table, BT, zero_seq, ctx_pos, kc, vc, CTX));
-    int32_t info[DFLASH_SEQ_INFO_LEN] = { lo, CTX, 0, B, CTX };
+    int32_t info[DFLASH_SEQ_INFO_LEN] = { lo, CTX, 0, B, CTX, 0, B };
     dflash_attn_args a = { .n_rows = B, .n_heads = HQ, .n_kv_heads = HKV, .head_dim = D,
                            .scale = 1.0f / sqrtf(D), .q = q, .out = out, .q_pos = qpos, .row_seq = row_seq,
                            .seq_info = info, .kv = &kv, .layer = 1, .block_tables = table, .bt_len = BT,
@@ -177,19 +179,27 @@ static void check_attention(int causal, int window, int lo)
     memcpy(v + (CTX - lo) * row, vb, sizeof vb);
     for (int t = 0; t < nk; t++)
         kpos[t] = lo + t;
+    if (kv_dt == DFLASH_DTYPE_BF16)
+        for (int i = 0; i < nk * row; i++) {
+            k[i] = dflash_round_bf16(k[i]);
+            v[i] = dflash_round_bf16(v[i]);
+        }
     double ref[B * HQ * D];
     ref_attention(B, HQ, HKV, D, q, qpos, nk, k, v, kpos, causal, window, ref);
     double e = rel_err(out, ref, B * HQ * D);
-    CHECKF(e < 1e-5, "causal %d window %d lo %d: rel err %g", causal, window, lo, e);
+    CHECKF(e < 1e-5, "causal %d window %d lo %d %s: rel err %g", causal, window, lo, dflash_dtype_name(kv_dt), e);
     be->ops->free(be, kv.data);
 }
 
 static void test_attention_modes(void)
 {
-    check_attention(0, 0, 0);  /* drafter full layer: bidirectional */
-    check_attention(1, 0, 0);  /* causal */
-    check_attention(1, 5, 0);  /* sliding layer */
-    check_attention(0, 0, 20); /* context window cut mid-block */
+    for (int b = 0; b < 2; b++) {
+        dflash_dtype dt = b ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
+        check_attention(0, 0, 0, dt);  /* drafter full layer: bidirectional */
+        check_attention(1, 0, 0, dt);  /* causal */
+        check_attention(1, 5, 0, dt);  /* sliding layer */
+        check_attention(0, 0, 20, dt); /* context window cut mid-block */
+    }
 }
 
 /* A row's linear/attention result must not depend on the batch it is in. */

@@ -72,14 +72,20 @@ static void prefill(pair *p, dflash_kv_seq *seq, void *state, const int32_t *pro
     CHECK_OK(p->h->proposer.ops->begin(&p->h->proposer, state, &rows));
 }
 
-/* K (which 0) or V (1) of `pos` in layer `layer` of a drafter state (CPU memory). */
-static const float *kv_row(const dflash_head *h, const dflash_proposer_state *st, int layer, int which, int pos)
+/* K (which 0) or V (1) of `pos` in layer `layer` of a drafter state (CPU
+ * memory, f32 pool) as one row of n_kv_heads * head_dim values in `out`. */
+static const float *kv_row(const dflash_head *h, const dflash_proposer_state *st, int layer, int which, int pos,
+                           float *out)
 {
     const dflash_kv_layout *kv = &h->kv.layout;
+    const int D = kv->head_dim;
     int blk = st->kv.table[(pos / DFLASH_KV_BLOCK) % st->kv.bt_len];
-    int64_t row = (int64_t)kv->n_kv_heads * kv->head_dim;
-    int64_t idx = (((int64_t)blk * kv->n_layers + layer) * 2 + which) * DFLASH_KV_BLOCK + pos % DFLASH_KV_BLOCK;
-    return (const float *)kv->data + idx * row;
+    for (int hd = 0; hd < kv->n_kv_heads; hd++) {
+        int64_t page = (((int64_t)blk * kv->n_layers + layer) * 2 + which) * kv->n_kv_heads + hd;
+        memcpy(out + hd * D, (const float *)kv->data + (page * DFLASH_KV_BLOCK + pos % DFLASH_KV_BLOCK) * D,
+               (size_t)D * sizeof(float));
+    }
+    return out;
 }
 
 static void test_context_kv_and_block(void)
@@ -118,7 +124,7 @@ static void test_context_kv_and_block(void)
                         continue;
                     static float got[64 * 1024];
                     for (int t = 0; t < T; t++)
-                        memcpy(got + (size_t)t * row, kv_row(p.h, st, l, which, t), (size_t)row * sizeof(float));
+                        kv_row(p.h, st, l, which, t, got + (size_t)t * row);
                     double ekv = fx_rel_err(got, want, (size_t)T * row);
                     CHECKF(ekv < 1e-4, "%s %s rel err %g", k_drafters[k], name, ekv);
                 }

@@ -1,4 +1,6 @@
-/* backend.c: backend-independent helpers over the ops table. */
+/* backend.c: backend-independent helpers over the ops table, and the
+ * default composition of each stage from the primitives (what a backend
+ * without a fused version runs, and what a fused version must equal). */
 #include "backend/backend.h"
 
 void dflash_backend_destroy(dflash_backend *be)
@@ -15,4 +17,23 @@ dflash_status dflash_be_alloc_f32(dflash_backend *be, size_t count, float **out)
 dflash_status dflash_be_alloc_i32(dflash_backend *be, size_t count, int32_t **out)
 {
     return be->ops->alloc(be, count * sizeof(int32_t), (void **)out);
+}
+
+dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                     float *const *out, enum dflash_act act)
+{
+    if (n_w < 1 || n_w > 3 || (act == DFLASH_ACT_SWIGLU && n_w != 2))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_group: %d weights with activation %d", n_w, (int)act);
+    for (int i = 1; i < n_w; i++)
+        if (w[i].cols != w[0].cols || (act == DFLASH_ACT_SWIGLU && w[i].rows != w[0].rows))
+            return dflash_fail(DFLASH_ERR_SHAPE, "linear_group: weight %s is [%lld, %lld], %s is [%lld, %lld]",
+                               w[i].name ? w[i].name : "?", (long long)w[i].rows, (long long)w[i].cols,
+                               w[0].name ? w[0].name : "?", (long long)w[0].rows, (long long)w[0].cols);
+    if (be->ops->linear_group)
+        return be->ops->linear_group(be, x, n, w, n_w, out, act);
+    for (int i = 0; i < n_w; i++)
+        DFLASH_TRY(be->ops->linear(be, x, n, &w[i], out[i]));
+    if (act == DFLASH_ACT_SWIGLU)
+        return be->ops->swiglu(be, out[0], out[1], (size_t)n * (size_t)w[0].rows, out[0]);
+    return DFLASH_OK;
 }

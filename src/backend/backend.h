@@ -27,9 +27,13 @@ typedef struct dflash_weight {
     const char *name;     /* tensor name, for messages */
 } dflash_weight;
 
-/* A paged KV pool: n_blocks blocks of DFLASH_KV_BLOCK positions; each block
- * holds K and V of every layer: [n_blocks][n_layers][2][BLOCK][n_kv_heads *
- * head_dim] elements of `dtype` (f32 on the CPU). K is stored after RoPE. */
+/* A paged KV pool: n_blocks pages of DFLASH_KV_BLOCK positions; each page
+ * holds K and V of every layer, head-major so that one head's positions of
+ * a page are contiguous:
+ *   [n_blocks][n_layers][2 (K, V)][n_kv_heads][DFLASH_KV_BLOCK][head_dim]
+ * elements of `dtype`: F32, or BF16 (rounded to nearest even when written;
+ * what the GPU uses, and what the CPU can use to be its bit-level
+ * reference). K is stored after RoPE. */
 #define DFLASH_KV_BLOCK 16
 typedef struct dflash_kv_layout {
     int n_blocks, n_layers, n_kv_heads, head_dim;
@@ -42,11 +46,17 @@ typedef struct dflash_kv_layout {
  *   [0] lo, [1] hi: the paged key positions [lo, hi) this sequence may see
  *   [2] extra_off, [3] n_extra: rows of k_extra/v_extra that belong to it
  *   [4] extra_pos0: absolute position of its first extra row
+ *   [5] row0, [6] n_rows: its query rows in the batch (rows are
+ *       sequence-major)
  * Block tables: `block_tables + seq * bt_len` maps logical block
  * (pos / BLOCK) % bt_len to a pool block; the modulo makes a bounded window a
  * ring (a sequence that sees at most (bt_len - 1) * BLOCK positions). */
-#define DFLASH_SEQ_INFO_LEN 5
+#define DFLASH_SEQ_INFO_LEN 7
 
+/* Attention over each row's visible keys: its sequence's paged positions
+ * [lo, hi), then its extra rows (the drafter's block keys, in backend
+ * memory, f32; with a BF16 pool they are rounded to bf16 as they would be
+ * when stored). A key is visible unless a mask hides it. */
 typedef struct dflash_attn_args {
     int n_rows, n_heads, n_kv_heads, head_dim;
     float scale;
@@ -60,12 +70,23 @@ typedef struct dflash_attn_args {
     const float *k_extra, *v_extra; /* [*, n_kv_heads * head_dim] or NULL */
     int causal;               /* key visible only if key_pos <= q_pos */
     int window;               /* > 0: also q_pos - key_pos < window */
+    /* Bounds a device backend sizes its grid by (seq_info lives in backend
+     * memory): sequences in the batch, the most rows of one sequence, and
+     * at least the most keys one sequence has (hi - lo + n_extra). */
+    int n_seqs, max_seq_rows, max_keys;
 } dflash_attn_args;
+
+/* Activation applied by linear_group to its two outputs. */
+enum dflash_act {
+    DFLASH_ACT_NONE = 0,
+    DFLASH_ACT_SWIGLU, /* out[0] = silu(x W[0]^T) * (x W[1]^T) */
+};
 
 typedef struct dflash_backend dflash_backend;
 
 typedef struct dflash_backend_ops {
     const char *name;
+    dflash_dtype kv_dtype; /* the KV pool dtype a model gets unless it asks */
     void (*destroy)(dflash_backend *be);
     /* memory */
     dflash_status (*alloc)(dflash_backend *be, size_t bytes, void **out);
@@ -99,7 +120,8 @@ typedef struct dflash_backend_ops {
     /* out = silu(gate) * up over count elements */
     dflash_status (*swiglu)(dflash_backend *be, const float *gate, const float *up, size_t count,
                             float *out);
-    /* Store rows' K and V [n, n_kv_heads * head_dim] at (row_seq, pos). */
+    /* Store rows' K and V [n, n_kv_heads * head_dim] at (row_seq, pos), in
+     * the pool's dtype. */
     dflash_status (*kv_write)(dflash_backend *be, const dflash_kv_layout *kv, int layer,
                               const int32_t *block_tables, int bt_len, const int32_t *row_seq,
                               const int32_t *pos, const float *k, const float *v, int n);
@@ -110,6 +132,14 @@ typedef struct dflash_backend_ops {
                                int64_t src_stride, const int32_t *idx, int n, int64_t cols);
     /* out[i] = index of the largest of x[i, 0..cols) (lowest index on ties) */
     dflash_status (*argmax)(dflash_backend *be, const float *x, int n, int cols, int32_t *out);
+
+    /* stages: optional; NULL means dflash_be_* below composes them from
+     * the ops above, which stay the definition of the result. */
+    /* out[i] = x W[i]^T for i < n_w (1..3 weights of equal cols, e.g. q, k,
+     * v); act SWIGLU (n_w = 2): out[0] = silu(x W[0]^T) * (x W[1]^T), out[1]
+     * is scratch. */
+    dflash_status (*linear_group)(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                  float *const *out, enum dflash_act act);
 } dflash_backend_ops;
 
 struct dflash_backend {
@@ -120,6 +150,11 @@ struct dflash_backend {
 /* The CPU reference backend (never fails to create unless out of memory). */
 dflash_status dflash_backend_cpu_create(dflash_backend **out);
 void dflash_backend_destroy(dflash_backend *be);
+
+/* Stage entry points: the backend's fused version when it has one, else
+ * the composition of primitives. */
+dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                     float *const *out, enum dflash_act act);
 
 /* Typed allocation helpers; contents are undefined until written. */
 dflash_status dflash_be_alloc_f32(dflash_backend *be, size_t count, float **out);

@@ -22,6 +22,7 @@ void dflash_head_default_opts(dflash_head_opts *o)
     o->kv_blocks = 0;
     o->block_size = 0;
     o->quant = -1;
+    o->kv_dtype = DFLASH_DTYPE_INVALID;
 }
 
 /* ---- loading ---------------------------------------------------------- */
@@ -218,7 +219,7 @@ dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st,
     if (s == DFLASH_OK) {
         int blocks = h->opts.kv_blocks > 0 ? h->opts.kv_blocks : h->opts.max_seqs * h->bt_len;
         s = dflash_kv_pool_init(&h->kv, h->be, blocks, h->cfg.num_hidden_layers, h->cfg.num_key_value_heads,
-                                h->cfg.head_dim);
+                                h->cfg.head_dim, h->opts.kv_dtype);
     }
     if (s == DFLASH_OK)
         s = alloc_scratch(h);
@@ -330,6 +331,7 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     dflash_scratch *s = &h->s;
     const int B = n_drafts + 1, n = n_seqs * B;
     int32_t ids[n], pos[n], row_seq[n], sel[n_seqs * n_drafts];
+    int max_keys = 0;
     for (int q = 0; q < n_seqs; q++) {
         const dflash_proposer_state *st = states[q];
         if (positions[q] != st->kv.len)
@@ -343,7 +345,9 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
                 sel[q * n_drafts + j - 1] = q * B + j;
         }
         /* Context keys [lo, s) from the pages, then the block's own B rows. */
-        int32_t info[DFLASH_SEQ_INFO_LEN] = { st->kv.lo, st->kv.len, q * B, B, positions[q] };
+        int32_t info[DFLASH_SEQ_INFO_LEN] = { st->kv.lo, st->kv.len, q * B, B, positions[q], q * B, B };
+        if (st->kv.len - st->kv.lo + B > max_keys)
+            max_keys = st->kv.len - st->kv.lo + B;
         DFLASH_TRY(o->upload(h->be, s->seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
         DFLASH_TRY(o->upload(h->be, s->block_tables + (size_t)q * h->bt_len, st->kv.table,
                              (size_t)h->bt_len * sizeof(int32_t)));
@@ -368,6 +372,9 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
         a.v_extra = s->b.v;
         a.causal = l->sliding;                    /* full layers: no mask at all */
         a.window = l->sliding ? c->sliding_window : 0;
+        a.n_seqs = n_seqs;
+        a.max_seq_rows = B;
+        a.max_keys = max_keys;
         DFLASH_TRY(o->attention(h->be, &a));
         DFLASH_TRY(qwen3_layer_attn_out_mlp(h->be, c, &l->w, lin, &s->b, n));
     }

@@ -15,8 +15,8 @@
 #include "kv/kv_pool.h"
 #include "target/qwen3.h"
 
-/* Drafter-side weight precision (the KV cache stays in full precision:
- * fp8 drafter KV is known to destroy acceptance). */
+/* Drafter-side weight precision (the KV cache stays f32 or bf16, never
+ * fp8: fp8 drafter KV is known to destroy acceptance). */
 enum dflash_quantization {
     DFLASH_QUANT_BF16 = 0,     /* the checkpoint's weights as they are */
     DFLASH_QUANT_FP8_WEIGHTS,  /* linear weights in fp8 e4m3 with per-row f32 scales */
@@ -66,6 +66,7 @@ typedef struct dflash_head_opts {
     int kv_blocks;       /* 0: enough for max_seqs sequences */
     int block_size;      /* 0: the checkpoint's */
     int quant;           /* -1: from the levers; else enum dflash_quantization */
+    dflash_dtype kv_dtype; /* KV pool dtype; DFLASH_DTYPE_INVALID: the backend's (f32 CPU, bf16 GPU) */
 } dflash_head_opts;
 
 void dflash_head_default_opts(dflash_head_opts *o);

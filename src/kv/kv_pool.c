@@ -4,15 +4,19 @@
 #include <stdlib.h>
 
 dflash_status dflash_kv_pool_init(dflash_kv_pool *pool, dflash_backend *be, int n_blocks, int n_layers,
-                                  int n_kv_heads, int head_dim)
+                                  int n_kv_heads, int head_dim, dflash_dtype dtype)
 {
     *pool = (dflash_kv_pool){ 0 };
     if (n_blocks <= 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "kv pool: bad geometry (%d blocks, %d layers, %d x %d)",
                            n_blocks, n_layers, n_kv_heads, head_dim);
+    if (dtype == DFLASH_DTYPE_INVALID)
+        dtype = be->ops->kv_dtype;
+    if (dtype != DFLASH_DTYPE_F32 && dtype != DFLASH_DTYPE_BF16)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "kv pool: dtype %s (F32 or BF16)", dflash_dtype_name(dtype));
     pool->be = be;
-    pool->layout = (dflash_kv_layout){ n_blocks, n_layers, n_kv_heads, head_dim, DFLASH_DTYPE_F32, NULL };
-    size_t bytes = (size_t)n_blocks * n_layers * 2 * DFLASH_KV_BLOCK * n_kv_heads * head_dim * sizeof(float);
+    pool->layout = (dflash_kv_layout){ n_blocks, n_layers, n_kv_heads, head_dim, dtype, NULL };
+    size_t bytes = (size_t)n_blocks * n_layers * 2 * DFLASH_KV_BLOCK * n_kv_heads * head_dim * dflash_dtype_size(dtype);
     pool->free_list = malloc((size_t)n_blocks * sizeof(int32_t));
     if (!pool->free_list)
         return dflash_fail(DFLASH_ERR_OOM, "kv pool: out of memory");

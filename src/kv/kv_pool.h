@@ -28,8 +28,9 @@ typedef struct dflash_kv_seq {
     int32_t alloc_end; /* blocks cover positions [lo rounded down, alloc_end) */
 } dflash_kv_seq;
 
+/* dtype: F32 or BF16; DFLASH_DTYPE_INVALID takes the backend's kv_dtype. */
 dflash_status dflash_kv_pool_init(dflash_kv_pool *pool, dflash_backend *be, int n_blocks, int n_layers,
-                                  int n_kv_heads, int head_dim);
+                                  int n_kv_heads, int head_dim, dflash_dtype dtype);
 void dflash_kv_pool_free(dflash_kv_pool *pool);
 
 dflash_status dflash_kv_seq_init(dflash_kv_seq *seq, int bt_len);

@@ -14,6 +14,7 @@ void dflash_qwen3_default_opts(dflash_qwen3_opts *o)
     o->max_seqs = 1;
     o->kv_blocks = 0; /* 0: max_seqs * blocks of max_ctx */
     o->max_ctx = 4096;
+    o->kv_dtype = DFLASH_DTYPE_INVALID;
 }
 
 static dflash_status bind_weights(dflash_qwen3 *m)
@@ -101,7 +102,7 @@ dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st
         m->bt_len = (m->opts.max_ctx + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
         int blocks = m->opts.kv_blocks > 0 ? m->opts.kv_blocks : m->opts.max_seqs * m->bt_len;
         s = dflash_kv_pool_init(&m->kv, be, blocks, m->cfg.num_hidden_layers, m->cfg.num_key_value_heads,
-                                m->cfg.head_dim);
+                                m->cfg.head_dim, m->opts.kv_dtype);
     }
     if (s == DFLASH_OK)
         s = alloc_scratch(m);
@@ -194,20 +195,33 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     return DFLASH_OK;
 }
 
-static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, const int32_t *new_len)
+/* Upload the rows and the per-sequence records; *bounds gets the
+ * attention grid bounds (most rows and keys of one sequence). */
+static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, const int32_t *new_len,
+                                  dflash_attn_args *bounds)
 {
     const dflash_backend_ops *o = m->be->ops;
     const size_t nr = (size_t)b->n_rows * sizeof(int32_t);
     DFLASH_TRY(o->upload(m->be, m->s.ids, b->tokens, nr));
     DFLASH_TRY(o->upload(m->be, m->s.b.pos, b->positions, nr));
     DFLASH_TRY(o->upload(m->be, m->s.row_seq, b->row_seq, nr));
-    for (int q = 0; q < b->n_seqs; q++) {
+    bounds->n_seqs = b->n_seqs;
+    bounds->max_seq_rows = bounds->max_keys = 0;
+    for (int q = 0, row0 = 0; q < b->n_seqs; q++) {
+        int rows = 0;
+        while (row0 + rows < b->n_rows && b->row_seq[row0 + rows] == q)
+            rows++;
         /* Every stored position is a candidate key; causal masking bounds
          * what each row sees. */
-        int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, new_len[q], 0, 0, 0 };
+        int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, new_len[q], 0, 0, 0, row0, rows };
         DFLASH_TRY(o->upload(m->be, m->s.seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
         DFLASH_TRY(o->upload(m->be, m->s.block_tables + (size_t)q * m->bt_len, b->seqs[q]->table,
                              (size_t)m->bt_len * sizeof(int32_t)));
+        if (rows > bounds->max_seq_rows)
+            bounds->max_seq_rows = rows;
+        if (new_len[q] > bounds->max_keys)
+            bounds->max_keys = new_len[q];
+        row0 += rows;
     }
     return DFLASH_OK;
 }
@@ -228,7 +242,8 @@ static dflash_status capture_taps(dflash_qwen3 *m, const dflash_qwen3_batch *b, 
     return DFLASH_OK;
 }
 
-static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, int li)
+static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, const dflash_attn_args *bounds,
+                                   int li)
 {
     const qwen3_layer *l = &m->layers[li];
     const qwen3_bufs *bufs = &m->s.b;
@@ -247,6 +262,9 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     a.block_tables = m->s.block_tables;
     a.bt_len = m->bt_len;
     a.causal = 1;
+    a.n_seqs = bounds->n_seqs;
+    a.max_seq_rows = bounds->max_seq_rows;
+    a.max_keys = bounds->max_keys;
     DFLASH_TRY(m->be->ops->attention(m->be, &a));
     return qwen3_layer_attn_out_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
 }
@@ -259,11 +277,12 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     *logits = NULL;
     if (taps)
         *taps = NULL;
+    dflash_attn_args bounds;
     DFLASH_TRY(prepare_batch(m, b, new_len));
-    DFLASH_TRY(upload_batch(m, b, new_len));
+    DFLASH_TRY(upload_batch(m, b, new_len, &bounds));
     DFLASH_TRY(o->embed(m->be, &m->embed, m->s.ids, b->n_rows, m->s.b.x));
     for (int li = 0; li < c->num_hidden_layers; li++)
-        DFLASH_TRY(layer_forward(m, b, li));
+        DFLASH_TRY(layer_forward(m, b, &bounds, li));
     DFLASH_TRY(o->add_rmsnorm(m->be, m->s.b.x, m->s.b.delta, &m->final_norm, b->n_rows, c->hidden_size,
                               c->rms_norm_eps, m->s.b.xn));
     DFLASH_TRY(capture_taps(m, b, c->num_hidden_layers - 1));

@@ -21,6 +21,7 @@ typedef struct dflash_qwen3_opts {
     int max_seqs;      /* sequences per batch */
     int kv_blocks;     /* pool size in blocks of DFLASH_KV_BLOCK positions */
     int max_ctx;       /* longest sequence, in positions */
+    dflash_dtype kv_dtype; /* KV pool dtype; DFLASH_DTYPE_INVALID: the backend's (f32 CPU, bf16 GPU) */
 } dflash_qwen3_opts;
 
 void dflash_qwen3_default_opts(dflash_qwen3_opts *o);

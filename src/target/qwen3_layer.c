@@ -67,9 +67,8 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
     const dflash_backend_ops *o = be->ops;
     DFLASH_TRY(o->add_rmsnorm(be, b->x, add_delta ? b->delta : NULL, &l->input_norm, n, c->hidden_size,
                               c->rms_norm_eps, b->xn));
-    DFLASH_TRY(o->linear(be, b->xn, n, &lin[QWEN3_LIN_Q], b->q));
-    DFLASH_TRY(o->linear(be, b->xn, n, &lin[QWEN3_LIN_K], b->k));
-    DFLASH_TRY(o->linear(be, b->xn, n, &lin[QWEN3_LIN_V], b->v));
+    float *const qkv[3] = { b->q, b->k, b->v };
+    DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
     DFLASH_TRY(o->norm_rope(be, b->q, &l->q_norm, b->pos, n, c->num_attention_heads, c->head_dim, c->rms_norm_eps,
                             c->rope_theta, c->rope_scaling_factor));
     return o->norm_rope(be, b->k, &l->k_norm, b->pos, n, c->num_key_value_heads, c->head_dim, c->rms_norm_eps,
@@ -82,9 +81,9 @@ dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_co
     const dflash_backend_ops *o = be->ops;
     DFLASH_TRY(o->linear(be, b->attn, n, &lin[QWEN3_LIN_O], b->delta));
     DFLASH_TRY(o->add_rmsnorm(be, b->x, b->delta, &l->post_norm, n, c->hidden_size, c->rms_norm_eps, b->xn));
-    DFLASH_TRY(o->linear(be, b->xn, n, &lin[QWEN3_LIN_GATE], b->gate));
-    DFLASH_TRY(o->linear(be, b->xn, n, &lin[QWEN3_LIN_UP], b->up));
-    DFLASH_TRY(o->swiglu(be, b->gate, b->up, (size_t)n * c->intermediate_size, b->gate));
+    /* gate = silu(gate(xn)) * up(xn) (up is scratch) */
+    float *const gu[2] = { b->gate, b->up };
+    DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_GATE], 2, gu, DFLASH_ACT_SWIGLU));
     return o->linear(be, b->gate, n, &lin[QWEN3_LIN_DOWN], b->delta);
 }
 

@@ -217,12 +217,17 @@ static dflash_status cpu_swiglu(dflash_backend *be, const float *gate, const flo
     return DFLASH_OK;
 }
 
-/* Address of K (which = 0) or V (1) of `pos` in a block. */
-static float *kv_at(const dflash_kv_layout *kv, int block, int layer, int which, int pos)
+static int kv_dtype_ok(const dflash_kv_layout *kv)
 {
-    const int64_t row = (int64_t)kv->n_kv_heads * kv->head_dim;
-    int64_t idx = (((int64_t)block * kv->n_layers + layer) * 2 + which) * DFLASH_KV_BLOCK + pos % DFLASH_KV_BLOCK;
-    return (float *)kv->data + idx * row;
+    return kv->dtype == DFLASH_DTYPE_F32 || kv->dtype == DFLASH_DTYPE_BF16;
+}
+
+/* Element index of K (which = 0) or V (1) of head `head`, dimension 0, at
+ * `pos` in pool block `block` (layout in backend.h). */
+static int64_t kv_index(const dflash_kv_layout *kv, int block, int layer, int which, int head, int pos)
+{
+    int64_t page = (((int64_t)block * kv->n_layers + layer) * 2 + which) * kv->n_kv_heads + head;
+    return (page * DFLASH_KV_BLOCK + pos % DFLASH_KV_BLOCK) * kv->head_dim;
 }
 
 static dflash_status cpu_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer,
@@ -230,16 +235,42 @@ static dflash_status cpu_kv_write(dflash_backend *be, const dflash_kv_layout *kv
                                   const int32_t *pos, const float *k, const float *v, int n)
 {
     (void)be;
-    const int64_t row = (int64_t)kv->n_kv_heads * kv->head_dim;
+    if (!kv_dtype_ok(kv))
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "kv_write: KV pool dtype %s (F32 or BF16)",
+                           dflash_dtype_name(kv->dtype));
+    const int D = kv->head_dim;
+    const int64_t row = (int64_t)kv->n_kv_heads * D;
     for (int i = 0; i < n; i++) {
         int blk = block_tables[(int64_t)row_seq[i] * bt_len + (pos[i] / DFLASH_KV_BLOCK) % bt_len];
         if (blk < 0 || blk >= kv->n_blocks)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "kv_write: position %d maps to block %d (pool has %d)",
                                pos[i], blk, kv->n_blocks);
-        memcpy(kv_at(kv, blk, layer, 0, pos[i]), k + i * row, (size_t)row * sizeof(float));
-        memcpy(kv_at(kv, blk, layer, 1, pos[i]), v + i * row, (size_t)row * sizeof(float));
+        for (int which = 0; which < 2; which++) {
+            const float *src = (which ? v : k) + i * row;
+            for (int h = 0; h < kv->n_kv_heads; h++) {
+                int64_t at = kv_index(kv, blk, layer, which, h, pos[i]);
+                for (int d = 0; d < D; d++) {
+                    float x = src[h * D + d];
+                    if (kv->dtype == DFLASH_DTYPE_BF16)
+                        ((uint16_t *)kv->data)[at + d] = dflash_f32_to_bf16(x);
+                    else
+                        ((float *)kv->data)[at + d] = x;
+                }
+            }
+        }
     }
     return DFLASH_OK;
+}
+
+/* One key or value row as f32: from the pool in its dtype, or an extra row
+ * (f32) rounded to the pool's dtype, as it would be if it were stored. */
+static const float *kv_row_f32(dflash_dtype dt, const void *src, int pooled, int D, float *buf)
+{
+    if (dt != DFLASH_DTYPE_BF16)
+        return src;
+    for (int d = 0; d < D; d++)
+        buf[d] = pooled ? dflash_bf16_to_f32(((const uint16_t *)src)[d]) : dflash_round_bf16(((const float *)src)[d]);
+    return buf;
 }
 
 /* One (row, head): online softmax over the visible keys, paged keys first
@@ -248,10 +279,12 @@ static void attend_one(const dflash_attn_args *a, int i, int h, float *acc)
 {
     const int D = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h / group;
     const int64_t kv_row = (int64_t)a->n_kv_heads * D;
+    const dflash_dtype kdt = a->kv ? a->kv->dtype : DFLASH_DTYPE_F32; /* no pool: extra keys only */
+    const size_t es = dflash_dtype_size(kdt);
     const float *q = a->q + ((int64_t)i * a->n_heads + h) * D;
     const int32_t *si = a->seq_info + (int64_t)a->row_seq[i] * DFLASH_SEQ_INFO_LEN;
     const int qp = a->q_pos[i];
-    float m = -INFINITY, l = 0.0f;
+    float m = -INFINITY, l = 0.0f, kbuf[D], vbuf[D];
     memset(acc, 0, (size_t)D * sizeof(float));
     for (int pass = 0; pass < 2; pass++) {
         int lo = pass == 0 ? si[0] : 0, hi = pass == 0 ? si[1] : si[3];
@@ -264,11 +297,12 @@ static void attend_one(const dflash_attn_args *a, int i, int h, float *acc)
             const float *k, *v;
             if (pass == 0) {
                 int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
-                k = kv_at(a->kv, blk, a->layer, 0, kp) + kvh * D;
-                v = kv_at(a->kv, blk, a->layer, 1, kp) + kvh * D;
+                const char *base = a->kv->data;
+                k = kv_row_f32(kdt, base + kv_index(a->kv, blk, a->layer, 0, kvh, kp) * es, 1, D, kbuf);
+                v = kv_row_f32(kdt, base + kv_index(a->kv, blk, a->layer, 1, kvh, kp) * es, 1, D, vbuf);
             } else {
-                k = a->k_extra + (si[2] + t) * kv_row + kvh * D;
-                v = a->v_extra + (si[2] + t) * kv_row + kvh * D;
+                k = kv_row_f32(kdt, a->k_extra + (si[2] + t) * kv_row + kvh * D, 0, D, kbuf);
+                v = kv_row_f32(kdt, a->v_extra + (si[2] + t) * kv_row + kvh * D, 0, D, vbuf);
             }
             float s = dot_f32(q, k, D) * a->scale;
             float m_new = s > m ? s : m;
@@ -290,6 +324,9 @@ static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a
     if (a->n_heads % a->n_kv_heads != 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: %d heads not a multiple of %d kv heads",
                            a->n_heads, a->n_kv_heads);
+    if (a->kv && !kv_dtype_ok(a->kv))
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "attention: KV pool dtype %s (F32 or BF16)",
+                           dflash_dtype_name(a->kv->dtype));
     /* Work: rows x heads x visible keys x head_dim (keys bounded by hi). */
     int64_t keys = 0;
     for (int i = 0; i < a->n_rows; i++) {
@@ -328,6 +365,7 @@ static dflash_status cpu_argmax(dflash_backend *be, const float *x, int n, int c
 
 const dflash_backend_ops dflash_cpu_ops_table = {
     .name = "cpu",
+    .kv_dtype = DFLASH_DTYPE_F32, /* exact against f32 references */
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -2,6 +2,7 @@
  * on-disk CUBIN cache (see cuda_compile.h). */
 #include "backend/cuda/cuda_compile.h"
 
+#include "backend/backend.h"
 #include "core/log.h"
 
 #include <errno.h>
@@ -28,14 +29,33 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_LINEAR_F32_S] = { "linear.cu", "dflash_linear_f32_s" },
     [DFK_LINEAR_FP8_V] = { "linear.cu", "dflash_linear_fp8_v" },
     [DFK_LINEAR_FP8_S] = { "linear.cu", "dflash_linear_fp8_s" },
-    [DFK_ATTENTION] = { "attention.cu", "dflash_attention" },
+    [DFK_GEMM_BF16_1] = { "gemm.cu", "dflash_gemm_bf16_1" },
+    [DFK_GEMM_BF16_2] = { "gemm.cu", "dflash_gemm_bf16_2" },
+    [DFK_GEMM_BF16_4] = { "gemm.cu", "dflash_gemm_bf16_4" },
+    [DFK_GEMM_BF16_8] = { "gemm.cu", "dflash_gemm_bf16_8" },
+    [DFK_GEMM_FP8_1] = { "gemm.cu", "dflash_gemm_fp8_1" },
+    [DFK_GEMM_FP8_2] = { "gemm.cu", "dflash_gemm_fp8_2" },
+    [DFK_GEMM_FP8_4] = { "gemm.cu", "dflash_gemm_fp8_4" },
+    [DFK_GEMM_FP8_8] = { "gemm.cu", "dflash_gemm_fp8_8" },
+    [DFK_ATTENTION_F32] = { "attention.cu", "dflash_attention_f32" },
+    [DFK_ATTENTION_BF16] = { "attention.cu", "dflash_attention_bf16" },
+    [DFK_ATTENTION_TC_16] = { "attention_tc.cu", "dflash_attention_tc_16" },
+    [DFK_ATTENTION_TC_32] = { "attention_tc.cu", "dflash_attention_tc_32" },
+    [DFK_ATTENTION_TC_64] = { "attention_tc.cu", "dflash_attention_tc_64" },
+    [DFK_ATTENTION_TC_128] = { "attention_tc.cu", "dflash_attention_tc_128" },
+    [DFK_ATTN_COMBINE] = { "attention_tc.cu", "dflash_attn_combine" },
     [DFK_ARGMAX] = { "argmax.cu", "dflash_argmax" },
 };
 
 /* -lineinfo costs nothing at run time and lets compute-sanitizer and
  * profilers name source lines. Default IEEE division/sqrt and denormals are
- * kept (no fast math): the ops must match the CPU reference. */
-static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-lineinfo" };
+ * kept (no fast math): the ops must match the CPU reference. The layout
+ * constants the kernels share with the C code come from backend.h. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-lineinfo",
+                                            "-DDFLASH_KV_BLOCK=" STR(DFLASH_KV_BLOCK),
+                                            "-DDFLASH_SEQ_INFO_LEN=" STR(DFLASH_SEQ_INFO_LEN) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 
 void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)

@@ -28,7 +28,21 @@ typedef enum dflash_cuda_kernel_id {
     DFK_LINEAR_F32_S,
     DFK_LINEAR_FP8_V,
     DFK_LINEAR_FP8_S,
-    DFK_ATTENTION,
+    DFK_GEMM_BF16_1, /* gemm.cu: tensor-core linear, activation tiles of 8 rows x 1, 2, 4, 8 */
+    DFK_GEMM_BF16_2,
+    DFK_GEMM_BF16_4,
+    DFK_GEMM_BF16_8,
+    DFK_GEMM_FP8_1,
+    DFK_GEMM_FP8_2,
+    DFK_GEMM_FP8_4,
+    DFK_GEMM_FP8_8,
+    DFK_ATTENTION_F32, /* attention.cu: any head_dim, f32 or bf16 pages */
+    DFK_ATTENTION_BF16,
+    DFK_ATTENTION_TC_16, /* attention_tc.cu: bf16 pages, head_dim 16..128 */
+    DFK_ATTENTION_TC_32,
+    DFK_ATTENTION_TC_64,
+    DFK_ATTENTION_TC_128,
+    DFK_ATTN_COMBINE,
     DFK_ARGMAX,
     DFK_COUNT
 } dflash_cuda_kernel_id;

@@ -19,12 +19,26 @@ typedef long long i64;
 #define DT_BF16 3
 #define DT_F8 4
 
+/* DFLASH_KV_BLOCK (positions per KV page) and DFLASH_SEQ_INFO_LEN (fields
+ * per sequence in seq_info) come from backend.h as -D options. */
+#if !defined(DFLASH_KV_BLOCK) || !defined(DFLASH_SEQ_INFO_LEN)
+#error "compile with -DDFLASH_KV_BLOCK=... -DDFLASH_SEQ_INFO_LEN=... (cuda_compile.c passes them)"
+#endif
+
 /* Error codes a kernel can report (decoded in cuda_backend.c). */
 #define ERR_EMBED_ID 1
 #define ERR_KV_WRITE_BLOCK 2
 #define ERR_ATTN_BLOCK 3
 
 __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
+
+/* Round to the nearest bf16 (even on ties), returned as f32. */
+__forceinline__ float round_bf16(float f)
+{
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return bf16_to_f32(h);
+}
 
 __forceinline__ float f16_to_f32(u16 h)
 {

@@ -64,37 +64,55 @@ extern "C" __global__ void dflash_swiglu(const float *gate, const float *up, i64
     }
 }
 
-/* grid (n, column chunks): dst[i * dst_stride + c] = src[idx[i] * src_stride + c] */
+/* grid (n, column chunks): dst[i * dst_stride + c] = src[idx[i] * src_stride + c];
+ * vec: cols and both strides multiples of 4, both 16-byte aligned. */
 extern "C" __global__ void dflash_copy_rows(float *dst, i64 dst_stride, const float *src, i64 src_stride,
-                                            const int *idx, i64 cols)
+                                            const int *idx, i64 cols, int vec)
 {
     const int i = blockIdx.x;
     const i64 r = idx ? (i64)idx[i] : (i64)i;
     const float *s = src + r * src_stride;
     float *d = dst + (i64)i * dst_stride;
-    for (i64 c = (i64)blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.y * blockDim.x)
-        d[c] = s[c];
+    const i64 step = (i64)gridDim.y * blockDim.x;
+    i64 c = (i64)blockIdx.y * blockDim.x + threadIdx.x;
+    if (vec) {
+        for (; c < cols / 4; c += step)
+            ((float4 *)d)[c] = ((const float4 *)s)[c];
+    } else {
+        for (; c < cols; c += step)
+            d[c] = s[c];
+    }
 }
 
-/* grid (n, 2): row i's K (y = 0) or V (y = 1) into its paged slot. The
- * layout is [n_blocks][n_layers][2][BLOCK][row] f32 (backend.h). A position
- * that maps outside the pool is reported and not written. */
-extern "C" __global__ void dflash_kv_write(float *pool, int n_blocks, int n_layers, int layer, int row_len,
-                                           const int *block_tables, int bt_len, const int *row_seq,
-                                           const int *pos, const float *k, const float *v, int *eflag,
-                                           int *ehost)
+/* grid (n, 2): row i's K (y = 0) or V (y = 1) into its paged slot, as f32
+ * or rounded to bf16 (bf16 != 0). The layout is
+ * [n_blocks][n_layers][2][n_kv_heads][DFLASH_KV_BLOCK][head_dim]
+ * (backend.h). A position that maps outside the pool is reported and not
+ * written. */
+extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_blocks, int n_layers, int layer,
+                                           int n_kv_heads, int head_dim, const int *block_tables, int bt_len,
+                                           const int *row_seq, const int *pos, const float *k, const float *v,
+                                           int *eflag, int *ehost)
 {
     const int i = blockIdx.x, which = blockIdx.y;
     const int p = pos[i];
-    const int blk = p >= 0 ? block_tables[(i64)row_seq[i] * bt_len + (p / 16) % bt_len] : -1;
+    const int blk = p >= 0 ? block_tables[(i64)row_seq[i] * bt_len + (p / DFLASH_KV_BLOCK) % bt_len] : -1;
     if (blk < 0 || blk >= n_blocks) {
         if (threadIdx.x == 0 && which == 0)
             report_error(eflag, ehost, ERR_KV_WRITE_BLOCK, p, blk, n_blocks);
         return;
     }
-    const i64 slot = (((i64)blk * n_layers + layer) * 2 + which) * 16 + p % 16;
-    float *dst = pool + slot * row_len;
+    const int row_len = n_kv_heads * head_dim;
+    const i64 head0 = (((i64)blk * n_layers + layer) * 2 + which) * n_kv_heads;
     const float *src = (which ? v : k) + (i64)i * row_len;
-    for (int c = threadIdx.x; c < row_len; c += blockDim.x)
-        dst[c] = src[c];
+    for (int c = threadIdx.x; c < row_len; c += blockDim.x) {
+        const i64 dst = ((head0 + c / head_dim) * DFLASH_KV_BLOCK + p % DFLASH_KV_BLOCK) * head_dim + c % head_dim;
+        if (bf16) {
+            u16 h;
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(src[c]));
+            ((u16 *)pool)[dst] = h;
+        } else {
+            ((float *)pool)[dst] = src[c];
+        }
+    }
 }

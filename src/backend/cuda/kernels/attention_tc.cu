@@ -1,0 +1,365 @@
+/* attention_tc.cu: paged attention on tensor cores over bf16 KV pages, for
+ * head_dim 16, 32, 64 or 128: decode (1 row), verify (B rows, causal), the
+ * drafter's block (extra keys, no mask or causal + window).
+ *
+ * One block per (sequence, KV head, key split, query chunk). A sequence's
+ * keys are numbered u = 0..T-1: its paged positions [lo, hi) then its extra
+ * rows; splits are fixed runs of AT_SPLIT keys of that numbering and tiles
+ * fixed runs of AT_TILE keys inside a split. All query vectors of the
+ * block (the sequence's rows x the query heads of this KV head, up to 128)
+ * share each K/V tile, which is copied once into shared memory (cp.async,
+ * two stages). Each warp owns 16 query vectors: S = Q K^T and O += P V on
+ * mma.m16n8k16, with an online softmax in f32 between them.
+ *
+ * Exactness: K and V are bf16 (the pool's values; extra keys are rounded
+ * to bf16 as they would be when stored), Q and P are f32 split into bf16
+ * hi + lo, so both products are f32-accurate; exp, max and the softmax
+ * sums are f32 as in the CPU reference.
+ *
+ * Batch independence: masks are applied per (query, key), never by moving
+ * the key range, so a query row sees the same tiles and splits whether it
+ * runs alone (decode) or with the rest of its block (verify): keys it must
+ * not see contribute exact zeros. With one split the block writes the
+ * output; with several it writes partials (m, l, unnormalized O) that
+ * dflash_attn_combine merges in split order. A split that a query row
+ * cannot see at all leaves m = -inf, l = 0, O = 0, which the merge adds as
+ * exact zeros, so one split or several give the same bits. */
+#include "common.cuh"
+
+#define AT_TILE 32
+#define AT_SPLIT 128
+#define AT_QV 128 /* query vectors per block */
+
+/* cuda_backend.c mirrors this layout. */
+struct attn_tc_args {
+    const float *q;           /* [n_rows, n_heads, D] */
+    float *out;               /* [n_rows, n_heads, D] */
+    const int *q_pos;         /* [n_rows] */
+    const int *seq_info;      /* [n_seqs, DFLASH_SEQ_INFO_LEN] */
+    const u16 *pool;          /* bf16 [n_blocks][n_layers][2][n_kv_heads][DFLASH_KV_BLOCK][D] */
+    const int *block_tables;  /* [n_seqs, bt_len] */
+    const float *k_extra, *v_extra; /* [*, n_kv_heads * D] or null */
+    float *part_o;            /* [max_splits, n_rows, n_heads, D] */
+    float *part_ml;           /* [max_splits, n_rows, n_heads, 2] */
+    int *eflag, *ehost;
+    float scale;
+    int n_blocks, n_layers, layer, bt_len;
+    int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
+};
+static_assert(sizeof(attn_tc_args) == 144, "mirrored by attn_tc_args in cuda_backend.c");
+
+/* Shared-memory row strides in 32-bit words. K rows are read 16 bytes per
+ * lane (8 keys x 4 lanes per phase): a stride of 16 words mod 32 keeps the
+ * two keys of a phase on different banks. V rows are read by ldmatrix
+ * (8 rows of 16 bytes per phase): 4 words mod 32 spreads them. */
+template <int D> struct at_geom {
+    static constexpr int KW = D / 2 + ((16 - D / 2) % 32 + 32) % 32;
+    static constexpr int VW = D / 2 + ((4 - D / 2) % 32 + 32) % 32;
+};
+
+__forceinline__ u32 at_pack(float lo_elem, float hi_elem)
+{
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_elem), "f"(lo_elem));
+    return r;
+}
+
+/* hi = bf16(a, b), lo = bf16 of what hi misses. */
+__forceinline__ void at_split(float a, float b, u32 &hi, u32 &lo)
+{
+    hi = at_pack(a, b);
+    lo = at_pack(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
+}
+
+__forceinline__ void at_mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+__forceinline__ void cp_async16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+
+__forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;"); }
+
+__forceinline__ void cp_async_wait_0() { asm volatile("cp.async.wait_group 0;"); }
+
+/* Stage AT_TILE keys [u0, u0 + AT_TILE) of the sequence into ks/vs: paged
+ * keys by cp.async, extra keys converted from f32, keys past `u_end` as
+ * zeros (their scores are masked; zero V keeps 0 * V exact). */
+template <int D>
+__forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, int seq, int kvh, int lo, int n_paged,
+                                  int extra_off, int u0, int u_end)
+{
+    constexpr int CH = D / 8; /* 16-byte chunks per key row */
+    const i64 kv_row = (i64)a.n_kv_heads * D;
+    for (int e = threadIdx.x; e < 2 * AT_TILE * CH; e += blockDim.x) {
+        const int which = e / (AT_TILE * CH), rem = e % (AT_TILE * CH), key = rem / CH, ch = rem % CH;
+        u32 *dst = (which ? vs + key * at_geom<D>::VW : ks + key * at_geom<D>::KW) + ch * 4;
+        const int u = u0 + key;
+        if (u < u_end && u < n_paged) {
+            const int pos = lo + u;
+            const int blk = a.block_tables[(i64)seq * a.bt_len + (pos / DFLASH_KV_BLOCK) % a.bt_len];
+            if (blk >= 0 && blk < a.n_blocks) {
+                const u16 *src = a.pool +
+                                 ((((i64)blk * a.n_layers + a.layer) * 2 + which) * a.n_kv_heads + kvh) *
+                                     DFLASH_KV_BLOCK * D +
+                                 (i64)(pos % DFLASH_KV_BLOCK) * D + ch * 8;
+                cp_async16(dst, src);
+                continue;
+            }
+            if (ch == 0 && which == 0)
+                report_error(a.eflag, a.ehost, ERR_ATTN_BLOCK, pos, blk, a.n_blocks);
+        } else if (u < u_end) {
+            const float *src = (which ? a.v_extra : a.k_extra) + (i64)(extra_off + u - n_paged) * kv_row +
+                               (i64)kvh * D + ch * 8;
+            const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
+            *(uint4 *)dst = make_uint4(at_pack(v0.x, v0.y), at_pack(v0.z, v0.w), at_pack(v1.x, v1.y),
+                                       at_pack(v1.z, v1.w));
+            continue;
+        }
+        *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
+{
+    constexpr int DC = D / 32 > 0 ? D / 32 : 1; /* 32-dim chunks of a query row (D = 16: one half chunk) */
+    constexpr int NK = AT_TILE / 8;             /* key n-tiles of S */
+    constexpr int ND = D / 8;                   /* dim n-tiles of O */
+    __shared__ __align__(16) u32 ks[2][AT_TILE * at_geom<D>::KW];
+    __shared__ __align__(16) u32 vs[2][AT_TILE * at_geom<D>::VW];
+
+    const int G = a.n_heads / a.n_kv_heads;
+    const int seq = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads, split = blockIdx.y;
+    const int *si = a.seq_info + (i64)seq * DFLASH_SEQ_INFO_LEN;
+    const int lo = si[0], n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
+    const int extra_off = si[2], n_extra = a.k_extra ? si[3] : 0, pos0 = si[4], row0 = si[5], n_rows = si[6];
+    const int T = n_paged + n_extra, n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
+    const int QV = n_rows * G, qv0 = blockIdx.z * AT_QV;
+    if (split >= (n_splits > 0 ? n_splits : 1) || qv0 >= QV)
+        return;
+    const int u_begin = split * AT_SPLIT, u_end = u_begin + AT_SPLIT < T ? u_begin + AT_SPLIT : T;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool computes = warp < a.compute_warps;
+    /* This lane's two query vectors: rows g and g + 8 of the warp's tile. */
+    int qpos[2], orow[2], ohead[2];
+    bool qok[2];
+    u32 qh[2][DC][4], ql[2][DC][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int qv = qv0 + warp * 16 + g + 8 * r;
+        qok[r] = computes && qv < QV;
+        orow[r] = row0 + (qok[r] ? qv / G : 0);
+        ohead[r] = kvh * G + (qok[r] ? qv % G : 0);
+        qpos[r] = qok[r] ? a.q_pos[orow[r]] : 0;
+        const float *qr = a.q + ((i64)orow[r] * a.n_heads + ohead[r]) * D;
+#pragma unroll
+        for (int c = 0; c < DC; c++) {
+            /* D = 16: lanes t = 0, 1 take dims 8t..8t+7; t = 2, 3 hold zeros */
+            const int d0 = 32 * c + 8 * t;
+            const bool in = qok[r] && d0 < D;
+            const float4 v0 = in ? *(const float4 *)(qr + d0) : make_float4(0, 0, 0, 0);
+            const float4 v1 = in ? *(const float4 *)(qr + d0 + 4) : make_float4(0, 0, 0, 0);
+            at_split(v0.x, v0.y, qh[r][c][0], ql[r][c][0]);
+            at_split(v0.z, v0.w, qh[r][c][1], ql[r][c][1]);
+            at_split(v1.x, v1.y, qh[r][c][2], ql[r][c][2]);
+            at_split(v1.z, v1.w, qh[r][c][3], ql[r][c][3]);
+        }
+    }
+
+    const float NEG = -__int_as_float(0x7f800000);
+    float m[2] = { NEG, NEG }, l[2] = { 0.0f, 0.0f };
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+    const int n_tiles = u_end > u_begin ? (u_end - u_begin + AT_TILE - 1) / AT_TILE : 0;
+    if (n_tiles > 0) {
+        at_load_tile<D>(a, ks[0], vs[0], seq, kvh, lo, n_paged, extra_off, u_begin, u_end);
+        cp_async_commit();
+    }
+    for (int ti = 0; ti < n_tiles; ti++) {
+        const int cur = ti & 1, u0 = u_begin + ti * AT_TILE;
+        if (ti + 1 < n_tiles) {
+            at_load_tile<D>(a, ks[cur ^ 1], vs[cur ^ 1], seq, kvh, lo, n_paged, extra_off, u0 + AT_TILE, u_end);
+            cp_async_commit();
+            cp_async_wait_1();
+        } else {
+            cp_async_wait_0();
+        }
+        __syncthreads();
+        if (computes) {
+            /* S = Q K^T: key n-tile n holds keys u0 + 8n + g for this lane's B. */
+            float s[NK][4];
+#pragma unroll
+            for (int n = 0; n < NK; n++) {
+                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                const u32 *kr = ks[cur] + (8 * n + g) * at_geom<D>::KW;
+#pragma unroll
+                for (int c = 0; c < DC; c++) {
+                    const int d0 = 32 * c + 8 * t;
+                    const uint4 kb = d0 < D ? *(const uint4 *)(kr + d0 / 2) : make_uint4(0, 0, 0, 0);
+                    at_mma(s[n], qh[0][c][0], qh[1][c][0], qh[0][c][1], qh[1][c][1], kb.x, kb.y);
+                    at_mma(s[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
+                    at_mma(s[n], qh[0][c][2], qh[1][c][2], qh[0][c][3], qh[1][c][3], kb.z, kb.w);
+                    at_mma(s[n], ql[0][c][2], ql[1][c][2], ql[0][c][3], ql[1][c][3], kb.z, kb.w);
+                }
+            }
+            /* Scale and mask: element e of tile n is (query r = e / 2, key
+             * u0 + 8n + 2t + e % 2). */
+            float mx[2] = { NEG, NEG };
+#pragma unroll
+            for (int n = 0; n < NK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, u = u0 + 8 * n + 2 * t + (e & 1);
+                    const int kp = u < n_paged ? lo + u : pos0 + (u - n_paged);
+                    bool vis = qok[r] && u < u_end;
+                    if (a.causal && kp > qpos[r])
+                        vis = false;
+                    if (a.window > 0 && qpos[r] - kp >= a.window)
+                        vis = false;
+                    s[n][e] = vis ? s[n][e] * a.scale : NEG;
+                    mx[r] = fmaxf(mx[r], s[n][e]);
+                }
+            float corr[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float mn = fmaxf(m[r], mx[r]);
+                corr[r] = m[r] == NEG ? 0.0f : expf(m[r] - mn);
+                m[r] = mn;
+            }
+            float psum[2] = { 0.0f, 0.0f };
+#pragma unroll
+            for (int n = 0; n < NK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1;
+                    const float p = m[r] == NEG ? 0.0f : expf(s[n][e] - m[r]);
+                    s[n][e] = p;
+                    psum[r] += p;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
+                psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
+                l[r] = l[r] * corr[r] + psum[r];
+            }
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                o[n][0] *= corr[0];
+                o[n][1] *= corr[0];
+                o[n][2] *= corr[1];
+                o[n][3] *= corr[1];
+            }
+            /* O += P V, 16 keys per step; V^T fragments by ldmatrix.trans. */
+#pragma unroll
+            for (int kk = 0; kk < AT_TILE / 16; kk++) {
+                u32 ph[4], pl[4];
+                at_split(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
+                at_split(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
+                at_split(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
+                at_split(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
+#pragma unroll
+                for (int n = 0; n < ND; n += 2) {
+                    /* lanes 0-7: keys 0-7, dims 8n..; 8-15: keys 8-15; 16-31: dims 8(n+1).. */
+                    const int key = 16 * kk + (lane & 15), dn = n + (lane >> 4) < ND ? n + (lane >> 4) : n;
+                    const u32 addr = smem_addr(vs[cur] + key * at_geom<D>::VW + dn * 4);
+                    u32 b0, b1, b2, b3;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                                 : "r"(addr));
+                    at_mma(o[n], ph[0], ph[1], ph[2], ph[3], b0, b1);
+                    at_mma(o[n], pl[0], pl[1], pl[2], pl[3], b0, b1);
+                    if (n + 1 < ND) {
+                        at_mma(o[n + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
+                        at_mma(o[n + 1], pl[0], pl[1], pl[2], pl[3], b2, b3);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* the next load overwrites this stage */
+    }
+
+    if (!computes)
+        return;
+    /* O fragment n: (query r = e / 2, dims 8n + 2t + e % 2). */
+    if (n_splits <= 1) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (!qok[r])
+                continue;
+            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            float *op = a.out + ((i64)orow[r] * a.n_heads + ohead[r]) * D;
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (!qok[r])
+                continue;
+            const i64 unit = ((i64)split * a.n_rows + orow[r]) * a.n_heads + ohead[r];
+            float *op = a.part_o + unit * D;
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+            if (t == 0)
+                *(float2 *)(a.part_ml + unit * 2) = make_float2(m[r], l[r]);
+        }
+    }
+}
+
+#define ATTN_TC_KERNEL(D)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1) dflash_attention_tc_##D(const attn_tc_args a)       \
+    {                                                                                                         \
+        attention_tc_body<D>(a);                                                                              \
+    }
+
+ATTN_TC_KERNEL(16)
+ATTN_TC_KERNEL(32)
+ATTN_TC_KERNEL(64)
+ATTN_TC_KERNEL(128)
+
+/* Merge the partials of rows whose sequence has more than one split, in
+ * split order: out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
+ * grid (n_rows, n_heads), one thread per dimension (blockDim >= D). */
+extern "C" __global__ void dflash_attn_combine(const float *part_o, const float *part_ml, float *out,
+                                               const int *row_seq, const int *seq_info, int n_rows, int n_heads,
+                                               int has_extra, int D)
+{
+    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int *si = seq_info + (i64)row_seq[row] * DFLASH_SEQ_INFO_LEN;
+    const int n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
+    const int T = n_paged + (has_extra ? si[3] : 0);
+    const int n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
+    if (n_splits <= 1 || d >= D)
+        return;
+    const i64 stride = (i64)n_rows * n_heads, unit = (i64)row * n_heads + h;
+    float mx = -__int_as_float(0x7f800000);
+    for (int s = 0; s < n_splits; s++)
+        mx = fmaxf(mx, part_ml[(s * stride + unit) * 2]);
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        const float ms = part_ml[(s * stride + unit) * 2];
+        const float w = ms == -__int_as_float(0x7f800000) ? 0.0f : expf(ms - mx);
+        num += w * part_o[(s * stride + unit) * D + d];
+        den += w * part_ml[(s * stride + unit) * 2 + 1];
+    }
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    out[unit * D + d] = num * inv;
+}
