@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# gpu-test.sh: the CUDA backend's checks on a GPU machine, one command from
-# the repo root: `bash tools/gpu-test.sh` (env OUT: a folder for the logs).
+# gpu-test.sh: the CUDA backend's checks and benchmarks on a GPU machine, one
+# command from the repo root: `bash tools/gpu-test.sh` (env OUT: a folder
+# that receives gpu-test-logs.tgz, every step's log; the device tool brings
+# back only a few files). Steps, each listed with its seconds at the end:
 #  1. builds, with gcc directly (not the Makefile: the GPU image may lack the
 #     jansson/pcre2/utf8proc headers the full build needs), two programs from
 #     only src/core, src/backend, src/backend/cpu and src/backend/cuda:
@@ -8,44 +10,71 @@
 #  2. runs test_cuda_nvrtc (NVRTC compile of every kernel, embedded sources
 #     up to date, cache, backend creation on this GPU);
 #  3. runs cuda_ops_check: every op against the CPU reference at real shapes,
-#     then op timings (us, GB/s);
-#  4. runs cuda_ops_check --small under compute-sanitizer memcheck (with
-#     leak check) and racecheck;
-#  5. model checks (issue 7): builds tools/cuda/cuda_model_check.c with the
-#     whole library (every src/**/*.c but src/cli), which needs jansson,
-#     pcre2-8 and utf8proc. When they do not link from the system, the .debs
-#     that tools/gpu/fetch-debs.sh put in .debs/ (carried to the GPU machine:
+#     batch invariance (a row alone == the row in a batch, bit for bit), then
+#     op timings (us, GB/s);
+#  4. model checks: builds tools/cuda/cuda_model_check.c with the whole
+#     library (every src/**/*.c but src/cli), which needs jansson, pcre2-8
+#     and utf8proc. When they do not link from the system, the .debs that
+#     tools/gpu/fetch-debs.sh put in .debs/ (carried to the GPU machine:
 #     carry [".debs"]) are unpacked with `dpkg -x` into $B/sysroot (never
 #     into /) and the build points -I, -L and -Wl,-rpath there. Then runs it:
-#     Qwen3 and DFlash fixtures on the GPU vs the CPU and the references,
-#     greedy and speculative outputs, the embedded pair (spec == plain, tau,
-#     tok/s). Runs before the sanitizers, which are the slow, open-ended part;
-#  6. prints the op tables, the model check's FAIL and info rows, then a
-#     summary table last (with each step's seconds). Exit status non-zero if anything failed.
-# Knobs, for checking this script on a machine without a GPU (defaults run
-# everything): GPU_TEST_ONLY=model runs only stage 5; GPU_TEST_SYSROOT=force
-# uses the .debs sysroot even when the system has the libraries;
-# MODEL_CHECK_ARGS are passed to cuda_model_check (e.g. --cpu-as-gpu);
+#     Qwen3 and DFlash fixtures on the GPU vs the CPU and the references with
+#     f32 and with bf16 KV pages, greedy and speculative outputs, the
+#     embedded pair (spec == plain, tau, tok/s);
+#  5. benchmarks: builds the dflash CLI the same way and runs `dflash bench`
+#     (seed drafter bf16 and fp8, the Qwen3-8B drafter and target), then the
+#     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
+#     in the same run;
+#  6. compute-sanitizer memcheck, racecheck, synccheck on cuda_ops_check
+#     --small (slow, open-ended: last);
+#  7. prints the op tables, the model check's FAIL and info rows, the bench
+#     tables, then a summary table last. Exit status non-zero if anything
+#     failed.
+# A step that would start after GPU_TEST_DEADLINE seconds (default 540) is
+# skipped and listed as such, so the run ends inside a 600 s device call.
+# Knobs: GPU_TEST_ONLY=check (1-4, 6) | bench (5) | model (4) | all (default);
+# GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
+# libraries; MODEL_CHECK_ARGS are passed to cuda_model_check (e.g.
+# --cpu-as-gpu, to check this script on a machine without a GPU);
 # GPU_TEST_BUILD: the build folder (default build-gpu-test).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dflash-gpu-test}
 mkdir -p "$OUT"
 B=${GPU_TEST_BUILD:-build-gpu-test}
-mkdir -p "$B"
+LOG=$B/logs
+rm -rf "$LOG"
+mkdir -p "$B" "$LOG"
 export PATH=/usr/local/cuda/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+DEADLINE=${GPU_TEST_DEADLINE:-540}
 names=() rcs=() secs=()
-step() { # name, log file, command...
-    local name=$1 log=$2; shift 2
-    echo "=== $name: $*"
+step() { # name, log file, timeout seconds, command...
+    local name=$1 log=$2 limit=$3; shift 3
+    if [ "$SECONDS" -ge "$DEADLINE" ]; then
+        echo "=== $name: skipped (${SECONDS}s >= deadline ${DEADLINE}s)"
+        names+=("$name"); rcs+=("skipped"); secs+=(0)
+        return
+    fi
+    local left=$((DEADLINE + 50 - SECONDS))
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "=== $name (limit ${limit}s): $*"
     local t0=$SECONDS
-    "$@" 2>&1 | tee "$OUT/$log"
+    if [ "$(type -t "$1")" = function ]; then # builds: short, and timeout cannot run functions
+        "$@" 2>&1 | tee "$LOG/$log"
+    else
+        timeout -k 5 "$limit" "$@" 2>&1 | tee "$LOG/$log"
+    fi
     local rc=${PIPESTATUS[0]}
     names+=("$name"); rcs+=("$rc"); secs+=("$((SECONDS - t0))")
     echo "=== $name: rc=$rc"
 }
+last_ok() { [ "${rcs[${#rcs[@]}-1]}" = 0 ]; }
 ONLY=${GPU_TEST_ONLY:-all}
+want() { # group: check | bench | model
+    case "$ONLY" in all) return 0 ;; "$1") return 0 ;; check) [ "$1" = model ] ;; *) return 1 ;; esac
+}
 
 SRC="$(ls src/core/*.c) src/backend/backend.c $(ls src/backend/cpu/*.c) $(ls src/backend/cuda/*.c)"
 CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE"
@@ -57,16 +86,17 @@ build() { # output, main source
 }
 {
     echo "gcc: $(gcc --version | head -n 1)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
-} | tee "$OUT/env.txt"
-if [ "$ONLY" != model ]; then
-step build-nvrtc-test build.txt build "$B/test_cuda_nvrtc" tests/test_cuda_nvrtc.c
-step build-ops-check build2.txt build "$B/cuda_ops_check" tools/cuda/cuda_ops_check.c
-step nvrtc-test nvrtc_test.txt "$B/test_cuda_nvrtc"
-step ops-check ops_check.txt "$B/cuda_ops_check"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1 || true
+    python3 -c 'import torch; print("torch", torch.__version__)' 2>&1 || true
+} | tee "$LOG/env.txt"
+if want check; then
+    step build-nvrtc-test build.txt 120 build "$B/test_cuda_nvrtc" tests/test_cuda_nvrtc.c
+    step build-ops-check build2.txt 120 build "$B/cuda_ops_check" tools/cuda/cuda_ops_check.c
+    step nvrtc-test nvrtc_test.txt 120 "$B/test_cuda_nvrtc"
+    step ops-check ops_check.txt 240 "$B/cuda_ops_check"
 fi
 
-# ---- 5. model checks ----
+# ---- the full library (model check, CLI) ----
 LIBS="-ljansson -lpcre2-8 -lutf8proc"
 SR=$B/sysroot
 system_libs_ok() { # the three headers compile and the libraries link
@@ -94,62 +124,97 @@ make_sysroot() { # unpack every .deb of .debs/ into $SR
         find "$SR" -name 'libjansson.so' -o -name 'libpcre2-8.so' -o -name 'libutf8proc.so'
 }
 MFLAGS=""
-if [ "${GPU_TEST_SYSROOT:-}" != force ] && system_libs_ok; then
-    echo "model check: jansson/pcre2/utf8proc from the system"
-    model_ready=1
-else
-    echo "model check: jansson/pcre2/utf8proc not usable from the system (or GPU_TEST_SYSROOT=force): sysroot $SR from .debs/"
-    step sysroot sysroot.txt make_sysroot
-    model_ready=$(( ${rcs[${#rcs[@]}-1]} == 0 ))
-    LIBDIR=$(dirname "$(find "$SR" -name 'libjansson.so' 2>/dev/null | head -n 1)")
-    LIBDIR=$(cd "$LIBDIR" 2>/dev/null && pwd)
-    MFLAGS="-I$SR/usr/include -L$LIBDIR -Wl,-rpath,$LIBDIR"
-fi
-if [ "$model_ready" = 1 ]; then
-    MSRC=$(find src -name '*.c' ! -path 'src/cli/*' | sort)
-    build_model() {
-        gcc $CFLAGS $OMP $MFLAGS -o "$B/cuda_model_check" tools/cuda/cuda_model_check.c $MSRC $LIBS -ldl -lm &&
-            { ldd "$B/cuda_model_check" | grep -E 'jansson|pcre2|utf8proc' || true; }
-    }
-    step build-model-check build3.txt build_model
-    if [ "${rcs[${#rcs[@]}-1]}" = 0 ]; then
-        step model-check model_check.txt "$B/cuda_model_check" ${MODEL_CHECK_ARGS:-}
+lib_ready=0
+if want model || want bench; then
+    if [ "${GPU_TEST_SYSROOT:-}" != force ] && system_libs_ok; then
+        echo "full library: jansson/pcre2/utf8proc from the system"
+        lib_ready=1
     else
-        names+=("model-check"); rcs+=("not-built"); secs+=(0)
+        echo "full library: jansson/pcre2/utf8proc not usable from the system (or GPU_TEST_SYSROOT=force): sysroot $SR from .debs/"
+        step sysroot sysroot.txt 60 make_sysroot
+        last_ok && lib_ready=1
+        LIBDIR=$(dirname "$(find "$SR" -name 'libjansson.so' 2>/dev/null | head -n 1)")
+        LIBDIR=$(cd "$LIBDIR" 2>/dev/null && pwd)
+        MFLAGS="-I$SR/usr/include -L$LIBDIR -Wl,-rpath,$LIBDIR"
     fi
-else
-    names+=("model-check"); rcs+=("no-libs"); secs+=(0)
+fi
+MSRC=$(find src -name '*.c' ! -path 'src/cli/*' | sort)
+if want model; then
+    if [ "$lib_ready" = 1 ]; then
+        build_model() {
+            gcc $CFLAGS $OMP $MFLAGS -o "$B/cuda_model_check" tools/cuda/cuda_model_check.c $MSRC $LIBS -ldl -lm &&
+                { ldd "$B/cuda_model_check" | grep -E 'jansson|pcre2|utf8proc' || true; }
+        }
+        step build-model-check build3.txt 120 build_model
+        if last_ok; then
+            step model-check model_check.txt 240 "$B/cuda_model_check" ${MODEL_CHECK_ARGS:-}
+        else
+            names+=("model-check"); rcs+=("not-built"); secs+=(0)
+        fi
+    else
+        names+=("model-check"); rcs+=("no-libs"); secs+=(0)
+    fi
+fi
+
+# ---- 5. benchmarks: dflash bench, then the PyTorch peers, same run ----
+if want bench; then
+    if [ "$lib_ready" = 1 ]; then
+        build_cli() {
+            gcc $CFLAGS $OMP $MFLAGS -o "$B/dflash" $(ls src/cli/*.c) $MSRC $LIBS -ldl -lm
+        }
+        step build-cli build4.txt 120 build_cli
+        if last_ok; then
+            D="$B/dflash bench --device cuda"
+            step bench-seed bench_seed.txt 120 $D --preset seed-drafter --ctx 512,4096
+            step bench-seed-fp8 bench_seed_fp8.txt 120 $D --preset seed-drafter --ctx 512,4096 --drafter-quant fp8
+            step bench-8b-drafter bench_8b_drafter.txt 120 $D --preset qwen3-8b-drafter --ctx 4096
+            step bench-8b-target bench_8b_target.txt 180 $D --preset qwen3-8b-target --ctx 1,4096
+        fi
+    else
+        names+=("bench"); rcs+=("no-libs"); secs+=(0)
+    fi
+    P="python3 tools/bench/torch_drafter_peer.py --device cuda"
+    step peer-seed peer_seed.txt 150 $P --preset seed-drafter --ctx 512,4096
+    step peer-8b-drafter peer_8b_drafter.txt 150 $P --preset qwen3-8b-drafter --ctx 4096
+    step peer-target peer_target.txt 240 python3 tools/bench/torch_target_peer.py --ctx 1,4096
 fi
 
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
-if [ "$ONLY" = model ]; then
-    :
-elif [ -n "$SAN" ]; then
-    # The small run only: sanitizers slow kernels 10-100x. Kernels come from
-    # the disk cache the full run filled.
-    step memcheck memcheck.txt "$SAN" --tool memcheck --leak-check full --error-exitcode 3 "$B/cuda_ops_check" --small
-    step racecheck racecheck.txt "$SAN" --tool racecheck --error-exitcode 3 "$B/cuda_ops_check" --small
-    step synccheck synccheck.txt "$SAN" --tool synccheck --error-exitcode 3 "$B/cuda_ops_check" --small
-else
-    echo "compute-sanitizer: NOT FOUND (looked on PATH and under /usr/local/cuda); sanitizer steps not run"
-    names+=("sanitizers"); rcs+=("not-found"); secs+=(0)
+if want check && [ -x "$B/cuda_ops_check" ]; then
+    if [ -n "$SAN" ]; then
+        # The small run only: sanitizers slow kernels 10-100x. Kernels come
+        # from the disk cache the full run filled.
+        step memcheck memcheck.txt 200 "$SAN" --tool memcheck --leak-check full --error-exitcode 3 "$B/cuda_ops_check" --small
+        step racecheck racecheck.txt 200 "$SAN" --tool racecheck --error-exitcode 3 "$B/cuda_ops_check" --small
+        step synccheck synccheck.txt 200 "$SAN" --tool synccheck --error-exitcode 3 "$B/cuda_ops_check" --small
+    else
+        echo "compute-sanitizer: NOT FOUND (looked on PATH and under /usr/local/cuda); sanitizer steps not run"
+        names+=("sanitizers"); rcs+=("not-found"); secs+=(0)
+    fi
 fi
 
 # Tables last: timings and parity from the full check, the model check's
-# table, then the steps.
+# table, the benches, then the steps.
 echo
-if [ -f "$OUT/ops_check.txt" ]; then
-    sed -n '/^op  *shape (timed)/,/^$/p' "$OUT/ops_check.txt"
-    grep -E '^(op  *shape  *max err|.* FAIL$)' "$OUT/ops_check.txt" | head -n 40
-    grep '^RESULT' "$OUT/ops_check.txt" || true
+if [ -f "$LOG/ops_check.txt" ]; then
+    sed -n '/^op  *shape (timed)/,/^$/p' "$LOG/ops_check.txt"
+    grep -E '^(op  *shape  *max err|.* FAIL$)' "$LOG/ops_check.txt" | head -n 40
+    grep '^RESULT' "$LOG/ops_check.txt" || true
     echo
 fi
-if [ -f "$OUT/model_check.txt" ]; then
+if [ -f "$LOG/model_check.txt" ]; then
     # The full table is in model_check.txt: here its FAIL and info rows.
-    grep -E '^(  (plain|spec|speedup)|cuda_model_check:)' "$OUT/model_check.txt"
-    grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$OUT/model_check.txt"
+    grep -E '^(  (plain|spec|speedup)|cuda_model_check:)' "$LOG/model_check.txt"
+    grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
+for f in bench_seed bench_seed_fp8 bench_8b_drafter bench_8b_target peer_seed peer_8b_drafter peer_target; do
+    [ -f "$LOG/$f.txt" ] || continue
+    echo "--- $f"
+    grep -E '^(bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head)' "$LOG/$f.txt"
+done
+tar -czf "$OUT/gpu-test-logs.tgz" -C "$LOG" . && echo "logs: $OUT/gpu-test-logs.tgz"
+echo
 printf '%-18s %-6s %s\n' step secs result
 fail=0
 for i in "${!names[@]}"; do

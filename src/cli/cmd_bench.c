@@ -13,8 +13,10 @@
  * KV is truncated back to `ctx` after each timed call (untimed).
  *
  * Floor = bytes the call must move (weights read once, the context's K/V
- * read once: the pool is f32 on every backend) / the bandwidth measured
- * here with the backend's own copy op (bytes read + written). */
+ * read once in the pool's dtype: f32 on the CPU, bf16 on the GPU) / the
+ * bandwidth measured here (bytes read + written): on the GPU the better of
+ * the driver's device copy and the backend's own copy op, on the CPU the
+ * copy op. */
 #include <jansson.h>
 #include <omp.h>
 #include <stdio.h>
@@ -73,20 +75,21 @@ static const bench_preset *find_preset(const char *name)
 typedef struct bench_args {
     const bench_preset *preset;
     const char *device;
-    int reps, json, n_ctx;
+    int reps, json, n_ctx, fp8;
     int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
 } bench_args;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dflash bench [--preset P] [--ctx LIST] [--reps N] [--device D] [--json]\n"
+            "usage: dflash bench [--preset P] [--ctx LIST] [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards at a\n"
             "published geometry, on random bf16 weights built in memory (several GB for\n"
             "the real presets; progress on stderr), against the floor: the bytes the call\n"
-            "must move (weights read once + the context's K/V, f32) over the memory\n"
-            "bandwidth measured in the same run with the backend's copy op.\n"
+            "must move (weights read once + the context's K/V in the pool's dtype: f32 on\n"
+            "the CPU, bf16 on the GPU) over the memory bandwidth measured in the same run\n"
+            "(GPU: the faster of the driver's device copy and the backend's copy op).\n"
             "\n"
             "  --preset P     seed-drafter (default): 8 layers, H 2048, I 6144, 32:4 x 128,\n"
             "                   vocab 151936, block 16, taps [1,10,19,28,37] of 40 layers\n"
@@ -100,6 +103,8 @@ static void usage(FILE *f)
             "  --reps N       timed calls per row after %d warm-up calls (default 20);\n"
             "                 the median and the minimum are reported\n"
             "  --device D     cpu (default), cuda, or auto (cuda when a GPU is usable)\n"
+            "  --drafter-quant Q  bf16 (default) or fp8: the drafter's projection weights in\n"
+            "                 fp8 e4m3 with per-row scales (the LM head stays bf16)\n"
             "  --json         print one JSON object instead of the table\n"
             "  -h, --help     this text\n"
             "\n"
@@ -171,6 +176,14 @@ static int parse(int argc, char **argv, bench_args *a)
                 return 0;
             }
             a->device = v;
+        } else if (!strcmp(o, "--drafter-quant")) {
+            if (!(v = cli_value(argc, argv, &i)))
+                return 0;
+            if (strcmp(v, "bf16") && strcmp(v, "fp8")) {
+                fprintf(stderr, "dflash bench: --drafter-quant expects bf16 or fp8, got '%s'\n", v);
+                return 0;
+            }
+            a->fp8 = !strcmp(v, "fp8");
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
         } else {
@@ -413,8 +426,10 @@ typedef struct bench_run {
     dflash_backend *be;
     int cuda;
     char device[160];
-    double bw;        /* bytes per second, read + written */
+    double bw;        /* bytes per second, read + written: what floors divide by */
     double bw_bytes;  /* the copy's size */
+    double bw_op;     /* the backend copy op's own bandwidth */
+    double bw_driver; /* the driver's device copy (GPU), 0 on the CPU */
     bench_row rows[3 * BENCH_MAX_CTX];
     int n_rows;
 } bench_run;
@@ -513,6 +528,12 @@ static dflash_status copy_run(void *self)
     return c->be->ops->copy_rows(c->be, c->dst, c->cols, c->src, c->cols, NULL, c->n, c->cols);
 }
 
+static dflash_status driver_copy_run(void *self)
+{
+    copy_op *c = self;
+    return dflash_cuda_copy(c->be, c->dst, c->src, (size_t)c->n * (size_t)c->cols * sizeof(float));
+}
+
 /* A large copy through the backend's copy_rows op (on the CPU a memcpy per
  * row): the bandwidth the floors divide by, measured on this machine now. */
 static dflash_status measure_bandwidth(bench_run *r)
@@ -532,14 +553,20 @@ static dflash_status measure_bandwidth(bench_run *r)
         fill_f32(host, (size_t)cols, 0xb0b0ull + (uint64_t)i, 1.0f);
         s = r->be->ops->upload(r->be, c.src + (size_t)i * cols, host, row_bytes);
     }
-    double med = 0, min = 0;
+    double med = 0, min = 0, dmed = 0;
     if (s == DFLASH_OK) {
         bench_op op = { copy_run, NULL, &c };
         /* time_op's warm-up also faults the destination's pages in. */
         s = time_op(r, &op, BENCH_BW_REPS, &med, &min);
     }
+    if (s == DFLASH_OK && r->cuda) {
+        bench_op op = { driver_copy_run, NULL, &c };
+        s = time_op(r, &op, BENCH_BW_REPS, &dmed, &min);
+    }
     r->bw_bytes = (double)n * (double)row_bytes;
-    r->bw = med > 0 ? 2 * r->bw_bytes / (med * 1e-6) : 0;
+    r->bw_op = med > 0 ? 2 * r->bw_bytes / (med * 1e-6) : 0;
+    r->bw_driver = dmed > 0 ? 2 * r->bw_bytes / (dmed * 1e-6) : 0;
+    r->bw = r->bw_driver > r->bw_op ? r->bw_driver : r->bw_op;
     if (c.src)
         r->be->ops->free(r->be, c.src);
     if (c.dst)
@@ -654,7 +681,7 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     dflash_head_default_opts(&ho);
     ho.max_ctx = max_ctx + p->block;
     ho.ctx_cap = 0;                /* --ctx says how much context is visible */
-    ho.quant = DFLASH_QUANT_BF16;  /* the floors assume bf16; no lever changes that here */
+    ho.quant = r->a->fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16; /* only --drafter-quant says */
     if (r->cuda && d->dimg.len > BENCH_PROGRESS_BYTES)
         fprintf(stderr, "dflash bench: %s: copying to the GPU\n", label);
     DFLASH_TRY(dflash_head_load_st(&cfg, st, label, d->target, &ho, &d->head));
@@ -703,7 +730,8 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
     dflash_proposer *pr = &h->proposer;
     double weights = weight_bytes(&h->norm) + weight_bytes(&h->lm_head);
     for (int l = 0; l < h->cfg.num_hidden_layers; l++)
-        weights += layer_bytes(&h->layers[l].w, h->layers[l].w.lin);
+        weights += layer_bytes(&h->layers[l].w, h->quant == DFLASH_QUANT_FP8_WEIGHTS ? h->layers[l].lin_fp8
+                                                                                      : h->layers[l].w.lin);
     int filled = 0;
     const int verbose = d->dimg.len > BENCH_PROGRESS_BYTES;
     for (int c = 0; c < n_ctx; c++) {
@@ -879,11 +907,17 @@ static void print_table(const bench_run *r)
     printf("dflash bench: preset %s: ", r->a->preset->name);
     describe_preset(stdout, r->a->preset);
     printf("\ndevice: %s\n", r->device);
-    printf("bandwidth: %.1f GB/s (backend copy_rows of %.0f MiB, bytes read + written, median of %d)\n",
-           r->bw / 1e9, r->bw_bytes / (1 << 20), BENCH_BW_REPS);
+    printf("bandwidth: %.1f GB/s (copy of %.0f MiB, bytes read + written, median of %d: backend copy_rows %.1f GB/s",
+           r->bw / 1e9, r->bw_bytes / (1 << 20), BENCH_BW_REPS, r->bw_op / 1e9);
+    if (r->bw_driver > 0)
+        printf(", driver device copy %.1f GB/s", r->bw_driver / 1e9);
+    printf(")\n");
     printf("timing: median and min of %d calls after %d warm-up; floor = bytes moved / bandwidth\n"
-           "        (weights once + context K/V in f32; propose excludes fc: the context is built)\n\n",
+           "        (weights once + context K/V in the pool's dtype; propose excludes fc: the context is built)\n",
            r->a->reps, BENCH_WARMUP);
+    if (r->a->preset->drafter)
+        printf("drafter weights: %s\n", r->a->fp8 ? "fp8 e4m3 + per-row scales (LM head bf16)" : "bf16");
+    printf("\n");
     printf("%-8s %5s %7s %12s %12s %10s %12s %8s\n", "op", "rows", "ctx", "median_us", "min_us", "MB", "floor_us",
            "%floor");
     for (int i = 0; i < r->n_rows; i++) {
@@ -900,8 +934,10 @@ static void print_json(const bench_run *r)
     cli_print_json_string(stdout, r->a->preset->name, strlen(r->a->preset->name));
     printf(",\"device\":");
     cli_print_json_string(stdout, r->device, strlen(r->device));
-    printf(",\"bandwidth_gbs\":%.3f,\"bandwidth_bytes\":%.0f,\"reps\":%d,\"warmup\":%d,\"rows\":[",
-           r->bw / 1e9, r->bw_bytes, r->a->reps, BENCH_WARMUP);
+    printf(",\"bandwidth_gbs\":%.3f,\"bandwidth_copy_op_gbs\":%.3f,\"bandwidth_driver_gbs\":%.3f,"
+           "\"bandwidth_bytes\":%.0f,\"drafter_quant\":\"%s\",\"reps\":%d,\"warmup\":%d,\"rows\":[",
+           r->bw / 1e9, r->bw_op / 1e9, r->bw_driver / 1e9, r->bw_bytes, r->a->fp8 ? "fp8" : "bf16", r->a->reps,
+           BENCH_WARMUP);
     for (int i = 0; i < r->n_rows; i++) {
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);

@@ -69,14 +69,14 @@ static float *rand_f32(size_t n, float amp)
 }
 
 /* Device buffers of the current case, freed together by gpu_reset(). */
-static void *g_dev[64];
+static void *g_dev[128];
 static int g_ndev;
 
 static void *gpu_alloc(size_t bytes)
 {
     void *p;
     MUST(g_gpu->ops->alloc(g_gpu, bytes, &p));
-    if (g_ndev == 64) {
+    if (g_ndev == 128) {
         fprintf(stderr, "cuda_ops_check: too many buffers in one case\n");
         exit(2);
     }
@@ -225,6 +225,18 @@ static void check_f32(const char *op, const char *shape, const float *gdev, cons
     float *g = xmalloc(n * sizeof(float));
     gpu_get(g, gdev, n * sizeof(float));
     record(op, shape, rel_err(g, cref, n), tol);
+    free(g);
+}
+
+/* Byte-exact comparison of a device buffer with a host one. */
+static void check_exact(const char *op, const char *shape, const void *gdev, const void *cref, size_t bytes)
+{
+    unsigned char *g = xmalloc(bytes);
+    gpu_get(g, gdev, bytes);
+    size_t bad = 0;
+    for (size_t i = 0; i < bytes; i++)
+        bad += g[i] != ((const unsigned char *)cref)[i];
+    record(op, shape, bad ? INFINITY : 0.0, 0.0);
     free(g);
 }
 
@@ -446,6 +458,172 @@ static void case_linear(dflash_dtype dt, int64_t N, int64_t K, const int *rows, 
     gpu_reset();
 }
 
+/* A row's result must not depend on the rows sharing the call: every row
+ * of an n-row linear equals the same row computed alone, bit for bit. */
+static void case_linear_invariance(dflash_dtype dt, int64_t N, int64_t K, int n)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s W %lld x %lld, %d rows vs each alone", dflash_dtype_name(dt), (long long)N,
+             (long long)K, n);
+    wpair w;
+    make_weight(&w, dt, N, K, 1.0f / sqrtf((float)K) * 2.0f);
+    float *x = rand_f32((size_t)(n * K), 1.0f);
+    float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
+    float *dall = gpu_poison((size_t)(n * N)), *done = gpu_poison((size_t)N);
+    float *all = xmalloc((size_t)(n * N) * sizeof(float)), *one = xmalloc((size_t)N * sizeof(float));
+    MUST(g_gpu->ops->linear(g_gpu, dx, n, &w.d, dall));
+    gpu_get(all, dall, (size_t)(n * N) * sizeof(float));
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        MUST(g_gpu->ops->linear(g_gpu, dx + (size_t)r * K, 1, &w.d, done));
+        gpu_get(one, done, (size_t)N * sizeof(float));
+        bad += memcmp(one, all + (size_t)r * N, (size_t)N * sizeof(float)) != 0;
+    }
+    record("linear rows", shape, bad ? INFINITY : 0.0, 0.0);
+    free(x), free(all), free(one);
+    free_weight(&w);
+    gpu_reset();
+}
+
+/* Every fp8 e4m3 code through the tensor-core path: W [16, 256] holds all
+ * 256 codes (NaN codes replaced by 0) with scale 1, x one-hot rows, so each
+ * output is one decoded weight, compared exactly with the CPU decoder. */
+static void case_fp8_codes(void)
+{
+    enum { N = 16, K = 256, M = 64 };
+    uint8_t *codes = xmalloc(N * K);
+    float *scales = xmalloc(N * sizeof(float)), *x = xmalloc((size_t)M * K * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        scales[r] = 1.0f;
+        for (int k = 0; k < K; k++) {
+            int c = (k + 16 * r) & 255;
+            codes[r * K + k] = (c & 0x7f) == 0x7f ? 0 : (uint8_t)c;
+        }
+    }
+    dflash_weight h = { DFLASH_DTYPE_F8_E4M3, N, K, codes, scales, "fp8 codes" }, d = h;
+    d.data = gpu_copy(codes, N * K);
+    d.scales = gpu_copy(scales, N * sizeof(float));
+    float *ref = xmalloc((size_t)M * N * sizeof(float));
+    int bad = 0;
+    for (int base = 0; base < K; base += M) {
+        memset(x, 0, (size_t)M * K * sizeof(float));
+        for (int m = 0; m < M; m++)
+            x[m * K + base + m] = 1.0f;
+        float *dx = gpu_copy(x, (size_t)M * K * sizeof(float)), *dy = gpu_poison((size_t)M * N);
+        float *got = xmalloc((size_t)M * N * sizeof(float));
+        MUST(g_cpu->ops->linear(g_cpu, x, M, &h, ref));
+        MUST(g_gpu->ops->linear(g_gpu, dx, M, &d, dy));
+        gpu_get(got, dy, (size_t)M * N * sizeof(float));
+        bad += memcmp(got, ref, (size_t)M * N * sizeof(float)) != 0;
+        free(got);
+    }
+    record("linear fp8", "all 256 e4m3 codes, one-hot rows, exact", bad ? INFINITY : 0.0, 0.0);
+    free(codes), free(scales), free(x), free(ref);
+    gpu_reset();
+}
+
+/* linear_group against the CPU's composition (separate linears, then
+ * swiglu), and its time for the real q/k/v and gate/up shapes. */
+typedef struct group_arg {
+    const float *x;
+    int n, n_w;
+    const dflash_weight *w;
+    float *const *out;
+    enum dflash_act act;
+} group_arg;
+static dflash_status run_group(void *p)
+{
+    group_arg *a = p;
+    return dflash_be_linear_group(g_gpu, a->x, a->n, a->w, a->n_w, a->out, a->act);
+}
+
+static void case_linear_group(dflash_dtype dt, int n_w, const int64_t *N, int64_t K, enum dflash_act act, int n,
+                              int timed)
+{
+    char shape[112];
+    int len = snprintf(shape, sizeof shape, "%s %s [", dflash_dtype_name(dt),
+                       act == DFLASH_ACT_SWIGLU ? "swiglu" : "group");
+    for (int i = 0; i < n_w; i++)
+        len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
+    snprintf(shape + len, sizeof shape - (size_t)len, "] x %lld, %d rows", (long long)K, n);
+    wpair w[3];
+    dflash_weight wh[3], wd[3];
+    float *ref[3], *dout[3];
+    float *x = rand_f32((size_t)(n * K), 1.0f);
+    float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
+    double bytes = 4.0 * n * K;
+    for (int i = 0; i < n_w; i++) {
+        make_weight(&w[i], dt, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
+        wh[i] = w[i].h;
+        wd[i] = w[i].d;
+        ref[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
+        dout[i] = gpu_poison((size_t)(n * N[i]));
+        bytes += (double)N[i] * K * dflash_dtype_size(dt) + 4.0 * n * N[i];
+    }
+    MUST(dflash_be_linear_group(g_cpu, x, n, wh, n_w, ref, act));
+    MUST(dflash_be_linear_group(g_gpu, dx, n, wd, n_w, dout, act));
+    for (int i = 0; i < (act == DFLASH_ACT_SWIGLU ? 1 : n_w); i++)
+        check_f32("linear_group", shape, dout[i], ref[i], (size_t)(n * N[i]), 1e-4);
+    if (timed) {
+        group_arg a = { dx, n, n_w, wd, dout, act };
+        time_op("linear_group", shape, run_group, &a, bytes);
+    }
+    for (int i = 0; i < n_w; i++) {
+        free(ref[i]);
+        free_weight(&w[i]);
+    }
+    free(x);
+    gpu_reset();
+}
+
+/* A drafter layer's four weight passes back to back at 16 rows (q/k/v,
+ * o, gate/up + SwiGLU, down), as a propose runs them: bytes of all four
+ * over their time together. */
+typedef struct layer_arg {
+    const float *x, *xo, *xd;
+    const dflash_weight *w; /* q k v o gate up down */
+    float *const *qkv, *const *gu;
+    float *o, *down;
+    int n;
+} layer_arg;
+static dflash_status run_layer(void *p)
+{
+    layer_arg *a = p;
+    DFLASH_TRY(dflash_be_linear_group(g_gpu, a->x, a->n, a->w, 3, a->qkv, DFLASH_ACT_NONE));
+    DFLASH_TRY(g_gpu->ops->linear(g_gpu, a->xo, a->n, &a->w[3], a->o));
+    DFLASH_TRY(dflash_be_linear_group(g_gpu, a->x, a->n, &a->w[4], 2, a->gu, DFLASH_ACT_SWIGLU));
+    return g_gpu->ops->linear(g_gpu, a->xd, a->n, &a->w[6], a->down);
+}
+
+static void time_layer(dflash_dtype dt, int64_t H, int64_t QD, int64_t KD, int64_t I, int n)
+{
+    const int64_t rows[7] = { QD, KD, KD, H, I, I, H }, cols[7] = { H, H, H, QD, H, H, I };
+    wpair w[7];
+    dflash_weight wd[7];
+    double bytes = 0;
+    for (int i = 0; i < 7; i++) {
+        make_weight(&w[i], dt, rows[i], cols[i], 0.02f);
+        wd[i] = w[i].d;
+        bytes += (double)rows[i] * cols[i] * dflash_dtype_size(dt);
+    }
+    float *hx = rand_f32((size_t)(n * I), 1.0f);
+    float *x = gpu_copy(hx, (size_t)(n * H) * sizeof(float)), *xo = gpu_copy(hx, (size_t)(n * QD) * sizeof(float));
+    float *xd = gpu_copy(hx, (size_t)(n * I) * sizeof(float));
+    float *q = gpu_poison((size_t)(n * QD)), *k = gpu_poison((size_t)(n * KD)), *v = gpu_poison((size_t)(n * KD));
+    float *o = gpu_poison((size_t)(n * H)), *g = gpu_poison((size_t)(n * I)), *u = gpu_poison((size_t)(n * I));
+    float *down = gpu_poison((size_t)(n * H));
+    float *qkv[3] = { q, k, v }, *gu[2] = { g, u };
+    layer_arg a = { x, xo, xd, wd, qkv, gu, o, down, n };
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s layer H %lld I %lld q/k/v %lld/%lld, %d rows", dflash_dtype_name(dt),
+             (long long)H, (long long)I, (long long)QD, (long long)KD, n);
+    time_op("layer gemms", shape, run_layer, &a, bytes);
+    for (int i = 0; i < 7; i++)
+        free_weight(&w[i]);
+    free(hx);
+    gpu_reset();
+}
+
 /* ---- norm_rope ---------------------------------------------------------- */
 
 typedef struct rope_arg {
@@ -531,6 +709,28 @@ static void case_copy_rows(int n, int64_t cols, int64_t src_stride, int64_t dst_
     free(src);
     free(dst);
     free(idx);
+    gpu_reset();
+}
+
+/* The driver's device-to-device copy: the ceiling for memory-bound ops. */
+typedef struct dcopy_arg {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} dcopy_arg;
+static dflash_status run_dcopy(void *p)
+{
+    dcopy_arg *a = p;
+    return dflash_cuda_copy(g_gpu, a->dst, a->src, a->bytes);
+}
+
+static void time_driver_copy(size_t bytes)
+{
+    dcopy_arg a = { gpu_alloc(bytes), gpu_alloc(bytes), bytes };
+    MUST(g_gpu->ops->copy_rows(g_gpu, a.dst, 0, a.src, 0, NULL, 1, 0)); /* nothing; keeps the stream warm */
+    char shape[112];
+    snprintf(shape, sizeof shape, "%zu MiB, driver cuMemcpyDtoD", bytes >> 20);
+    time_op("copy", shape, run_dcopy, &a, 2.0 * bytes);
     gpu_reset();
 }
 
@@ -622,6 +822,7 @@ typedef struct attn_case {
     int window;   /* MODE_WINDOW */
     int ring;     /* bt_len shorter than the context: only the last (bt_len - 1) blocks are kept */
     int timed;
+    dflash_dtype kv_dt; /* pool dtype (0: F32) */
 } attn_case;
 
 typedef struct attn_run_arg {
@@ -643,17 +844,30 @@ static dflash_status run_kvw(void *p)
     return g_gpu->ops->kv_write(g_gpu, a->kv, 1, a->bt, a->bt_len, a->rs, a->pos, a->k, a->v, a->n);
 }
 
+/* Random pool content of dtype dt (bf16: random bf16 values). */
+static void *rand_pool(size_t n, dflash_dtype dt)
+{
+    if (dt == DFLASH_DTYPE_F32)
+        return rand_f32(n, 1.0f);
+    uint16_t *p = xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++)
+        p[i] = dflash_f32_to_bf16(frand());
+    return p;
+}
+
 static void case_attention(const attn_case *c)
 {
     const int S = c->n_seqs, R = c->rows_per_seq, L = c->ctx, D = c->hd, KVH = c->n_kv_heads, H = c->n_heads;
     const int row = KVH * D;
+    const dflash_dtype kdt = c->kv_dt ? c->kv_dt : DFLASH_DTYPE_F32;
+    const size_t es = dflash_dtype_size(kdt);
     const int need_blocks = (L + 15) / 16 + 1;
     const int bt_len = c->ring ? (c->ring < need_blocks ? c->ring : need_blocks) : need_blocks;
     const int lo = c->ring ? (L - (bt_len - 1) * 16 > 0 ? L - (bt_len - 1) * 16 : 0) : 0;
     const int n_layers = 2;
     char shape[112];
-    snprintf(shape, sizeof shape, "%dx%d rows, ctx %d [%d..), %d:%d x %d, %s%s", S, R, L, lo, H, KVH, D,
-             k_mode_names[c->mode], c->ring ? " ring" : "");
+    snprintf(shape, sizeof shape, "%s %dx%d rows, ctx %d [%d..), %d:%d x %d, %s%s", kdt == DFLASH_DTYPE_BF16 ? "bf16" : "f32",
+             S, R, L, lo, H, KVH, D, k_mode_names[c->mode], c->ring ? " ring" : "");
     if (c->mode == MODE_WINDOW) {
         size_t l = strlen(shape);
         snprintf(shape + l, sizeof shape - l, " (w=%d)", c->window);
@@ -673,7 +887,7 @@ static void case_attention(const attn_case *c)
     for (int i = 0; i < S * bt_len; i++)
         bt[i] = perm[i];
     const size_t pool_n = (size_t)n_blocks * n_layers * 2 * 16 * row;
-    float *pool = rand_f32(pool_n, 1.0f); /* same garbage on both sides */
+    void *pool = rand_pool(pool_n, kdt); /* same garbage on both sides */
     /* Paged K/V for positions [lo, L) of every sequence, written by kv_write. */
     const int per_seq = L - lo, nw = S * per_seq, nwa = nw > 0 ? nw : 1; /* nwa: never a 0-byte buffer */
     float *k = rand_f32((size_t)nwa * row, 1.0f), *v = rand_f32((size_t)nwa * row, 1.0f);
@@ -683,9 +897,9 @@ static void case_attention(const attn_case *c)
             rs[s * per_seq + t] = s;
             pos[s * per_seq + t] = lo + t;
         }
-    dflash_kv_layout hkv = { n_blocks, n_layers, KVH, D, DFLASH_DTYPE_F32, pool };
+    dflash_kv_layout hkv = { n_blocks, n_layers, KVH, D, kdt, pool };
     dflash_kv_layout dkv = hkv;
-    dkv.data = gpu_copy(pool, pool_n * sizeof(float));
+    dkv.data = gpu_copy(pool, pool_n * es);
     int32_t *dbt = gpu_copy(bt, (size_t)S * bt_len * sizeof(int32_t));
     int32_t *drs = gpu_copy(rs, (size_t)nwa * sizeof(int32_t));
     int32_t *dpos = gpu_copy(pos, (size_t)nwa * sizeof(int32_t));
@@ -695,12 +909,15 @@ static void case_attention(const attn_case *c)
     MUST(g_gpu->ops->kv_write(g_gpu, &dkv, 1, dbt, bt_len, drs, dpos, dk, dv, nw));
     char kshape[112];
     snprintf(kshape, sizeof kshape, "%d rows x %d, %d blocks%s", nw, row, n_blocks, c->ring ? ", ring" : "");
-    check_f32("kv_write", kshape, dkv.data, pool, pool_n, 0.0);
+    check_exact("kv_write", kshape, dkv.data, pool, pool_n * es);
     if (c->timed && nw >= 16) {
+        /* The last 16 rows rewritten with their own values: the pool the
+         * attention check reads stays as it was. */
         int n16 = 16;
-        kvw_arg a = { &dkv, dbt, bt_len, drs + nw - n16, dpos + nw - n16, dk, dv, n16 };
-        snprintf(kshape, sizeof kshape, "16 rows x %d", row);
-        time_op("kv_write", kshape, run_kvw, &a, 16.0 * row * 4 * 4);
+        kvw_arg a = { &dkv,          dbt, bt_len, drs + nw - n16, dpos + nw - n16, dk + (size_t)(nw - n16) * row,
+                      dv + (size_t)(nw - n16) * row, n16 };
+        snprintf(kshape, sizeof kshape, "%s 16 rows x %d", dflash_dtype_name(kdt), row);
+        time_op("kv_write", kshape, run_kvw, &a, 16.0 * row * (8 + 2 * es));
     }
     /* Queries. causal: the last R paged positions (the target's verify);
      * window/none: R extra rows at positions L.. (the drafter's block). */
@@ -717,6 +934,8 @@ static void case_attention(const attn_case *c)
         si[2] = use_extra ? s * R : 0;
         si[3] = use_extra ? R : 0;
         si[4] = L;
+        si[5] = s * R;
+        si[6] = R;
         for (int r = 0; r < R; r++) {
             qseq[s * R + r] = s;
             qpos[s * R + r] = use_extra ? L + r : (L - R + r >= lo ? L - R + r : lo);
@@ -725,7 +944,7 @@ static void case_attention(const attn_case *c)
     float *ref = xmalloc((size_t)NR * H * D * sizeof(float));
     dflash_attn_args ha = { NR, H, KVH, D, 1.0f / sqrtf((float)D), q, ref, qpos, qseq, info, &hkv, 1, bt, bt_len,
                             use_extra ? ke : NULL, use_extra ? ve : NULL, c->mode != MODE_NONE,
-                            c->mode == MODE_WINDOW ? c->window : 0 };
+                            c->mode == MODE_WINDOW ? c->window : 0, S, R, L - lo + (use_extra ? R : 0) };
     MUST(g_cpu->ops->attention(g_cpu, &ha));
     dflash_attn_args da = ha;
     da.q = gpu_copy(q, (size_t)NR * H * D * sizeof(float));
@@ -746,7 +965,7 @@ static void case_attention(const attn_case *c)
         int visible = L - lo + (use_extra ? R : 0);
         if (c->mode == MODE_WINDOW && c->window < visible)
             visible = c->window;
-        double bytes = (double)S * visible * row * 4 * 2 + 2.0 * NR * H * D * 4;
+        double bytes = (double)S * visible * row * es * 2 + 2.0 * NR * H * D * 4;
         time_op("attention", shape, run_attn, &a, bytes);
     }
     free(perm);
@@ -763,6 +982,62 @@ static void case_attention(const attn_case *c)
     free(qseq);
     free(info);
     free(ref);
+    gpu_reset();
+}
+
+/* Speculative == plain on the GPU needs a verify row's attention to equal
+ * the same row decoded alone: one sequence with L + 16 positions in bf16
+ * pages; 16 causal rows at L..L+15 in one call, then each row alone with
+ * the keys up to its own position only; bit-identical outputs. */
+static void case_attention_invariance(int L, int H, int KVH, int D)
+{
+    enum { R = 16 };
+    const int row = KVH * D, n_pos = L + R, bt_len = (n_pos + 15) / 16, n_blocks = bt_len + 2;
+    char shape[112];
+    snprintf(shape, sizeof shape, "bf16 ctx %d + %d rows, %d:%d x %d: verify vs decode", L, R, H, KVH, D);
+    const size_t pool_n = (size_t)n_blocks * 2 * 16 * row;
+    void *pool = rand_pool(pool_n, DFLASH_DTYPE_BF16);
+    int32_t *bt = xmalloc((size_t)bt_len * sizeof(int32_t));
+    for (int i = 0; i < bt_len; i++)
+        bt[i] = n_blocks - 1 - i;
+    float *k = rand_f32((size_t)n_pos * row, 1.0f), *v = rand_f32((size_t)n_pos * row, 1.0f);
+    float *q = rand_f32((size_t)R * H * D, 1.0f);
+    int32_t *pos = xmalloc((size_t)n_pos * sizeof(int32_t)), *rs = xmalloc((size_t)n_pos * sizeof(int32_t));
+    for (int i = 0; i < n_pos; i++) {
+        pos[i] = i;
+        rs[i] = 0;
+    }
+    dflash_kv_layout kv = { n_blocks, 1, KVH, D, DFLASH_DTYPE_BF16, gpu_copy(pool, pool_n * 2) };
+    int32_t *dbt = gpu_copy(bt, (size_t)bt_len * sizeof(int32_t)), *dpos = gpu_copy(pos, (size_t)n_pos * 4);
+    int32_t *drs = gpu_copy(rs, (size_t)n_pos * 4);
+    MUST(g_gpu->ops->kv_write(g_gpu, &kv, 0, dbt, bt_len, drs, dpos,
+                              gpu_copy(k, (size_t)n_pos * row * sizeof(float)),
+                              gpu_copy(v, (size_t)n_pos * row * sizeof(float)), n_pos));
+    float *dq = gpu_copy(q, (size_t)R * H * D * sizeof(float));
+    float *dall = gpu_poison((size_t)R * H * D), *done = gpu_poison((size_t)H * D);
+    int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, n_pos, 0, 0, 0, 0, R };
+    dflash_attn_args a = { R, H, KVH, D, 1.0f / sqrtf((float)D), dq, dall, dpos + L, drs,
+                           gpu_copy(info, sizeof info), &kv, 0, dbt, bt_len, NULL, NULL, 1, 0, 1, R, n_pos };
+    MUST(g_gpu->ops->attention(g_gpu, &a));
+    float *all = xmalloc((size_t)R * H * D * sizeof(float)), *one = xmalloc((size_t)H * D * sizeof(float));
+    gpu_get(all, dall, (size_t)R * H * D * sizeof(float));
+    int bad = 0;
+    for (int r = 0; r < R; r++) {
+        int32_t i1[DFLASH_SEQ_INFO_LEN] = { 0, L + r + 1, 0, 0, 0, 0, 1 };
+        dflash_attn_args b = a;
+        b.n_rows = 1;
+        b.q = dq + (size_t)r * H * D;
+        b.out = done;
+        b.q_pos = dpos + L + r;
+        b.seq_info = gpu_copy(i1, sizeof i1);
+        b.max_seq_rows = 1;
+        b.max_keys = L + r + 1;
+        MUST(g_gpu->ops->attention(g_gpu, &b));
+        gpu_get(one, done, (size_t)H * D * sizeof(float));
+        bad += memcmp(one, all + (size_t)r * H * D, (size_t)H * D * sizeof(float)) != 0;
+    }
+    record("attention rows", shape, bad ? INFINITY : 0.0, 0.0);
+    free(pool), free(bt), free(k), free(v), free(q), free(pos), free(rs), free(all), free(one);
     gpu_reset();
 }
 
@@ -906,6 +1181,39 @@ int main(int argc, char **argv)
         case_linear(DFLASH_DTYPE_F8_E4M3, 1001, 2056, rows, 3, 0, 0);
         case_linear(DFLASH_DTYPE_BF16, 512, 2048, rows, 3, 0, 1);
     }
+    case_fp8_codes();
+    {
+        static const int inv_rows[] = { 16, 64, 100 };
+        for (int i = 0; i < (g_small ? 1 : 3); i++) {
+            case_linear_invariance(DFLASH_DTYPE_BF16, g_small ? 72 : 4096, g_small ? 256 : 2048, inv_rows[i]);
+            case_linear_invariance(DFLASH_DTYPE_F8_E4M3, g_small ? 40 : 2048, g_small ? 512 : 6144, inv_rows[i]);
+        }
+    }
+    /* linear_group: q/k/v and gate/up + SwiGLU of the seed drafter and the
+     * Qwen3-8B geometry */
+    for (int dt = 0; dt < 2; dt++) {
+        const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+        if (g_small) {
+            const int64_t qkv[3] = { 64, 32, 32 }, gu[2] = { 96, 96 };
+            case_linear_group(d, 3, qkv, 128, DFLASH_ACT_NONE, 5, 0);
+            case_linear_group(d, 2, gu, 128, DFLASH_ACT_SWIGLU, 5, 0);
+        } else {
+            const int64_t qkv_s[3] = { 4096, 512, 512 }, gu_s[2] = { 6144, 6144 };
+            const int64_t qkv_8[3] = { 4096, 1024, 1024 }, gu_8[2] = { 12288, 12288 };
+            for (int r = 0; r < 3; r++) {
+                case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, rows[r], T && rows[r] == 16);
+                case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] == 16);
+                case_linear_group(d, 3, qkv_8, 4096, DFLASH_ACT_NONE, rows[r], T && rows[r] != 64);
+                case_linear_group(d, 2, gu_8, 4096, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] != 64);
+            }
+        }
+    }
+    if (T) {
+        time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 16);
+        time_layer(DFLASH_DTYPE_F8_E4M3, 2048, 4096, 512, 6144, 16);
+        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 16);
+        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 1);
+    }
 
     /* norm_rope */
     for (int r = 0; r < 3; r++) {
@@ -919,43 +1227,61 @@ int main(int argc, char **argv)
         }
     }
 
-    /* kv_write + attention */
+    /* kv_write + attention, f32 pages (the general kernel) and bf16 pages
+     * (the tensor-core kernel where head_dim allows) */
+    for (int kd = 0; kd < 2; kd++) {
+        const dflash_dtype dt = kd ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
+        if (g_small) {
+            const attn_case cs[] = {
+                { 1, 1, 1, 4, 2, 64, MODE_CAUSAL, 0, 0, 0, dt },   { 1, 5, 37, 4, 2, 64, MODE_CAUSAL, 0, 0, 0, dt },
+                { 2, 3, 20, 4, 1, 32, MODE_NONE, 0, 0, 0, dt },    { 1, 16, 70, 8, 2, 64, MODE_WINDOW, 24, 0, 0, dt },
+                { 1, 4, 70, 4, 2, 64, MODE_WINDOW, 40, 4, 0, dt }, { 1, 3, 50, 2, 1, 18, MODE_NONE, 0, 0, 0, dt },
+                { 1, 2, 0, 4, 2, 64, MODE_NONE, 0, 0, 0, dt },     { 1, 3, 300, 4, 2, 16, MODE_CAUSAL, 0, 0, 0, dt },
+                { 2, 16, 260, 16, 2, 128, MODE_NONE, 0, 0, 0, dt },
+            };
+            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+                case_attention(&cs[i]);
+        } else {
+            static const int ctxs[] = { 1, 17, 1000, 4097 };
+            for (int ci = 0; ci < 4; ci++)
+                for (int r = 0; r < 3; r++) {
+                    const int L = ctxs[ci], R = rows[r];
+                    const int timed = T && L == 4097 && (R == 16 || R == 1);
+                    attn_case a;
+                    /* target verify: causal over its own paged rows, 32:8 */
+                    a = (attn_case){ 1, R < L ? R : L, L, 32, 8, 128, MODE_CAUSAL, 0, 0, timed, dt };
+                    case_attention(&a);
+                    /* drafter: full layer (none) and sliding layer (window), 32:4 */
+                    a = (attn_case){ 1, R, L, 32, 4, 128, MODE_NONE, 0, 0, timed && R == 16, dt };
+                    case_attention(&a);
+                    a = (attn_case){ 1, R, L, 32, 4, 128, MODE_WINDOW, 2048, 0, 0, dt };
+                    case_attention(&a);
+                }
+            /* ring tables: a capped drafter context (bt_len 257 = 4096 + a block) */
+            attn_case rg[] = {
+                { 1, 16, 6000, 32, 4, 128, MODE_NONE, 0, 257, 0, dt },
+                { 1, 16, 6000, 32, 4, 128, MODE_WINDOW, 2048, 257, 0, dt },
+                { 2, 16, 4097, 32, 8, 128, MODE_CAUSAL, 0, 0, 0, dt },
+                { 2, 16, 300, 32, 4, 128, MODE_WINDOW, 100, 5, 0, dt },
+                { 1, 7, 100, 16, 16, 80, MODE_NONE, 0, 0, 0, dt },
+                { 1, 7, 100, 8, 2, 18, MODE_WINDOW, 50, 0, 0, dt },
+                { 1, 64, 500, 32, 4, 128, MODE_CAUSAL, 0, 0, 0, dt }, /* 512 query vectors: 4 chunks */
+                { 3, 16, 700, 16, 2, 64, MODE_NONE, 0, 0, 0, dt },
+                { 1, 16, 32768, 32, 8, 128, MODE_CAUSAL, 0, 0, T && kd, dt },
+            };
+            for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
+                case_attention(&rg[i]);
+        }
+    }
+    /* verify rows equal decode rows bit for bit (bf16 pages) */
     if (g_small) {
-        const attn_case cs[] = {
-            { 1, 1, 1, 4, 2, 64, MODE_CAUSAL, 0, 0, 0 },   { 1, 5, 37, 4, 2, 64, MODE_CAUSAL, 0, 0, 0 },
-            { 2, 3, 20, 4, 1, 32, MODE_NONE, 0, 0, 0 },    { 1, 16, 70, 8, 2, 64, MODE_WINDOW, 24, 0, 0 },
-            { 1, 4, 70, 4, 2, 64, MODE_WINDOW, 40, 4, 0 }, { 1, 3, 50, 2, 1, 18, MODE_NONE, 0, 0, 0 },
-            { 1, 2, 0, 4, 2, 64, MODE_NONE, 0, 0, 0 },
-        };
-        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
-            case_attention(&cs[i]);
+        case_attention_invariance(37, 4, 2, 64);
+        case_attention_invariance(250, 4, 2, 16);
     } else {
-        static const int ctxs[] = { 1, 17, 1000, 4097 };
-        for (int ci = 0; ci < 4; ci++)
-            for (int r = 0; r < 3; r++) {
-                const int L = ctxs[ci], R = rows[r];
-                const int timed = T && L == 4097 && R == 16;
-                attn_case a;
-                /* target verify: causal over its own paged rows, 32:8 */
-                a = (attn_case){ 1, R < L ? R : L, L, 32, 8, 128, MODE_CAUSAL, 0, 0, timed };
-                case_attention(&a);
-                /* drafter: full layer (none) and sliding layer (window), 32:4 */
-                a = (attn_case){ 1, R, L, 32, 4, 128, MODE_NONE, 0, 0, timed };
-                case_attention(&a);
-                a = (attn_case){ 1, R, L, 32, 4, 128, MODE_WINDOW, 2048, 0, timed };
-                case_attention(&a);
-            }
-        /* ring tables: a capped drafter context (bt_len 257 = 4096 + a block) */
-        attn_case rg[] = {
-            { 1, 16, 6000, 32, 4, 128, MODE_NONE, 0, 257, 0 },
-            { 1, 16, 6000, 32, 4, 128, MODE_WINDOW, 2048, 257, 0 },
-            { 2, 16, 4097, 32, 8, 128, MODE_CAUSAL, 0, 0, 0 },
-            { 2, 16, 300, 32, 4, 128, MODE_WINDOW, 100, 5, 0 },
-            { 1, 7, 100, 16, 16, 80, MODE_NONE, 0, 0, 0 },
-            { 1, 7, 100, 8, 2, 18, MODE_WINDOW, 50, 0, 0 },
-        };
-        for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
-            case_attention(&rg[i]);
+        static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090 };
+        for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++)
+            case_attention_invariance(ctxs[i], 32, 8, 128);
+        case_attention_invariance(300, 6, 2, 32);
     }
 
     /* copy_rows */
@@ -964,6 +1290,9 @@ int main(int argc, char **argv)
         case_copy_rows(5, 30, 70, 100, 1, 0);
     } else {
         case_copy_rows(16, 2048, 2048, 2048, 1, T);
+        case_copy_rows(128, 1 << 20, 1 << 20, 1 << 20, 0, T); /* 512 MiB: the copy kernel's bandwidth */
+        if (T)
+            time_driver_copy((size_t)512 << 20);
         case_copy_rows(64, 4096, 5 * 4096, 4096, 0, 0);
         case_copy_rows(16, 2048, 2048, 3 * 2048, 0, 0);
         case_copy_rows(3, 1001, 1003, 1001, 1, 0);

@@ -783,6 +783,15 @@ dflash_status dflash_cuda_timer_stop(dflash_backend *be, float *ms)
     return check_kernel_errors(c);
 }
 
+dflash_status dflash_cuda_copy(dflash_backend *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_ctx *c = CTX(be);
+    if (be->ops != &k_cuda_ops)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda copy: not a CUDA backend");
+    DFLASH_TRY(enter(c));
+    return DFLASH_CU(&c->cu, cuMemcpyDtoDAsync(DPTR(dst), DPTR(src), bytes, c->stream));
+}
+
 const char *dflash_cuda_device_desc(dflash_backend *be)
 {
     return be->ops == &k_cuda_ops ? CTX(be)->desc : "not a CUDA backend";

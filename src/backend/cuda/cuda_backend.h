@@ -25,6 +25,10 @@ dflash_status dflash_backend_cuda_create(int device, dflash_backend **out);
  * them. Not for the decode loop (timer_stop synchronizes). */
 dflash_status dflash_cuda_timer_start(dflash_backend *be);
 dflash_status dflash_cuda_timer_stop(dflash_backend *be, float *ms);
+/* For tools: a device-to-device copy by the driver (the copy engine's
+ * bandwidth, the ceiling a memory-bound kernel is measured against),
+ * ordered on the backend's stream. */
+dflash_status dflash_cuda_copy(dflash_backend *be, void *dst, const void *src, size_t bytes);
 /* "NVIDIA H200 (sm_90a, 132 SMs)" */
 const char *dflash_cuda_device_desc(dflash_backend *be);
 

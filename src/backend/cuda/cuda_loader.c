@@ -39,6 +39,7 @@ static const sym_spec k_cu_syms[] = {
     CU_SYM(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2"),
     CU_SYM(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
     CU_SYM(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+    CU_SYM(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
     CU_SYM(cuMemsetD32Async, "cuMemsetD32Async"),
     CU_SYM(cuModuleLoadData, "cuModuleLoadData"),
     CU_SYM(cuModuleUnload, "cuModuleUnload"),

@@ -63,6 +63,7 @@ typedef struct dflash_cuda_api {
     CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr *d, void *p, unsigned flags);
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream s);
     CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream s);
+    CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s);
     CUresult (*cuMemsetD32Async)(CUdeviceptr dst, unsigned v, size_t count, CUstream s);
     CUresult (*cuModuleLoadData)(CUmodule *m, const void *image);
     CUresult (*cuModuleUnload)(CUmodule m);
