@@ -60,7 +60,7 @@ static void prefill(pair *p, dflash_kv_seq *seq, void *state, const int32_t *pro
         pos[i] = i;
         rs[i] = 0;
     }
-    dflash_qwen3_batch b = { n, prompt, pos, rs, 1, &seq, 0, NULL, n_taps, taps };
+    dflash_qwen3_batch b = { n, prompt, pos, rs, 1, &seq, 0, NULL, n_taps, taps, 0 };
     float *logits, *tap_rows = NULL;
     CHECK_OK(dflash_qwen3_forward(p->t, &b, &logits, &tap_rows));
     if (!tap_rows)
@@ -137,8 +137,13 @@ static void test_context_kv_and_block(void)
             int32_t s = (int32_t)T, drafts[64];
             int nd = p.h->block_size - 1;
             if (last && want && want_d) {
+                int32_t fused[64];
+                CHECK_OK(p.h->proposer.ops->propose(&p.h->proposer, &state, 1, last, &s, nd, fused));
+                p.h->keep_logits = 1;
                 CHECK_OK(p.h->proposer.ops->propose(&p.h->proposer, &state, 1, last, &s, nd, drafts));
+                CHECK(memcmp(fused, drafts, (size_t)nd * sizeof(int32_t)) == 0); /* fused LM head + argmax */
                 double eb = fx_rel_err(dflash_head_last_logits(p.h), want, (size_t)nd * c->vocab_size);
+                p.h->keep_logits = 0;
                 printf("  %s cap %d: block logits rel err %.2e\n", k_drafters[k], capped ? 7 : 0, eb);
                 CHECKF(eb < 1e-4, "%s block logits rel err %g", k_drafters[k], eb);
                 CHECKF(memcmp(drafts, want_d, (size_t)nd * sizeof(int32_t)) == 0, "%s drafts differ", k_drafters[k]);
@@ -323,6 +328,7 @@ static void test_fp8_weights_close(void)
         CHECK_OK(dflash_qwen3_seq_init(p.t, &seq));
         CHECK_OK(p.h->proposer.ops->alloc_state(&p.h->proposer, 200, &state));
         prefill(&p, &seq, state, prompt, (int)T, NULL);
+        p.h->keep_logits = 1;
         CHECK_OK(p.h->proposer.ops->propose(&p.h->proposer, &state, 1, last, &s, nd, drafts));
         double e = fx_rel_err(dflash_head_last_logits(p.h), want, (size_t)nd * p.h->cfg.vocab_size);
         printf("  %s fp8 weights: block logits rel err %.2e\n", k_drafters[k], e);

@@ -32,7 +32,7 @@ static dflash_status run_rows(dflash_qwen3 *m, dflash_kv_seq *seq, const int32_t
         row_seq[i] = 0;
         rows[i] = i;
     }
-    dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, want_logits ? n : 0, rows, n_taps, taps };
+    dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, want_logits ? n : 0, rows, n_taps, taps, 0 };
     return dflash_qwen3_forward(m, &b, logits, tap_out);
 }
 
@@ -192,7 +192,7 @@ static void test_bad_batches(void)
     CHECK_FAILS(run_rows(m, &seq, many, 9, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG, "9 rows");
     int32_t tok[1] = { 1 }, pos[1] = { 3 }, rs[1] = { 0 }, lr[1] = { 0 };
     dflash_kv_seq *sp = &seq;
-    dflash_qwen3_batch b = { 1, tok, pos, rs, 1, &sp, 1, lr, 0, NULL };
+    dflash_qwen3_batch b = { 1, tok, pos, rs, 1, &sp, 1, lr, 0, NULL, 0 };
     CHECK_FAILS(dflash_qwen3_forward(m, &b, &logits, NULL), DFLASH_ERR_INVALID_ARG, "expected 0");
     CHECK(seq.len == 0);
     dflash_qwen3_seq_free(m, &seq);

@@ -37,3 +37,15 @@ dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, 
         return be->ops->swiglu(be, out[0], out[1], (size_t)n * (size_t)w[0].rows, out[0]);
     return DFLASH_OK;
 }
+
+dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
+                                      int32_t *ids)
+{
+    if (w->rows > 0x7fffffff)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_argmax: weight %s has %lld rows", w->name ? w->name : "?",
+                           (long long)w->rows);
+    if (be->ops->linear_argmax)
+        return be->ops->linear_argmax(be, x, n, w, logits, ids);
+    DFLASH_TRY(be->ops->linear(be, x, n, w, logits));
+    return be->ops->argmax(be, logits, n, (int)w->rows, ids);
+}

@@ -140,6 +140,11 @@ typedef struct dflash_backend_ops {
      * is scratch. */
     dflash_status (*linear_group)(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                   float *const *out, enum dflash_act act);
+    /* ids[i] = argmax over columns of row i of x W^T (argmax's rules);
+     * logits [n, W.rows] is scratch, its content afterwards unspecified
+     * (a fused backend never writes it). */
+    dflash_status (*linear_argmax)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
+                                   int32_t *ids);
 } dflash_backend_ops;
 
 struct dflash_backend {
@@ -155,6 +160,8 @@ void dflash_backend_destroy(dflash_backend *be);
  * the composition of primitives. */
 dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                      float *const *out, enum dflash_act act);
+dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
+                                      int32_t *ids);
 
 /* Typed allocation helpers; contents are undefined until written. */
 dflash_status dflash_be_alloc_f32(dflash_backend *be, size_t count, float **out);

@@ -7,8 +7,9 @@
  * What is timed, per context length:
  *   propose  one drafter propose of B-1 drafts (block forward, LM head,
  *            argmax, drafts downloaded) over `ctx` committed context rows;
- *   verify   one 16-row target forward with logits for all 16 rows;
- *   decode   one 1-row target forward with its logits.
+ *   verify   one 16-row target forward with the greedy token of all 16 rows
+ *            (LM head + argmax, as the decode loop runs it);
+ *   decode   one 1-row target forward with its greedy token.
  * Each call sees the same state: a propose keeps nothing, and the target's
  * KV is truncated back to `ctx` after each timed call (untimed).
  *
@@ -109,8 +110,9 @@ static void usage(FILE *f)
             "  -h, --help     this text\n"
             "\n"
             "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
-            "16 rows, logits for all), decode (target, 1 row). Times are per call: CUDA\n"
-            "events on the GPU, the monotonic clock around call + sync on the CPU.\n",
+            "16 rows, the greedy token of each: LM head + argmax), decode (target, 1 row).\n"
+            "Times are per call: CUDA events on the GPU, the monotonic clock around call +\n"
+            "sync on the CPU.\n",
             BENCH_WARMUP);
 }
 
@@ -782,7 +784,8 @@ typedef struct forward_op {
 static dflash_status forward_run(void *self)
 {
     forward_op *o = self;
-    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, 1, &o->seq, o->n, o->logit_rows, 0, NULL };
+    /* greedy: each row's argmax, no logits (what the decode loop asks) */
+    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, 1, &o->seq, o->n, o->logit_rows, 0, NULL, 1 };
     float *logits;
     return dflash_qwen3_forward(o->m, &b, &logits, NULL);
 }
@@ -809,7 +812,7 @@ static dflash_status prefill(dflash_qwen3 *m, dflash_kv_seq *seq, int32_t to)
             tokens[i] = random_token((uint64_t)pos[i], m->cfg.vocab_size);
             row_seq[i] = 0;
         }
-        dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, 0, NULL, 0, NULL };
+        dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, 0, NULL, 0, NULL, 0 };
         float *logits;
         DFLASH_TRY(dflash_qwen3_forward(m, &b, &logits, NULL));
     }

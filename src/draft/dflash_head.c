@@ -262,7 +262,7 @@ void dflash_head_free(dflash_head *h)
     free(h);
 }
 
-const float *dflash_head_last_logits(const dflash_head *h) { return h->s.logits; }
+const float *dflash_head_last_logits(const dflash_head *h) { return h->keep_logits ? h->s.logits : NULL; }
 
 /* ---- the context path ------------------------------------------------- */
 
@@ -382,8 +382,12 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     /* Row j predicts the token at its own position s+j; row 0 is discarded. */
     const int nd = n_seqs * n_drafts;
     DFLASH_TRY(o->copy_rows(h->be, s->hsel, c->hidden_size, s->b.xn, c->hidden_size, s->sel, nd, c->hidden_size));
-    DFLASH_TRY(o->linear(h->be, s->hsel, nd, &h->lm_head, s->logits));
-    DFLASH_TRY(o->argmax(h->be, s->logits, nd, c->vocab_size, s->argmax));
+    if (h->keep_logits) {
+        DFLASH_TRY(o->linear(h->be, s->hsel, nd, &h->lm_head, s->logits));
+        DFLASH_TRY(o->argmax(h->be, s->logits, nd, c->vocab_size, s->argmax));
+    } else {
+        DFLASH_TRY(dflash_be_linear_argmax(h->be, s->hsel, nd, &h->lm_head, s->logits, s->argmax));
+    }
     DFLASH_TRY(o->download(h->be, drafts, s->argmax, (size_t)nd * sizeof(int32_t)));
     h->last_rows = nd;
     return DFLASH_OK;

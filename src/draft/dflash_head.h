@@ -88,6 +88,7 @@ typedef struct dflash_head {
     int bt_len;                /* block table (ring) length per sequence */
     int max_rows;
     int last_rows;             /* rows of logits from the last propose */
+    int keep_logits;           /* materialize the block's logits (tests, tools); else LM head + argmax fused */
     dflash_kv_pool kv;
     dflash_kernels kernels;
     dflash_scratch s;
@@ -111,7 +112,9 @@ dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st,
 void dflash_head_free(dflash_head *h);
 
 /* Block-forward logits of the last propose ([rows, V] with rows = n_seqs *
- * n_drafts, sequence-major, backend memory); for tests and tools. */
+ * n_drafts, sequence-major, backend memory) when h->keep_logits was set
+ * before it (tests and tools; the decode loop leaves it 0 so the LM head
+ * and argmax run fused), else NULL. */
 const float *dflash_head_last_logits(const dflash_head *h);
 
 #endif

@@ -71,16 +71,14 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
     }
     dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = positions, .row_seq = row_seq,
                              .n_seqs = 1, .seqs = &seq, .n_logit_rows = n_logit, .logit_rows = logit_rows,
-                             .n_taps = n_taps, .tap_layers = taps };
+                             .n_taps = n_taps, .tap_layers = taps, .argmax_only = !host_logits };
     float *logits;
     DFLASH_TRY(dflash_qwen3_forward(t, &b, &logits, taps_out));
-    if (n_logit > 0 && host_logits) {
+    if (n_logit > 0 && host_logits)
         DFLASH_TRY(t->be->ops->download(t->be, host_logits, logits,
                                         (size_t)n_logit * (size_t)t->cfg.vocab_size * sizeof(float)));
-    } else if (n_logit > 0) {
-        DFLASH_TRY(t->be->ops->argmax(t->be, logits, n_logit, t->cfg.vocab_size, t->s.sel));
-        DFLASH_TRY(t->be->ops->download(t->be, argmax_out, t->s.sel, (size_t)n_logit * sizeof(int32_t)));
-    }
+    else if (n_logit > 0)
+        DFLASH_TRY(t->be->ops->download(t->be, argmax_out, t->s.best, (size_t)n_logit * sizeof(int32_t)));
     return DFLASH_OK;
 }
 

@@ -56,6 +56,7 @@ static dflash_status alloc_scratch(dflash_qwen3 *m)
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->ids));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->row_seq));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->sel));
+    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->best));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
     return dflash_be_alloc_i32(m->be, S * (size_t)m->bt_len, &s->block_tables);
 }
@@ -64,7 +65,7 @@ static void free_scratch(dflash_qwen3 *m)
 {
     qwen3_scratch *s = &m->s;
     qwen3_bufs_free(m->be, &s->b);
-    void *p[] = { s->logits, s->taps, s->hsel, s->ids, s->row_seq, s->sel, s->seq_info, s->block_tables };
+    void *p[] = { s->logits, s->taps, s->hsel, s->ids, s->row_seq, s->sel, s->best, s->seq_info, s->block_tables };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             m->be->ops->free(m->be, p[i]);
@@ -292,8 +293,13 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
         DFLASH_TRY(o->upload(m->be, m->s.sel, b->logit_rows, (size_t)b->n_logit_rows * sizeof(int32_t)));
         DFLASH_TRY(o->copy_rows(m->be, m->s.hsel, c->hidden_size, m->s.b.xn, c->hidden_size, m->s.sel,
                                 b->n_logit_rows, c->hidden_size));
-        DFLASH_TRY(o->linear(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits));
-        *logits = m->s.logits;
+        if (b->argmax_only) {
+            DFLASH_TRY(dflash_be_linear_argmax(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits,
+                                               m->s.best));
+        } else {
+            DFLASH_TRY(o->linear(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits));
+            *logits = m->s.logits;
+        }
     }
     if (taps && b->n_taps > 0)
         *taps = m->s.taps;

@@ -33,6 +33,7 @@ typedef struct qwen3_scratch {
     float *taps;                    /* [R, DFLASH_MAX_TAPS * H] */
     float *hsel;                    /* [R, H] rows gathered for the LM head */
     int32_t *ids, *row_seq, *sel;   /* [R] */
+    int32_t *best;                  /* [R] argmax of the logit rows (greedy) */
     int32_t *seq_info;              /* [S * DFLASH_SEQ_INFO_LEN] */
     int32_t *block_tables;          /* [S * bt_len] */
 } qwen3_scratch;
@@ -65,6 +66,8 @@ typedef struct dflash_qwen3_batch {
     const int32_t *logit_rows; /* host [n_logit_rows] */
     int n_taps;                /* target layers to tap (0: none) */
     const int *tap_layers;     /* [n_taps] */
+    int argmax_only;           /* 1: the logit rows' argmax into m->s.best (LM head and
+                                  argmax fused where the backend can), no logits */
 } dflash_qwen3_batch;
 
 /* Load a Qwen3 folder (config.json + safetensors). */
@@ -84,7 +87,9 @@ void dflash_qwen3_seq_free(dflash_qwen3 *m, dflash_kv_seq *seq);
 
 /* Run the batch. On success the KV of every row is stored, each seq's len
  * covers its rows, and (in backend memory, valid until the next forward):
- *   *logits = [n_logit_rows, V], *taps = [n_rows, n_taps * H] (NULL if none). */
+ *   *logits = [n_logit_rows, V] (NULL with argmax_only: m->s.best
+ *   [n_logit_rows] holds each row's argmax), *taps = [n_rows, n_taps * H]
+ *   (NULL if none). */
 dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps);
 
 #endif

@@ -56,6 +56,11 @@
 #define BOUND_CPU 1e-4   /* GPU vs CPU: max|d| / max|cpu| */
 #define BOUND_REF 1e-4   /* GPU vs transformers / PyTorch: ||d|| / ||ref|| (f32 KV) */
 #define BOUND_REF_BF16 2e-2 /* the same with bf16 KV pages (the references keep f32 K/V) */
+/* GPU vs CPU when both keep bf16 pages: a K or V value within f32 rounding
+ * of a bf16 rounding boundary rounds differently on the two sides (one
+ * bf16 ulp, 2^-8 relative), so the comparison is not f32-tight; measured
+ * 2e-4 .. 1.6e-3 on the fixtures. */
+#define BOUND_CPU_BF16 5e-3
 #define PYSTD_NEW 128
 #define MAX_FX 64        /* fixture rows / tokens at most */
 
@@ -67,6 +72,7 @@ static const char *g_gpu_name = "gpu";
  * token sequences are compared with the CPU's and with plain decoding. */
 static dflash_dtype g_kv = DFLASH_DTYPE_F32;
 static double bound_ref(void) { return g_kv == DFLASH_DTYPE_F32 ? BOUND_REF : BOUND_REF_BF16; }
+static double bound_cpu(void) { return g_kv == DFLASH_DTYPE_F32 ? BOUND_CPU : BOUND_CPU_BF16; }
 
 /* ---- the results table ---------------------------------------------------- */
 
@@ -169,17 +175,19 @@ static double max_rel_err(const float *a, const float *b, size_t n)
     return d / (m > 0 ? m : 1e-30);
 }
 
-/* GPU tensor vs the CPU's: max-normalized error within BOUND_CPU, no NaN. */
+/* GPU tensor vs the CPU's: max-normalized error within bound_cpu(), no NaN. */
 static int cmp_cpu(const char *what, const float *gpu, const float *cpu, size_t n)
 {
     if (!gpu || !cpu)
         return add_row(what, 0, NULL, "missing");
     size_t nan = count_nan(gpu, n);
     double e = max_rel_err(gpu, cpu, n);
+    char b[12];
+    snprintf(b, sizeof b, "%.0e", bound_cpu());
     printf("  %-34s max rel err %.2e\n", what, e);
     if (nan)
-        return add_row(what, 0, "1e-04", "%zu NaN of %zu", nan, n);
-    return add_row(what, e <= BOUND_CPU, "1e-04", "%.2e", e);
+        return add_row(what, 0, b, "%zu NaN of %zu", nan, n);
+    return add_row(what, e <= bound_cpu(), b, "%.2e", e);
 }
 
 /* GPU tensor vs a transformers / PyTorch reference: the CPU tests' L2
@@ -283,7 +291,7 @@ static int forward_all(dflash_qwen3 *m, const int32_t *tokens, int n, int n_taps
             rs[i] = 0;
             sel[i] = i;
         }
-        dflash_qwen3_batch b = { c, tokens + done, pos, rs, 1, &sp, c, sel, n_taps, taps };
+        dflash_qwen3_batch b = { c, tokens + done, pos, rs, 1, &sp, c, sel, n_taps, taps, 0 };
         float *dl = NULL, *dt = NULL;
         ok = step(dflash_qwen3_forward(m, &b, &dl, &dt), what) &&
              step(m->be->ops->download(m->be, hl + (size_t)done * V, dl, (size_t)c * V * sizeof(float)), what);
@@ -355,16 +363,18 @@ static void check_qwen3(const char *name)
             double ec = max_rel_err(sg, sc, (size_t)T * H), er = hl ? fx_rel_err(sg, hl, (size_t)T * H) : INFINITY;
             worst_cpu = ec > worst_cpu ? ec : worst_cpu;
             worst_ref = er > worst_ref ? er : worst_ref;
-            if ((ec > BOUND_CPU || !(er < bound_ref())) && bad < 0)
+            if ((ec > bound_cpu() || !(er < bound_ref())) && bad < 0)
                 bad = l;
         }
         printf("  %-34s max rel err %.2e (worst layer), hf rel err %.2e\n", "taps (all layers)", worst_cpu, worst_ref);
+        char blab[12];
+        snprintf(blab, sizeof blab, "%.0e", bound_cpu());
         if (nan)
-            add_row("taps gpu (all layers)", 0, "1e-04", "%zu NaN", nan);
+            add_row("taps gpu (all layers)", 0, blab, "%zu NaN", nan);
         else if (bad >= 0)
-            add_row("taps gpu (all layers)", 0, "1e-04", "layer %d: cpu %.1e hf %.1e", bad, worst_cpu, worst_ref);
+            add_row("taps gpu (all layers)", 0, blab, "layer %d: cpu %.1e hf %.1e", bad, worst_cpu, worst_ref);
         else
-            add_row("taps gpu (all layers)", 1, "1e-04", "cpu %.1e hf %.1e", worst_cpu, worst_ref);
+            add_row("taps gpu (all layers)", 1, blab, "cpu %.1e hf %.1e", worst_cpu, worst_ref);
     }
     /* greedy generation on the GPU */
     int64_t P = 0, N = 0;
@@ -480,7 +490,7 @@ static int run_block(pair *p, const int32_t *prompt, int T, int32_t last, block_
         return 0;
     if (step(pr->ops->alloc_state(pr, 200, &state), what)) {
         dflash_kv_seq *sp = &seq;
-        dflash_qwen3_batch b = { T, prompt, pos, rs, 1, &sp, 0, NULL, n_taps, taps };
+        dflash_qwen3_batch b = { T, prompt, pos, rs, 1, &sp, 0, NULL, n_taps, taps, 0 };
         float *logits = NULL, *tap_rows = NULL;
         int32_t s = T;
         dflash_proposer_state *ps = state;
@@ -493,8 +503,16 @@ static int run_block(pair *p, const int32_t *prompt, int T, int32_t last, block_
                     o->bt_len = ps->kv.bt_len;
                     o->kv = dl_f32(be, kv->data, kv_n, what);
                 }
-                ok = step(pr->ops->propose(pr, &state, 1, &last, &s, o->nd, o->drafts), what) &&
+                /* the decode loop's fused LM head + argmax, then again with logits kept */
+                int32_t fused[DFLASH_MAX_BLOCK];
+                p->h->keep_logits = 0;
+                ok = step(pr->ops->propose(pr, &state, 1, &last, &s, o->nd, fused), what);
+                p->h->keep_logits = 1;
+                ok = ok && step(pr->ops->propose(pr, &state, 1, &last, &s, o->nd, o->drafts), what) &&
                      (o->logits = dl_f32(be, dflash_head_last_logits(p->h), (size_t)o->nd * V, what)) != NULL;
+                p->h->keep_logits = 0;
+                if (ok)
+                    cmp_ids("drafts fused==unfused", fused, o->nd, o->drafts, o->nd);
             }
         }
         pr->ops->free_state(pr, state);

@@ -624,6 +624,72 @@ static void time_layer(dflash_dtype dt, int64_t H, int64_t QD, int64_t KD, int64
     gpu_reset();
 }
 
+/* The fused LM head + argmax against the CPU's linear + argmax, ids
+ * exact. special 1: two equal weight rows far above the rest (a tie: the
+ * lower index wins) and a NaN row (never wins); special 2: a NaN row 0
+ * (the answer is 0, as the CPU's scan never moves off column 0). */
+typedef struct lam_arg {
+    const float *x;
+    int n;
+    const dflash_weight *w;
+    float *logits;
+    int32_t *ids;
+} lam_arg;
+static dflash_status run_lin_argmax(void *p)
+{
+    lam_arg *a = p;
+    return dflash_be_linear_argmax(g_gpu, a->x, a->n, a->w, a->logits, a->ids);
+}
+
+static void case_linear_argmax(dflash_dtype dt, int64_t N, int64_t K, int n, int special, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s W %lld x %lld, %d rows%s", dflash_dtype_name(dt), (long long)N, (long long)K,
+             n, special == 1 ? ", tie + NaN row" : special == 2 ? ", NaN row 0" : "");
+    float *hw = rand_f32((size_t)(N * K), 0.02f);
+    float *x = rand_f32((size_t)(n * K), 1.0f);
+    if (special == 1) {
+        for (int64_t k = 0; k < K; k++) {
+            hw[300 * K + k] = hw[200 * K + k] = 0.06f; /* equal rows, far above the rest for x > 0 */
+            hw[50 * K + k] = k == 7 ? NAN : hw[50 * K + k];
+        }
+        for (int64_t i = 0; i < n * K; i++)
+            x[i] = fabsf(x[i]) + 0.1f;
+    } else if (special == 2) {
+        hw[3] = NAN;
+    }
+    /* the weight in dt (fp8: per-row scales), built from hw */
+    wpair w;
+    make_weight(&w, dt, N, K, 1.0f);
+    if (dt == DFLASH_DTYPE_BF16) {
+        for (size_t i = 0; i < (size_t)(N * K); i++)
+            ((uint16_t *)w.hdata)[i] = dflash_f32_to_bf16(hw[i]);
+        MUST(g_gpu->ops->upload(g_gpu, (void *)w.d.data, w.hdata, (size_t)(N * K) * 2));
+    }
+    int32_t *ref = xmalloc((size_t)n * sizeof(int32_t)), *got = xmalloc((size_t)n * sizeof(int32_t));
+    float *lref = xmalloc((size_t)(n * N) * sizeof(float));
+    float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float)), *dl = gpu_poison((size_t)(n * N));
+    int32_t *dids = gpu_alloc((size_t)n * sizeof(int32_t));
+    MUST(dflash_be_linear_argmax(g_cpu, x, n, &w.h, lref, ref));
+    MUST(dflash_be_linear_argmax(g_gpu, dx, n, &w.d, dl, dids));
+    gpu_get(got, dids, (size_t)n * sizeof(int32_t));
+    int bad = memcmp(got, ref, (size_t)n * sizeof(int32_t)) != 0;
+    if (special == 1)
+        bad += dt == DFLASH_DTYPE_BF16 && got[0] != 200;
+    if (special == 2)
+        bad += got[0] != 0;
+    if (bad)
+        printf("     linear_argmax %s: gpu %d cpu %d (row 0)\n", shape, got[0], ref[0]);
+    record("linear_argmax", shape, bad ? INFINITY : 0.0, 0.0);
+    if (timed) {
+        lam_arg a = { dx, n, &w.d, dl, dids };
+        time_op("linear_argmax", shape, run_lin_argmax, &a, (double)N * K * dflash_dtype_size(dt) + 4.0 * n * K);
+    }
+    free(hw), free(x), free(ref), free(got), free(lref);
+    free_weight(&w);
+    gpu_reset();
+}
+
 /* ---- norm_rope ---------------------------------------------------------- */
 
 typedef struct rope_arg {
@@ -1207,6 +1273,19 @@ int main(int argc, char **argv)
                 case_linear_group(d, 2, gu_8, 4096, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] != 64);
             }
         }
+    }
+    if (g_small) {
+        case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 0, 0);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 1, 0);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 3, 2, 0);
+    } else {
+        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 15, 0, T);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 16, 0, T);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 1, 0, T);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 70, 1, 0);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 16, 2, 0);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 5000, 2048, 16, 1, 0); /* split-K: the last block's epilogue */
+        case_linear_argmax(DFLASH_DTYPE_F8_E4M3, 151936, 2048, 15, 0, T);
     }
     if (T) {
         time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 16);

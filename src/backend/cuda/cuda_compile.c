@@ -45,6 +45,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ATTENTION_TC_128] = { "attention_tc.cu", "dflash_attention_tc_128" },
     [DFK_ATTN_COMBINE] = { "attention_tc.cu", "dflash_attn_combine" },
     [DFK_ARGMAX] = { "argmax.cu", "dflash_argmax" },
+    [DFK_ARGMAX_FINISH] = { "gemm.cu", "dflash_argmax_finish" },
 };
 
 /* -lineinfo costs nothing at run time and lets compute-sanitizer and

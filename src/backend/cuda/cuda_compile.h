@@ -44,6 +44,7 @@ typedef enum dflash_cuda_kernel_id {
     DFK_ATTENTION_TC_128,
     DFK_ATTN_COMBINE,
     DFK_ARGMAX,
+    DFK_ARGMAX_FINISH, /* gemm.cu: the fused LM head + argmax's last step */
     DFK_COUNT
 } dflash_cuda_kernel_id;
 

@@ -335,31 +335,49 @@ ATTN_TC_KERNEL(32)
 ATTN_TC_KERNEL(64)
 ATTN_TC_KERNEL(128)
 
-/* Merge the partials of rows whose sequence has more than one split, in
- * split order: out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
- * grid (n_rows, n_heads), one thread per dimension (blockDim >= D). */
-extern "C" __global__ void dflash_attn_combine(const float *part_o, const float *part_ml, float *out,
-                                               const int *row_seq, const int *seq_info, int n_rows, int n_heads,
-                                               int has_extra, int D)
+/* Merge the partials of rows whose sequence has more than one split:
+ * out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m) (0 for a
+ * split the row cannot see). grid (n_rows, n_heads), 128 threads: the
+ * split weights go to shared memory in one pass (no chain of dependent
+ * loads per split), the denominator is a fixed-shape tree, the numerator
+ * each dimension's sum in split order. Splits a row cannot see add exact
+ * zeros, so one split or several give the same bits. */
+#define AT_MAX_SPLITS 2048
+extern "C" __global__ void __launch_bounds__(128) dflash_attn_combine(const float *part_o, const float *part_ml,
+                                                                      float *out, const int *row_seq,
+                                                                      const int *seq_info, int n_rows, int n_heads,
+                                                                      int has_extra, int D)
 {
-    const int row = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    __shared__ float w[AT_MAX_SPLITS];
+    __shared__ float scratch[32];
+    const int row = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     const int *si = seq_info + (i64)row_seq[row] * DFLASH_SEQ_INFO_LEN;
     const int n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
     const int T = n_paged + (has_extra ? si[3] : 0);
     const int n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
-    if (n_splits <= 1 || d >= D)
-        return;
+    if (n_splits <= 1)
+        return; /* the attention kernel wrote this row */
+    const float NEG = -__int_as_float(0x7f800000);
     const i64 stride = (i64)n_rows * n_heads, unit = (i64)row * n_heads + h;
-    float mx = -__int_as_float(0x7f800000);
-    for (int s = 0; s < n_splits; s++)
-        mx = fmaxf(mx, part_ml[(s * stride + unit) * 2]);
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        const float ms = part_ml[(s * stride + unit) * 2];
-        const float w = ms == -__int_as_float(0x7f800000) ? 0.0f : expf(ms - mx);
-        num += w * part_o[(s * stride + unit) * D + d];
-        den += w * part_ml[(s * stride + unit) * 2 + 1];
+    float mx = NEG;
+    for (int s = tid; s < n_splits; s += blockDim.x) {
+        w[s] = part_ml[(s * stride + unit) * 2];
+        mx = fmaxf(mx, w[s]);
     }
+    mx = block_max(mx, scratch);
+    float den = 0.0f;
+    for (int s = tid; s < n_splits; s += blockDim.x) {
+        const float ws = w[s] == NEG ? 0.0f : expf(w[s] - mx);
+        w[s] = ws;
+        den += ws * part_ml[(s * stride + unit) * 2 + 1];
+    }
+    den = block_sum(den, scratch); /* also orders the w[] writes before the reads below */
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    out[unit * D + d] = num * inv;
+    for (int d = tid; d < D; d += blockDim.x) {
+        float num = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < n_splits; s++)
+            num += w[s] * part_o[(s * stride + unit) * D + d];
+        out[unit * D + d] = num * inv;
+    }
 }

@@ -4,8 +4,7 @@
  *
  * The product is computed transposed, out^T = W x^T, with
  * mma.m16n8k16 (bf16 in, f32 accumulate): the A operand is 16 weight rows,
- * the B operand 8 activation rows, so one row pays for 8 and 16 rows for 16
- * (not 16 weight rows per activation row as a 16-row-high tile would).
+ * the B operand 8 activation rows, so one activation row pays for 8.
  *
  * Exactness. Activations are f32 and the CPU reference multiplies them in
  * f32, so each one is split into two bf16 numbers, hi = bf16(x) and
@@ -14,37 +13,45 @@
  * the products accumulate in f32. The result agrees with the CPU within f32
  * rounding of a different summation order.
  *
- * No shared memory for operands: the order of the k index inside one mma is
- * free (a dot product does not care), so each thread loads 16 contiguous
- * bytes of a weight row and of an activation row and both operands use the
- * same permutation: lane (g, t) holds physical k = k0 + 8t + {0..3} of rows
- * g and g+8 in the slots the instruction calls k = {2t, 2t+1, 2t+8, 2t+9},
- * and k0 + 8t + {4..7} for the next k16 step (fp8: 16 bytes, four steps).
- * Weights stream straight from DRAM into registers, a chunk ahead of use;
- * activation rows are small and come from L1/L2.
+ * Layout of the work. A block is 8 warps over 128 weight rows (16 each) and
+ * one K slice; the blocks of a row block's S slices (split-K) write
+ * partial sums to a workspace and the last one to arrive adds them in
+ * slice order (a counter per row block), then runs the epilogue. Weights
+ * stream from DRAM straight into registers, a chunk ahead of use. The
+ * block's activation rows are split into hi/lo once per chunk into shared
+ * memory, where all 8 warps read them: activations cost L2 traffic of
+ * M / 64 of the weights' (M rows), not a re-read per warp.
  *
- * Work split. A warp job is 16 weight rows x one K range; the S jobs of a
- * 16-row tile (split-K, S in 1..8) sit in one block and are summed in a
- * fixed order in shared memory. S depends only on the matrix shape and the
- * device, never on the number of activation rows, and every activation row
- * is an independent column of the mma: a row's result does not change with
- * the batch it shares (speculative output stays bit-identical to plain).
+ * Operand order. Inside one mma the order of the k index is free (a dot
+ * product does not care), so each thread loads 16 contiguous bytes of a
+ * weight row and both operands use the same permutation: lane (g, t) holds
+ * physical k = k0 + 8t + {0..3} of rows g and g+8 in the slots the
+ * instruction calls k = {2t, 2t+1, 2t+8, 2t+9}, and k0 + 8t + {4..7} for the
+ * next k16 step (fp8: 16 bytes, four steps).
  *
- * Up to three weights with the same K share one launch (q, k, v), each with
- * its own output; or two (gate, up) whose outputs combine as
- * silu(gate) * up in the epilogue. */
+ * Batch independence. S depends only on the matrix shape and the device,
+ * never on the number of activation rows, and every activation row is an
+ * independent column of the mma: a row's result does not change with the
+ * batch it shares (speculative output stays bit-identical to plain).
+ *
+ * Epilogues: store (up to three weights with the same K share a launch,
+ * each with its own output: q, k, v); SwiGLU (two weights, gate and up:
+ * a block takes 64 rows of each and writes silu(gate) * up); argmax (the
+ * best column of each activation row within the block, for
+ * dflash_argmax_finish; the outputs themselves are stored only on request). */
 #include "common.cuh"
 
 #define GM_THREADS 256
 #define GM_WARPS 8
-/* 16-byte loads per weight row per thread per chunk (a chunk is loaded
- * while the previous one is multiplied): 4 while registers allow it (fp8
- * needs more of them to widen its weights). */
-#define GM_LOADS(FP8, NT) ((NT) >= 8 ? ((FP8) ? 1 : 2) : ((FP8) && (NT) >= 4 ? 2 : 4))
+#define GM_RB 128 /* weight rows per block (SwiGLU: 64 of gate and 64 of up) */
 #define GM_MAX_W 3
+/* 16-byte weight loads per weight row per thread per chunk (a chunk is
+ * loaded while the previous one is multiplied). */
+#define GM_LOADS(FP8, NT) ((NT) >= 8 ? ((FP8) ? 1 : 2) : (NT) >= 4 || (FP8) ? 2 : 4)
 
 #define GM_STORE 0
 #define GM_SWIGLU 1
+#define GM_ARGMAX 2
 
 /* cuda_backend.c mirrors this layout. */
 struct gemm_args {
@@ -52,12 +59,17 @@ struct gemm_args {
     const float *scales[GM_MAX_W]; /* fp8: [n[i]] per-row scales */
     float *out[GM_MAX_W];          /* [m, n[i]] */
     i64 n[GM_MAX_W];
-    i64 tiles[GM_MAX_W];           /* ceil(n[i] / 16) */
+    i64 blocks[GM_MAX_W];          /* row blocks of each weight */
     const float *x;                /* [m, k] */
     i64 k;
-    int m, n_w, split, mode;
+    float *ws;                     /* split > 1: partials [split][m][n_all] */
+    int *counters;                 /* split > 1: [row blocks], zero between calls */
+    float *am_val;                 /* argmax: [m][row blocks] best value */
+    int *am_idx;                   /* argmax: [m][row blocks] its column */
+    int *am_nan0;                  /* argmax: [m] output column 0 is NaN */
+    int m, n_w, split, mode, store;
 };
-static_assert(sizeof(gemm_args) == 152, "mirrored by gemm_args in cuda_backend.c");
+static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_backend.c");
 
 /* Two f32 -> one bf16x2 register, `lo_elem` in the low half (round to
  * nearest even, as dflash_f32_to_bf16). */
@@ -68,14 +80,16 @@ __forceinline__ u32 pack_bf16(float lo_elem, float hi_elem)
     return r;
 }
 
-/* The bf16 hi/lo split of four consecutive activations: hi[0] holds (a, b),
- * hi[1] (c, d); lo the remainders. */
-__forceinline__ void split4(float4 v, u32 *hi, u32 *lo)
+/* The bf16 hi/lo split of four consecutive activations as one 16-byte B
+ * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
+__forceinline__ uint4 split4(float4 v)
 {
-    hi[0] = pack_bf16(v.x, v.y);
-    hi[1] = pack_bf16(v.z, v.w);
-    lo[0] = pack_bf16(v.x - __uint_as_float(hi[0] << 16), v.y - __uint_as_float(hi[0] & 0xffff0000u));
-    lo[1] = pack_bf16(v.z - __uint_as_float(hi[1] << 16), v.w - __uint_as_float(hi[1] & 0xffff0000u));
+    uint4 r;
+    r.x = pack_bf16(v.x, v.y);
+    r.y = pack_bf16(v.z, v.w);
+    r.z = pack_bf16(v.x - __uint_as_float(r.x << 16), v.y - __uint_as_float(r.x & 0xffff0000u));
+    r.w = pack_bf16(v.z - __uint_as_float(r.y << 16), v.w - __uint_as_float(r.y & 0xffff0000u));
+    return r;
 }
 
 /* Two fp8 e4m3 (low byte first) -> bf16x2, exactly: e4m3 -> f16 is exact
@@ -90,9 +104,9 @@ __forceinline__ u32 fp8x2_to_bf16x2(u32 two)
 __forceinline__ void mma_bf16(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
 {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 /* Weights are read once: keep them out of L1 and ask L2 for whole 256-byte
@@ -106,110 +120,138 @@ __forceinline__ uint4 load_stream(const void *p)
     return r;
 }
 
-__forceinline__ float4 load_x4(const float *x, int row, int m, i64 k, i64 off)
-{
-    return row < m ? *(const float4 *)(x + (i64)row * k + off) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-}
-
-/* One k16 step: acc[j] += A * (hi + lo) of activation tile j, where tile j's
- * four activations of this lane start at x[8j + g][kpos]. One tile at a
- * time keeps few registers live. */
-template <int NT>
-__forceinline__ void mma_step(float (*acc)[4], u32 a0, u32 a1, u32 a2, u32 a3, const float *x, int m, i64 k,
-                              i64 kpos, int g)
+/* One k16 step: acc[j] += A * (hi + lo) of activation tile j, whose B
+ * fragment source for this lane is xs[(8j + g) * XW + idx]. */
+template <int NT, int XW>
+__forceinline__ void mma_step(float (*acc)[4], u32 a0, u32 a1, u32 a2, u32 a3, const uint4 *xs, int g, int idx)
 {
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        u32 hi[2], lo[2];
-        split4(load_x4(x, 8 * j + g, m, k, kpos), hi, lo);
-        mma_bf16(acc[j], a0, a1, a2, a3, hi[0], hi[1]);
-        mma_bf16(acc[j], a0, a1, a2, a3, lo[0], lo[1]);
-    }
-}
-
-/* 16 bytes of weight rows g (ra) and g+8 (rb) at kpos = k0 + 8t (bf16: two
- * k16 steps) or k0 + 16t (fp8: four), each 4-byte word of the load one
- * step's (row g, row g+8) x (k 2t..2t+1, 2t+8..2t+9) slots. */
-template <int FP8, int NT>
-__forceinline__ void gemm_step(float (*acc)[4], uint4 ra, uint4 rb, const float *x, int m, i64 k, i64 kpos, int g)
-{
-    if (!FP8) {
-        mma_step<NT>(acc, ra.x, rb.x, ra.y, rb.y, x, m, k, kpos, g);
-        mma_step<NT>(acc, ra.z, rb.z, ra.w, rb.w, x, m, k, kpos + 4, g);
-    } else {
-        const u32 wa[4] = { ra.x, ra.y, ra.z, ra.w }, wb[4] = { rb.x, rb.y, rb.z, rb.w };
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            mma_step<NT>(acc, fp8x2_to_bf16x2(wa[q]), fp8x2_to_bf16x2(wb[q]), fp8x2_to_bf16x2(wa[q] >> 16),
-                         fp8x2_to_bf16x2(wb[q] >> 16), x, m, k, kpos + 4 * q, g);
+        const uint4 b = xs[(8 * j + g) * XW + idx];
+        mma_bf16(acc[j], a0, a1, a2, a3, b.x, b.y);
+        mma_bf16(acc[j], a0, a1, a2, a3, b.z, b.w);
     }
 }
 
 __forceinline__ float gm_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* Is (a, ia) the better argmax candidate than (b, ib)? The CPU scan's
+ * rules: larger wins, lower index on ties, NaN never wins. */
+__forceinline__ bool am_better(float a, int ia, float b, int ib)
+{
+    const bool na = a != a, nb = b != b;
+    if (na || nb)
+        return !na ? true : (nb && ia < ib);
+    return a > b || (a == b && ia < ib);
+}
+
 template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
 {
     constexpr int KSTEP = FP8 ? 64 : 32; /* k covered by one 16-byte load across a thread group */
     constexpr int ESZ = FP8 ? 1 : 2;
-    __shared__ float red[GM_WARPS][16][NT * 8];
+    constexpr int L = GM_LOADS(FP8, NT);
+    constexpr int KC = L * KSTEP;       /* k per chunk */
+    constexpr int XW = KC / 4 + 1;      /* uint4 per staged activation row (+1: no bank conflicts) */
+    constexpr int MP = NT * 8;          /* activation rows the tiles cover */
+    constexpr int XS_BYTES = MP * XW * 16, RED_BYTES = GM_WARPS * 16 * MP * 4;
+    constexpr int XV = MP * (KC / 4) / GM_THREADS; /* float4 of a chunk each thread stages */
+    __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
+    __shared__ float am_v[64][4];
+    __shared__ int am_i[64][4];
+    __shared__ int is_last;
+    uint4 *xs = (uint4 *)smem;
+    float(*red)[16][MP] = (float(*)[16][MP])smem;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int G = a.mode == GM_SWIGLU ? 2 : 1, S = a.split, J = G * S, TB = GM_WARPS / J;
-    const i64 n_tiles = a.mode == GM_SWIGLU ? a.tiles[0] : a.tiles[0] + a.tiles[1] + a.tiles[2];
+    const int S = a.split, M = a.m;
+    const i64 rb = blockIdx.x / S;
+    const int s = (int)(blockIdx.x % S);
+    const bool swiglu = a.mode == GM_SWIGLU;
 
-    /* This warp's job: tile, weight (segment) and K slice. */
-    const i64 tile_g = (i64)blockIdx.x * TB + warp / J;
-    const int r = warp % J, s = r % S;
-    int seg = a.mode == GM_SWIGLU ? r / S : 0;
-    i64 tile = tile_g;
-    if (a.mode != GM_SWIGLU)
-        while (seg < a.n_w - 1 && tile >= a.tiles[seg]) {
-            tile -= a.tiles[seg];
+    /* This block's weight (segment) and first row; this warp's rows. */
+    int seg = 0;
+    i64 rbl = rb, col0_all = 0; /* row block within its segment; its first column over all segments */
+    if (!swiglu)
+        while (seg < a.n_w - 1 && rbl >= a.blocks[seg]) {
+            col0_all += a.n[seg];
+            rbl -= a.blocks[seg];
             seg++;
         }
-    const bool valid = tile_g < n_tiles;
-    const i64 steps = a.k / KSTEP, per = (steps + S - 1) / S;
-    const i64 s0 = (i64)s * per, s1 = s0 + per < steps ? s0 + per : steps;
-    const i64 row_a = tile * 16 + g, row_b = row_a + 8, nseg = a.n[seg];
-    const u8 *wbase = (const u8 *)a.w[seg];
+    const int rows_per_block = swiglu ? GM_RB / 2 : GM_RB;
+    const int wseg = swiglu ? warp / 4 : seg;
+    const i64 row_a = rbl * rows_per_block + (swiglu ? warp % 4 : warp) * 16 + g, row_b = row_a + 8;
+    const i64 nseg = a.n[wseg];
+    const u8 *wbase = (const u8 *)a.w[wseg];
     const u8 *pa = wbase + (row_a * a.k + (i64)t * (KSTEP / 4)) * ESZ;
     const u8 *pb = wbase + (row_b * a.k + (i64)t * (KSTEP / 4)) * ESZ;
-    const bool ok_a = valid && row_a < nseg, ok_b = valid && row_b < nseg;
+    const bool ok_a = row_a < nseg, ok_b = row_b < nseg;
+
+    const i64 steps = a.k / KSTEP, per = (steps + S - 1) / S;
+    const i64 s0 = (i64)s * per, s1 = s0 + per < steps ? s0 + per : steps;
 
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    if (valid && s0 < s1) {
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-        constexpr int L = GM_LOADS(FP8, NT);
-        uint4 ca[L], cb[L];
+    /* Chunk loads: this thread's weights (L x rows g, g+8) and its share of
+     * the activations (XV float4: staged element e = threadIdx.x + i * 256
+     * is row e / (KC / 4), float4 e % (KC / 4)). */
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    uint4 ca[L], cb[L];
+    float4 cx[XV];
+    auto load_chunk = [&](i64 c0, uint4 *wa, uint4 *wb, float4 *xv) {
 #pragma unroll
         for (int u = 0; u < L; u++) {
-            const i64 st = s0 + u;
-            const i64 off = st * KSTEP * ESZ;
-            ca[u] = ok_a && st < s1 ? load_stream(pa + off) : zero;
-            cb[u] = ok_b && st < s1 ? load_stream(pb + off) : zero;
+            const i64 st = c0 + u, off = st * KSTEP * ESZ;
+            wa[u] = ok_a && st < s1 ? load_stream(pa + off) : zero;
+            wb[u] = ok_b && st < s1 ? load_stream(pb + off) : zero;
         }
-        for (i64 c0 = s0; c0 < s1; c0 += L) {
-            uint4 na[L], nb[L];
 #pragma unroll
-            for (int u = 0; u < L; u++) {
-                const i64 st = c0 + L + u;
-                const i64 off = st * KSTEP * ESZ;
-                na[u] = ok_a && st < s1 ? load_stream(pa + off) : zero;
-                nb[u] = ok_b && st < s1 ? load_stream(pb + off) : zero;
+        for (int i = 0; i < XV; i++) {
+            const int e = threadIdx.x + i * GM_THREADS, row = e / (KC / 4), q = e % (KC / 4);
+            const i64 kk = c0 * KSTEP + 4 * q;
+            xv[i] = row < M && kk < s1 * KSTEP ? *(const float4 *)(a.x + (i64)row * a.k + kk)
+                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    if (s0 < s1)
+        load_chunk(s0, ca, cb, cx);
+    for (i64 c0 = s0; c0 < s1; c0 += L) {
+        /* stage this chunk's activations, split, for all warps */
+#pragma unroll
+        for (int i = 0; i < XV; i++) {
+            const int e = threadIdx.x + i * GM_THREADS;
+            xs[(e / (KC / 4)) * XW + e % (KC / 4)] = split4(cx[i]);
+        }
+        __syncthreads();
+        uint4 na[L], nb[L];
+        load_chunk(c0 + L, na, nb, cx);
+#pragma unroll
+        for (int u = 0; u < L; u++) {
+            if (c0 + u >= s1)
+                break;
+            if (!FP8) {
+                /* bf16: this lane's 8 weights are k = u * 32 + 8t + 0..7 of the chunk */
+                const int idx = u * 8 + 2 * t;
+                mma_step<NT, XW>(acc, ca[u].x, cb[u].x, ca[u].y, cb[u].y, xs, g, idx);
+                mma_step<NT, XW>(acc, ca[u].z, cb[u].z, ca[u].w, cb[u].w, xs, g, idx + 1);
+            } else {
+                /* fp8: 16 weights, k = u * 64 + 16t + 0..15, four k16 steps */
+                const u32 wa[4] = { ca[u].x, ca[u].y, ca[u].z, ca[u].w }, wb[4] = { cb[u].x, cb[u].y, cb[u].z,
+                                                                                   cb[u].w };
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    mma_step<NT, XW>(acc, fp8x2_to_bf16x2(wa[q]), fp8x2_to_bf16x2(wb[q]),
+                                     fp8x2_to_bf16x2(wa[q] >> 16), fp8x2_to_bf16x2(wb[q] >> 16), xs, g,
+                                     u * 16 + 4 * t + q);
             }
+        }
+        __syncthreads(); /* the next chunk overwrites xs */
 #pragma unroll
-            for (int u = 0; u < L; u++)
-                if (c0 + u < s1)
-                    gemm_step<FP8, NT>(acc, ca[u], cb[u], a.x, a.m, a.k, (c0 + u) * KSTEP + t * (KSTEP / 4), g);
-#pragma unroll
-            for (int u = 0; u < L; u++) {
-                ca[u] = na[u];
-                cb[u] = nb[u];
-            }
+        for (int u = 0; u < L; u++) {
+            ca[u] = na[u];
+            cb[u] = nb[u];
         }
     }
 
@@ -223,37 +265,99 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
     }
     __syncthreads();
 
-    /* Epilogue: sum the K slices in order, then store (consecutive threads
-     * take consecutive output columns). */
-    const int M = a.m;
-    for (int e = threadIdx.x; e < TB * 16 * M; e += GM_THREADS) {
-        const int tb = e / (16 * M), rem = e % (16 * M), mrow = rem / 16, rr = rem % 16;
-        const i64 tg = (i64)blockIdx.x * TB + tb;
-        if (tg >= n_tiles)
-            continue;
+    /* The block's outputs: column c of the block (0..127; SwiGLU: 0..63 for
+     * gate, 64..127 for up), activation row m; its column over all
+     * weights and within its own. */
+    const i64 n_all = a.n[0] + a.n[1] + a.n[2];
+    if (S > 1) {
+        for (int e = threadIdx.x; e < M * GM_RB; e += GM_THREADS) {
+            const int m = e / GM_RB, c = e % GM_RB;
+            const int sg = swiglu ? c / 64 : seg;
+            const i64 col = rbl * rows_per_block + (swiglu ? c % 64 : c);
+            if (col < a.n[sg])
+                __stcg(a.ws + ((i64)s * M + m) * n_all + (swiglu && sg ? a.n[0] : col0_all) + col,
+                       red[c / 16][c % 16][m]);
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int prev = atomicAdd(a.counters + rb, 1);
+            is_last = prev == S - 1;
+            if (is_last)
+                a.counters[rb] = 0; /* ready for the next call */
+        }
+        __syncthreads();
+        if (!is_last)
+            return;
+        __threadfence();
+    }
+    /* Final values: the block's own sums (one slice) or every slice's, in
+     * slice order. */
+    const int n_out = swiglu ? GM_RB / 2 : GM_RB;
+    int items = M * n_out;
+    for (int e0 = 0; e0 < (items + GM_THREADS - 1) / GM_THREADS * GM_THREADS; e0 += GM_THREADS) {
+        const int e = e0 + threadIdx.x;
+        const int m = e / n_out, c = e % n_out;
+        const i64 col = rbl * rows_per_block + c;
+        const bool live = e < items && col < a.n[swiglu ? 0 : seg];
         float y0 = 0.0f, y1 = 0.0f;
-        int sg = 0;
-        i64 tl = tg;
-        if (a.mode != GM_SWIGLU)
-            while (sg < a.n_w - 1 && tl >= a.tiles[sg]) {
-                tl -= a.tiles[sg];
-                sg++;
+        if (live) {
+            if (S == 1) {
+                y0 = red[c / 16][c % 16][m];
+                if (swiglu)
+                    y1 = red[4 + c / 16][c % 16][m];
+            } else {
+                for (int si = 0; si < S; si++) {
+                    const float *p = a.ws + ((i64)si * M + m) * n_all;
+                    y0 += __ldcg(p + (swiglu ? 0 : col0_all) + col);
+                    if (swiglu)
+                        y1 += __ldcg(p + a.n[0] + col);
+                }
             }
-        const i64 col = tl * 16 + rr;
-        if (col >= a.n[sg])
-            continue;
-        for (int si = 0; si < S; si++)
-            y0 += red[tb * J + si][rr][mrow];
-        if (FP8)
-            y0 *= a.scales[sg][col];
-        if (a.mode == GM_SWIGLU) {
-            for (int si = 0; si < S; si++)
-                y1 += red[tb * J + S + si][rr][mrow];
-            if (FP8)
-                y1 *= a.scales[1][col];
-            a.out[0][(i64)mrow * a.n[0] + col] = gm_silu_mul(y0, y1);
-        } else {
-            a.out[sg][(i64)mrow * a.n[sg] + col] = y0;
+            if (FP8) {
+                y0 *= a.scales[swiglu ? 0 : seg][col];
+                if (swiglu)
+                    y1 *= a.scales[1][col];
+            }
+            if (swiglu)
+                a.out[0][(i64)m * a.n[0] + col] = gm_silu_mul(y0, y1);
+            else if (a.store)
+                a.out[seg][(i64)m * a.n[seg] + col] = y0;
+        }
+        if (a.mode == GM_ARGMAX) {
+            /* best (value, column) of this row over the block: a warp's 32
+             * columns, then the block's four warps of the row (a row's
+             * 128 columns are four whole warps of one pass) */
+            float bv = live ? y0 : __int_as_float(0x7fc00000);
+            int bi = live ? (int)col : 0x7fffffff;
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (am_better(ov, oi, bv, bi)) {
+                    bv = ov;
+                    bi = oi;
+                }
+            }
+            if (lane == 0 && m < 64) {
+                am_v[m][(threadIdx.x / 32) % 4] = bv;
+                am_i[m][(threadIdx.x / 32) % 4] = bi;
+            }
+            if (live && col == 0)
+                a.am_nan0[m] = y0 != y0;
+        }
+    }
+    if (a.mode == GM_ARGMAX) {
+        __syncthreads();
+        for (int m = threadIdx.x; m < M; m += GM_THREADS) {
+            float bv = am_v[m][0];
+            int bi = am_i[m][0];
+            for (int q = 1; q < 4; q++)
+                if (am_better(am_v[m][q], am_i[m][q], bv, bi)) {
+                    bv = am_v[m][q];
+                    bi = am_i[m][q];
+                }
+            a.am_val[(i64)m * a.blocks[0] + rb] = bv;
+            a.am_idx[(i64)m * a.blocks[0] + rb] = bi;
         }
     }
 }
@@ -273,3 +377,45 @@ GEMM_KERNEL(fp8, 1, 1)
 GEMM_KERNEL(fp8, 1, 2)
 GEMM_KERNEL(fp8, 1, 4)
 GEMM_KERNEL(fp8, 1, 8)
+
+/* grid m: out[r] = the best column of row r over the row blocks' partials
+ * (in block order, CPU tie and NaN rules); a NaN in column 0 gives 0, as
+ * the CPU's scan never moves off it. */
+extern "C" __global__ void __launch_bounds__(256) dflash_argmax_finish(const float *am_val, const int *am_idx,
+                                                                       const int *am_nan0, int n_blocks, int *out)
+{
+    __shared__ float sv[8];
+    __shared__ int si[8];
+    const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float bv = __int_as_float(0x7fc00000);
+    int bi = 0x7fffffff;
+    for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) {
+        const float v = am_val[(i64)r * n_blocks + b];
+        const int i = am_idx[(i64)r * n_blocks + b];
+        if (am_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (am_better(sv[w], si[w], bv, bi)) {
+                bv = sv[w];
+                bi = si[w];
+            }
+        out[r] = am_nan0[r] || bi == 0x7fffffff ? 0 : bi;
+    }
+}

@@ -1,0 +1,147 @@
+/* cuda_attention.c: the CUDA launchers of kv_write and attention: page
+ * writes (f32 or bf16 pages), the tensor-core kernel for bf16 pages with
+ * its key-split partials and their merge, and the general kernel for
+ * everything else (f32 pages, other head sizes). */
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+/* Mirrors struct attn_tc_args in kernels/attention_tc.cu. */
+typedef struct attn_tc_args {
+    const float *q;
+    float *out;
+    const int32_t *q_pos, *seq_info;
+    const void *pool;
+    const int32_t *block_tables;
+    const float *k_extra, *v_extra;
+    void *part_o, *part_ml, *eflag, *ehost;
+    float scale;
+    int n_blocks, n_layers, layer, bt_len;
+    int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
+} attn_tc_args;
+_Static_assert(sizeof(attn_tc_args) == 144, "attn_tc_args must match kernels/attention_tc.cu");
+
+/* Keys per split and query vectors per block of attention_tc.cu. */
+#define ATTN_TC_SPLIT 128
+#define ATTN_TC_QV 128
+#define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS: 262144 keys */
+
+static dflash_status check_kv(const dflash_kv_layout *kv, int layer, const char *op)
+{
+    if (kv->dtype != DFLASH_DTYPE_F32 && kv->dtype != DFLASH_DTYPE_BF16)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda %s: KV pool dtype %s (F32 or BF16)", op,
+                           dflash_dtype_name(kv->dtype));
+    if (layer < 0 || layer >= kv->n_layers)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda %s: layer %d outside the pool's %d layers", op, layer,
+                           kv->n_layers);
+    return DFLASH_OK;
+}
+
+dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer,
+                                   const int32_t *block_tables, int bt_len, const int32_t *row_seq,
+                                   const int32_t *pos, const float *k, const float *v, int n)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(check_kv(kv, layer, "kv_write"));
+    if (bt_len <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda kv_write: block table length %d", bt_len);
+    if (n <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    int bf16 = kv->dtype == DFLASH_DTYPE_BF16, n_blocks = kv->n_blocks, n_layers = kv->n_layers;
+    int n_kv_heads = kv->n_kv_heads, head_dim = kv->head_dim;
+    void *args[] = { (void *)&kv->data, &bf16, &n_blocks, &n_layers, &layer, &n_kv_heads, &head_dim,
+                     (void *)&block_tables, &bt_len, (void *)&row_seq, (void *)&pos, (void *)&k, (void *)&v,
+                     &c->err_flag, &c->err_host_dev };
+    return cuda_launch(c, DFK_KV_WRITE, (unsigned)n, 2, row_threads((int64_t)n_kv_heads * head_dim, 256), args);
+}
+
+/* The general attention kernel: one block per (row, head). */
+static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
+{
+    const void *pool = a->kv ? a->kv->data : NULL;
+    int n_blocks = a->kv ? a->kv->n_blocks : 0, n_layers = a->kv ? a->kv->n_layers : 1;
+    int layer = a->layer, bt_len = a->bt_len > 0 ? a->bt_len : 1;
+    int n_heads = a->n_heads, n_kv_heads = a->n_kv_heads, D = a->head_dim, causal = a->causal, window = a->window;
+    float scale = a->scale;
+    int vec = D % 4 == 0 && aligned16(pool) && aligned16(a->k_extra);
+    void *args[] = { (void *)&a->q, (void *)&a->out, (void *)&a->q_pos, (void *)&a->row_seq, (void *)&a->seq_info,
+                     (void *)&pool, &n_blocks, &n_layers, &layer, (void *)&a->block_tables, &bt_len,
+                     (void *)&a->k_extra, (void *)&a->v_extra, &n_heads, &n_kv_heads, &D, &scale, &causal,
+                     &window, &vec, &c->err_flag, &c->err_host_dev };
+    const int bf16 = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16;
+    return cuda_launch(c, bf16 ? DFK_ATTENTION_BF16 : DFK_ATTENTION_F32, (unsigned)a->n_rows, (unsigned)a->n_heads, 128,
+                  args);
+}
+
+/* Room for the partials of `splits` key splits of every (row, head). */
+static dflash_status part_reserve(cuda_ctx *c, int splits, int n_rows, int n_heads, int D)
+{
+    const size_t units = (size_t)splits * n_rows * n_heads;
+    DFLASH_TRY(cuda_buf_reserve(c, &c->part_o, units * D * sizeof(float), 0));
+    return cuda_buf_reserve(c, &c->part_ml, units * 2 * sizeof(float), 0);
+}
+
+/* The tensor-core kernel (bf16 pages, head_dim 16/32/64/128), then the
+ * merge of key splits when a sequence has more than one. */
+static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
+{
+    const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
+    const dflash_cuda_kernel_id kid = D == 16 ? DFK_ATTENTION_TC_16 : D == 32 ? DFK_ATTENTION_TC_32
+                                      : D == 64 ? DFK_ATTENTION_TC_64 : DFK_ATTENTION_TC_128;
+    const int64_t qv = (int64_t)a->max_seq_rows * G;
+    const int chunks = (int)((qv + ATTN_TC_QV - 1) / ATTN_TC_QV);
+    const int cw = (int)(((qv < ATTN_TC_QV ? qv : ATTN_TC_QV) + 15) / 16);
+    const int splits = a->max_keys > 0 ? (a->max_keys + ATTN_TC_SPLIT - 1) / ATTN_TC_SPLIT : 1;
+    if (splits > ATTN_TC_MAX_SPLITS || chunks > 65535)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: %d keys, %d rows per sequence", a->max_keys,
+                           a->max_seq_rows);
+    if (splits > 1)
+        DFLASH_TRY(part_reserve(c, splits, a->n_rows, a->n_heads, D));
+    attn_tc_args t = {
+        .q = a->q, .out = a->out, .q_pos = a->q_pos, .seq_info = a->seq_info, .pool = a->kv->data,
+        .block_tables = a->block_tables, .k_extra = a->k_extra, .v_extra = a->k_extra ? a->v_extra : NULL,
+        .part_o = HPTR(c->part_o.p), .part_ml = HPTR(c->part_ml.p),
+        .eflag = (void *)(uintptr_t)c->err_flag, .ehost = (void *)(uintptr_t)c->err_host_dev, .scale = a->scale,
+        .n_blocks = a->kv->n_blocks, .n_layers = a->kv->n_layers, .layer = a->layer,
+        .bt_len = a->bt_len > 0 ? a->bt_len : 1, .n_rows = a->n_rows, .n_heads = a->n_heads,
+        .n_kv_heads = a->n_kv_heads, .causal = a->causal, .window = a->window, .compute_warps = cw,
+    };
+    void *args[] = { &t };
+    const unsigned threads = 32u * (unsigned)(cw > 4 ? cw : 4);
+    DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)splits, (unsigned)chunks, threads,
+                       args));
+    if (splits == 1)
+        return DFLASH_OK;
+    int n_rows = a->n_rows, n_heads = a->n_heads, has_extra = a->k_extra != NULL;
+    void *cargs[] = { &c->part_o.p, &c->part_ml.p, (void *)&a->out, (void *)&a->row_seq, (void *)&a->seq_info,
+                      &n_rows, &n_heads, &has_extra, (void *)&D };
+    return cuda_launch(c, DFK_ATTN_COMBINE, (unsigned)n_rows, (unsigned)n_heads, 128, cargs);
+}
+
+dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)
+{
+    cuda_ctx *c = CTX(be);
+    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: %d heads not a multiple of %d kv heads", a->n_heads,
+                           a->n_kv_heads);
+    if (a->head_dim <= 0 || a->head_dim > 512)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: head_dim %d (1..512 supported)", a->head_dim);
+    if (a->kv) {
+        DFLASH_TRY(check_kv(a->kv, a->layer, "attention"));
+        if (a->kv->n_kv_heads != a->n_kv_heads || a->kv->head_dim != a->head_dim)
+            return dflash_fail(DFLASH_ERR_SHAPE, "cuda attention: pool has %d x %d kv heads, args %d x %d",
+                               a->kv->n_kv_heads, a->kv->head_dim, a->n_kv_heads, a->head_dim);
+    }
+    if (a->n_rows <= 0 || a->n_heads <= 0)
+        return DFLASH_OK;
+    if (a->n_heads > 65535)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: %d heads", a->n_heads);
+    DFLASH_TRY(cuda_enter(c));
+    const int D = a->head_dim;
+    const int tc = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16 && (D == 16 || D == 32 || D == 64 || D == 128) &&
+                   a->n_seqs > 0 && a->max_seq_rows > 0 && a->max_keys >= 0 && aligned16(a->q) &&
+                   (!a->k_extra || (aligned16(a->k_extra) && aligned16(a->v_extra)));
+    return tc ? attention_tc(c, a) : attention_simt(c, a);
+}
+

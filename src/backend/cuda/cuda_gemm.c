@@ -1,0 +1,218 @@
+/* cuda_gemm.c: the CUDA launchers of the linear ops: linear, linear_group
+ * (q/k/v in one launch, gate/up with SwiGLU) and linear_argmax (LM head and
+ * argmax without writing logits), on the tensor-core kernel of gemm.cu
+ * where the weights allow, else on the general linear.cu kernel. Owns the
+ * choice of split-K and the GEMM's workspaces. */
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+/* Mirrors struct gemm_args in kernels/gemm.cu (passed by value). */
+typedef struct gemm_args {
+    const void *w[3];
+    const float *scales[3];
+    float *out[3];
+    int64_t n[3];
+    int64_t blocks[3];
+    const float *x;
+    int64_t k;
+    float *ws;
+    int *counters;
+    float *am_val;
+    int *am_idx;
+    int *am_nan0;
+    int m, n_w, split, mode, store;
+} gemm_args;
+_Static_assert(sizeof(gemm_args) == 200, "gemm_args must match kernels/gemm.cu");
+
+enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2 }; /* gemm.cu's GM_* modes */
+#define GEMM_RB 128   /* weight rows per block (gemm.cu GM_RB) */
+#define GEMM_MAX_M 64 /* activation rows per launch */
+#define GEMM_MAX_SPLIT 16
+
+/* The general linear (linear.cu): any dtype, K and alignment. */
+static dflash_status linear_simt(cuda_ctx *c, const float *x, int n, const dflash_weight *w, float *out)
+{
+    static const struct {
+        dflash_dtype dt;
+        int vec_elems; /* elements per 16-byte load */
+        dflash_cuda_kernel_id v, s;
+    } k[] = {
+        { DFLASH_DTYPE_BF16, 8, DFK_LINEAR_BF16_V, DFK_LINEAR_BF16_S },
+        { DFLASH_DTYPE_F16, 8, DFK_LINEAR_F16_V, DFK_LINEAR_F16_S },
+        { DFLASH_DTYPE_F32, 4, DFK_LINEAR_F32_V, DFK_LINEAR_F32_S },
+        { DFLASH_DTYPE_F8_E4M3, 16, DFK_LINEAR_FP8_V, DFK_LINEAR_FP8_S },
+    };
+    size_t t = 0;
+    while (k[t].dt != w->dtype)
+        t++;
+    int64_t N = w->rows, K = w->cols;
+    /* K = 0 needs no special case: every output is an empty sum, 0. */
+    int vec = K % k[t].vec_elems == 0 && aligned16(w->data) && aligned16(x);
+    int M = n;
+    void *args[] = { (void *)&w->data, (void *)&w->scales, (void *)&x, &out, &M, &N, &K };
+    /* LIN_COLS = 4 output columns and LIN_ROWS = 8 rows per block, 1-D grid
+     * (linear.cu). */
+    int64_t blocks = (int64_t)cdiv(N, 4) * cdiv(n, 8);
+    if (blocks > 0x7fffffff)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld x %lld weight with %d rows is too large",
+                           (long long)N, (long long)K, n);
+    return cuda_launch(c, vec ? k[t].v : k[t].s, (unsigned)blocks, 1, 256, args);
+}
+
+/* Can gemm.cu take these weights (same dtype and K, bf16 with K % 32 == 0
+ * or fp8 with K % 64 == 0, 16-byte aligned) and x? */
+static int gemm_ok(const float *x, const dflash_weight *w, int n_w)
+{
+    const int64_t K = w[0].cols;
+    const int fp8 = w[0].dtype == DFLASH_DTYPE_F8_E4M3;
+    if (!(w[0].dtype == DFLASH_DTYPE_BF16 || fp8) || K <= 0 || K % (fp8 ? 64 : 32) != 0 || !aligned16(x))
+        return 0;
+    for (int i = 0; i < n_w; i++)
+        if (w[i].dtype != w[0].dtype || w[i].cols != K || !aligned16(w[i].data) || w[i].rows <= 0 ||
+            (fp8 && !w[i].scales))
+            return 0;
+    return 1;
+}
+
+/* Split-K factor for `rb` row blocks and K of k_steps 16-byte loads per
+ * thread group. Each block does 1/S of a row block's K, so the time goes
+ * as waves(S) / S, waves = ceil(blocks / resident blocks); slices also
+ * cost a round trip of partials (~4 S M / K of the weight bytes, at a
+ * typical M of 16). The cheapest S wins. A function of the shape and the
+ * device only, never of the row count: a row's sums do not depend on the
+ * batch it is in. */
+static int gemm_split(const cuda_ctx *c, int64_t rb, int64_t k_steps, int64_t K)
+{
+    const int64_t slots = 2LL * c->sm_count; /* two blocks of 8 warps per SM (launch bounds) */
+    int best = 1;
+    double best_cost = 0;
+    for (int S = 1; S <= GEMM_MAX_SPLIT; S *= 2) {
+        if (S > 1 && k_steps / S < 4)
+            break;
+        const int64_t blocks = rb * S;
+        const double waves = (double)((blocks + slots - 1) / slots);
+        const double cost = waves / S + (S > 1 ? 4.0 * S * 16 / (double)K : 0.0);
+        if (S == 1 || cost < best_cost * 0.97) {
+            best = S;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+/* The tensor-core launch of out[i] = x W[i]^T (or the SwiGLU pair, or the
+ * row argmax into ids), in launches of at most GEMM_MAX_M rows (each row's
+ * result is the same in any of them). */
+static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
+                                 float *const *out, int mode, int32_t *ids)
+{
+    static const dflash_cuda_kernel_id k_bf16[4] = { DFK_GEMM_BF16_1, DFK_GEMM_BF16_2, DFK_GEMM_BF16_4,
+                                                     DFK_GEMM_BF16_8 };
+    static const dflash_cuda_kernel_id k_fp8[4] = { DFK_GEMM_FP8_1, DFK_GEMM_FP8_2, DFK_GEMM_FP8_4, DFK_GEMM_FP8_8 };
+    const int fp8 = w[0].dtype == DFLASH_DTYPE_F8_E4M3;
+    gemm_args ga;
+    memset(&ga, 0, sizeof ga);
+    int64_t rb = 0, n_all = 0;
+    for (int i = 0; i < n_w; i++) {
+        ga.w[i] = w[i].data;
+        ga.scales[i] = w[i].scales;
+        ga.n[i] = w[i].rows;
+        ga.blocks[i] = (w[i].rows + GEMM_RB - 1) / GEMM_RB;
+        rb += ga.blocks[i];
+        n_all += w[i].rows;
+    }
+    if (mode == GEMM_SWIGLU)
+        rb = (w[0].rows + GEMM_RB / 2 - 1) / (GEMM_RB / 2); /* 64 gate + 64 up rows a block */
+    ga.k = w[0].cols;
+    ga.n_w = n_w;
+    ga.mode = mode;
+    ga.store = mode != GEMM_ARGMAX || out[0] != NULL;
+    const int64_t k_steps = ga.k / (fp8 ? 64 : 32);
+    ga.split = gemm_split(c, rb, k_steps, ga.k);
+    const int64_t blocks = rb * ga.split;
+    if (blocks > 0x7fffffff || rb > 0x7fffffff / GEMM_MAX_M)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks", (long long)rb);
+    const int m_max = n < GEMM_MAX_M ? n : GEMM_MAX_M;
+    if (ga.split > 1) {
+        DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_ws, (size_t)ga.split * m_max * n_all * sizeof(float), 0));
+        DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_cnt, (size_t)rb * sizeof(int), 1));
+        ga.ws = HPTR(c->gemm_ws.p);
+        ga.counters = HPTR(c->gemm_cnt.p);
+    }
+    if (mode == GEMM_ARGMAX) {
+        DFLASH_TRY(cuda_buf_reserve(c, &c->am_val, (size_t)m_max * rb * sizeof(float), 0));
+        DFLASH_TRY(cuda_buf_reserve(c, &c->am_idx, (size_t)m_max * rb * sizeof(int), 0));
+        DFLASH_TRY(cuda_buf_reserve(c, &c->am_nan0, (size_t)m_max * sizeof(int), 0));
+        ga.am_val = HPTR(c->am_val.p);
+        ga.am_idx = HPTR(c->am_idx.p);
+        ga.am_nan0 = HPTR(c->am_nan0.p);
+    }
+    for (int r0 = 0; r0 < n; r0 += GEMM_MAX_M) {
+        const int m = n - r0 < GEMM_MAX_M ? n - r0 : GEMM_MAX_M;
+        const int t = m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : 3;
+        ga.m = m;
+        ga.x = x + (int64_t)r0 * ga.k;
+        for (int i = 0; i < n_w; i++)
+            ga.out[i] = out[i] ? out[i] + (int64_t)r0 * w[i].rows : NULL;
+        void *args[] = { &ga };
+        DFLASH_TRY(cuda_launch(c, fp8 ? k_fp8[t] : k_bf16[t], (unsigned)blocks, 1, 256, args));
+        if (mode == GEMM_ARGMAX) {
+            int nb = (int)rb;
+            int32_t *dst = ids + r0;
+            void *fargs[] = { &ga.am_val, &ga.am_idx, &ga.am_nan0, &nb, &dst };
+            DFLASH_TRY(cuda_launch(c, DFK_ARGMAX_FINISH, (unsigned)m, 1, 256, fargs));
+        }
+    }
+    return DFLASH_OK;
+}
+
+dflash_status cuda_linear(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(cuda_check_weight(w, "linear"));
+    if (n <= 0 || w->rows <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    if (gemm_ok(x, w, 1))
+        return gemm_launch(c, x, n, w, 1, &out, GEMM_STORE, NULL);
+    return linear_simt(c, x, n, w, out);
+}
+
+dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                float *const *out, enum dflash_act act)
+{
+    cuda_ctx *c = CTX(be);
+    for (int i = 0; i < n_w; i++)
+        DFLASH_TRY(cuda_check_weight(&w[i], "linear"));
+    if (n <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    if (gemm_ok(x, w, n_w))
+        return gemm_launch(c, x, n, w, n_w, out, act == DFLASH_ACT_SWIGLU ? GEMM_SWIGLU : GEMM_STORE, NULL);
+    for (int i = 0; i < n_w; i++)
+        if (w[i].rows > 0)
+            DFLASH_TRY(linear_simt(c, x, n, &w[i], out[i]));
+    if (act == DFLASH_ACT_SWIGLU)
+        return be->ops->swiglu(be, out[0], out[1], (size_t)n * (size_t)w[0].rows, out[0]);
+    return DFLASH_OK;
+}
+
+dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
+                                 int32_t *ids)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(cuda_check_weight(w, "linear"));
+    if (n <= 0)
+        return DFLASH_OK;
+    if (w->rows <= 0 || w->rows > 0x7fffffff)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_argmax: weight %s has %lld rows", w->name ? w->name : "?",
+                           (long long)w->rows);
+    DFLASH_TRY(cuda_enter(c));
+    if (gemm_ok(x, w, 1)) {
+        float *none = NULL; /* the fused kernel never needs the logits */
+        return gemm_launch(c, x, n, w, 1, &none, GEMM_ARGMAX, ids);
+    }
+    DFLASH_TRY(linear_simt(c, x, n, w, logits));
+    return be->ops->argmax(be, logits, n, (int)w->rows, ids);
+}

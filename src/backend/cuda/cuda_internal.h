@@ -1,0 +1,115 @@
+/* cuda_internal.h: what the files of the CUDA backend share: the backend's
+ * context (device, stream, kernels, error report, workspaces), the launch
+ * helpers with their checks, and the op entry points each file provides to
+ * the ops table in cuda_backend.c. Not a public header. */
+#ifndef DFLASH_BACKEND_CUDA_INTERNAL_H
+#define DFLASH_BACKEND_CUDA_INTERNAL_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_compile.h"
+#include "backend/cuda/cuda_loader.h"
+
+#define MAX_MODULES 16
+#define MAX_ROPE_TABLES 4
+
+typedef struct rope_table {
+    double theta;
+    int head_dim;
+    CUdeviceptr data; /* f32 [head_dim / 2] */
+} rope_table;
+
+/* A device buffer that grows on demand (workspaces). */
+typedef struct cuda_buf {
+    CUdeviceptr p;
+    size_t bytes;
+} cuda_buf;
+
+typedef struct cuda_ctx {
+    dflash_cuda_api cu;
+    dflash_nvrtc_api nv;
+    CUdevice dev;
+    CUcontext ctx;
+    int ctx_retained;
+    CUstream stream;
+    CUmodule mods[MAX_MODULES];
+    int n_mods;
+    CUfunction fn[DFK_COUNT];
+    char arch[16];
+    char dev_name[128];
+    int sm_count;
+    /* Kernel error report: the device word decides which report wins, the
+     * details land in mapped host memory [code, a, b, c]. */
+    CUdeviceptr err_flag;
+    int *err_host;
+    CUdeviceptr err_host_dev;
+    /* Weights copied by weight_from_host, freed with the backend. */
+    CUdeviceptr *owned;
+    size_t n_owned, cap_owned;
+    rope_table rope[MAX_ROPE_TABLES];
+    int n_rope;
+    CUevent ev[2]; /* timer start, stop (tools only) */
+    /* Workspaces: attention partials of key splits (attention_tc.cu);
+     * split-K partials, arrival counters (kept zero between calls) and
+     * argmax partials of the GEMM (gemm.cu). */
+    cuda_buf part_o, part_ml;
+    cuda_buf gemm_ws, gemm_cnt, am_val, am_idx, am_nan0;
+    char desc[192];
+} cuda_ctx;
+
+#define CTX(be) ((cuda_ctx *)(be)->ctx)
+#define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
+#define HPTR(d) ((void *)(uintptr_t)(d))
+
+/* The primary context is current on whichever thread calls in (an engine
+ * may move between threads, one at a time). */
+static inline dflash_status cuda_enter(cuda_ctx *c) { return DFLASH_CU(&c->cu, cuCtxSetCurrent(c->ctx)); }
+
+static inline int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static inline unsigned cdiv(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* Threads for a per-row loop over `len` elements: about 8 per thread,
+ * a multiple of 32, at most `max`. */
+static inline unsigned row_threads(int64_t len, unsigned max)
+{
+    int64_t t = (len + 7) / 8;
+    t = (t + 31) / 32 * 32;
+    if (t < 32)
+        t = 32;
+    return t > max ? max : (unsigned)t;
+}
+
+/* Launch kernel k on the backend's stream; a failure names the kernel and
+ * the grid. */
+dflash_status cuda_launch3(cuda_ctx *c, dflash_cuda_kernel_id k, unsigned gx, unsigned gy, unsigned gz,
+                           unsigned block, void **args);
+static inline dflash_status cuda_launch(cuda_ctx *c, dflash_cuda_kernel_id k, unsigned gx, unsigned gy,
+                                        unsigned block, void **args)
+{
+    return cuda_launch3(c, k, gx, gy, 1, block, args);
+}
+
+/* Make `b` at least `bytes` long (contents lost when it grows; waits for
+ * work in flight first). `zero`: a new buffer starts zeroed. */
+dflash_status cuda_buf_reserve(cuda_ctx *c, cuda_buf *b, size_t bytes, int zero);
+void cuda_buf_free(cuda_ctx *c, cuda_buf *b);
+
+/* Same checks as the CPU reference (cpu_ops.c). */
+dflash_status cuda_check_weight(const dflash_weight *w, const char *op);
+
+/* cuda_gemm.c */
+dflash_status cuda_linear(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out);
+dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                float *const *out, enum dflash_act act);
+dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
+                                 int32_t *ids);
+
+/* cuda_attention.c */
+dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer, const int32_t *block_tables,
+                            int bt_len, const int32_t *row_seq, const int32_t *pos, const float *k, const float *v,
+                            int n);
+dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a);
+
+#endif
