@@ -33,6 +33,8 @@
 # A step that would start after GPU_TEST_DEADLINE seconds (default 540) is
 # skipped and listed as such, so the run ends inside a 600 s device call.
 # Knobs: GPU_TEST_ONLY=check (1-4, 6) | bench (5) | model (4) | all (default);
+# GPU_TEST_NCU=1 adds an Nsight Compute profile of one propose's kernels
+# (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches);
 # GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
 # libraries; MODEL_CHECK_ARGS are passed to cuda_model_check (e.g.
 # --cpu-as-gpu, to check this script on a machine without a GPU);
@@ -166,12 +168,22 @@ if want bench; then
         if last_ok; then
             D="$B/dflash bench --device cuda"
             step bench-seed bench_seed.txt 120 $D --preset seed-drafter --ctx 512,4096
+            step bench-seed-nopdl bench_seed_nopdl.txt 120 env DFLASH_CUDA_PDL=0 $D --preset seed-drafter --ctx 4096
             step bench-seed-fp8 bench_seed_fp8.txt 120 $D --preset seed-drafter --ctx 512,4096 --drafter-quant fp8
             step bench-8b-drafter bench_8b_drafter.txt 120 $D --preset qwen3-8b-drafter --ctx 4096
             step bench-8b-target bench_8b_target.txt 180 $D --preset qwen3-8b-target --ctx 1,4096
         fi
     else
         names+=("bench"); rcs+=("no-libs"); secs+=(0)
+    fi
+    # Nsight Compute on the kernels of one propose (GPU_TEST_NCU=1; clocks
+    # left alone): why a kernel is slow, not guessed.
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+    if [ "${GPU_TEST_NCU:-0}" = 1 ] && [ -n "$NCU" ] && [ -x "$B/dflash" ]; then
+        step ncu ncu.txt 200 "$NCU" --clock-control none -k "regex:${GPU_TEST_NCU_KERNELS:-attention_tc|attn_combine|gemm_bf16_2}" \
+            --launch-count "${GPU_TEST_NCU_COUNT:-10}" --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section MemoryWorkloadAnalysis --section WarpStateStats \
+            "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 --reps 1
     fi
     P="python3 tools/bench/torch_drafter_peer.py --device cuda"
     step peer-seed peer_seed.txt 150 $P --preset seed-drafter --ctx 512,4096
@@ -208,7 +220,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_fp8 bench_8b_drafter bench_8b_target peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head)' "$LOG/$f.txt"

@@ -421,6 +421,7 @@ typedef struct bench_row {
     const char *op;
     int rows, ctx;
     double median_us, min_us, bytes;
+    double host_us; /* median host time inside the call (GPU: enqueueing, plus any wait the call makes) */
 } bench_row;
 
 typedef struct bench_run {
@@ -498,22 +499,35 @@ typedef struct bench_op {
     void *self;
 } bench_op;
 
-static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double *median, double *min)
+static double median_of(double *v, int n)
 {
-    double us[BENCH_MAX_REPS];
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* host_us (may be NULL): the median host time spent inside the call; on
+ * the GPU, near the device time means the host's launches are the limit. */
+static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double *median, double *min, double *host_us)
+{
+    double us[BENCH_MAX_REPS], hs[BENCH_MAX_REPS];
     for (int i = -BENCH_WARMUP; i < reps; i++) {
         double t0 = 0, t;
         DFLASH_TRY(clock_start(r, &t0));
+        double h0 = now_us();
         DFLASH_TRY(op->run(op->self));
+        double h = now_us() - h0;
         DFLASH_TRY(clock_stop(r, t0, &t));
         if (op->after)
             DFLASH_TRY(op->after(op->self));
-        if (i >= 0)
+        if (i >= 0) {
             us[i] = t;
+            hs[i] = h;
+        }
     }
-    qsort(us, (size_t)reps, sizeof us[0], cmp_double);
-    *median = reps % 2 ? us[reps / 2] : 0.5 * (us[reps / 2 - 1] + us[reps / 2]);
-    *min = us[0];
+    *median = median_of(us, reps);
+    *min = us[0]; /* sorted by median_of */
+    if (host_us)
+        *host_us = median_of(hs, reps);
     return DFLASH_OK;
 }
 
@@ -559,11 +573,11 @@ static dflash_status measure_bandwidth(bench_run *r)
     if (s == DFLASH_OK) {
         bench_op op = { copy_run, NULL, &c };
         /* time_op's warm-up also faults the destination's pages in. */
-        s = time_op(r, &op, BENCH_BW_REPS, &med, &min);
+        s = time_op(r, &op, BENCH_BW_REPS, &med, &min, NULL);
     }
     if (s == DFLASH_OK && r->cuda) {
         bench_op op = { driver_copy_run, NULL, &c };
-        s = time_op(r, &op, BENCH_BW_REPS, &dmed, &min);
+        s = time_op(r, &op, BENCH_BW_REPS, &dmed, &min, NULL);
     }
     r->bw_bytes = (double)n * (double)row_bytes;
     r->bw_op = med > 0 ? 2 * r->bw_bytes / (med * 1e-6) : 0;
@@ -600,9 +614,10 @@ static double kv_bytes_per_pos(const dflash_kv_layout *kv)
     return (double)kv->n_layers * 2 * kv->n_kv_heads * kv->head_dim * (double)dflash_dtype_size(kv->dtype);
 }
 
-static void add_row(bench_run *r, const char *op, int rows, int ctx, double med, double min, double bytes)
+static void add_row(bench_run *r, const char *op, int rows, int ctx, double med, double min, double bytes,
+                    double host_us)
 {
-    r->rows[r->n_rows++] = (bench_row){ op, rows, ctx, med, min, bytes };
+    r->rows[r->n_rows++] = (bench_row){ op, rows, ctx, med, min, bytes, host_us };
 }
 
 static const int *ctx_list(const bench_run *r, int target, int *n)
@@ -747,13 +762,13 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
         }
         propose_op o = { pr, d->state, d->tokens[0], filled, h->block_size - 1, { 0 } };
         bench_op op = { propose_run, NULL, &o };
-        double med, min;
-        DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min));
+        double med, min, host;
+        DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host));
         /* Weights once (the fc is not used: the context is already built),
          * the B embedding rows, and every visible context position's K/V. */
         double bytes = weights + (double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
                        (double)filled * kv_bytes_per_pos(&h->kv.layout);
-        add_row(r, "propose", h->block_size, filled, med, min, bytes);
+        add_row(r, "propose", h->block_size, filled, med, min, bytes, host);
     }
     return DFLASH_OK;
 }
@@ -840,12 +855,12 @@ static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *s
                 o.logit_rows[i] = i;
             }
             bench_op op = { forward_run, forward_after, &o };
-            double med, min;
-            DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min));
+            double med, min, host;
+            DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host));
             /* Weights once, the rows' embeddings, and the K/V of every
              * position the last row sees (the context and the rows). */
             double bytes = weights + o.n * embed_row + (double)(ctx[c] + o.n) * kv_bytes_per_pos(&m->kv.layout);
-            add_row(r, k_ops[k].name, o.n, ctx[c], med, min, bytes);
+            add_row(r, k_ops[k].name, o.n, ctx[c], med, min, bytes, host);
         }
     }
     return DFLASH_OK;
@@ -916,18 +931,19 @@ static void print_table(const bench_run *r)
         printf(", driver device copy %.1f GB/s", r->bw_driver / 1e9);
     printf(")\n");
     printf("timing: median and min of %d calls after %d warm-up; floor = bytes moved / bandwidth\n"
-           "        (weights once + context K/V in the pool's dtype; propose excludes fc: the context is built)\n",
+           "        (weights once + context K/V in the pool's dtype; propose excludes fc: the context is built);\n"
+           "        host_us: host time inside the call (launching; propose also waits for its drafts)\n",
            r->a->reps, BENCH_WARMUP);
     if (r->a->preset->drafter)
         printf("drafter weights: %s\n", r->a->fp8 ? "fp8 e4m3 + per-row scales (LM head bf16)" : "bf16");
     printf("\n");
-    printf("%-8s %5s %7s %12s %12s %10s %12s %8s\n", "op", "rows", "ctx", "median_us", "min_us", "MB", "floor_us",
-           "%floor");
+    printf("%-8s %5s %7s %12s %12s %10s %12s %8s %10s\n", "op", "rows", "ctx", "median_us", "min_us", "MB",
+           "floor_us", "%floor", "host_us");
     for (int i = 0; i < r->n_rows; i++) {
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);
-        printf("%-8s %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%%\n", w->op, w->rows, w->ctx, w->median_us,
-               w->min_us, w->bytes / 1e6, fl, 100 * fl / w->median_us);
+        printf("%-8s %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%% %10.1f\n", w->op, w->rows, w->ctx, w->median_us,
+               w->min_us, w->bytes / 1e6, fl, 100 * fl / w->median_us, w->host_us);
     }
 }
 
@@ -945,8 +961,9 @@ static void print_json(const bench_run *r)
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);
         printf("%s{\"op\":\"%s\",\"rows\":%d,\"ctx\":%d,\"median_us\":%.3f,\"min_us\":%.3f,\"bytes\":%.0f,"
-               "\"floor_us\":%.3f,\"floor_pct\":%.3f}",
-               i ? "," : "", w->op, w->rows, w->ctx, w->median_us, w->min_us, w->bytes, fl, 100 * fl / w->median_us);
+               "\"floor_us\":%.3f,\"floor_pct\":%.3f,\"host_us\":%.3f}",
+               i ? "," : "", w->op, w->rows, w->ctx, w->median_us, w->min_us, w->bytes, fl, 100 * fl / w->median_us,
+               w->host_us);
     }
     printf("]}\n");
 }

@@ -30,6 +30,7 @@ void dflash_levers_reload(void)
     g_levers.ctx_cap = env_int("DFLASH_CTX_CAP", 4096, 0, 1 << 30);
     g_levers.drafter_fp8 = env_int("DFLASH_DRAFTER_FP8", env_int("ATLAS_DFLASH_DRAFTER_FP8", 0, 0, 1), 0, 1);
     g_levers.log_level = env_int("DFLASH_LOG", 1, 0, 2);
+    g_levers.cuda_pdl = env_int("DFLASH_CUDA_PDL", 1, 0, 1);
     g_loaded = 1;
 }
 

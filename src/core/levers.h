@@ -8,6 +8,7 @@ typedef struct dflash_levers {
     int ctx_cap;      /* DFLASH_CTX_CAP: drafter context window in positions, 0 = none (default 4096) */
     int drafter_fp8;  /* DFLASH_DRAFTER_FP8=1 (or the seed's ATLAS_DFLASH_DRAFTER_FP8=1) */
     int log_level;    /* DFLASH_LOG: 0 quiet, 1 info (default), 2 debug */
+    int cuda_pdl;     /* DFLASH_CUDA_PDL: 1 (default) programmatic dependent launch on sm_90+, 0 off (diagnosis) */
 } dflash_levers;
 
 const dflash_levers *dflash_levers_get(void);

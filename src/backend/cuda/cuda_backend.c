@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "core/levers.h"
 
 /* The kernels take dflash_dtype values as their DT_* codes (common.cuh). */
 _Static_assert(DFLASH_DTYPE_F32 == 1 && DFLASH_DTYPE_F16 == 2 && DFLASH_DTYPE_BF16 == 3 &&
@@ -25,10 +26,24 @@ static const dflash_backend_ops k_cuda_ops;
 
 /* ---- launching ---------------------------------------------------------- */
 
+/* With programmatic dependent launch a kernel may start while the previous
+ * one in the stream finishes: each kernel streams what it can (weights)
+ * and waits (griddepcontrol.wait, kernels/common.cuh) before touching
+ * anything the previous one wrote. That hides each launch's ramp-up. */
 dflash_status cuda_launch3(cuda_ctx *c, dflash_cuda_kernel_id k, unsigned gx, unsigned gy, unsigned gz,
                            unsigned block, void **args)
 {
-    dflash_status s = DFLASH_CU(&c->cu, cuLaunchKernel(c->fn[k], gx, gy, gz, block, 1, 1, 0, c->stream, args, NULL));
+    dflash_status s;
+    if (c->pdl) {
+        dflash_cu_launch_attr attr;
+        memset(&attr, 0, sizeof attr);
+        attr.id = DFLASH_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.value = 1;
+        dflash_cu_launch_config cfg = { gx, gy, gz, block, 1, 1, 0, c->stream, &attr, 1 };
+        s = DFLASH_CU(&c->cu, cuLaunchKernelEx(&cfg, c->fn[k], args, NULL));
+    } else {
+        s = DFLASH_CU(&c->cu, cuLaunchKernel(c->fn[k], gx, gy, gz, block, 1, 1, 0, c->stream, args, NULL));
+    }
     if (s != DFLASH_OK)
         return dflash_fail_prefix(s, "cuda kernel %s (grid %u x %u x %u, block %u): ", dflash_cuda_kernels[k].name,
                                   gx, gy, gz, block);
@@ -538,7 +553,10 @@ static dflash_status open_device(cuda_ctx *c, int device)
     DFLASH_TRY(DFLASH_CU(cu, cuMemsetD32Async(c->err_flag, 0, 1, c->stream)));
     for (int i = 0; i < 2; i++)
         DFLASH_TRY(DFLASH_CU(cu, cuEventCreate(&c->ev[i], DFLASH_CU_EVENT_DEFAULT)));
-    snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs)", c->dev_name, c->arch, c->sm_count);
+    /* A diagnosis switch: the kernels are correct either way. */
+    c->pdl = major >= 9 && dflash_levers_get()->cuda_pdl;
+    snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s)", c->dev_name, c->arch, c->sm_count,
+             c->pdl ? "" : ", PDL off");
     DFLASH_TRY(dflash_nvrtc_api_load(&c->nv));
     DFLASH_TRY(load_kernels(c));
     return DFLASH_CU(cu, cuStreamSynchronize(c->stream));

@@ -39,6 +39,7 @@ typedef struct cuda_ctx {
     char arch[16];
     char dev_name[128];
     int sm_count;
+    int pdl; /* launch with programmatic stream serialization (sm_90+, DFLASH_CUDA_PDL=0 turns it off) */
     /* Kernel error report: the device word decides which report wins, the
      * details land in mapped host memory [code, a, b, c]. */
     CUdeviceptr err_flag;

@@ -3,6 +3,8 @@
  * DFLASH_NVRTC. Nothing here needs CUDA headers. */
 #include "backend/cuda/cuda_loader.h"
 
+_Static_assert(sizeof(dflash_cu_launch_attr) == 72, "CUlaunchAttribute is 72 bytes");
+
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -45,6 +47,7 @@ static const sym_spec k_cu_syms[] = {
     CU_SYM(cuModuleUnload, "cuModuleUnload"),
     CU_SYM(cuModuleGetFunction, "cuModuleGetFunction"),
     CU_SYM(cuLaunchKernel, "cuLaunchKernel"),
+    CU_SYM(cuLaunchKernelEx, "cuLaunchKernelEx"),
     CU_SYM(cuEventCreate, "cuEventCreate"),
     CU_SYM(cuEventDestroy, "cuEventDestroy_v2", "cuEventDestroy"),
     CU_SYM(cuEventRecord, "cuEventRecord"),

@@ -33,6 +33,25 @@ enum {
     DFLASH_CU_MEMHOSTALLOC_DEVICEMAP = 2,
 };
 
+/* cuLaunchKernelEx's configuration (cuda.h's CUlaunchConfig and
+ * CUlaunchAttribute, same layout). */
+typedef struct dflash_cu_launch_attr {
+    int id;
+    char pad[4];
+    union {
+        char raw[64];
+        void *align;
+        int value; /* programmaticStreamSerializationAllowed */
+    } value;
+} dflash_cu_launch_attr;
+typedef struct dflash_cu_launch_config {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    CUstream stream;
+    dflash_cu_launch_attr *attrs;
+    unsigned n_attrs;
+} dflash_cu_launch_config;
+enum { DFLASH_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+
 /* NVRTC types. */
 typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
 typedef struct _nvrtcProgram *nvrtcProgram;
@@ -70,6 +89,7 @@ typedef struct dflash_cuda_api {
     CUresult (*cuModuleGetFunction)(CUfunction *f, CUmodule m, const char *name);
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned smem, CUstream s, void **params, void **extra);
+    CUresult (*cuLaunchKernelEx)(const dflash_cu_launch_config *config, CUfunction f, void **params, void **extra);
     CUresult (*cuEventCreate)(CUevent *e, unsigned flags);
     CUresult (*cuEventDestroy)(CUevent e);
     CUresult (*cuEventRecord)(CUevent e, CUstream s);

@@ -19,6 +19,8 @@ __forceinline__ bool am_better(float a, int ia, float b, int ib)
 extern "C" __global__ void __launch_bounds__(AM_THREADS)
     dflash_argmax(const float *x, int cols, int *out, int vec)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float *r = x + (i64)blockIdx.x * cols;

@@ -37,6 +37,8 @@ __forceinline__ void attention_body(const float *q, float *out, const int *q_pos
                                     int n_heads, int n_kv_heads, int D, float scale, int causal, int window, int vec,
                                     int *eflag, int *ehost)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float qs[AT_MAX_D];
     __shared__ float ps[AT_TILE];
     __shared__ const void *vp[AT_TILE];

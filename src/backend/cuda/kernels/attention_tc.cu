@@ -132,6 +132,8 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, int s
 
 template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 {
+    pdl_trigger();
+    pdl_wait();
     constexpr int DC = D / 32 > 0 ? D / 32 : 1; /* 32-dim chunks of a query row (D = 16: one half chunk) */
     constexpr int NK = AT_TILE / 8;             /* key n-tiles of S */
     constexpr int ND = D / 8;                   /* dim n-tiles of O */
@@ -337,20 +339,26 @@ ATTN_TC_KERNEL(128)
 
 /* Merge the partials of rows whose sequence has more than one split:
  * out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m) (0 for a
- * split the row cannot see). grid (n_rows, n_heads), 128 threads: the
- * split weights go to shared memory in one pass (no chain of dependent
- * loads per split), the denominator is a fixed-shape tree, the numerator
- * each dimension's sum in split order. Splits a row cannot see add exact
- * zeros, so one split or several give the same bits. */
+ * split the row cannot see). grid (n_rows, n_heads), 256 threads: the
+ * split weights go to shared memory in one pass; then warp w sums the
+ * splits s = w, w + 8, ... of every dimension (a lane owns D / 32 of them,
+ * independent loads in flight), and the eight warp sums and the
+ * denominator are added in a fixed order. Splits a row cannot see add
+ * exact zeros, so one split or several give the same bits. */
 #define AT_MAX_SPLITS 2048
-extern "C" __global__ void __launch_bounds__(128) dflash_attn_combine(const float *part_o, const float *part_ml,
-                                                                      float *out, const int *row_seq,
-                                                                      const int *seq_info, int n_rows, int n_heads,
-                                                                      int has_extra, int D)
+#define AC_WARPS 8
+extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(const float *part_o,
+                                                                               const float *part_ml, float *out,
+                                                                               const int *row_seq,
+                                                                               const int *seq_info, int n_rows,
+                                                                               int n_heads, int has_extra, int D)
 {
     __shared__ float w[AT_MAX_SPLITS];
+    __shared__ float acc[AC_WARPS][128];
     __shared__ float scratch[32];
-    const int row = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    pdl_trigger();
+    pdl_wait();
+    const int row = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int *si = seq_info + (i64)row_seq[row] * DFLASH_SEQ_INFO_LEN;
     const int n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
     const int T = n_paged + (has_extra ? si[3] : 0);
@@ -372,12 +380,27 @@ extern "C" __global__ void __launch_bounds__(128) dflash_attn_combine(const floa
         den += ws * part_ml[(s * stride + unit) * 2 + 1];
     }
     den = block_sum(den, scratch); /* also orders the w[] writes before the reads below */
+    /* dims lane, lane + 32, ... (D <= 128) */
+    float num[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int s = warp; s < n_splits; s += AC_WARPS) {
+        const float *o = part_o + (s * stride + unit) * D;
+        const float ws = w[s];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (lane + 32 * q < D)
+                num[q] += ws * o[lane + 32 * q];
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        if (lane + 32 * q < D)
+            acc[warp][lane + 32 * q] = num[q];
+    __syncthreads();
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
     for (int d = tid; d < D; d += blockDim.x) {
-        float num = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < n_splits; s++)
-            num += w[s] * part_o[(s * stride + unit) * D + d];
-        out[unit * D + d] = num * inv;
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < AC_WARPS; k++)
+            v += acc[k][d];
+        out[unit * D + d] = v * inv;
     }
 }

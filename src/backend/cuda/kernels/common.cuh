@@ -112,6 +112,27 @@ __forceinline__ float block_max(float v, float *scratch)
     return warp_max(v);
 }
 
+/* Programmatic dependent launch (sm_90): the backend launches every
+ * kernel allowed to start while the previous one is still running.
+ * pdl_trigger lets the next kernel launch (it waits for this one's
+ * completion before reading anything); pdl_wait blocks until the previous
+ * kernel has finished and its writes are visible. Every kernel calls
+ * pdl_wait before it reads or writes data another kernel touches; only
+ * reads of weights (never written while kernels run) may come before. */
+__forceinline__ void pdl_trigger()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__forceinline__ void pdl_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* Record the first error of this stream's work: the device word `flag`
  * decides which report wins; the details go to mapped host memory, which the
  * host reads after its next synchronization (no copy on the normal path). */

@@ -9,6 +9,8 @@
 extern "C" __global__ void dflash_embed(const void *table, int dt, i64 rows, i64 cols, const int *ids, float *out,
                                         int *eflag, int *ehost)
 {
+    pdl_trigger();
+    pdl_wait();
     const int i = blockIdx.x;
     const int id = ids[i];
     if (id < 0 || id >= rows) {
@@ -23,6 +25,8 @@ extern "C" __global__ void dflash_embed(const void *table, int dt, i64 rows, i64
 /* x += delta; vec: count % 4 == 0 and both 16-byte aligned. */
 extern "C" __global__ void dflash_add(float *x, const float *delta, i64 count, int vec)
 {
+    pdl_trigger();
+    pdl_wait();
     const i64 stride = (i64)gridDim.x * blockDim.x;
     i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (vec) {
@@ -47,6 +51,8 @@ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) 
 /* out = silu(gate) * up */
 extern "C" __global__ void dflash_swiglu(const float *gate, const float *up, i64 count, float *out, int vec)
 {
+    pdl_trigger();
+    pdl_wait();
     const i64 stride = (i64)gridDim.x * blockDim.x;
     i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (vec) {
@@ -69,6 +75,8 @@ extern "C" __global__ void dflash_swiglu(const float *gate, const float *up, i64
 extern "C" __global__ void dflash_copy_rows(float *dst, i64 dst_stride, const float *src, i64 src_stride,
                                             const int *idx, i64 cols, int vec)
 {
+    pdl_trigger();
+    pdl_wait();
     const int i = blockIdx.x;
     const i64 r = idx ? (i64)idx[i] : (i64)i;
     const float *s = src + r * src_stride;
@@ -94,6 +102,8 @@ extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_blocks, i
                                            const int *row_seq, const int *pos, const float *k, const float *v,
                                            int *eflag, int *ehost)
 {
+    pdl_trigger();
+    pdl_wait();
     const int i = blockIdx.x, which = blockIdx.y;
     const int p = pos[i];
     const int blk = p >= 0 ? block_tables[(i64)row_seq[i] * bt_len + (p / DFLASH_KV_BLOCK) % bt_len] : -1;

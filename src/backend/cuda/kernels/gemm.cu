@@ -200,13 +200,15 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
     const uint4 zero = make_uint4(0, 0, 0, 0);
     uint4 ca[L], cb[L];
     float4 cx[XV];
-    auto load_chunk = [&](i64 c0, uint4 *wa, uint4 *wb, float4 *xv) {
+    auto load_weights = [&](i64 c0, uint4 *wa, uint4 *wb) {
 #pragma unroll
         for (int u = 0; u < L; u++) {
             const i64 st = c0 + u, off = st * KSTEP * ESZ;
             wa[u] = ok_a && st < s1 ? load_stream(pa + off) : zero;
             wb[u] = ok_b && st < s1 ? load_stream(pb + off) : zero;
         }
+    };
+    auto load_x = [&](i64 c0, float4 *xv) {
 #pragma unroll
         for (int i = 0; i < XV; i++) {
             const int e = threadIdx.x + i * GM_THREADS, row = e / (KC / 4), q = e % (KC / 4);
@@ -215,8 +217,14 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
+    /* The first weights stream in while the previous kernel may still be
+     * finishing (weights are never written); everything else waits. */
+    pdl_trigger();
     if (s0 < s1)
-        load_chunk(s0, ca, cb, cx);
+        load_weights(s0, ca, cb);
+    pdl_wait();
+    if (s0 < s1)
+        load_x(s0, cx);
     for (i64 c0 = s0; c0 < s1; c0 += L) {
         /* stage this chunk's activations, split, for all warps */
 #pragma unroll
@@ -226,7 +234,8 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
         }
         __syncthreads();
         uint4 na[L], nb[L];
-        load_chunk(c0 + L, na, nb, cx);
+        load_weights(c0 + L, na, nb);
+        load_x(c0 + L, cx);
 #pragma unroll
         for (int u = 0; u < L; u++) {
             if (c0 + u >= s1)
@@ -384,6 +393,8 @@ GEMM_KERNEL(fp8, 1, 8)
 extern "C" __global__ void __launch_bounds__(256) dflash_argmax_finish(const float *am_val, const int *am_idx,
                                                                        const int *am_nan0, int n_blocks, int *out)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sv[8];
     __shared__ int si[8];
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

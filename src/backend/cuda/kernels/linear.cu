@@ -46,6 +46,8 @@ template <int DT, bool VEC>
 __forceinline__ void linear_body(const void *W, const float *scales, const float *x, float *out, int M, i64 N,
                                  i64 K)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float red[LIN_THREADS / 32][LIN_ROWS * LIN_COLS];
     const int tiles = (M + LIN_ROWS - 1) / LIN_ROWS;
     const i64 c0 = (i64)(blockIdx.x / tiles) * LIN_COLS;

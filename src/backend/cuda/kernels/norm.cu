@@ -9,6 +9,8 @@
 extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
                                               float eps, float *out)
 {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float scratch[32];
     float *xr = x + (i64)blockIdx.x * dim;
     const float *dr = delta ? delta + (i64)blockIdx.x * dim : 0;
@@ -34,6 +36,8 @@ extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, cons
 extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt, const int *pos, int n, int n_heads,
                                             int head_dim, float eps, const float *inv_freq, double pos_scale)
 {
+    pdl_trigger();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (unit >= (i64)n * n_heads)
