@@ -58,9 +58,9 @@
 #define BOUND_REF_BF16 2e-2 /* the same with bf16 KV pages (the references keep f32 K/V) */
 /* GPU vs CPU when both keep bf16 pages: a K or V value within f32 rounding
  * of a bf16 rounding boundary rounds differently on the two sides (one
- * bf16 ulp, 2^-8 relative), so the comparison is not f32-tight; measured
- * 2e-4 .. 1.6e-3 on the fixtures. */
-#define BOUND_CPU_BF16 5e-3
+ * bf16 ulp, 2^-8 relative; measured 2e-4 .. 1.6e-3 on the fixtures), and
+ * the GPU's attention weights enter P V as bf16 (~1e-3 more). */
+#define BOUND_CPU_BF16 1e-2
 #define PYSTD_NEW 128
 #define MAX_FX 64        /* fixture rows / tokens at most */
 

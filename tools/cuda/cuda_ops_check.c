@@ -1023,7 +1023,10 @@ static void case_attention(const attn_case *c)
     da.k_extra = use_extra ? gpu_copy(ke, (size_t)NR * row * sizeof(float)) : NULL;
     da.v_extra = use_extra ? gpu_copy(ve, (size_t)NR * row * sizeof(float)) : NULL;
     MUST(g_gpu->ops->attention(g_gpu, &da));
-    check_f32("attention", shape, da.out, ref, (size_t)NR * H * D, 1e-4);
+    /* bf16 pages at head_dim 16..128 take the tensor-core kernel, whose
+     * softmax weights enter P V as bf16 (attention_tc.cu): ~1e-3 */
+    const int tc = kdt == DFLASH_DTYPE_BF16 && (D == 16 || D == 32 || D == 64 || D == 128);
+    check_f32("attention", shape, da.out, ref, (size_t)NR * H * D, tc ? 4e-3 : 1e-4);
     if (c->timed) {
         attn_run_arg a = { da };
         /* Bytes that must move: each sequence's visible K/V once (GQA heads

@@ -116,7 +116,7 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
     int n_rows = a->n_rows, n_heads = a->n_heads, has_extra = a->k_extra != NULL;
     void *cargs[] = { &c->part_o.p, &c->part_ml.p, (void *)&a->out, (void *)&a->row_seq, (void *)&a->seq_info,
                       &n_rows, &n_heads, &has_extra, (void *)&D };
-    return cuda_launch(c, DFK_ATTN_COMBINE, (unsigned)n_rows, (unsigned)n_heads, 128, cargs);
+    return cuda_launch(c, DFK_ATTN_COMBINE, (unsigned)n_rows, (unsigned)n_heads, 256, cargs);
 }
 
 dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)
