@@ -49,3 +49,14 @@ dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n,
     DFLASH_TRY(be->ops->linear(be, x, n, w, logits));
     return be->ops->argmax(be, logits, n, (int)w->rows, ids);
 }
+
+dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                     float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
+                                     int head_dim, float eps, double theta, double pos_scale)
+{
+    if (be->ops->qk_norm_rope && q_norm && k_norm && q_norm->dtype == k_norm->dtype)
+        return be->ops->qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, theta,
+                                     pos_scale);
+    DFLASH_TRY(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, theta, pos_scale));
+    return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, theta, pos_scale);
+}

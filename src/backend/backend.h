@@ -140,6 +140,12 @@ typedef struct dflash_backend_ops {
      * is scratch. */
     dflash_status (*linear_group)(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                   float *const *out, enum dflash_act act);
+    /* q [n, n_q_heads, head_dim] and k [n, n_kv_heads, head_dim] in place,
+     * each as norm_rope does it (q with q_norm, k with k_norm; both
+     * given, of the same dtype). */
+    dflash_status (*qk_norm_rope)(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads, float *k,
+                                  const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
+                                  int head_dim, float eps, double theta, double pos_scale);
     /* ids[i] = argmax over columns of row i of x W^T (argmax's rules);
      * logits [n, W.rows] is scratch, its content afterwards unspecified
      * (a fused backend never writes it). */
@@ -160,6 +166,9 @@ void dflash_backend_destroy(dflash_backend *be);
  * the composition of primitives. */
 dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                      float *const *out, enum dflash_act act);
+dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                     float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
+                                     int head_dim, float eps, double theta, double pos_scale);
 dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                       int32_t *ids);
 

@@ -69,10 +69,9 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
                               c->rms_norm_eps, b->xn));
     float *const qkv[3] = { b->q, b->k, b->v };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
-    DFLASH_TRY(o->norm_rope(be, b->q, &l->q_norm, b->pos, n, c->num_attention_heads, c->head_dim, c->rms_norm_eps,
-                            c->rope_theta, c->rope_scaling_factor));
-    return o->norm_rope(be, b->k, &l->k_norm, b->pos, n, c->num_key_value_heads, c->head_dim, c->rms_norm_eps,
-                        c->rope_theta, c->rope_scaling_factor);
+    return dflash_be_qk_norm_rope(be, b->q, &l->q_norm, c->num_attention_heads, b->k, &l->k_norm,
+                                  c->num_key_value_heads, b->pos, n, c->head_dim, c->rms_norm_eps, c->rope_theta,
+                                  c->rope_scaling_factor);
 }
 
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,

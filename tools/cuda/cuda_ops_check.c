@@ -733,6 +733,48 @@ static void case_norm_rope(int n, int heads, int hd, int with_norm, int max_pos,
     gpu_reset();
 }
 
+/* q and k of a layer in one launch, against the CPU's two norm_rope calls. */
+typedef struct qkr_arg {
+    float *q, *k;
+    const dflash_weight *qn, *kn;
+    const int32_t *pos;
+    int n, hq, hkv, hd;
+} qkr_arg;
+static dflash_status run_qk_rope(void *p)
+{
+    qkr_arg *a = p;
+    return dflash_be_qk_norm_rope(g_gpu, a->q, a->qn, a->hq, a->k, a->kn, a->hkv, a->pos, a->n, a->hd, 1e-6f, 1e6,
+                                  1.0);
+}
+
+static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d", n, hq, hkv, hd);
+    size_t nq = (size_t)n * hq * hd, nk = (size_t)n * hkv * hd;
+    float *q = rand_f32(nq, 2.0f), *k = rand_f32(nk, 2.0f);
+    int32_t *pos = xmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        pos[i] = irand(40960);
+    wpair qn, kn;
+    make_weight(&qn, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
+    make_weight(&kn, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
+    float *dq = gpu_copy(q, nq * sizeof(float)), *dk = gpu_copy(k, nk * sizeof(float));
+    int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t));
+    MUST(dflash_be_qk_norm_rope(g_cpu, q, &qn.h, hq, k, &kn.h, hkv, pos, n, hd, 1e-6f, 1e6, 1.0));
+    MUST(dflash_be_qk_norm_rope(g_gpu, dq, &qn.d, hq, dk, &kn.d, hkv, dpos, n, hd, 1e-6f, 1e6, 1.0));
+    check_f32("qk_norm_rope", shape, dq, q, nq, 1e-5);
+    check_f32("qk_norm_rope", shape, dk, k, nk, 1e-5);
+    if (timed) {
+        qkr_arg a = { dq, dk, &qn.d, &kn.d, dpos, n, hq, hkv, hd };
+        time_op("qk_norm_rope", shape, run_qk_rope, &a, 8.0 * (nq + nk));
+    }
+    free(q), free(k), free(pos);
+    free_weight(&qn);
+    free_weight(&kn);
+    gpu_reset();
+}
+
 /* ---- copy_rows, argmax -------------------------------------------------- */
 
 typedef struct copy_arg {
@@ -1308,6 +1350,10 @@ int main(int argc, char **argv)
             case_norm_rope(rows[r], 4, 128, 0, 5000, 1e4, 4.0, 0);
         }
     }
+
+    case_qk_norm_rope(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 4, g_small ? 64 : 128, T);
+    if (!g_small)
+        case_qk_norm_rope(1, 32, 8, 128, 0);
 
     /* kv_write + attention, f32 pages (the general kernel) and bf16 pages
      * (the tensor-core kernel where head_dim allows) */

@@ -360,16 +360,22 @@ static dflash_status rope_table_get(cuda_ctx *c, double theta, int head_dim, CUd
     return DFLASH_OK;
 }
 
+static dflash_status check_head_norm(const dflash_weight *norm, int head_dim)
+{
+    if (!norm)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_check_weight(norm, "q/k norm"));
+    if (norm->rows * norm->cols < head_dim)
+        return dflash_fail(DFLASH_ERR_SHAPE, "norm_rope: norm %s has %lld elements, head_dim is %d",
+                           norm->name ? norm->name : "?", (long long)(norm->rows * norm->cols), head_dim);
+    return DFLASH_OK;
+}
+
 static dflash_status cuda_norm_rope(dflash_backend *be, float *x, const dflash_weight *norm, const int32_t *pos,
                                     int n, int n_heads, int head_dim, float eps, double theta, double pos_scale)
 {
     cuda_ctx *c = CTX(be);
-    if (norm) {
-        DFLASH_TRY(cuda_check_weight(norm, "q/k norm"));
-        if (norm->rows * norm->cols < head_dim)
-            return dflash_fail(DFLASH_ERR_SHAPE, "norm_rope: norm %s has %lld elements, head_dim is %d",
-                               norm->name ? norm->name : "?", (long long)(norm->rows * norm->cols), head_dim);
-    }
+    DFLASH_TRY(check_head_norm(norm, head_dim));
     if (n <= 0 || n_heads <= 0 || head_dim <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
@@ -380,6 +386,24 @@ static dflash_status cuda_norm_rope(dflash_backend *be, float *x, const dflash_w
     void *args[] = { &x, (void *)&nd, &ndt, (void *)&pos, &n, &n_heads, &head_dim, &eps, &inv_freq, &pos_scale };
     /* 4 warps per block, one (row, head) per warp. */
     return cuda_launch(c, DFK_NORM_ROPE, cdiv((int64_t)n * n_heads, 4), 1, 128, args);
+}
+
+static dflash_status cuda_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                       float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
+                                       int n, int head_dim, float eps, double theta, double pos_scale)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(check_head_norm(q_norm, head_dim));
+    DFLASH_TRY(check_head_norm(k_norm, head_dim));
+    if (n <= 0 || n_q_heads + n_kv_heads <= 0 || head_dim <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    CUdeviceptr inv_freq;
+    DFLASH_TRY(rope_table_get(c, theta, head_dim, &inv_freq));
+    int ndt = (int)q_norm->dtype;
+    void *args[] = { &q, (void *)&q_norm->data, &k, (void *)&k_norm->data, &ndt, (void *)&pos, &n, &n_q_heads,
+                     &n_kv_heads, &head_dim, &eps, &inv_freq, &pos_scale };
+    return cuda_launch(c, DFK_QK_NORM_ROPE, cdiv((int64_t)n * (n_q_heads + n_kv_heads), 4), 1, 128, args);
 }
 
 static dflash_status cuda_swiglu(dflash_backend *be, const float *gate, const float *up, size_t count, float *out)
@@ -442,6 +466,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .argmax = cuda_argmax,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,
+    .qk_norm_rope = cuda_qk_norm_rope,
 };
 
 /* ---- tools -------------------------------------------------------------- */

@@ -3,7 +3,6 @@
  * argmax without writing logits), on the tensor-core kernel of gemm.cu
  * where the weights allow, else on the general linear.cu kernel. Owns the
  * choice of split-K and the GEMM's workspaces. */
-#include <math.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -78,24 +77,24 @@ static int gemm_ok(const float *x, const dflash_weight *w, int n_w)
 
 /* Split-K factor for `rb` row blocks and K of k_steps 16-byte loads per
  * thread group. A block does 1/S of a row block's K; the run takes
- * waves(S) = ceil(blocks / resident blocks) rounds of that, and a round
- * with fewer blocks than the GPU holds at once moves proportionally fewer
- * bytes at a time (a block streams only what its registers hold). Slices
- * also cost a round trip of partials (~4 S M / K of the weight bytes, at
- * a typical M of 16). The cheapest S wins. A function of the shape and the
- * device only, never of the row count: a row's sums do not depend on the
- * batch it is in. */
+ * waves(S) = ceil(blocks / resident blocks) rounds of that, so the time
+ * goes as waves(S) / S. Slices also cost a round trip of partials
+ * (~4 S M / K of the weight bytes, at a typical M of 16). The cheapest S
+ * wins. (Measured: filling the GPU with more, shorter slices was slower;
+ * a block needs a long enough K slice for its loads to stream.) A
+ * function of the shape and the device only, never of the row count: a
+ * row's sums do not depend on the batch it is in. */
 static int gemm_split(const cuda_ctx *c, int64_t rb, int64_t k_steps, int64_t K)
 {
-    const double slots = 2.0 * c->sm_count; /* two blocks of 8 warps per SM (launch bounds) */
+    const int64_t slots = 2LL * c->sm_count; /* two blocks of 8 warps per SM (launch bounds) */
     int best = 1;
     double best_cost = 0;
     for (int S = 1; S <= GEMM_MAX_SPLIT; S *= 2) {
         if (S > 1 && k_steps / S < 4)
             break;
-        const double blocks = (double)(rb * S), waves = ceil(blocks / slots);
-        const double fill = blocks < slots ? blocks / slots : 1.0;
-        const double cost = waves / S / fill + (S > 1 ? 4.0 * S * 16 / (double)K : 0.0);
+        const int64_t blocks = rb * S;
+        const double waves = (double)((blocks + slots - 1) / slots);
+        const double cost = waves / S + (S > 1 ? 4.0 * S * 16 / (double)K : 0.0);
         if (S == 1 || cost < best_cost * 0.97) {
             best = S;
             best_cost = cost;

@@ -207,20 +207,26 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
         __syncthreads();
         if (computes) {
             /* S = Q K^T: key n-tile n holds keys u0 + 8n + g for this lane's B. */
-            float s[NK][4];
+            /* hi and lo parts in separate accumulators: two short chains
+             * of dependent mma instead of one long one */
+            float s[NK][4], sl[NK][4];
 #pragma unroll
             for (int n = 0; n < NK; n++) {
                 s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                sl[n][0] = sl[n][1] = sl[n][2] = sl[n][3] = 0.0f;
                 const u32 *kr = ks[cur] + (8 * n + g) * at_geom<D>::KW;
 #pragma unroll
                 for (int c = 0; c < DC; c++) {
                     const int d0 = 32 * c + 8 * t;
                     const uint4 kb = d0 < D ? *(const uint4 *)(kr + d0 / 2) : make_uint4(0, 0, 0, 0);
                     at_mma(s[n], qh[0][c][0], qh[1][c][0], qh[0][c][1], qh[1][c][1], kb.x, kb.y);
-                    at_mma(s[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
+                    at_mma(sl[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
                     at_mma(s[n], qh[0][c][2], qh[1][c][2], qh[0][c][3], qh[1][c][3], kb.z, kb.w);
-                    at_mma(s[n], ql[0][c][2], ql[1][c][2], ql[0][c][3], ql[1][c][3], kb.z, kb.w);
+                    at_mma(sl[n], ql[0][c][2], ql[1][c][2], ql[0][c][3], ql[1][c][3], kb.z, kb.w);
                 }
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[n][e] += sl[n][e];
             }
             /* Scale and mask: element e of tile n is (query r = e / 2, key
              * u0 + 8n + 2t + e % 2). */

@@ -30,20 +30,14 @@ extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, cons
         o[j] = load_elem(w, wdt, j) * (xr[j] * inv);
 }
 
-/* block 128 = 4 warps, one (row, head) per warp. inv_freq [head_dim / 2] is
- * computed on the host exactly as the CPU reference does (same powf), so the
- * angles agree bit for bit before sin/cos. */
-extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt, const int *pos, int n, int n_heads,
-                                            int head_dim, float eps, const float *inv_freq, double pos_scale)
+/* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
+ * `norm`, then NeoX RoPE at position p. inv_freq [head_dim / 2] is
+ * computed on the host exactly as the CPU reference does (same powf), so
+ * the angles agree bit for bit before sin/cos. */
+__forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p, int head_dim, float eps,
+                                    const float *inv_freq)
 {
-    pdl_trigger();
-    pdl_wait();
     const int lane = threadIdx.x & 31;
-    const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (unit >= (i64)n * n_heads)
-        return;
-    const int i = (int)(unit / n_heads);
-    float *v = x + unit * head_dim;
     if (norm) {
         float ss = 0.0f;
         for (int j = lane; j < head_dim; j += 32)
@@ -54,7 +48,6 @@ extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt,
             v[j] = load_elem(norm, ndt, j) * (v[j] * inv);
         __syncwarp(); /* the rotation below reads elements other lanes wrote */
     }
-    const float p = (float)((double)pos[i] / pos_scale);
     const int half = head_dim / 2;
     for (int j = lane; j < half; j += 32) {
         float ang = p * inv_freq[j];
@@ -63,4 +56,36 @@ extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt,
         v[j] = a * c - b * s;
         v[j + half] = b * c + a * s;
     }
+}
+
+/* block 128 = 4 warps, one (row, head) per warp. */
+extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt, const int *pos, int n, int n_heads,
+                                            int head_dim, float eps, const float *inv_freq, double pos_scale)
+{
+    pdl_trigger();
+    pdl_wait();
+    const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (unit >= (i64)n * n_heads)
+        return;
+    const int i = (int)(unit / n_heads);
+    norm_rope_warp(x + unit * head_dim, norm, ndt, (float)((double)pos[i] / pos_scale), head_dim, eps, inv_freq);
+}
+
+/* q [n, hq, head_dim] and k [n, hkv, head_dim] in one launch, each head as
+ * dflash_norm_rope does it (q with qnorm, k with knorm). */
+extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
+                                               const int *pos, int n, int hq, int hkv, int head_dim, float eps,
+                                               const float *inv_freq, double pos_scale)
+{
+    pdl_trigger();
+    pdl_wait();
+    const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (unit >= (i64)n * (hq + hkv))
+        return;
+    const int i = (int)(unit / (hq + hkv)), h = (int)(unit % (hq + hkv));
+    const float p = (float)((double)pos[i] / pos_scale);
+    if (h < hq)
+        norm_rope_warp(q + ((i64)i * hq + h) * head_dim, qnorm, ndt, p, head_dim, eps, inv_freq);
+    else
+        norm_rope_warp(k + ((i64)i * hkv + h - hq) * head_dim, knorm, ndt, p, head_dim, eps, inv_freq);
 }
