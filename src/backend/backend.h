@@ -2,12 +2,15 @@
  *
  * A backend is a table of function pointers (dflash_backend_ops) next to its
  * own context, ggml-backend style. Model code (target, drafter) is written
- * once against this table; the CPU backend (src/backend/cpu) is the
- * reference definition of every op, and any other backend must agree with it
- * within rounding. Activations are f32 row-major [rows, cols]; weights are
- * dflash_weight (bf16/f16/f32, or fp8 e4m3 with per-row f32 scales). Every
- * pointer an op takes lives in the backend's memory (the CPU backend: host).
- * Ops are ordered on one stream; `sync` waits for all of them. */
+ * once against this table. Two tiers: primitives, each defined by the CPU
+ * backend (src/backend/cpu), the reference any other backend must agree
+ * with within rounding; and stages (optional entries) that a backend may
+ * fuse, which backend.c composes from the primitives when it does not.
+ * Activations are f32 row-major [rows, cols]; weights are dflash_weight
+ * (bf16/f16/f32, or fp8 e4m3 with per-row f32 scales). Every pointer an op
+ * takes lives in the backend's memory (the CPU backend: host). Ops are
+ * ordered on one stream; `sync` waits for all of them. Every op computes a
+ * row's result independently of the other rows of the call. */
 #ifndef DFLASH_BACKEND_H
 #define DFLASH_BACKEND_H
 

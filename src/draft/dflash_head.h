@@ -6,8 +6,9 @@
  * context K/V built from hidden states tapped out of the target (fc ->
  * hidden_norm -> each layer's k/v projection). It has no embedding or LM
  * head of its own: the target's are shared, not copied. Names follow the
- * seed (shared/seed/dflash_head.txt): dflash_layer, dflash_proposer_state,
- * dflash_scratch, dflash_kernels, enum dflash_quantization, dflash_ctx_cap. */
+ * description this head was built from (docs/design.md lists them):
+ * dflash_layer, dflash_proposer_state, dflash_scratch, dflash_kernels,
+ * enum dflash_quantization, dflash_ctx_cap. */
 #ifndef DFLASH_DRAFT_DFLASH_HEAD_H
 #define DFLASH_DRAFT_DFLASH_HEAD_H
 
