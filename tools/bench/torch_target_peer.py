@@ -25,13 +25,15 @@ Usage (on the GPU machine):
       [--no-gemm] [--no-target]
 """
 import argparse
+import os
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-WARMUP = 3
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_drafter_peer import WARMUP, graphed  # noqa: E402  (same warm-up and graph capture)
 GEOM = dict(layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, inter=12288, vocab=151936,
             theta=1e6, eps=1e-6)
 
@@ -137,19 +139,6 @@ class Forward:
             gate, up = gu.chunk(2, -1)
             x = x + (F.silu(gate) * up) @ w["down"].t()
         return rms(x, t.norm, g["eps"]) @ t.lm_head.t()
-
-
-def graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(WARMUP):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        fn()
-    return gr.replay
 
 
 def gemm_rows(bw, reps):

@@ -112,6 +112,54 @@ __forceinline__ float block_max(float v, float *scratch)
     return warp_max(v);
 }
 
+/* Argmax candidates (value, index) with the CPU scan's rules: the larger
+ * value wins, the lower index on ties, NaN never wins over a number. The
+ * empty candidate is (NaN, INT_MAX). */
+#define AM_NONE_IDX 0x7fffffff
+__forceinline__ bool am_better(float a, int ia, float b, int ib)
+{
+    const bool na = a != a, nb = b != b;
+    if (na || nb)
+        return !na ? true : (nb && ia < ib);
+    return a > b || (a == b && ia < ib);
+}
+
+__forceinline__ void am_take(float &bv, int &bi, float v, int i)
+{
+    if (am_better(v, i, bv, bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+/* The best candidate of the warp, in every lane. */
+__forceinline__ void warp_argmax(float &bv, int &bi)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        am_take(bv, bi, ov, oi);
+    }
+}
+
+/* The best candidate of the block (blockDim.x a multiple of 32), valid in
+ * warp 0; sv/si hold 32 entries. */
+__forceinline__ void block_argmax(float &bv, int &bi, float *sv, int *si)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    warp_argmax(bv, bi);
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < nw ? sv[lane] : __int_as_float(0x7fc00000);
+        bi = lane < nw ? si[lane] : AM_NONE_IDX;
+        warp_argmax(bv, bi);
+    }
+}
+
 /* Programmatic dependent launch (sm_90): the backend launches every
  * kernel allowed to start while the previous one is still running.
  * pdl_trigger lets the next kernel launch (it waits for this one's

@@ -135,16 +135,6 @@ __forceinline__ void mma_step(float (*acc)[4], u32 a0, u32 a1, u32 a2, u32 a3, c
 
 __forceinline__ float gm_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-/* Is (a, ia) the better argmax candidate than (b, ib)? The CPU scan's
- * rules: larger wins, lower index on ties, NaN never wins. */
-__forceinline__ bool am_better(float a, int ia, float b, int ib)
-{
-    const bool na = a != a, nb = b != b;
-    if (na || nb)
-        return !na ? true : (nb && ia < ib);
-    return a > b || (a == b && ia < ib);
-}
-
 template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
 {
     constexpr int KSTEP = FP8 ? 64 : 32; /* k covered by one 16-byte load across a thread group */
@@ -338,15 +328,8 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
              * columns, then the block's four warps of the row (a row's
              * 128 columns are four whole warps of one pass) */
             float bv = live ? y0 : __int_as_float(0x7fc00000);
-            int bi = live ? (int)col : 0x7fffffff;
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (am_better(ov, oi, bv, bi)) {
-                    bv = ov;
-                    bi = oi;
-                }
-            }
+            int bi = live ? (int)col : AM_NONE_IDX;
+            warp_argmax(bv, bi);
             if (lane == 0 && m < 64) {
                 am_v[m][(threadIdx.x / 32) % 4] = bv;
                 am_i[m][(threadIdx.x / 32) % 4] = bi;
@@ -361,10 +344,7 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
             float bv = am_v[m][0];
             int bi = am_i[m][0];
             for (int q = 1; q < 4; q++)
-                if (am_better(am_v[m][q], am_i[m][q], bv, bi)) {
-                    bv = am_v[m][q];
-                    bi = am_i[m][q];
-                }
+                am_take(bv, bi, am_v[m][q], am_i[m][q]);
             a.am_val[(i64)m * a.blocks[0] + rb] = bv;
             a.am_idx[(i64)m * a.blocks[0] + rb] = bi;
         }
@@ -393,40 +373,16 @@ GEMM_KERNEL(fp8, 1, 8)
 extern "C" __global__ void __launch_bounds__(256) dflash_argmax_finish(const float *am_val, const int *am_idx,
                                                                        const int *am_nan0, int n_blocks, int *out)
 {
+    __shared__ float sv[32];
+    __shared__ int si[32];
     pdl_trigger();
     pdl_wait();
-    __shared__ float sv[8];
-    __shared__ int si[8];
-    const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = blockIdx.x;
     float bv = __int_as_float(0x7fc00000);
-    int bi = 0x7fffffff;
-    for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) {
-        const float v = am_val[(i64)r * n_blocks + b];
-        const int i = am_idx[(i64)r * n_blocks + b];
-        if (am_better(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (am_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (am_better(sv[w], si[w], bv, bi)) {
-                bv = sv[w];
-                bi = si[w];
-            }
-        out[r] = am_nan0[r] || bi == 0x7fffffff ? 0 : bi;
-    }
+    int bi = AM_NONE_IDX;
+    for (int b = threadIdx.x; b < n_blocks; b += blockDim.x)
+        am_take(bv, bi, am_val[(i64)r * n_blocks + b], am_idx[(i64)r * n_blocks + b]);
+    block_argmax(bv, bi, sv, si);
+    if (threadIdx.x == 0)
+        out[r] = am_nan0[r] || bi == AM_NONE_IDX ? 0 : bi;
 }
