@@ -39,7 +39,7 @@ void cli_engine_usage(FILE *f)
             "  --ignore-eos           do not stop at the model's end-of-sequence tokens\n"
             "  --device D             cpu (default), cuda, or auto (cuda when a GPU is usable, else\n"
             "                         cpu); which one is used, and why, is printed on stderr.\n"
-            "                         The CUDA backend is new and not yet verified on a GPU.\n"
+            "                         KV pages are f32 on the CPU, bf16 on the GPU.\n"
             "sampling (default: greedy):\n"
             "  --temp T               temperature; 0 = greedy\n"
             "  --top-k K              keep the K most likely tokens; 0 = off\n"
