@@ -76,4 +76,24 @@ static inline const char *test_data_dir(void)
     return d ? d : "tests/data";
 }
 
+/* Write `content` to dir/name (a failure fails the case). */
+static inline void test_write_file(const char *dir, const char *name, const char *content)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    CHECKF(f != NULL, "cannot write %s", p);
+    if (f) {
+        fputs(content, f);
+        fclose(f);
+    }
+}
+
+static inline void test_remove_file(const char *dir, const char *name)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    remove(p);
+}
+
 #endif

@@ -1,8 +1,11 @@
 /* test_config.c: config.json parsing for Qwen3 targets and DFlash drafters:
- * a full config, the rope_parameters form, defaults, every validation error
- * (status and a distinctive piece of the message), eos lists, layer_types,
- * and the drafter's explicit and default target_layer_ids. Error cases are
- * made by editing one field of a good config with jansson. */
+ * a full config, the rope_parameters form, defaults (and the head_dim /
+ * num_key_value_heads ones that differ from transformers', refused),
+ * architectures and model_type, every validation error (status and a
+ * distinctive piece of the message), eos lists, layer_types, the drafter's
+ * explicit and default target_layer_ids, and a file given where a
+ * checkpoint folder is expected. Error cases are made by editing one field
+ * of a good config with jansson. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -21,7 +24,8 @@ static const char *k_qwen3 =
     "\"use_sliding_window\":false,\"max_window_layers\":28,\"model_type\":\"qwen3\"}";
 
 static const char *k_minimal = "{\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
-                               "\"intermediate_size\":128,\"vocab_size\":1000}";
+                               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":128,"
+                               "\"vocab_size\":1000}";
 
 static const char *k_drafter =
     "{\"architectures\":[\"DFlashDraftModel\"],\"block_size\":16,"
@@ -81,7 +85,7 @@ static void test_defaults(void)
 {
     dflash_model_config c;
     CHECK_OK(parse(k_minimal, &c));
-    CHECK(c.num_key_value_heads == 4 && c.head_dim == 16);
+    CHECK(c.num_key_value_heads == 2 && c.head_dim == 32);
     CHECK(c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6f && c.rope_theta == 10000.0);
     CHECK(c.rope_scaling == DFLASH_ROPE_NONE && c.rope_scaling_factor == 1.0);
     CHECK(c.tie_word_embeddings == 0 && c.bos_token_id == -1 && c.n_eos == 0);
@@ -98,6 +102,7 @@ static void test_rope_parameters(void)
 {
     dflash_model_config c;
     const char *newer = "{\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                        "\"num_key_value_heads\":4,\"head_dim\":16,"
                         "\"intermediate_size\":128,\"vocab_size\":1000,\"dtype\":\"float16\","
                         "\"rope_parameters\":{\"rope_theta\":5000000.0,\"rope_type\":\"default\"}}";
     CHECK_OK(parse(newer, &c));
@@ -196,8 +201,6 @@ static void test_bad_values(void)
     CHECK_FAILS(parse_edit(k_qwen3, "rope_theta", "0", &c), DFLASH_ERR_FORMAT, "'rope_theta' = 0");
     CHECK_FAILS(parse_edit(k_qwen3, "max_position_embeddings", "0", &c), DFLASH_ERR_FORMAT,
                 "'max_position_embeddings' = 0");
-    CHECK_FAILS(parse_edit(k_minimal, "num_attention_heads", "5", &c), DFLASH_ERR_FORMAT,
-                "head_dim is absent and hidden_size = 64 is not divisible by num_attention_heads = 5");
     CHECK_FAILS(parse_edit(k_qwen3, "use_sliding_window", "true", &c), DFLASH_ERR_UNSUPPORTED,
                 "'use_sliding_window' = true is not supported for a target model");
 }
@@ -233,6 +236,75 @@ static void test_layer_types(void)
     CHECK_FAILS(parse_edit(k_minimal, "sliding_window", "0", &c), DFLASH_ERR_FORMAT, "'sliding_window' = 0");
 }
 
+/* ---- defaults transformers does not share ------------------------------- */
+
+/* transformers' Qwen3Config: absent head_dim is 128, absent
+ * num_key_value_heads 32, null num_key_value_heads num_attention_heads. */
+static void test_head_dim_and_kv_defaults(void)
+{
+    dflash_model_config c;
+    CHECK_FAILS(parse_edit(k_minimal, "head_dim", NULL, &c), DFLASH_ERR_FORMAT,
+                "cfg.json: head_dim is missing; transformers' default for Qwen3 (128) differs from hidden_size / "
+                "num_attention_heads (16): set it explicitly");
+    CHECK_FAILS(parse_edit(k_minimal, "head_dim", "null", &c), DFLASH_ERR_FORMAT, "cfg.json: head_dim is null;");
+    CHECK_FAILS(parse_edit(k_qwen3, "head_dim", NULL, &c), DFLASH_ERR_FORMAT, "num_attention_heads (64)");
+    json_t *odd = json_loads(k_minimal, 0, NULL);
+    json_object_set_new(odd, "num_attention_heads", json_integer(5));
+    json_object_set_new(odd, "num_key_value_heads", json_integer(5));
+    char *text = json_dumps(odd, 0);
+    json_decref(odd);
+    CHECK_FAILS(parse_edit(text, "head_dim", NULL, &c), DFLASH_ERR_FORMAT, "num_attention_heads (12.8)");
+    free(text);
+    /* Where hidden_size / num_attention_heads is 128, both readings agree. */
+    CHECK_OK(parse_edit(k_drafter, "head_dim", NULL, &c));
+    CHECK(c.head_dim == 128);
+
+    CHECK_FAILS(parse_edit(k_qwen3, "num_key_value_heads", NULL, &c), DFLASH_ERR_FORMAT,
+                "cfg.json: num_key_value_heads is missing; transformers' default for Qwen3 (32) differs from "
+                "num_attention_heads (16): set it explicitly");
+    CHECK_OK(parse_edit(k_qwen3, "num_key_value_heads", "null", &c));
+    CHECK(c.num_key_value_heads == 16);
+    CHECK_OK(parse_edit(k_drafter, "num_key_value_heads", NULL, &c)); /* 32 heads */
+    CHECK(c.num_key_value_heads == 32);
+}
+
+/* ---- which model ------------------------------------------------------- */
+
+static void test_architectures(void)
+{
+    dflash_model_config c;
+    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"LlamaForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
+                "cfg.json: architectures[0] is 'LlamaForCausalLM'; dflash runs Qwen3ForCausalLM targets and "
+                "DFlashDraftModel drafters");
+    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen2ForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
+                "architectures[0] is 'Qwen2ForCausalLM'");
+    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen3MoeForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
+                "'Qwen3MoeForCausalLM'");
+    /* Named before its other fields are judged: a Llama config has no head_dim. */
+    json_t *llama = json_loads(k_qwen3, 0, NULL);
+    json_object_del(llama, "head_dim");
+    json_object_set_new(llama, "architectures", json_pack("[s]", "LlamaForCausalLM"));
+    char *text = json_dumps(llama, 0);
+    json_decref(llama);
+    CHECK_FAILS(parse(text, &c), DFLASH_ERR_UNSUPPORTED, "'LlamaForCausalLM'");
+    free(text);
+    /* A drafter is DFlashDraftModel, whatever else it has. */
+    CHECK_FAILS(parse_edit(k_drafter, "architectures", "[\"SomethingElse\"]", &c), DFLASH_ERR_UNSUPPORTED,
+                "architectures[0] is 'SomethingElse'");
+    CHECK_FAILS(parse_edit(k_qwen3, "dflash_config", "{\"mask_token_id\":1}", &c), DFLASH_ERR_FORMAT,
+                "architectures[0] is 'Qwen3ForCausalLM' but there is a dflash_config");
+    /* No architectures: a target unless there is a dflash_config. */
+    CHECK_OK(parse_edit(k_qwen3, "architectures", NULL, &c));
+    CHECK(c.is_dflash == 0);
+    CHECK_OK(parse_edit(k_qwen3, "architectures", "[]", &c));
+    CHECK(c.is_dflash == 0);
+    /* model_type, when given, must be qwen3. */
+    CHECK_OK(parse_edit(k_qwen3, "model_type", "\"qwen3\"", &c));
+    CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"llama\"", &c), DFLASH_ERR_UNSUPPORTED,
+                "cfg.json: model_type is 'llama'; dflash runs Qwen3 models");
+    CHECK_FAILS(parse_edit(k_drafter, "model_type", "\"qwen3_moe\"", &c), DFLASH_ERR_UNSUPPORTED, "'qwen3_moe'");
+}
+
 /* ---- DFlash drafters ---------------------------------------------------- */
 
 static void test_drafter_explicit(void)
@@ -244,8 +316,8 @@ static void test_drafter_explicit(void)
     CHECK(strcmp(c.torch_dtype, "bfloat16") == 0);
     /* A drafter may use sliding windows; only targets refuse it. */
     CHECK_OK(parse_edit(k_drafter, "use_sliding_window", "true", &c));
-    /* dflash_config alone marks a drafter. */
-    CHECK_OK(parse_edit(k_drafter, "architectures", "[\"SomethingElse\"]", &c));
+    /* Without architectures, dflash_config marks a drafter. */
+    CHECK_OK(parse_edit(k_drafter, "architectures", NULL, &c));
     CHECK(c.is_dflash == 1);
 }
 
@@ -362,6 +434,27 @@ static void test_load_file_and_folder(void)
     rmdir(dir);
 }
 
+/* A checkpoint's loaders take its folder: a file there is named, with the
+ * folder to give instead. */
+static void test_folder_check(void)
+{
+    char dir[] = "/tmp/dflash-cfg-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256], want[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    CHECK_OK(dflash_config_check_folder(dir, "-m"));
+    CHECK_OK(dflash_config_check_folder("/nonexistent/folder", "-m")); /* left to whatever opens it */
+    snprintf(want, sizeof want, "%s is a file, but -m takes the checkpoint folder (the one holding config.json and "
+             "the *.safetensors files): give %s", path, dir);
+    CHECK_FAILS(dflash_config_check_folder(path, "-m"), DFLASH_ERR_INVALID_ARG, want);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     RUN(test_qwen3_full);
@@ -373,11 +466,14 @@ int main(void)
     RUN(test_bad_values);
     RUN(test_bad_json);
     RUN(test_layer_types);
+    RUN(test_head_dim_and_kv_defaults);
+    RUN(test_architectures);
     RUN(test_drafter_explicit);
     RUN(test_default_target_layer_ids);
     RUN(test_drafter_errors);
     RUN(test_drafter_top_level_fields_not_read);
     RUN(test_drafter_small_target);
     RUN(test_load_file_and_folder);
+    RUN(test_folder_check);
     TEST_END();
 }

@@ -1,8 +1,10 @@
 /* test_safetensors.c: the safetensors reader on files built byte by byte
  * here: a valid file (memory and mmap), one case per kind of malformed
  * input, sharded folders (good, missing shard, tensor missing from its
- * shard, duplicate across shards) and dflash_st_get's checks. Each failure
- * case asserts the status and a distinctive part of the message. */
+ * shard, duplicate across shards), data left misaligned by the header
+ * length or the offsets (accepted, read aligned) and dflash_st_get's
+ * checks. Each failure case asserts the status and a distinctive part of
+ * the message. */
 #include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -167,6 +169,76 @@ static void test_header_padding_and_holes(void)
     CHECK_OK(open_header("{\"a\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[0,4]}}    ", 4));
     CHECK_OK(open_header("{\"a\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 16));
     CHECK_OK(open_header("{}", 0));
+}
+
+/* ---- misaligned data ----------------------------------------------------- */
+
+/* Every tensor of `st` is aligned to its element size and holds the bytes
+ * the image has at its offsets (image bytes count up from 0 in the data
+ * region, so byte k of a tensor at offset b is b + k). */
+static void check_aligned_set(const dflash_st *st, size_t count)
+{
+    CHECK(dflash_st_count(st) == count);
+    static const struct { const char *name; int begin; } want[] = {
+        { "b", 0 }, { "f", 8 }, { "i", 16 }, { "q", 24 }, { "g", 27 }, { "z", 35 },
+    };
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        const dflash_tensor_info *t = dflash_st_find(st, want[k].name);
+        CHECKF(t != NULL, "tensor %s", want[k].name);
+        if (!t)
+            continue;
+        CHECKF((uintptr_t)t->data % dflash_dtype_size(t->dtype) == 0, "tensor %s at %p is not aligned to %zu",
+               t->name, t->data, dflash_dtype_size(t->dtype));
+        for (size_t j = 0; j < t->nbytes; j++)
+            CHECKF(((const uint8_t *)t->data)[j] == (uint8_t)(want[k].begin + (int)j), "tensor %s byte %zu",
+                   t->name, j);
+    }
+    /* Read as elements (UBSan checks the alignment of these loads). */
+    const char *floats[] = { "f", "g" };
+    for (int k = 0; k < 2; k++) {
+        const dflash_tensor_info *t = dflash_st_find(st, floats[k]);
+        if (!t)
+            continue;
+        float elem = ((const float *)t->data)[1], bytes;
+        memcpy(&bytes, (const uint8_t *)t->data + 4, 4);
+        CHECKF(memcmp(&elem, &bytes, 4) == 0, "tensor %s element 1", floats[k]);
+    }
+}
+
+/* The format allows any header length and any offsets: a header of 8n + 1
+ * bytes leaves every tensor misaligned in the image, and "g" (F32 at 27) is
+ * misaligned by its offset alone. Both are accepted and read aligned. */
+static void test_misaligned_data(void)
+{
+    const char *tensors = "{\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,6]},"
+                          "\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+                          "\"i\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[16,24]},"
+                          "\"q\":{\"dtype\":\"F8_E4M3\",\"shape\":[3],\"data_offsets\":[24,27]},"
+                          "\"g\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[27,35]},"
+                          "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[35,35]}}";
+    for (size_t rem = 0; rem < 8; rem++) {
+        char header[1024];
+        size_t n = strlen(tensors);
+        memcpy(header, tensors, n);
+        while (n % 8 != rem)
+            header[n++] = ' '; /* header length = rem mod 8: each misalignment of the region */
+        header[n] = 0;
+        image im = image_make(header, 40);
+        dflash_st *st = NULL;
+        CHECK_OK(dflash_st_open_memory(im.bytes, im.len, "mem.safetensors", &st));
+        if (st)
+            check_aligned_set(st, 6);
+        dflash_st_close(st);
+        char path[512];
+        snprintf(path, sizeof path, "%s/misaligned-%zu.safetensors", g_root, rem);
+        write_file(path, im.bytes, im.len);
+        st = NULL;
+        CHECK_OK(dflash_st_open(path, &st));
+        if (st)
+            check_aligned_set(st, 6);
+        dflash_st_close(st);
+        free(im.bytes);
+    }
 }
 
 /* ---- malformed single files -------------------------------------------- */
@@ -369,9 +441,9 @@ static void test_sharded_missing_shard(void)
                         "\"z\":\"model-00003-of-00002.safetensors\"}}";
     make_sharded(dir, sizeof dir, "missing_shard", index, k_shard2);
     dflash_st *st = NULL;
-    CHECK_FAILS(dflash_st_open(dir, &st), DFLASH_ERR_IO, "shard 'model-00003-of-00002.safetensors'");
-    CHECK_FAILS(dflash_st_open(dir, &st), DFLASH_ERR_IO, "model.safetensors.index.json");
-    CHECK_FAILS(dflash_st_open(dir, &st), DFLASH_ERR_IO, "No such file");
+    CHECK_FAILS(dflash_st_open(dir, &st), DFLASH_ERR_NOT_FOUND, "shard 'model-00003-of-00002.safetensors'");
+    CHECK_FAILS(dflash_st_open(dir, &st), DFLASH_ERR_NOT_FOUND, "model.safetensors.index.json");
+    CHECK_FAILS(dflash_st_open(dir, &st), DFLASH_ERR_NOT_FOUND, "No such file");
     CHECK(st == NULL);
 }
 
@@ -470,6 +542,7 @@ int main(void)
     RUN(test_good_memory);
     RUN(test_good_file_and_folder);
     RUN(test_header_padding_and_holes);
+    RUN(test_misaligned_data);
     RUN(test_short_file);
     RUN(test_header_length);
     RUN(test_bad_json);

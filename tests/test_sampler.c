@@ -267,9 +267,9 @@ static void test_bad_rows_and_opts(void)
     double p[3];
     const float nan_row[3] = { 0, NAN, 1 }, inf_row[3] = { 0, INFINITY, 1 };
     const float dead[3] = { -INFINITY, -INFINITY, -INFINITY };
-    CHECK_FAILS(dflash_sampler_probs(&s, nan_row, p), DFLASH_ERR_INVALID_ARG, "NaN");
-    CHECK_FAILS(dflash_sampler_probs(&s, inf_row, p), DFLASH_ERR_INVALID_ARG, "+inf");
-    CHECK_FAILS(dflash_sampler_probs(&s, dead, p), DFLASH_ERR_INVALID_ARG, "-inf");
+    CHECK_FAILS(dflash_sampler_probs(&s, nan_row, p), DFLASH_ERR_NUMERIC, "NaN");
+    CHECK_FAILS(dflash_sampler_probs(&s, inf_row, p), DFLASH_ERR_NUMERIC, "+inf");
+    CHECK_FAILS(dflash_sampler_probs(&s, dead, p), DFLASH_ERR_NUMERIC, "-inf");
     dflash_sampler_free(&s);
     o.top_p = 0;
     CHECK_FAILS(dflash_sampler_init(&s, 3, &o), DFLASH_ERR_INVALID_ARG, "top_p");

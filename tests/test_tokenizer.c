@@ -5,6 +5,7 @@
  * hand from those merges. The real Qwen3 tokenizer is exercised by
  * test_slow_tokenizer_qwen3.c. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -478,6 +479,191 @@ static void test_unsupported_features(void)
                 "arr.json");
 }
 
+/* Two added_tokens entries sharing an id, or a content, are refused with a
+ * message naming both entries (HF would keep one of them silently). */
+static void test_added_tokens_unique(void)
+{
+    struct {
+        int id;
+        const char *content, *needle1, *needle2;
+    } cases[] = {
+        /* tiny's added_tokens[2] is <|im_end|> (276), [3] is <think> (277) */
+        { 276, "<x>", "added_tokens[2] (\"<|im_end|>\") and added_tokens[5] (\"<x>\")", "id 276" },
+        { 279, "<think>", "added_tokens[3] (id 277) and added_tokens[5] (id 279)", "\"<think>\"" },
+        { 277, "<think>", "added_tokens[3] (\"<think>\") and added_tokens[5]", "id 277" },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        json_t *j = tiny_json();
+        if (!j)
+            return;
+        json_array_append_new(json_object_get(j, "added_tokens"),
+                              json_pack("{s:i,s:s,s:b}", "id", cases[k].id, "content",
+                                        cases[k].content, "special", 1));
+        dflash_tokenizer *t = NULL;
+        CHECK_FAILS(load_json(j, &t), DFLASH_ERR_FORMAT, cases[k].needle1);
+        CHECKF(strstr(dflash_last_error(), cases[k].needle2) &&
+                   strstr(dflash_last_error(), "variant.json"),
+               "case %zu: %s", k, dflash_last_error());
+        CHECK(t == NULL);
+        dflash_tokenizer_free(t);
+    }
+    /* distinct ids and contents still load, also an added token that
+     * repeats a vocab entry's id and spelling (as <unk>-style files do) */
+    json_t *j = tiny_json();
+    if (!j)
+        return;
+    json_array_append_new(json_object_get(j, "added_tokens"),
+                          json_pack("{s:i,s:s,s:b}", "id", 'A', "content", "A", "special", 0));
+    json_array_append_new(json_object_get(j, "added_tokens"),
+                          json_pack("{s:i,s:s,s:b}", "id", 279, "content", "<y>", "special", 1));
+    dflash_tokenizer *t = NULL;
+    CHECK_OK(load_json(j, &t));
+    dflash_tokenizer_free(t);
+}
+
+/* GPT-2's byte-to-unicode spelling of raw bytes (as vocab keys are written);
+ * out has room for 2n + 1 bytes. */
+static void byte_level_spelling(const char *s, size_t n, char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int b = (unsigned char)s[i], cp = b, extra = 0;
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        if (!printable) {
+            for (int c = 0; c < b; c++)
+                extra += !((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE);
+            cp = 256 + extra;
+        }
+        o += (size_t)utf8proc_encode_char(cp, (utf8proc_uint8_t *)out + o);
+    }
+    out[o] = 0;
+}
+
+/* The pre-tokenizer's split of text is exactly pieces[0..np): encoded with
+ * a tiny variant whose vocab holds every expected piece whole and which
+ * has ignore_merges (a word that is a token is that one id), each piece
+ * must come out as its own id. A different split gives byte ids instead.
+ * pattern: a Split regex to use (Isolated, then ByteLevel), or NULL for
+ * tiny's own pre-tokenizer, the Qwen3 regex. */
+static int split_is(const char *pattern, const char *text, const char *const *pieces, size_t np)
+{
+    json_t *j = tiny_json();
+    if (!j)
+        return 0;
+    json_t *model = json_object_get(j, "model"), *vocab = json_object_get(model, "vocab");
+    json_object_set_new(model, "ignore_merges", json_true());
+    if (pattern)
+        json_object_set_new(
+            j, "pre_tokenizer",
+            json_pack("{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b,s:b}]}", "type", "Sequence",
+                      "pretokenizers", "type", "Split", "pattern", "Regex", pattern, "behavior",
+                      "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0,
+                      "trim_offsets", 0, "use_regex", 0));
+    int32_t want[16];
+    for (size_t k = 0; k < np && k < 16; k++) {
+        char sp[128];
+        byte_level_spelling(pieces[k], strlen(pieces[k]), sp);
+        json_t *have = json_object_get(vocab, sp);
+        want[k] = have ? (int32_t)json_integer_value(have) : 300 + (int32_t)k;
+        if (!have)
+            json_object_set_new(vocab, sp, json_integer(want[k]));
+    }
+    dflash_tokenizer *t = NULL;
+    dflash_status st = load_json(j, &t);
+    CHECKF(st == DFLASH_OK, "pattern %s: %s", pattern ? pattern : "(tiny)", dflash_last_error());
+    int ok = st == DFLASH_OK && np <= 16 && enc_eq(t, text, strlen(text), want, np);
+    if (!ok)
+        fprintf(stderr, "  split of \"%s\" by %s is not the expected %zu pieces\n", text,
+                pattern ? pattern : "the Qwen3 regex", np);
+    dflash_tokenizer_free(t);
+    return ok;
+}
+#define SPLIT_IS(pattern, text, ...)                                                       \
+    do {                                                                                   \
+        const char *const p_[] = { __VA_ARGS__ };                                          \
+        CHECK(split_is((pattern), (text), p_, sizeof p_ / sizeof p_[0]));                  \
+    } while (0)
+
+/* U+180E MONGOLIAN VOWEL SEPARATOR (not White_Space since Unicode 6.3),
+ * U+3000 IDEOGRAPHIC SPACE and U+2028 LINE SEPARATOR (both White_Space). */
+#define MVS "\xe1\xa0\x8e"
+#define IDSP "\xe3\x80\x80"
+#define LSEP "\xe2\x80\xa8"
+
+/* \s in the Split regex is Oniguruma's (HF's) \s, Unicode White_Space:
+ * U+180E MONGOLIAN VOWEL SEPARATOR is not in it (PCRE2's \s has it). Each
+ * expected split follows from the Qwen3 regex read left to right, and was
+ * checked against Oniguruma 6.9:
+ *   "x \u180e.": at " ", " ?[^\s\p{L}\p{N}]+" takes " \u180e." whole since
+ *   U+180E is not \s (PCRE2's \s splits it " ", "\u180e", ".");
+ *   "x\u180e  y": U+180E alone by that same branch, then "\s+(?!\S)"
+ *   leaves one space for " y" (PCRE2: "\u180e " then " y");
+ *   "\u180e\u180e \n": "[^\s..]+" takes both, "\s*[\r\n]+" the rest. */
+static void test_split_regex_white_space(void)
+{
+    SPLIT_IS(NULL, "x " MVS ".", "x", " " MVS ".");
+    SPLIT_IS(NULL, "x" MVS "  y", "x", MVS, " ", " y");
+    SPLIT_IS(NULL, MVS MVS " \n", MVS MVS, " \n");
+    /* real White_Space stays whitespace: U+3000, U+00A0, U+0085; U+200B
+     * (a format character) never was */
+    SPLIT_IS(NULL, "a" IDSP IDSP "b", "a", IDSP, IDSP "b");
+    SPLIT_IS(NULL, "x\xc2\xa0\xc2\x85y", "x", "\xc2\xa0", "\xc2\x85y");
+    SPLIT_IS(NULL, "a\xe2\x80\x8b b", "a", "\xe2\x80\x8b", " b");
+    /* the GPT-2 regex of ByteLevel(use_regex=true) reads \s the same way */
+    json_t *j = tiny_json();
+    if (!j)
+        return;
+    json_object_set_new(j, "pre_tokenizer",
+                        json_pack("{s:s,s:b,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0,
+                                  "trim_offsets", 1, "use_regex", 1));
+    json_object_set_new(json_object_get(j, "model"), "ignore_merges", json_true());
+    char sp[32];
+    byte_level_spelling(" " MVS ".", 5, sp);
+    json_object_set_new(json_object_get(json_object_get(j, "model"), "vocab"), sp,
+                        json_integer(300));
+    dflash_tokenizer *t = NULL;
+    CHECK_OK(load_json(j, &t));
+    if (t)
+        ENC_EQ(t, "x " MVS ".", 'x', 300);
+    dflash_tokenizer_free(t);
+}
+
+/* The escape rewriting respects the regex's own syntax: an escaped
+ * backslash, classes (negated, with a literal ']' first, POSIX names),
+ * comments; and the other escapes whose PCRE2 meaning differs from
+ * Oniguruma's. Every expected split was checked against Oniguruma 6.9. */
+static void test_split_regex_escapes(void)
+{
+    SPLIT_IS("\\\\s", "a\\sb", "a", "\\s", "b");           /* a backslash, then s */
+    SPLIT_IS("[^\\S]+", "a" MVS " " IDSP "b", "a" MVS, " " IDSP, "b");
+    SPLIT_IS("\\S+", "a" MVS "b c", "a" MVS "b", " ", "c");
+    SPLIT_IS("[[:space:]]+", "a" MVS " " LSEP "b", "a" MVS, " " LSEP, "b");
+    SPLIT_IS("[[:^space:]]+", "a" MVS " " LSEP "b", "a" MVS, " " LSEP, "b");
+    SPLIT_IS("[[:alpha:]\\s]+", "1ab c" MVS "2", "1", "ab c", MVS "2");
+    SPLIT_IS("[]\\s]+", "a] " MVS "b", "a", "] ", MVS "b");
+    SPLIT_IS("(?#[)\\s", "a b", "a", " ", "b");
+    /* Oniguruma: \h a hex digit, \v U+000B, \V \Q \E the letters */
+    SPLIT_IS("\\h+", "xa1g", "x", "a1", "g");
+    SPLIT_IS("[\\H]+", "xa1g", "x", "a1", "g");
+    SPLIT_IS("\\v", "a\vb\nc", "a", "\v", "b\nc");
+    SPLIT_IS("\\Q\\s\\E", "aQ Eb", "a", "Q E", "b");
+    SPLIT_IS("\\V+", "aVVb", "a", "VV", "b");
+
+    /* a pattern that only grows past the bound once spelled out is refused */
+    size_t n = 8000;
+    char *big = malloc(2 * n + 1);
+    if (!big)
+        return;
+    for (size_t i = 0; i < n; i++)
+        big[2 * i] = '\\', big[2 * i + 1] = 'S';
+    big[2 * n] = 0;
+    expect_fail("pre_tokenizer",
+                json_pack("{s:s,s:{s:s},s:s,s:b}", "type", "Split", "pattern", "Regex", big,
+                          "behavior", "Isolated", "invert", 0),
+                DFLASH_ERR_UNSUPPORTED, "too long");
+    free(big);
+}
+
 static void test_chat_render(void)
 {
     char *txt;
@@ -525,25 +711,6 @@ static void test_chat_render(void)
     dflash_tokenizer_free(t);
 }
 
-static void write_file(const char *dir, const char *name, const char *content)
-{
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    CHECK(f != NULL);
-    if (f) {
-        fputs(content, f);
-        fclose(f);
-    }
-}
-
-static void rm_file(const char *dir, const char *name)
-{
-    char p[600];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    unlink(p);
-}
-
 static void test_chat_eos_ids(void)
 {
     dflash_tokenizer *t = load_tiny();
@@ -555,26 +722,26 @@ static void test_chat_eos_ids(void)
     size_t n;
     CHECK_FAILS(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n), DFLASH_ERR_NOT_FOUND,
                 dir);
-    write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
+    test_write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
     CHECK_OK(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n));
     CHECK(n == 1 && ids[0] == 276);
-    write_file(dir, "generation_config.json", "{\"eos_token_id\": [276, 274]}");
+    test_write_file(dir, "generation_config.json", "{\"eos_token_id\": [276, 274]}");
     CHECK_OK(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n));
     CHECK(n == 2 && ids[0] == 276 && ids[1] == 274);
-    write_file(dir, "generation_config.json", "{\"eos_token_id\": 274}");
-    write_file(dir, "tokenizer_config.json", "{\"eos_token\": {\"content\": \"<|im_end|>\"}}");
+    test_write_file(dir, "generation_config.json", "{\"eos_token_id\": 274}");
+    test_write_file(dir, "tokenizer_config.json", "{\"eos_token\": {\"content\": \"<|im_end|>\"}}");
     CHECK_OK(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n));
     CHECK(n == 2 && ids[0] == 276 && ids[1] == 274);
     CHECK_FAILS(dflash_chat_eos_ids(dir, t, ids, 1, &n), DFLASH_ERR_INVALID_ARG,
                 "generation_config.json");
-    write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<|nope|>\"}");
+    test_write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<|nope|>\"}");
     CHECK_FAILS(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n), DFLASH_ERR_NOT_FOUND,
                 "<|nope|>");
-    write_file(dir, "generation_config.json", "{\"eos_token_id\": ");
-    rm_file(dir, "tokenizer_config.json");
+    test_write_file(dir, "generation_config.json", "{\"eos_token_id\": ");
+    test_remove_file(dir, "tokenizer_config.json");
     CHECK_FAILS(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n), DFLASH_ERR_FORMAT,
                 "generation_config.json");
-    rm_file(dir, "generation_config.json");
+    test_remove_file(dir, "generation_config.json");
     rmdir(dir);
     dflash_tokenizer_free(t);
 }
@@ -594,6 +761,9 @@ int main(void)
     RUN(test_merges_as_pairs);
     RUN(test_bytelevel_use_regex);
     RUN(test_unsupported_features);
+    RUN(test_added_tokens_unique);
+    RUN(test_split_regex_white_space);
+    RUN(test_split_regex_escapes);
     RUN(test_chat_render);
     RUN(test_chat_eos_ids);
     TEST_END();

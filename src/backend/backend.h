@@ -133,7 +133,10 @@ typedef struct dflash_backend_ops {
      * idx NULL means idx[i] = i. */
     dflash_status (*copy_rows)(dflash_backend *be, float *dst, int64_t dst_stride, const float *src,
                                int64_t src_stride, const int32_t *idx, int n, int64_t cols);
-    /* out[i] = index of the largest of x[i, 0..cols) (lowest index on ties) */
+    /* out[i] = index of the largest of x[i, 0..cols) (lowest index on ties);
+     * -1 when the row holds a NaN or +inf or nothing above -inf: logits with
+     * no usable number, which the caller reports instead of decoding a
+     * token from them. */
     dflash_status (*argmax)(dflash_backend *be, const float *x, int n, int cols, int32_t *out);
 
     /* stages: optional; NULL means dflash_be_* below composes them from
@@ -149,7 +152,8 @@ typedef struct dflash_backend_ops {
     dflash_status (*qk_norm_rope)(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads, float *k,
                                   const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
                                   int head_dim, float eps, double theta, double pos_scale);
-    /* ids[i] = argmax over columns of row i of x W^T (argmax's rules);
+    /* ids[i] = argmax over columns of row i of x W^T (argmax's rules, -1
+     * included);
      * logits [n, W.rows] is scratch, its content afterwards unspecified
      * (a fused backend never writes it). */
     dflash_status (*linear_argmax)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,

@@ -2,21 +2,48 @@
 #include "backend/weight_bind.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 
-dflash_status dflash_weight_bind(dflash_backend *be, const dflash_st *st, const char *name, int64_t rows,
-                                 int64_t cols, dflash_weight *out)
+dflash_status dflash_binder_init(dflash_binder *b, dflash_backend *be, const dflash_st *st)
+{
+    size_t n = dflash_st_count(st);
+    *b = (dflash_binder){ be, st, calloc(n ? n : 1, 1), 0 };
+    if (!b->used)
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dflash_st_path(st));
+    return DFLASH_OK;
+}
+
+void dflash_binder_free(dflash_binder *b)
+{
+    free(b->used);
+    b->used = NULL;
+}
+
+dflash_status dflash_bind(dflash_binder *b, const char *name, int64_t rows, int64_t cols, dflash_weight *out)
 {
     const dflash_tensor_info *t;
     int64_t shape[2] = { rows ? rows : cols, cols };
-    DFLASH_TRY(dflash_st_get(st, name, DFLASH_DTYPE_INVALID, rows ? 2 : 1, shape, &t));
+    DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, rows ? 2 : 1, shape, &t));
     if (t->dtype != DFLASH_DTYPE_BF16 && t->dtype != DFLASH_DTYPE_F16 && t->dtype != DFLASH_DTYPE_F32)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
                            t->file, name, dflash_dtype_name(t->dtype));
-    /* Safetensors writers pad the header to 8 bytes; a file that does not
-     * would hand us misaligned elements. */
-    if ((uintptr_t)t->data % dflash_dtype_size(t->dtype) != 0)
-        return dflash_fail(DFLASH_ERR_FORMAT, "%s: tensor '%s' data is not aligned to its %zu-byte elements",
-                           t->file, name, dflash_dtype_size(t->dtype));
-    *out = (dflash_weight){ t->dtype, rows ? rows : 1, cols, NULL, NULL, t->name };
-    return be->ops->weight_from_host(be, out, t->data, NULL);
+    /* dflash_tensor_info.data is aligned to the element size (safetensors.h),
+     * so the elements can be read as uint16_t / float here and on upload. */
+    *out = (dflash_weight){ t->dtype, rows ? rows : 1, cols, t->data, NULL, t->name };
+    b->used[dflash_st_index_of(b->st, t)] = 1;
+    b->n_params += out->rows * out->cols;
+    return b->be ? b->be->ops->weight_from_host(b->be, out, t->data, NULL) : DFLASH_OK;
+}
+
+size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < dflash_st_count(b->st); i++) {
+        if (b->used[i])
+            continue;
+        if (n < max)
+            names[n] = dflash_st_at(b->st, i)->name;
+        n++;
+    }
+    return n;
 }

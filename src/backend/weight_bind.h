@@ -1,14 +1,32 @@
-/* weight_bind.h: bind a checkpoint tensor to a dflash_weight, checking its
- * shape and dtype once at load, naming the file and tensor on failure. */
+/* weight_bind.h: bind checkpoint tensors to dflash_weights, checking shape
+ * and dtype once at load and naming the file and tensor on failure. A
+ * binder remembers which of the set's tensors were bound, so that tensors
+ * nothing used can be reported instead of silently ignored; without a
+ * backend it only checks (what `dflash info` runs), so loading and
+ * describing a checkpoint apply the very same checks. */
 #ifndef DFLASH_BACKEND_WEIGHT_BIND_H
 #define DFLASH_BACKEND_WEIGHT_BIND_H
 
 #include "backend/backend.h"
 #include "io/safetensors.h"
 
+typedef struct dflash_binder {
+    dflash_backend *be;  /* NULL: check only; weights then point at the host data */
+    const dflash_st *st;
+    unsigned char *used; /* [dflash_st_count(st)]: 1 once bound */
+    int64_t n_params;    /* elements of every tensor bound so far */
+} dflash_binder;
+
+/* `be` may be NULL (check only). Free with dflash_binder_free. */
+dflash_status dflash_binder_init(dflash_binder *b, dflash_backend *be, const dflash_st *st);
+void dflash_binder_free(dflash_binder *b);
+
 /* rows == 0 binds a vector of `cols` elements (shape [cols]); otherwise a
  * matrix [rows, cols]. Accepts BF16, F16 and F32 tensors. */
-dflash_status dflash_weight_bind(dflash_backend *be, const dflash_st *st, const char *name, int64_t rows,
-                                 int64_t cols, dflash_weight *out);
+dflash_status dflash_bind(dflash_binder *b, const char *name, int64_t rows, int64_t cols, dflash_weight *out);
+
+/* Tensors of the set not bound yet, in name order: up to `max` of them into
+ * names[], the total count returned. */
+size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max);
 
 #endif

@@ -122,13 +122,12 @@ static int parse_ctx(const char *opt, const char *v, bench_args *a)
 {
     int32_t *ids;
     int n;
-    if (!cli_parse_ids(opt, v, &ids, &n))
+    if (!cli_parse_list(opt, v, 1, 1 << 20, "context lengths", &ids, &n))
         return 0;
     a->n_ctx = 0;
     for (int i = 0; i < n; i++) {
-        if (ids[i] < 1 || ids[i] > (1 << 20) || a->n_ctx == BENCH_MAX_CTX) {
-            fprintf(stderr, "dflash bench: %s takes at most %d lengths in [1, %d], got '%s'\n", opt, BENCH_MAX_CTX,
-                    1 << 20, v);
+        if (a->n_ctx == BENCH_MAX_CTX) {
+            fprintf(stderr, "dflash bench: %s takes at most %d context lengths, got '%s'\n", opt, BENCH_MAX_CTX, v);
             free(ids);
             return 0;
         }
@@ -155,7 +154,7 @@ static int parse(int argc, char **argv, bench_args *a)
         const char *o = argv[i], *v;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             usage(stdout);
-            exit(0);
+            exit(cli_finish_stdout(0));
         } else if (!strcmp(o, "--preset")) {
             if (!(v = cli_value(argc, argv, &i)))
                 return 0;
@@ -990,5 +989,5 @@ int dflash_cmd_bench(int argc, char **argv)
         fprintf(stderr, "dflash bench: %s\n", dflash_last_error());
     }
     dflash_backend_destroy(r.be);
-    return s == DFLASH_OK ? 0 : 1;
+    return s == DFLASH_OK ? cli_finish_stdout(0) : 1;
 }

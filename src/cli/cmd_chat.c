@@ -10,7 +10,14 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/engine.h"
+#include "core/file.h"
 #include "io/chat.h"
+
+/* The conversation's limit in positions when --max-ctx is not given (the
+ * model's context length when that is smaller). */
+#define CHAT_DEFAULT_MAX_CTX 4096
+/* One message line; far more text than a context of 32k tokens holds. */
+#define CHAT_LINE_MAX_BYTES ((size_t)1 << 20)
 
 static void usage(FILE *f)
 {
@@ -29,8 +36,10 @@ static void usage(FILE *f)
             "  -h, --help             this text\n"
             "\n");
     cli_engine_usage(f);
-    fprintf(f, "\nThe context (--max-ctx, default 4096) bounds the whole conversation; when the\n"
-               "next turn would not fit, chat says so and ends.\n");
+    fprintf(f, "\nThe context (--max-ctx, default %d, or the model's context length when that is\n"
+               "smaller) bounds the whole conversation; when the next turn (message + -n) would\n"
+               "not fit, chat says so and ends. A message line may hold at most %zu bytes.\n",
+            CHAT_DEFAULT_MAX_CTX, CHAT_LINE_MAX_BYTES);
 }
 
 typedef struct chat_args {
@@ -53,7 +62,7 @@ static int parse(int argc, char **argv, chat_args *a)
             continue;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             usage(stdout);
-            exit(0);
+            exit(cli_finish_stdout(0));
         } else if (!strcmp(o, "--system")) {
             if (!(a->system = cli_value(argc, argv, &i)))
                 return 0;
@@ -73,8 +82,6 @@ static int parse(int argc, char **argv, chat_args *a)
         fprintf(stderr, "dflash chat: -m is required (see --help)\n");
         return 0;
     }
-    if (!a->e.max_ctx)
-        a->e.max_ctx = 4096;
     return 1;
 }
 
@@ -127,76 +134,128 @@ static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int fir
     return DFLASH_OK;
 }
 
+/* What a conversation carries from turn to turn. */
+typedef struct chat_state {
+    cli_engine e;
+    cli_engine_plan plan;
+    cli_streamer sm;
+    int32_t *out; /* one answer, n_new ids */
+    int first, stopped;
+    int32_t last; /* the last answer's final token, emitted but not yet run */
+} chat_state;
+
+/* The positions this turn may reach against the conversation's limit; the
+ * message states exactly the sum it checks. */
+static dflash_status check_turn_fits(const chat_args *a, const chat_state *c, size_t n_ids)
+{
+    long long after = (long long)c->e.seq.len + (long long)n_ids + a->n_new;
+    if (after <= c->plan.limit)
+        return DFLASH_OK;
+    return dflash_fail(DFLASH_ERR_INVALID_ARG, "this turn would bring the conversation to %lld positions (%d so far "
+                       "+ %zu for this message + -n %d), past %s; start a new chat, lower -n, or %s", after,
+                       c->e.seq.len, n_ids, a->n_new, c->plan.limit_desc, cli_engine_limit_hint(&c->plan));
+}
+
+/* One user message: its ids, the fit check, the answer streamed to stdout. */
+static dflash_status chat_turn(const chat_args *a, chat_state *c, const char *msg)
+{
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    DFLASH_TRY(turn_ids(a, c->e.tok, c->first, c->last, c->stopped, msg, &ids, &n_ids));
+    dflash_status s = check_turn_fits(a, c, n_ids);
+    if (s != DFLASH_OK) {
+        free(ids);
+        return s;
+    }
+    dflash_gen_opts go;
+    cli_engine_gen_opts(&c->e, &a->e, &go);
+    go.n_new = a->n_new;
+    go.on_tokens = cli_streamer_on_tokens;
+    go.user = &c->sm;
+    dflash_gen_stats st = { 0 };
+    int n_out = 0;
+    dflash_detok_stream_reset(c->sm.ds);
+    s = dflash_spec_generate(c->e.target, &c->e.seq, c->e.prop, c->e.pstate, ids, (int)n_ids, &go, c->out, &n_out,
+                             &st);
+    free(ids);
+    if (s == DFLASH_OK && c->sm.status != DFLASH_OK)
+        s = c->sm.status;
+    const char *piece;
+    size_t len;
+    if (s == DFLASH_OK && (s = dflash_detok_stream_finish(c->sm.ds, &piece, &len)) == DFLASH_OK) {
+        fwrite(piece, 1, len, stdout);
+        fputc('\n', stdout);
+        s = cli_check_output(stdout, "standard output");
+        if (s == DFLASH_OK && !a->quiet)
+            cli_print_stats_line(stderr, &st);
+    }
+    c->first = 0;
+    c->stopped = st.stopped;
+    c->last = n_out > 0 ? c->out[n_out - 1] : c->last;
+    return s;
+}
+
+/* Limits, models, the output buffer and the detokenizer stream. */
+static dflash_status chat_open(const chat_args *a, chat_state *c)
+{
+    DFLASH_TRY(cli_engine_plan_load(&a->e, CHAT_DEFAULT_MAX_CTX, &c->plan));
+    if ((long long)a->n_new + 1 > c->plan.limit)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "-n %d leaves no room for a message within %s; lower -n or %s",
+                           a->n_new, c->plan.limit_desc, cli_engine_limit_hint(&c->plan));
+    cli_engine_warn_long(&a->e, &c->plan, c->plan.limit);
+    if (!(c->out = malloc((size_t)a->n_new * sizeof *c->out)))
+        return dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", a->n_new);
+    DFLASH_TRY(cli_engine_load_tokenizer(&c->e, &a->e));
+    /* The cache holds the conversation's limit and the block of a step. */
+    DFLASH_TRY(cli_engine_open(&c->e, &a->e, c->plan.limit + c->plan.block));
+    cli_engine_chat_prepare(&c->e, &a->e, a->think);
+    return dflash_detok_stream_new(c->e.tok, DFLASH_DECODE_SKIP_SPECIAL, &c->sm.ds);
+}
+
+/* Messages, one per line, until EOF; every line is bounded. */
+static dflash_status chat_loop(const chat_args *a, chat_state *c)
+{
+    int interactive = isatty(0);
+    for (;;) {
+        if (interactive)
+            fputs("> ", stderr);
+        char *line;
+        size_t got;
+        int eof;
+        DFLASH_TRY(dflash_read_bounded(stdin, "standard input", CHAT_LINE_MAX_BYTES, "a chat message", '\n', &line,
+                                       &got, &eof));
+        while (got > 0 && line[got - 1] == '\r')
+            line[--got] = 0;
+        dflash_status s = got > 0 ? chat_turn(a, c, line) : DFLASH_OK;
+        free(line);
+        if (s != DFLASH_OK || eof)
+            return s;
+    }
+}
+
 int dflash_cmd_chat(int argc, char **argv)
 {
     chat_args a;
     if (!parse(argc, argv, &a))
         return 2;
-    cli_engine e;
-    cli_streamer sm = { NULL, DFLASH_OK };
-    int32_t *out = malloc((size_t)a.n_new * sizeof *out);
-    dflash_status s = out ? cli_engine_load_tokenizer(&e, &a.e) : dflash_fail(DFLASH_ERR_OOM, "out of memory");
-    if (!out)
-        memset(&e, 0, sizeof e);
-    if (s == DFLASH_OK)
-        s = cli_engine_open(&e, &a.e, a.e.max_ctx);
-    if (s == DFLASH_OK)
-        s = dflash_detok_stream_new(e.tok, DFLASH_DECODE_SKIP_SPECIAL, &sm.ds);
-    char *line = NULL;
-    size_t cap = 0;
-    int first = 1, stopped = 1, interactive = isatty(0);
-    int32_t last = -1;
-    while (s == DFLASH_OK) {
-        if (interactive)
-            fputs("> ", stderr);
-        ssize_t got = getline(&line, &cap, stdin);
-        if (got < 0)
-            break;
-        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
-            line[--got] = 0;
-        if (got == 0)
-            continue;
-        int32_t *ids = NULL;
-        size_t n_ids = 0;
-        s = turn_ids(&a, e.tok, first, last, stopped, line, &ids, &n_ids);
-        if (s != DFLASH_OK)
-            break;
-        dflash_gen_opts go;
-        cli_engine_gen_opts(&e, &a.e, &go);
-        go.n_new = a.n_new;
-        go.on_tokens = cli_streamer_on_tokens;
-        go.user = &sm;
-        if (e.seq.len + (int)n_ids + a.n_new + DFLASH_MAX_BLOCK > e.target->opts.max_ctx) {
-            s = dflash_fail(DFLASH_ERR_INVALID_ARG, "the conversation (%d tokens) would outgrow --max-ctx %d; "
-                            "start a new chat or raise --max-ctx", e.seq.len + (int)n_ids, e.target->opts.max_ctx);
-            free(ids);
-            break;
-        }
-        dflash_gen_stats st = { 0 };
-        int n_out = 0;
-        dflash_detok_stream_reset(sm.ds);
-        s = dflash_spec_generate(e.target, &e.seq, e.prop, e.pstate, ids, (int)n_ids, &go, out, &n_out, &st);
-        free(ids);
-        if (s == DFLASH_OK && sm.status != DFLASH_OK)
-            s = sm.status;
-        const char *piece;
-        size_t len;
-        if (s == DFLASH_OK && (s = dflash_detok_stream_finish(sm.ds, &piece, &len)) == DFLASH_OK) {
-            fwrite(piece, 1, len, stdout);
-            fputc('\n', stdout);
-            fflush(stdout);
-            if (!a.quiet)
-                cli_print_stats_line(stderr, &st);
-        }
-        first = 0;
-        stopped = st.stopped;
-        last = n_out > 0 ? out[n_out - 1] : last;
+    /* Checked first: the models would load only to find nothing to read. */
+    if (cli_std_fd_closed(0)) {
+        fprintf(stderr, "dflash chat: standard input is closed; chat reads one message per line from it\n");
+        return 1;
     }
+    chat_state c;
+    memset(&c, 0, sizeof c);
+    c.first = c.stopped = 1;
+    c.last = -1;
+    dflash_status s = chat_open(&a, &c);
+    if (s == DFLASH_OK)
+        s = chat_loop(&a, &c);
+    if (s == DFLASH_OK)
+        s = cli_close_output(stdout, "standard output");
     if (s != DFLASH_OK)
         fprintf(stderr, "dflash chat: %s\n", dflash_last_error());
-    free(line);
-    dflash_detok_stream_free(sm.ds);
-    cli_engine_close(&e);
-    free(out);
+    dflash_detok_stream_free(c.sm.ds);
+    cli_engine_close(&c.e);
+    free(c.out);
     return s == DFLASH_OK ? 0 : 1;
 }

@@ -25,16 +25,19 @@ static void usage(FILE *f)
             "\n"
             "prompt and output:\n"
             "  -p, --prompt TEXT      prompt text (tokenized with the model's tokenizer.json);\n"
-            "                         '-' reads it from stdin. The output text is streamed.\n"
+            "                         '-' reads it from stdin (at most %zu MiB). The output text is\n"
+            "                         streamed.\n"
             "  --chat                 wrap TEXT as a user message in the Qwen3 chat template\n"
             "  --system TEXT          system message (with --chat)\n"
             "  --think                leave Qwen3 thinking on (default: the empty think block)\n"
             "  --prompt-ids IDS       prompt token ids, comma-separated; output is ids\n"
-            "  -n, --n-new N          tokens to generate at most (default 64)\n"
+            "  -n, --n-new N          tokens to generate at most (default 64); prompt + N must fit\n"
+            "                         the model's context length (see --allow-long-context)\n"
             "  --json                 print one JSON object {\"prompt_ids\",\"output_ids\",[\"text\",]\"stats\"}\n"
             "  --trace FILE           write one JSON line per step: {\"pos\",\"drafts\",\"accepted\",\"next\"}\n"
             "  -h, --help             this text\n"
-            "\n");
+            "\n",
+            DFLASH_STREAM_MAX_BYTES >> 20);
     cli_engine_usage(f);
     fprintf(f,
             "\n"
@@ -64,7 +67,7 @@ static int parse(int argc, char **argv, gen_args *a)
             continue;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             usage(stdout);
-            exit(0);
+            exit(cli_finish_stdout(0));
         } else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
             if (!(a->text = cli_value(argc, argv, &i)))
                 return 0;
@@ -109,7 +112,8 @@ static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
     char *owned = NULL;
     const char *text = a->text;
     if (!strcmp(text, "-")) {
-        DFLASH_TRY(dflash_read_stream(stdin, "standard input", &owned, &len));
+        DFLASH_TRY(dflash_read_bounded(stdin, "standard input", DFLASH_STREAM_MAX_BYTES, "a prompt", -1, &owned,
+                                       &len, NULL));
         text = owned;
     } else {
         len = strlen(text);
@@ -134,6 +138,19 @@ static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
     return s;
 }
 
+/* Prompt + -n against the plan's limit (the model's context length unless
+ * --allow-long-context, and --max-ctx), before anything is sized. */
+static dflash_status check_fit(const gen_args *a, const cli_engine_plan *p)
+{
+    long long need = (long long)a->n_prompt + a->n_new;
+    if (need > p->limit)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "the prompt (%d tokens) + -n %d = %lld positions exceed %s; "
+                           "shorten the prompt, lower -n, or %s", a->n_prompt, a->n_new, need, p->limit_desc,
+                           cli_engine_limit_hint(p));
+    cli_engine_warn_long(&a->e, p, need);
+    return DFLASH_OK;
+}
+
 static dflash_status run(gen_args *a, cli_engine *e, int32_t *out, int *n_out, dflash_gen_stats *st)
 {
     FILE *trace = NULL;
@@ -142,7 +159,7 @@ static dflash_status run(gen_args *a, cli_engine *e, int32_t *out, int *n_out, d
     cli_engine_gen_opts(e, &a->e, &go);
     go.n_new = a->n_new;
     if (a->trace && !(trace = fopen(a->trace, "w")))
-        return dflash_fail(DFLASH_ERR_IO, "cannot open trace file %s: %s", a->trace, strerror(errno));
+        return dflash_fail(DFLASH_ERR_IO, "--trace %s: cannot open: %s", a->trace, strerror(errno));
     go.trace = trace;
     dflash_status s = DFLASH_OK;
     if (a->text && !a->json) {
@@ -162,8 +179,13 @@ static dflash_status run(gen_args *a, cli_engine *e, int32_t *out, int *n_out, d
         }
     }
     dflash_detok_stream_free(sm.ds);
-    if (trace)
-        fclose(trace);
+    if (trace) {
+        char label[4096];
+        snprintf(label, sizeof label, "--trace %s", a->trace);
+        dflash_status ts = cli_close_output(trace, label);
+        if (s == DFLASH_OK)
+            s = ts;
+    }
     return s;
 }
 
@@ -197,15 +219,22 @@ int dflash_cmd_generate(int argc, char **argv)
     }
     cli_engine e;
     memset(&e, 0, sizeof e);
-    int32_t *out = malloc(((size_t)a.n_new + 1) * sizeof *out);
-    dflash_status s = out ? DFLASH_OK : dflash_fail(DFLASH_ERR_OOM, "out of memory");
+    cli_engine_plan plan;
+    int32_t *out = NULL;
+    dflash_status s = cli_engine_plan_load(&a.e, 0, &plan);
     if (s == DFLASH_OK && a.text)
         s = cli_engine_load_tokenizer(&e, &a.e);
     if (s == DFLASH_OK && a.text)
         s = encode_prompt(&a, e.tok);
-    /* The cache holds the prompt, the output and one block. */
     if (s == DFLASH_OK)
-        s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + DFLASH_MAX_BLOCK);
+        s = check_fit(&a, &plan);
+    if (s == DFLASH_OK && !(out = malloc(((size_t)a.n_new + 1) * sizeof *out)))
+        s = dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", a.n_new);
+    /* The cache holds the prompt, the output and the block of the last step. */
+    if (s == DFLASH_OK)
+        s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + plan.block);
+    if (s == DFLASH_OK && a.chat)
+        cli_engine_chat_prepare(&e, &a.e, a.think);
     dflash_gen_stats st;
     int n_out = 0;
     if (s == DFLASH_OK)
@@ -220,6 +249,8 @@ int dflash_cmd_generate(int argc, char **argv)
         }
         cli_print_stats_line(stderr, &st);
     }
+    if (s == DFLASH_OK)
+        s = cli_close_output(stdout, "standard output");
     if (s != DFLASH_OK)
         fprintf(stderr, "dflash generate: %s\n", dflash_last_error());
     cli_engine_close(&e);

@@ -1,11 +1,16 @@
 /* cmd_info.c: `dflash info DIR`: describe a checkpoint (architecture,
- * geometry, dtypes, parameter count) without building a model. */
+ * geometry, dtypes, parameter count) without building a model, after the
+ * very checks loading runs (qwen3_checkpoint_check), so a checkpoint that
+ * describes itself here also loads, and one that does not fails with the
+ * message loading would give. */
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "target/qwen3_layer.h"
 
 int dflash_cmd_info(int argc, char **argv)
 {
@@ -13,13 +18,15 @@ int dflash_cmd_info(int argc, char **argv)
         FILE *f = argc == 2 ? stdout : stderr;
         fprintf(f, "usage: dflash info DIR\n\nDescribe a Qwen3 target or DFlash drafter checkpoint folder:\n"
                    "architecture, geometry, tensor dtypes and parameter count.\n");
-        return argc == 2 ? 0 : 2;
+        return argc == 2 ? cli_finish_stdout(0) : 2;
     }
     const char *dir = argv[1];
     dflash_model_config c;
     dflash_st *st = NULL;
-    if (dflash_config_load(dir, &c) != DFLASH_OK || dflash_st_open(dir, &st) != DFLASH_OK) {
+    if (dflash_config_check_folder(dir, "dflash info") != DFLASH_OK || dflash_config_load(dir, &c) != DFLASH_OK ||
+        dflash_st_open(dir, &st) != DFLASH_OK || qwen3_checkpoint_check(&c, st) != DFLASH_OK) {
         fprintf(stderr, "dflash info: %s\n", dflash_last_error());
+        dflash_st_close(st);
         return 1;
     }
     int64_t params = 0, by_dtype[8] = { 0 };
@@ -48,5 +55,5 @@ int dflash_cmd_info(int argc, char **argv)
             printf(" %s %lld", dflash_dtype_name((dflash_dtype)d), (long long)by_dtype[d]);
     printf("\n");
     dflash_st_close(st);
-    return 0;
+    return cli_finish_stdout(0);
 }

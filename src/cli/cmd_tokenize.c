@@ -1,16 +1,19 @@
 /* cmd_tokenize.c: `dflash tokenize` (text -> ids) and `dflash detokenize`
  * (ids -> text) over a Hugging Face tokenizer.json; a thin shell around
  * src/io/tokenizer for scripts and for checking the tokenizer by hand. */
-#include <errno.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "core/file.h"
 #include "io/tokenizer.h"
+
+/* The help below states the limit in words. */
+_Static_assert(DFLASH_STREAM_MAX_BYTES == (size_t)64 << 20, "k_tok_help states a 64 MiB stdin limit");
 
 static const char k_tok_help[] =
     "usage: dflash tokenize --tokenizer DIR_OR_FILE [--json] TEXT\n"
@@ -22,6 +25,7 @@ static const char k_tok_help[] =
     "\n"
     "  --tokenizer P  a tokenizer.json file, or a folder holding one\n"
     "  --json         print {\"ids\":[...]} instead\n"
+    "  -              (as TEXT) read standard input, at most 64 MiB\n"
     "  -h, --help     this text\n"
     "\n"
     "Exit status: 0 ok, 1 the tokenizer could not be loaded or used, 2 usage error.\n";
@@ -99,14 +103,15 @@ int dflash_cmd_tokenize(int argc, char **argv)
     }
     if (rc >= 0) {
         free(rest);
-        return rc;
+        return rc == 0 ? cli_finish_stdout(0) : rc; /* 0: --help was printed */
     }
     const char *text = rest[0];
     char *owned = NULL;
     size_t len = strlen(text);
     free(rest);
     if (!strcmp(text, "-")) {
-        if (dflash_read_stream(stdin, "standard input", &owned, &len) != DFLASH_OK) {
+        if (dflash_read_bounded(stdin, "standard input", DFLASH_STREAM_MAX_BYTES, "a text to tokenize", -1, &owned,
+                                &len, NULL) != DFLASH_OK) {
             fprintf(stderr, "dflash tokenize: %s\n", dflash_last_error());
             return 1;
         }
@@ -128,10 +133,12 @@ int dflash_cmd_tokenize(int argc, char **argv)
     free(ids);
     free(owned);
     dflash_tokenizer_free(tok);
-    return fflush(stdout) == 0 ? 0 : 1;
+    return cli_finish_stdout(0);
 }
 
-/* Parse ids from args like "1,2, 3" "4"; returns 0 on a malformed one. */
+/* Parse ids from args like "1,2, 3" "4" (the command line's one integer
+ * syntax; negative ids parse, and decoding names them as unknown); returns
+ * 0 on a malformed one. */
 static int parse_ids(char **args, int n_args, int32_t **ids, size_t *n)
 {
     size_t cap = 16;
@@ -142,16 +149,14 @@ static int parse_ids(char **args, int n_args, int32_t **ids, size_t *n)
     for (int a = 0; a < n_args; a++) {
         const char *s = args[a];
         while (*s) {
-            if (*s == ',' || *s == ' ' || *s == '\t' || *s == '\n') {
+            if (cli_is_list_sep(*s)) {
                 s++;
                 continue;
             }
-            char *end;
-            errno = 0;
-            long v = strtol(s, &end, 10);
-            if (end == s || errno || v < INT32_MIN || v > INT32_MAX ||
-                (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n')) {
-                fprintf(stderr, "dflash detokenize: '%s' is not a list of token ids\n", args[a]);
+            const char *end;
+            long v;
+            if (!cli_scan_int(s, INT32_MIN, INT32_MAX, &end, &v) || (*end && !cli_is_list_sep(*end))) {
+                fprintf(stderr, "dflash detokenize: '%s' is not a list of decimal token ids\n", args[a]);
                 return 0;
             }
             if (*n == cap) {
@@ -175,7 +180,7 @@ int dflash_cmd_detokenize(int argc, char **argv)
     int rc = parse_opts(argc, argv, k_detok_help, &tok_path, &json, &skip, &rest, &n_rest);
     if (rc >= 0) {
         free(rest);
-        return rc;
+        return rc == 0 ? cli_finish_stdout(0) : rc; /* 0: --help was printed */
     }
     int32_t *ids;
     size_t n;
@@ -213,7 +218,5 @@ int dflash_cmd_detokenize(int argc, char **argv)
     free(text);
     free(ids);
     dflash_tokenizer_free(tok);
-    if (fflush(stdout) != 0)
-        rc = 1;
-    return rc;
+    return cli_finish_stdout(rc);
 }

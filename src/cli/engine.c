@@ -1,16 +1,19 @@
 /* engine.c: see engine.h. */
 #include "cli/engine.h"
 
-#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cli/args.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
 #include "io/chat.h"
+#include "io/hf_config.h"
 
 void cli_engine_args_init(cli_engine_args *a)
 {
@@ -35,7 +38,12 @@ void cli_engine_usage(FILE *f)
             "                         (default: DFLASH_CTX_CAP, else 4096)\n"
             "  --drafter-quant Q      bf16 (default) or fp8: drafter weights in fp8 e4m3 with\n"
             "                         per-row scales (also DFLASH_DRAFTER_FP8=1)\n"
-            "  --max-ctx N            longest sequence the KV cache holds\n"
+            "  --max-ctx N            longest sequence in positions (prompt + output; in chat, the\n"
+            "                         whole conversation); the KV cache holds it plus one block.\n"
+            "                         At most the model's context length (max_position_embeddings)\n"
+            "  --allow-long-context   let a sequence go past the model's context length\n"
+            "                         (max_position_embeddings), which is refused otherwise;\n"
+            "                         prints a warning when it does\n"
             "  --ignore-eos           do not stop at the model's end-of-sequence tokens\n"
             "  --device D             cpu (default), cuda, or auto (cuda when a GPU is usable, else\n"
             "                         cpu); which one is used, and why, is printed on stderr.\n"
@@ -47,21 +55,8 @@ void cli_engine_usage(FILE *f)
             "  --min-p P              drop tokens below P x the top probability; 0 = off\n"
             "  --rep-penalty R        repetition penalty over this call's prompt and output\n"
             "                         (HF semantics); 1 = off\n"
-            "  --seed S               RNG seed (default 0); the same seed gives the same output\n");
-}
-
-/* A whole-string unsigned 64-bit seed (decimal or 0x hex). */
-static int parse_seed(const char *opt, const char *v, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 0);
-    if (errno || end == v || *end || v[0] == '-') {
-        fprintf(stderr, "dflash: %s expects an unsigned 64-bit integer, got '%s'\n", opt, v);
-        return 0;
-    }
-    *out = (uint64_t)x;
-    return 1;
+            "  --seed S               RNG seed, a decimal integer (default 0); the same seed gives\n"
+            "                         the same output\n");
 }
 
 int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const char *cmd)
@@ -103,6 +98,8 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
         a->device = v;
     } else if (!strcmp(o, "--ignore-eos")) {
         a->ignore_eos = 1;
+    } else if (!strcmp(o, "--allow-long-context")) {
+        a->allow_long_ctx = 1;
     } else if (!strcmp(o, "--temp")) {
         VALUE();
         return cli_parse_double(o, v, 0, 1e6, &a->sampler.temperature) ? 1 : -1;
@@ -120,7 +117,7 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
         return cli_parse_double(o, v, 1e-6, 1e6, &a->sampler.rep_penalty) ? 1 : -1;
     } else if (!strcmp(o, "--seed")) {
         VALUE();
-        return parse_seed(o, v, &a->sampler.seed) ? 1 : -1;
+        return cli_parse_u64(o, v, &a->sampler.seed) ? 1 : -1;
     } else {
         return 0;
     }
@@ -142,6 +139,99 @@ static dflash_status make_proposer(const cli_engine_args *a, dflash_qwen3 *targe
     DFLASH_TRY(dflash_head_load(a->draft, target, &ho, &h));
     *out = &h->proposer;
     return DFLASH_OK;
+}
+
+/* --block-size against the drafter's block (0: no drafter). */
+static dflash_status check_block_option(const cli_engine_args *a, int drafter_block)
+{
+    if (a->block_size && !a->draft)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "--block-size %d needs a drafter (-d DIR or --draft ngram)",
+                           a->block_size);
+    if (a->block_size > drafter_block)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "--block-size %d exceeds the drafter's block_size %d (%s)",
+                           a->block_size, drafter_block, a->draft);
+    return DFLASH_OK;
+}
+
+/* The block one step runs, as the loop will choose it (spec.c: the
+ * proposer's block, capped by --block-size). */
+static dflash_status plan_block(const cli_engine_args *a, int *block)
+{
+    *block = 1;
+    if (!a->draft)
+        return check_block_option(a, 0);
+    int b = a->block_size ? a->block_size : 16; /* ngram: make_proposer's block */
+    if (strcmp(a->draft, "ngram") != 0) {
+        dflash_model_config dc;
+        DFLASH_TRY(dflash_config_load(a->draft, &dc));
+        /* A folder that is no drafter is refused by name when it loads. */
+        b = dc.is_dflash ? dc.block_size : DFLASH_MAX_BLOCK;
+        DFLASH_TRY(check_block_option(a, b));
+        if (a->block_size && a->block_size < b)
+            b = a->block_size;
+    }
+    *block = b < 1 ? 1 : b > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : b;
+    return DFLASH_OK;
+}
+
+/* "DIR/config.json" or the file -m names, for messages. */
+static void config_path(const char *model, char *buf, size_t cap)
+{
+    struct stat sb;
+    if (stat(model, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(buf, cap, "%s/config.json", model);
+    else
+        snprintf(buf, cap, "%s", model);
+}
+
+dflash_status cli_engine_plan_load(const cli_engine_args *a, int dflt_max_ctx, cli_engine_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    /* A file given for a folder is named as such before anything reads it. */
+    DFLASH_TRY(dflash_config_check_folder(a->model, "-m"));
+    if (a->draft && strcmp(a->draft, "ngram") != 0)
+        DFLASH_TRY(dflash_config_check_folder(a->draft, "-d"));
+    dflash_model_config tc;
+    DFLASH_TRY(dflash_config_load(a->model, &tc));
+    DFLASH_TRY(plan_block(a, &p->block));
+    p->model_ctx = tc.max_position_embeddings;
+    char cfg[256];
+    config_path(a->model, cfg, sizeof cfg);
+    if (a->max_ctx > p->model_ctx && !a->allow_long_ctx)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "--max-ctx %d exceeds the model's context length %d "
+                           "(max_position_embeddings in %s); lower it or pass --allow-long-context",
+                           a->max_ctx, p->model_ctx, cfg);
+    int user = a->max_ctx ? a->max_ctx : dflt_max_ctx;
+    if (!a->allow_long_ctx && (!user || user >= p->model_ctx)) {
+        p->limit = p->model_ctx;
+        p->limit_is_model = 1;
+        snprintf(p->limit_desc, sizeof p->limit_desc, "the model's context length %d (max_position_embeddings "
+                 "in %s)", p->model_ctx, cfg);
+    } else if (user) {
+        p->limit = user;
+        snprintf(p->limit_desc, sizeof p->limit_desc, "%s %d", a->max_ctx ? "--max-ctx" : "the default --max-ctx",
+                 user);
+    } else {
+        p->limit = INT_MAX;
+        snprintf(p->limit_desc, sizeof p->limit_desc, "no limit");
+    }
+    return DFLASH_OK;
+}
+
+const char *cli_engine_limit_hint(const cli_engine_plan *p)
+{
+    return p->limit_is_model ? "pass --allow-long-context to go past it" : "raise --max-ctx";
+}
+
+void cli_engine_warn_long(const cli_engine_args *a, const cli_engine_plan *p, long long positions)
+{
+    if (!a->allow_long_ctx || positions <= p->model_ctx)
+        return;
+    char cfg[256];
+    config_path(a->model, cfg, sizeof cfg);
+    fprintf(stderr, "dflash %s: warning: --allow-long-context: up to %lld positions, past the model's context "
+            "length %d (max_position_embeddings in %s); the model was not trained there and its output may "
+            "degrade\n", cli_command() ? cli_command() : "", positions, p->model_ctx, cfg);
 }
 
 static void add_stop(cli_engine *e, int32_t id)
@@ -167,6 +257,25 @@ static dflash_status collect_stops(cli_engine *e, const cli_engine_args *a)
     return DFLASH_OK;
 }
 
+void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, int think)
+{
+    dflash_chat_opts co = dflash_chat_default_opts();
+    co.thinking = think;
+    if (dflash_chat_check_tokenizer(e->tok, &co) != DFLASH_OK) {
+        fprintf(stderr, "dflash %s: warning: %s; the chat markup goes to the model as plain text\n",
+                cli_command() ? cli_command() : "", dflash_last_error());
+        return;
+    }
+    /* A base model's EOS files name only <|endoftext|>, but a chat turn
+     * ends at <|im_end|>: stop there too (the check above made it one
+     * added token). */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!a->ignore_eos && dflash_tokenizer_encode(e->tok, "<|im_end|>", 10, &ids, &n) == DFLASH_OK && n == 1)
+        add_stop(e, ids[0]);
+    free(ids);
+}
+
 dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)
 {
     memset(e, 0, sizeof *e);
@@ -189,22 +298,19 @@ static dflash_status open_backend(cli_engine *e, const cli_engine_args *a)
     return dflash_backend_cpu_create(&e->be);
 }
 
-dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int max_ctx)
+dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions)
 {
+    /* Without a drafter, before loading anything; with one, once it is. */
+    DFLASH_TRY(check_block_option(a, a->draft ? DFLASH_MAX_BLOCK : 0));
     DFLASH_TRY(open_backend(e, a));
     dflash_qwen3_opts topts;
     dflash_qwen3_default_opts(&topts);
-    topts.max_ctx = a->max_ctx ? a->max_ctx : max_ctx;
+    topts.max_ctx = kv_positions;
     DFLASH_TRY(dflash_qwen3_load(a->model, e->be, &topts, &e->target));
     DFLASH_TRY(dflash_qwen3_seq_init(e->target, &e->seq));
-    if (a->block_size && !a->draft)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "--block-size %d needs a drafter (-d DIR or --draft ngram)",
-                           a->block_size);
     if (a->draft) {
         DFLASH_TRY(make_proposer(a, e->target, &e->prop));
-        if (a->block_size > e->prop->ops->block_size(e->prop))
-            return dflash_fail(DFLASH_ERR_INVALID_ARG, "--block-size %d exceeds the drafter's block_size %d (%s)",
-                               a->block_size, e->prop->ops->block_size(e->prop), a->draft);
+        DFLASH_TRY(check_block_option(a, e->prop->ops->block_size(e->prop)));
         DFLASH_TRY(e->prop->ops->alloc_state(e->prop, topts.max_ctx, &e->pstate));
     }
     if (!a->ignore_eos)
@@ -234,7 +340,7 @@ void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_g
     go->n_stop = e->n_stop;
 }
 
-void cli_streamer_on_tokens(void *user, const int32_t *ids, int n)
+dflash_status cli_streamer_on_tokens(void *user, const int32_t *ids, int n)
 {
     cli_streamer *st = user;
     for (int i = 0; i < n && st->status == DFLASH_OK; i++) {
@@ -244,7 +350,9 @@ void cli_streamer_on_tokens(void *user, const int32_t *ids, int n)
         if (st->status == DFLASH_OK)
             fwrite(piece, 1, len, stdout);
     }
-    fflush(stdout);
+    if (st->status == DFLASH_OK)
+        st->status = cli_check_output(stdout, "standard output");
+    return st->status;
 }
 
 void cli_print_stats_line(FILE *f, const dflash_gen_stats *st)

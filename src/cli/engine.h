@@ -14,8 +14,24 @@ typedef struct cli_engine_args {
     const char *model, *draft, *tokenizer;
     const char *device; /* "cpu" (default), "cuda" or "auto" */
     int block_size, ctx_cap, quant, max_ctx, ignore_eos;
+    int allow_long_ctx; /* --allow-long-context: go past the model's context length */
     dflash_sampler_opts sampler;
 } cli_engine_args;
+
+/* What sizes a run, known before any weights are loaded. */
+typedef struct cli_engine_plan {
+    int model_ctx; /* the target's max_position_embeddings */
+    /* Positions one step runs past the sequence: the block in use (the
+     * drafter's block_size or --block-size; 16 for ngram; 1 plain). The KV
+     * cache holds the sequence plus these. */
+    int block;
+    /* Positions a sequence may use (prompt + output, or a whole chat):
+     * --max-ctx and, unless --allow-long-context, the model's context
+     * length; INT_MAX when neither bounds it. */
+    int limit;
+    int limit_is_model;  /* the limit is the model's context length */
+    char limit_desc[320]; /* "the model's context length 2048 (...)" or "--max-ctx 200" */
+} cli_engine_plan;
 
 typedef struct cli_engine {
     dflash_backend *be;
@@ -37,22 +53,39 @@ void cli_engine_usage(FILE *f);
 /* Start an engine with only its tokenizer (--tokenizer, else the model
  * folder), so a text prompt can be measured before the models are sized. */
 dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a);
-/* Open the models the arguments name; max_ctx: longest sequence (used when
- * the user gave no --max-ctx). `e` is zeroed or holds only a tokenizer.
- * Stop ids: the model's EOS ids (config.json, plus tokenizer_config /
- * generation_config when a tokenizer is loaded) unless --ignore-eos. */
-dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int max_ctx);
+/* Read the target's (and drafter's) config.json and check the block
+ * options; dflt_max_ctx: the limit when --max-ctx is not given (0: none).
+ * An explicit --max-ctx past the model's context length needs
+ * --allow-long-context. */
+dflash_status cli_engine_plan_load(const cli_engine_args *a, int dflt_max_ctx, cli_engine_plan *p);
+/* The advice that goes with exceeding the plan's limit. */
+const char *cli_engine_limit_hint(const cli_engine_plan *p);
+/* With --allow-long-context, `positions` past the model's context length
+ * print a warning on stderr (once per call). */
+void cli_engine_warn_long(const cli_engine_args *a, const cli_engine_plan *p, long long positions);
+/* Open the models the arguments name with a KV cache of `kv_positions`
+ * (a sequence's limit + the plan's block). `e` is zeroed or holds only a
+ * tokenizer. Stop ids: the model's EOS ids (config.json, plus
+ * tokenizer_config / generation_config when a tokenizer is loaded) unless
+ * --ignore-eos. */
+dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions);
 void cli_engine_close(cli_engine *e);
+/* For a chat prompt, once the engine is open: warn (stderr) when the
+ * tokenizer lacks the chat markup as added tokens, else add <|im_end|> to
+ * the stop ids (unless --ignore-eos). */
+void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, int think);
 /* Generation options from the arguments (sampler, block size, stop ids). */
 void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_gen_opts *go);
 
 /* Streams decoded text to stdout as the loop commits tokens (an
- * on_tokens callback; never splits a UTF-8 sequence). */
+ * on_tokens callback; never splits a UTF-8 sequence). A write error
+ * (checked after each flush) is its failure, returned to end generation;
+ * nothing is written after it. */
 typedef struct cli_streamer {
     dflash_detok_stream *ds;
     dflash_status status; /* the first failure, if any */
 } cli_streamer;
-void cli_streamer_on_tokens(void *user, const int32_t *ids, int n);
+dflash_status cli_streamer_on_tokens(void *user, const int32_t *ids, int n);
 
 /* One line of statistics, for stderr. */
 void cli_print_stats_line(FILE *f, const dflash_gen_stats *st);

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 
 static const struct {
@@ -38,13 +39,17 @@ int main(int argc, char **argv)
         execv("/proc/self/exe", argv);
         /* If that fails we run on with the default policy. */
     }
+    /* Before anything opens a file that could take a closed stream's place. */
+    cli_guard_std_fds();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return argc < 2 ? 2 : cli_finish_stdout(0);
     }
     for (size_t i = 0; i < sizeof k_cmds / sizeof k_cmds[0]; i++)
-        if (!strcmp(argv[1], k_cmds[i].name))
+        if (!strcmp(argv[1], k_cmds[i].name)) {
+            cli_set_command(k_cmds[i].name);
             return k_cmds[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "dflash: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

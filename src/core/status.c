@@ -54,6 +54,7 @@ const char *dflash_status_name(dflash_status s)
     case DFLASH_ERR_OOM: return "DFLASH_ERR_OOM";
     case DFLASH_ERR_KV_FULL: return "DFLASH_ERR_KV_FULL";
     case DFLASH_ERR_BACKEND: return "DFLASH_ERR_BACKEND";
+    case DFLASH_ERR_NUMERIC: return "DFLASH_ERR_NUMERIC";
     }
     return "DFLASH_ERR_UNKNOWN";
 }

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/weight_bind.h"
 #include "core/levers.h"
 
 int dflash_ctx_cap(void) { return dflash_levers_get()->ctx_cap; }
@@ -46,9 +45,6 @@ static dflash_status check_against_target(const dflash_head *h, const char *dir,
     if (c->mask_token_id < 0 || c->mask_token_id >= tc->vocab_size)
         return dflash_fail(DFLASH_ERR_SHAPE, "%s: dflash_config.mask_token_id %d is outside the target "
                            "vocabulary [0, %d)", dir, c->mask_token_id, tc->vocab_size);
-    if (c->head_dim % 2)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", dir,
-                           c->head_dim);
     for (int i = 0; i < c->num_hidden_layers; i++)
         if (c->layer_sliding[i] && c->sliding_window <= 0)
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: layer %d is sliding_attention but sliding_window is %d",
@@ -56,24 +52,29 @@ static dflash_status check_against_target(const dflash_head *h, const char *dir,
     return DFLASH_OK;
 }
 
+/* Binds through the checkpoint layout loading and `dflash info` share. */
 static dflash_status bind_weights(dflash_head *h)
 {
     const dflash_model_config *c = &h->cfg;
-    const int64_t K = c->n_target_layer_ids, H = c->hidden_size;
-    int64_t n_params = 0;
-    DFLASH_TRY(dflash_weight_bind(h->be, h->st, "fc.weight", H, K * H, &h->fc));
-    DFLASH_TRY(dflash_weight_bind(h->be, h->st, "hidden_norm.weight", 0, H, &h->hidden_norm));
-    DFLASH_TRY(dflash_weight_bind(h->be, h->st, "norm.weight", 0, H, &h->norm));
     h->layers = calloc((size_t)c->num_hidden_layers, sizeof *h->layers);
-    if (!h->layers)
-        return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory");
-    char prefix[64];
-    for (int i = 0; i < c->num_hidden_layers; i++) {
-        snprintf(prefix, sizeof prefix, "layers.%d.", i);
-        DFLASH_TRY(qwen3_layer_bind(h->be, h->st, prefix, c, &h->layers[i].w, &n_params));
-        h->layers[i].sliding = c->layer_sliding[i];
+    qwen3_checkpoint w = { .layers = calloc((size_t)c->num_hidden_layers, sizeof *w.layers) };
+    dflash_binder b = { 0 };
+    dflash_status s = h->layers && w.layers ? dflash_binder_init(&b, h->be, h->st)
+                                            : dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory");
+    if (s == DFLASH_OK)
+        s = qwen3_checkpoint_bind(&b, c, &w);
+    if (s == DFLASH_OK) {
+        h->fc = w.fc;
+        h->hidden_norm = w.hidden_norm;
+        h->norm = w.final_norm;
+        for (int i = 0; i < c->num_hidden_layers; i++) {
+            h->layers[i].w = w.layers[i];
+            h->layers[i].sliding = c->layer_sliding[i];
+        }
     }
-    return DFLASH_OK;
+    dflash_binder_free(&b);
+    free(w.layers);
+    return s;
 }
 
 /* Per-row fp8 e4m3 copy of a weight: scale[r] = max|W[r,:]| / 448, so each
@@ -237,6 +238,7 @@ dflash_status dflash_head_load(const char *dir, dflash_qwen3 *target, const dfla
     *out = NULL;
     dflash_model_config cfg;
     dflash_st *st;
+    DFLASH_TRY(dflash_config_check_folder(dir, "-d"));
     DFLASH_TRY(dflash_config_load(dir, &cfg));
     DFLASH_TRY(dflash_st_open(dir, &st));
     return dflash_head_load_st(&cfg, st, dir, target, opts, out);
@@ -390,6 +392,11 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     }
     DFLASH_TRY(o->download(h->be, drafts, s->argmax, (size_t)nd * sizeof(int32_t)));
     h->last_rows = nd;
+    for (int i = 0; i < nd; i++)
+        if (drafts[i] < 0)
+            return dflash_fail(DFLASH_ERR_NUMERIC, "%s: the drafter's logits for position %d are not finite (NaN "
+                               "or +inf): its weights or config.json give no usable numbers", dflash_st_path(h->st),
+                               positions[i / n_drafts] + 1 + i % n_drafts);
     return DFLASH_OK;
 }
 

@@ -1,7 +1,8 @@
-/* chat.c: renders the Qwen3 chat format and reads the model's EOS ids (see
- * chat.h). Rendering is plain string building: the template's only logic
- * that matters for system/user/assistant turns is reproduced here, so no
- * Jinja engine is needed. */
+/* chat.c: renders the Qwen3 chat format, checks that a tokenizer has its
+ * markup tokens, and reads the model's EOS ids (see chat.h). Rendering is
+ * plain string building: the template's only logic that matters for
+ * system/user/assistant turns is reproduced here, so no Jinja engine is
+ * needed. */
 #include "io/chat.h"
 
 #include <errno.h>
@@ -11,7 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "core/status.h"
+
+/* tokenizer_config.json can list every added token (a few MB at most). */
+#define CHAT_MAX_FILE ((size_t)64 << 20)
 
 dflash_chat_opts dflash_chat_default_opts(void)
 {
@@ -105,6 +110,40 @@ dflash_status dflash_chat_render(const dflash_chat_msg *msgs, size_t n,
     return DFLASH_OK;
 }
 
+/* One piece of markup the renderer writes must reach the model as the single
+ * added token it was trained on; as plain text it would be split into
+ * pieces, and an end-of-turn token that does not exist can never stop
+ * generation. */
+static dflash_status check_markup(dflash_tokenizer *tok, const char *markup, const char *role)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    DFLASH_TRY(dflash_tokenizer_encode(tok, markup, strlen(markup), &ids, &n));
+    int32_t id = n == 1 ? ids[0] : -1;
+    free(ids);
+    if (id >= 0 && dflash_tokenizer_is_added(tok, id))
+        return DFLASH_OK;
+    return dflash_fail(DFLASH_ERR_UNSUPPORTED,
+                       "%s: the Qwen3 chat format needs \"%s\" (%s) as one of the tokenizer's "
+                       "added_tokens, but it is not one (it encodes as %zu plain token%s); this "
+                       "tokenizer does not support chat",
+                       dflash_tokenizer_label(tok), markup, role, n, n == 1 ? "" : "s");
+}
+
+dflash_status dflash_chat_check_tokenizer(dflash_tokenizer *tok, const dflash_chat_opts *opts)
+{
+    if (!tok)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "chat: no tokenizer given");
+    dflash_chat_opts o = opts ? *opts : dflash_chat_default_opts();
+    DFLASH_TRY(check_markup(tok, "<|im_start|>", "it opens every turn"));
+    DFLASH_TRY(check_markup(tok, "<|im_end|>", "it ends every turn"));
+    if (o.add_generation_prompt && !o.thinking) {
+        DFLASH_TRY(check_markup(tok, "<think>", "the empty think block when thinking is off"));
+        DFLASH_TRY(check_markup(tok, "</think>", "the empty think block when thinking is off"));
+    }
+    return DFLASH_OK;
+}
+
 dflash_status dflash_chat_encode(dflash_tokenizer *tok, const dflash_chat_msg *msgs, size_t n,
                                  const dflash_chat_opts *opts, int32_t **ids, size_t *n_ids)
 {
@@ -124,15 +163,15 @@ static dflash_status load_optional(const char *dir, const char *name, char *path
 {
     *root = NULL;
     snprintf(path, cap, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT)
-            return DFLASH_OK;
-        return dflash_fail(DFLASH_ERR_IO, "%s: %s", path, strerror(errno));
-    }
+    char *text;
+    size_t len;
+    dflash_status s = dflash_read_file(path, CHAT_MAX_FILE, &text, &len);
+    if (s == DFLASH_ERR_NOT_FOUND)
+        return DFLASH_OK;
+    DFLASH_TRY(s);
     json_error_t je;
-    *root = json_loadf(f, 0, &je);
-    fclose(f);
+    *root = json_loadb(text, len, 0, &je);
+    free(text);
     if (!*root)
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, je.line,
                            je.text);
@@ -153,6 +192,69 @@ static dflash_status add_id(int32_t *ids, size_t cap, size_t *n, json_int_t id, 
     return DFLASH_OK;
 }
 
+/* tokenizer_config.json's eos_token, a token spelling looked up in tok. */
+static dflash_status eos_from_token(const json_t *tc, const char *path, const dflash_tokenizer *tok,
+                                    int32_t *ids, size_t cap, size_t *n)
+{
+    json_t *e = json_object_get(tc, "eos_token");
+    /* Older files spell it {"content": "...", ...}. */
+    if (json_is_object(e))
+        e = json_object_get(e, "content");
+    if (json_is_string(e)) {
+        int32_t id = dflash_tokenizer_token_id(tok, json_string_value(e));
+        if (id < 0)
+            return dflash_fail(DFLASH_ERR_NOT_FOUND, "%s: eos_token \"%s\" is not a token of %s",
+                               path, json_string_value(e), dflash_tokenizer_label(tok));
+        return add_id(ids, cap, n, id, path);
+    }
+    if (e && !json_is_null(e))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: eos_token is neither a string nor an object",
+                           path);
+    return DFLASH_OK;
+}
+
+/* The eos_token_id field (an int or a list of ints) of generation_config.json
+ * or config.json; *named counts the ids it lists. */
+static dflash_status eos_from_id_field(const json_t *root, const char *path, int32_t *ids,
+                                       size_t cap, size_t *n, size_t *named)
+{
+    *named = 0;
+    json_t *e = json_object_get(root, "eos_token_id");
+    if (json_is_integer(e)) {
+        *named = 1;
+        return add_id(ids, cap, n, json_integer_value(e), path);
+    }
+    if (json_is_array(e)) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(e, i, v)
+        {
+            if (!json_is_integer(v))
+                return dflash_fail(DFLASH_ERR_FORMAT, "%s: eos_token_id[%zu] is not an integer",
+                                   path, i);
+            DFLASH_TRY(add_id(ids, cap, n, json_integer_value(v), path));
+            (*named)++;
+        }
+        return DFLASH_OK;
+    }
+    if (e && !json_is_null(e))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: eos_token_id is neither an int nor a list",
+                           path);
+    return DFLASH_OK;
+}
+
+/* What a file said about field, for the message when no file named an id. */
+static void eos_source_state(const json_t *root, const char *field, char *out, size_t cap)
+{
+    json_t *v = root ? json_object_get(root, field) : NULL;
+    if (!root)
+        snprintf(out, cap, "absent");
+    else if (!v || json_is_null(v))
+        snprintf(out, cap, "no %s", field);
+    else
+        snprintf(out, cap, "%s is empty", field);
+}
+
 dflash_status dflash_chat_eos_ids(const char *model_dir, const dflash_tokenizer *tok,
                                   int32_t *ids, size_t cap, size_t *n)
 {
@@ -160,73 +262,46 @@ dflash_status dflash_chat_eos_ids(const char *model_dir, const dflash_tokenizer 
     if (!model_dir || !tok || !ids)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "chat eos: null argument");
     size_t plen = strlen(model_dir) + 64;
-    char *p1 = malloc(plen), *p2 = malloc(plen);
-    json_t *tc = NULL, *gc = NULL;
+    char *p1 = malloc(plen), *p2 = malloc(plen), *p3 = malloc(plen);
+    json_t *tc = NULL, *gc = NULL, *mc = NULL;
     dflash_status st = DFLASH_OK;
-    if (!p1 || !p2) {
+    if (!p1 || !p2 || !p3) {
         st = dflash_fail(DFLASH_ERR_OOM, "chat eos: out of memory");
         goto done;
     }
     if ((st = load_optional(model_dir, "tokenizer_config.json", p1, plen, &tc)) ||
         (st = load_optional(model_dir, "generation_config.json", p2, plen, &gc)))
         goto done;
-    if (!tc && !gc) {
-        st = dflash_fail(DFLASH_ERR_NOT_FOUND, "%s: neither tokenizer_config.json nor "
-                                               "generation_config.json exists",
-                         model_dir);
+    if (tc && (st = eos_from_token(tc, p1, tok, ids, cap, n)))
         goto done;
-    }
-    if (tc) {
-        json_t *e = json_object_get(tc, "eos_token");
-        /* Older files spell it {"content": "...", ...}. */
-        if (json_is_object(e))
-            e = json_object_get(e, "content");
-        if (json_is_string(e)) {
-            int32_t id = dflash_tokenizer_token_id(tok, json_string_value(e));
-            if (id < 0) {
-                st = dflash_fail(DFLASH_ERR_NOT_FOUND, "%s: eos_token \"%s\" is not a token of %s",
-                                 p1, json_string_value(e), dflash_tokenizer_label(tok));
-                goto done;
-            }
-            if ((st = add_id(ids, cap, n, id, p1)))
-                goto done;
-        } else if (e && !json_is_null(e)) {
-            st = dflash_fail(DFLASH_ERR_FORMAT, "%s: eos_token is neither a string nor an object",
-                             p1);
-            goto done;
-        }
-    }
-    if (gc) {
-        json_t *e = json_object_get(gc, "eos_token_id");
-        if (json_is_integer(e)) {
-            st = add_id(ids, cap, n, json_integer_value(e), p2);
-        } else if (json_is_array(e)) {
-            size_t i;
-            json_t *v;
-            json_array_foreach(e, i, v)
-            {
-                if (!json_is_integer(v)) {
-                    st = dflash_fail(DFLASH_ERR_FORMAT, "%s: eos_token_id[%zu] is not an integer",
-                                     p2, i);
-                    goto done;
-                }
-                if ((st = add_id(ids, cap, n, json_integer_value(v), p2)))
-                    goto done;
-            }
-        } else if (e && !json_is_null(e)) {
-            st = dflash_fail(DFLASH_ERR_FORMAT, "%s: eos_token_id is neither an int nor a list", p2);
-        }
-        if (st)
+    size_t named = 0;
+    if (gc && (st = eos_from_id_field(gc, p2, ids, cap, n, &named)))
+        goto done;
+    /* config.json's eos_token_id is what HF generation falls back to when
+     * generation_config.json names none; a folder holding only config.json,
+     * the weights and tokenizer.json is complete. */
+    if (named == 0) {
+        if ((st = load_optional(model_dir, "config.json", p3, plen, &mc)) ||
+            (mc && (st = eos_from_id_field(mc, p3, ids, cap, n, &named))))
             goto done;
     }
-    if (*n == 0)
-        st = dflash_fail(DFLASH_ERR_NOT_FOUND, "%s: no eos_token in tokenizer_config.json or "
-                                               "eos_token_id in generation_config.json",
-                         model_dir);
+    if (*n == 0) {
+        char s1[48], s2[48], s3[48];
+        eos_source_state(tc, "eos_token", s1, sizeof s1);
+        eos_source_state(gc, "eos_token_id", s2, sizeof s2);
+        eos_source_state(mc, "eos_token_id", s3, sizeof s3);
+        st = dflash_fail(DFLASH_ERR_NOT_FOUND,
+                         "%s: no file names an end-of-sequence token; looked at "
+                         "tokenizer_config.json (%s), generation_config.json (%s) and "
+                         "config.json (%s)",
+                         model_dir, s1, s2, s3);
+    }
 done:
     json_decref(tc);
     json_decref(gc);
+    json_decref(mc);
     free(p1);
     free(p2);
+    free(p3);
     return st;
 }

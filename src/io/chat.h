@@ -43,16 +43,29 @@ dflash_chat_opts dflash_chat_default_opts(void);
  * NULL for the defaults. */
 dflash_status dflash_chat_render(const dflash_chat_msg *msgs, size_t n,
                                  const dflash_chat_opts *opts, char **text, size_t *len);
+/* Check that tok has, as single added tokens, the markup that rendering
+ * with opts writes: <|im_start|> and <|im_end|>, and <think> and </think>
+ * when the empty think block is rendered. Otherwise DFLASH_ERR_UNSUPPORTED
+ * naming the missing token and the tokenizer file: such a tokenizer would
+ * encode the markup as plain text, and could never stop at the end of a
+ * turn. opts may be NULL for the defaults. */
+dflash_status dflash_chat_check_tokenizer(dflash_tokenizer *tok, const dflash_chat_opts *opts);
 /* Render and encode (special tokens in the rendered text become their ids,
- * as with HF apply_chat_template(tokenize=True)). *ids is malloc'd. */
+ * as with HF apply_chat_template(tokenize=True)). Like transformers it does
+ * not refuse a tokenizer without the markup (a base model can still be
+ * given a chat-shaped prompt); callers that want the warning run
+ * dflash_chat_check_tokenizer first. *ids is malloc'd. */
 dflash_status dflash_chat_encode(dflash_tokenizer *tok, const dflash_chat_msg *msgs, size_t n,
                                  const dflash_chat_opts *opts, int32_t **ids, size_t *n_ids);
 
 #define DFLASH_CHAT_MAX_EOS 8
-/* End-of-sequence ids of the model in model_dir: tokenizer_config.json's
- * eos_token (looked up in tok) first, then generation_config.json's
- * eos_token_id (an int or a list), without duplicates. Either file may be
- * missing, not both; ids has room for cap entries. */
+/* End-of-sequence ids of the model in model_dir, without duplicates:
+ * tokenizer_config.json's eos_token (looked up in tok), then
+ * generation_config.json's eos_token_id (an int or a list), or, when that
+ * file is absent or names none, config.json's eos_token_id (HF generation's
+ * fallback). Any file may be missing; DFLASH_ERR_NOT_FOUND, naming the
+ * files looked at, only when none names an id. ids has room for cap
+ * entries. */
 dflash_status dflash_chat_eos_ids(const char *model_dir, const dflash_tokenizer *tok,
                                   int32_t *ids, size_t cap, size_t *n);
 

@@ -1,7 +1,11 @@
 /* hf_config.c: owns reading a Hugging Face config.json of a Qwen3 target or
- * a DFlash drafter into dflash_model_config: field defaults as transformers
- * applies them, type and range checks, and the drafter's default tap layers.
- * Every rejection names the source (file or label), the field and the value. */
+ * a DFlash drafter into dflash_model_config: which architectures are run,
+ * field defaults as transformers applies them (an omitted head_dim or
+ * num_key_value_heads whose transformers default differs from the usual
+ * fallback is refused), type and range checks,
+ * the drafter's default tap layers, and telling a file from the checkpoint
+ * folder a loader expects. Every rejection names the source (file or
+ * label), the field and the value. */
 #include "io/hf_config.h"
 
 #include "core/file.h"
@@ -131,6 +135,48 @@ static dflash_status cfg_token_id(const char *label, const char *field, int id, 
 
 /* ---- sections ----------------------------------------------------------- */
 
+/* transformers' Qwen3Config defaults for fields a config.json may omit.
+ * The fallbacks other tools use (num_attention_heads, hidden_size /
+ * num_attention_heads) would run another model than transformers does, so
+ * an omitted field is accepted only where both readings agree. */
+#define CFG_HF_KV_HEADS 32
+#define CFG_HF_HEAD_DIM 128
+
+/* An explicit null means num_attention_heads (transformers' backward
+ * compatibility rule); absent means CFG_HF_KV_HEADS. */
+static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, dflash_model_config *c)
+{
+    const json_t *v = json_object_get(root, "num_key_value_heads");
+    if (v && json_is_null(v)) {
+        c->num_key_value_heads = c->num_attention_heads;
+        return DFLASH_OK;
+    }
+    if (!v && c->num_attention_heads != CFG_HF_KV_HEADS)
+        return dflash_fail(DFLASH_ERR_FORMAT,
+                           "%s: num_key_value_heads is missing; transformers' default for Qwen3 (%d) differs from "
+                           "num_attention_heads (%d): set it explicitly", label, CFG_HF_KV_HEADS,
+                           c->num_attention_heads);
+    return cfg_positive_int(label, root, "num_key_value_heads", 0, CFG_HF_KV_HEADS, &c->num_key_value_heads);
+}
+
+/* Absent means CFG_HF_HEAD_DIM; an explicit null transformers cannot run
+ * (its attention would size with None), so it is read the same way. */
+static dflash_status cfg_parse_head_dim(const char *label, const json_t *root, dflash_model_config *c)
+{
+    const json_t *v = json_object_get(root, "head_dim");
+    if (!v || json_is_null(v)) {
+        int split = c->hidden_size % c->num_attention_heads == 0 ? c->hidden_size / c->num_attention_heads : -1;
+        if (split != CFG_HF_HEAD_DIM)
+            return dflash_fail(DFLASH_ERR_FORMAT,
+                               "%s: head_dim is %s; transformers' default for Qwen3 (%d) differs from hidden_size / "
+                               "num_attention_heads (%g): set it explicitly", label, v ? "null" : "missing",
+                               CFG_HF_HEAD_DIM, (double)c->hidden_size / c->num_attention_heads);
+        c->head_dim = CFG_HF_HEAD_DIM;
+        return DFLASH_OK;
+    }
+    return cfg_positive_int(label, root, "head_dim", 1, 0, &c->head_dim);
+}
+
 static dflash_status cfg_parse_sizes(const char *label, const json_t *root, dflash_model_config *c)
 {
     DFLASH_TRY(cfg_positive_int(label, root, "hidden_size", 1, 0, &c->hidden_size));
@@ -139,18 +185,12 @@ static dflash_status cfg_parse_sizes(const char *label, const json_t *root, dfla
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_hidden_layers' = %d, at most %d are supported", label,
                            c->num_hidden_layers, DFLASH_MAX_LAYERS);
     DFLASH_TRY(cfg_positive_int(label, root, "num_attention_heads", 1, 0, &c->num_attention_heads));
-    DFLASH_TRY(cfg_positive_int(label, root, "num_key_value_heads", 0, c->num_attention_heads,
-                                &c->num_key_value_heads));
+    DFLASH_TRY(cfg_parse_kv_heads(label, root, c));
     if (c->num_attention_heads % c->num_key_value_heads != 0)
         return dflash_fail(DFLASH_ERR_FORMAT,
                            "%s: num_attention_heads = %d is not divisible by num_key_value_heads = %d", label,
                            c->num_attention_heads, c->num_key_value_heads);
-    if (!cfg_field(root, "head_dim") && c->hidden_size % c->num_attention_heads != 0)
-        return dflash_fail(DFLASH_ERR_FORMAT,
-                           "%s: head_dim is absent and hidden_size = %d is not divisible by num_attention_heads = %d",
-                           label, c->hidden_size, c->num_attention_heads);
-    DFLASH_TRY(cfg_positive_int(label, root, "head_dim", 0, c->hidden_size / c->num_attention_heads,
-                                &c->head_dim));
+    DFLASH_TRY(cfg_parse_head_dim(label, root, c));
     DFLASH_TRY(cfg_positive_int(label, root, "intermediate_size", 1, 0, &c->intermediate_size));
     DFLASH_TRY(cfg_positive_int(label, root, "vocab_size", 1, 0, &c->vocab_size));
     DFLASH_TRY(cfg_positive_int(label, root, "max_position_embeddings", 0, 32768, &c->max_position_embeddings));
@@ -255,6 +295,35 @@ static dflash_status cfg_parse_names(const char *label, const json_t *root, dfla
     return cfg_bool(label, root, "tie_word_embeddings", &c->tie_word_embeddings);
 }
 
+/* What the file describes. architectures[0] names the class the checkpoint
+ * was saved from (a drafter's is DFlashDraftModel); any other (or a
+ * model_type other than qwen3) has weights or semantics dflash does not
+ * implement, so it is refused by name instead of run as Qwen3. A config
+ * without architectures (written by hand, or by Qwen3Config itself) is a
+ * drafter when it has a dflash_config, else a target. */
+static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflash_model_config *c)
+{
+    char model_type[64];
+    DFLASH_TRY(cfg_string(label, "model_type", cfg_field(root, "model_type"), model_type, sizeof model_type));
+    if (model_type[0] && strcmp(model_type, "qwen3") != 0)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: model_type is '%s'; dflash runs Qwen3 models (model_type "
+                           "'qwen3'): Qwen3ForCausalLM targets and DFlashDraftModel drafters", label, model_type);
+    const int has_dflash_config = cfg_field(root, "dflash_config") != NULL;
+    const char *arch = c->architecture;
+    if (arch[0] == 0 || strcmp(arch, "DFlashDraftModel") == 0) {
+        c->is_dflash = arch[0] != 0 || has_dflash_config;
+        return DFLASH_OK;
+    }
+    if (strcmp(arch, "Qwen3ForCausalLM") != 0)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: architectures[0] is '%s'; dflash runs Qwen3ForCausalLM targets "
+                           "and DFlashDraftModel drafters", label, arch);
+    if (has_dflash_config)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: architectures[0] is 'Qwen3ForCausalLM' but there is a "
+                           "dflash_config: a DFlash drafter's architectures[0] is 'DFlashDraftModel'", label);
+    c->is_dflash = 0;
+    return DFLASH_OK;
+}
+
 static dflash_status cfg_parse_layer_types(const char *label, const json_t *root, dflash_model_config *c)
 {
     DFLASH_TRY(cfg_int(label, root, "sliding_window", "sliding_window", 0, 0, &c->sliding_window));
@@ -356,7 +425,6 @@ static dflash_status cfg_parse_taps(const char *label, const json_t *dcfg, dflas
 static dflash_status cfg_parse_dflash(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *dcfg = cfg_field(root, "dflash_config");
-    c->is_dflash = dcfg || strcmp(c->architecture, "DFlashDraftModel") == 0;
     if (!c->is_dflash)
         return DFLASH_OK;
     if (dcfg && !json_is_object(dcfg))
@@ -387,6 +455,7 @@ static dflash_status cfg_parse_root(const char *label, const json_t *root, dflas
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: config is %s, expected a JSON object", label,
                            dflash_json_type_name(root));
     DFLASH_TRY(cfg_parse_names(label, root, c));
+    DFLASH_TRY(cfg_parse_kind(label, root, c)); /* first: another model is named before its fields are judged */
     DFLASH_TRY(cfg_parse_sizes(label, root, c));
     DFLASH_TRY(cfg_parse_rope(label, root, c));
     DFLASH_TRY(cfg_parse_tokens(label, root, c));
@@ -417,6 +486,20 @@ dflash_status dflash_config_parse(const char *json, size_t len, const char *labe
     return s;
 }
 
+
+dflash_status dflash_config_check_folder(const char *path, const char *who)
+{
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0 || S_ISDIR(sb.st_mode))
+        return DFLASH_OK; /* a missing path is reported by whatever opens it */
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path) : 1;
+    const char *dir = slash ? path : ".";
+    if (slash == path)
+        dir_len = 1; /* "/config.json": the root */
+    return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s is a file, but %s takes the checkpoint folder (the one holding "
+                       "config.json and the *.safetensors files): give %.*s", path, who, dir_len, dir);
+}
 
 dflash_status dflash_config_load(const char *path, dflash_model_config *out)
 {

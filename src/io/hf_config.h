@@ -23,8 +23,10 @@ typedef struct dflash_model_config {
     int hidden_size;
     int num_hidden_layers;
     int num_attention_heads;
-    int num_key_value_heads;
-    int head_dim;            /* default hidden_size / num_attention_heads */
+    int num_key_value_heads; /* null: num_attention_heads; absent: only where that is
+                                transformers' default, 32 */
+    int head_dim;            /* absent: only where hidden_size / num_attention_heads is
+                                transformers' default, 128 */
     int intermediate_size;
     int vocab_size;
     int max_position_embeddings;
@@ -40,8 +42,9 @@ typedef struct dflash_model_config {
     unsigned char layer_sliding[DFLASH_MAX_LAYERS];
     int sliding_window;      /* 0 when absent/null */
 
-    /* DFlash drafter fields; is_dflash = architectures[0] == "DFlashDraftModel"
-     * or a dflash_config object is present. */
+    /* DFlash drafter fields; is_dflash: architectures[0] is "DFlashDraftModel",
+     * or there is no architectures and a dflash_config object is present
+     * (any architecture but those two and Qwen3ForCausalLM is refused). */
     int is_dflash;
     int block_size;          /* default 16 */
     int num_target_layers;   /* required for a drafter */
@@ -52,6 +55,10 @@ typedef struct dflash_model_config {
 
 /* `path` is a config.json file or a folder holding one. */
 dflash_status dflash_config_load(const char *path, dflash_model_config *out);
+/* Loaders of a checkpoint folder call this first: when `path` is a file
+ * (say DIR/config.json) it fails saying that `who` (e.g. "-m") takes the
+ * folder, and which one; a folder or a missing path passes. */
+dflash_status dflash_config_check_folder(const char *path, const char *who);
 /* Parse JSON text; `label` names the source in messages. */
 dflash_status dflash_config_parse(const char *json, size_t len, const char *label, dflash_model_config *out);
 

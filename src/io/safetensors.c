@@ -1,8 +1,9 @@
 /* safetensors.c: owns reading safetensors checkpoints: mapping files,
  * parsing and validating each JSON header, resolving sharded folders
- * (model.safetensors.index.json), and the name-sorted tensor table a set
- * exposes. Nothing outside a validated [begin, end) range of a mapping is
- * ever reachable through a dflash_tensor_info. */
+ * (model.safetensors.index.json), aligned copies of tensors the file leaves
+ * misaligned, and the name-sorted tensor table a set exposes. Nothing
+ * outside a validated [begin, end) range of a mapping (or its aligned copy)
+ * is ever reachable through a dflash_tensor_info. */
 #include "io/safetensors.h"
 
 #include <errno.h>
@@ -10,6 +11,8 @@
 #include <inttypes.h>
 #include <jansson.h>
 
+#include "core/file.h"
+#include "core/log.h"
 #include "io/json_util.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +25,8 @@
  * is a few hundred KB, so a larger length means a corrupt or hostile file. */
 #define ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 #define ST_INDEX_NAME "model.safetensors.index.json"
+/* An index lists every tensor once: a few MB for the largest models. */
+#define ST_INDEX_MAX_BYTES ((size_t)64 << 20)
 #define ST_SINGLE_NAME "model.safetensors"
 
 typedef struct st_file {
@@ -31,6 +36,7 @@ typedef struct st_file {
     const uint8_t *region; /* data region: base + 8 + header length */
     size_t region_len;
     int mapped; /* 1: we munmap it; 0: the caller's memory */
+    uint8_t *aligned; /* copies of the tensors misaligned in the image, or NULL */
 } st_file;
 
 struct dflash_st {
@@ -65,10 +71,12 @@ static char *st_join(const char *dir, const char *name)
     return p;
 }
 
-static int st_is_file(const char *path)
+/* Present at all: a FIFO or folder under the name is then refused by the
+ * reader, naming what it is, rather than reported as missing. */
+static int st_exists(const char *path)
 {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    return stat(path, &sb) == 0;
 }
 
 static uint64_t st_read_le64(const uint8_t *p)
@@ -103,6 +111,7 @@ void dflash_st_close(dflash_st *st)
     for (size_t i = 0; i < st->n_files; i++) {
         if (st->files[i].mapped)
             munmap((void *)st->files[i].base, st->files[i].len);
+        free(st->files[i].aligned);
         free(st->files[i].path);
     }
     free(st->tensors);
@@ -126,7 +135,7 @@ static dflash_status st_push_file(dflash_st *st, const char *path, const void *b
     char *copy = strdup(path);
     if (!copy)
         return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", path);
-    st->files[st->n_files] = (st_file){ copy, base, len, NULL, 0, mapped };
+    st->files[st->n_files] = (st_file){ copy, base, len, NULL, 0, mapped, NULL };
     *index = st->n_files++;
     return DFLASH_OK;
 }
@@ -311,6 +320,55 @@ static dflash_status st_check_overlap(const dflash_st *st, const st_file *f, siz
     return s;
 }
 
+/* ---- alignment ---------------------------------------------------------- */
+
+static int st_misaligned(const dflash_tensor_info *t)
+{
+    return (uintptr_t)t->data % dflash_dtype_size(t->dtype) != 0;
+}
+
+/* The format allows a header of any length and any offsets, so a tensor's
+ * bytes may sit at an address that is not a multiple of its element size;
+ * its elements are read as uint16_t, float, ... which must be aligned. Such
+ * tensors of file `f` (its tensors are [first, n)) get one aligned copy,
+ * made once here; the others stay in the mapping. */
+static dflash_status st_align_tensors(dflash_st *st, st_file *f, size_t first)
+{
+    static const max_align_t k_empty; /* where a misaligned 0-byte tensor points */
+    size_t total = 0, count = 0;
+    for (size_t i = first; i < st->n_tensors; i++)
+        if (st_misaligned(&st->tensors[i])) {
+            total += (st->tensors[i].nbytes + 7) / 8 * 8; /* cannot overflow: within the region, plus padding */
+            count++;
+        }
+    if (count == 0)
+        return DFLASH_OK;
+    f->aligned = total ? malloc(total) : NULL; /* malloc's alignment suits every element type */
+    if (total && !f->aligned)
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory copying %zu bytes of misaligned tensor data", f->path,
+                           total);
+    size_t off = 0;
+    for (size_t i = first; i < st->n_tensors; i++) {
+        dflash_tensor_info *t = &st->tensors[i];
+        if (!st_misaligned(t))
+            continue;
+        if (t->nbytes == 0) {
+            t->data = &k_empty;
+            continue;
+        }
+        memcpy(f->aligned + off, t->data, t->nbytes);
+        t->data = f->aligned + off;
+        off += (t->nbytes + 7) / 8 * 8;
+    }
+    /* Said for files where it matters: the copy costs memory the mapping
+     * would not, avoided by rewriting the file with its header padded to 8. */
+    if (f->mapped && total >= ((size_t)1 << 20))
+        dflash_log(DFLASH_LOG_INFO, "%s: %zu tensors are not aligned to their elements in the file (header of "
+                   "%zu bytes); copied them into aligned memory (%.1f MB)", f->path, count,
+                   (size_t)(f->region - f->base) - 8, total / 1e6);
+    return DFLASH_OK;
+}
+
 static dflash_status st_parse_header_json(dflash_st *st, st_file *f, const json_t *root)
 {
     if (!json_is_object(root))
@@ -333,7 +391,8 @@ static dflash_status st_parse_header_json(dflash_st *st, st_file *f, const json_
             return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", f->path);
         st->n_tensors++;
     }
-    return st_check_overlap(st, f, first);
+    DFLASH_TRY(st_check_overlap(st, f, first)); /* on offsets in the image: before any copy */
+    return st_align_tensors(st, f, first);
 }
 
 /* Parses the image of file `fi` and appends its tensors to the set. */
@@ -365,18 +424,10 @@ static dflash_status st_parse_image(dflash_st *st, size_t fi)
 /* Maps `path` read-only and adds its tensors; returns the file index. */
 static dflash_status st_add_file(dflash_st *st, const char *path, size_t *index)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dflash_fail(DFLASH_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    int stat_failed = fstat(fd, &sb) != 0;
-    if (stat_failed || !S_ISREG(sb.st_mode)) {
-        int e = stat_failed ? errno : 0; /* errno only means something if fstat failed */
-        close(fd);
-        return dflash_fail(DFLASH_ERR_IO, "%s: not a readable regular file%s%s", path, e ? ": " : "",
-                           e ? strerror(e) : "");
-    }
-    size_t len = (size_t)sb.st_size;
+    int fd;
+    uint64_t size;
+    DFLASH_TRY(dflash_open_regular(path, &fd, &size));
+    size_t len = (size_t)size;
     if (len < 8) { /* mmap of an empty file fails; report the format problem */
         close(fd);
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: file is %zu bytes, shorter than the 8-byte header length",
@@ -421,14 +472,15 @@ static dflash_status st_finish(dflash_st *st)
 
 static dflash_status st_load_index(const char *index, json_t **weight_map, json_t **root)
 {
+    char *text;
+    size_t len;
+    DFLASH_TRY(dflash_read_file(index, ST_INDEX_MAX_BYTES, &text, &len));
     json_error_t err;
-    *root = json_load_file(index, JSON_REJECT_DUPLICATES, &err);
-    if (!*root) {
-        if (json_error_code(&err) == json_error_cannot_open_file)
-            return dflash_fail(DFLASH_ERR_IO, "%s: %s", index, err.text);
+    *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
+    if (!*root)
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", index, err.text,
                            err.line, err.column);
-    }
     if (!json_is_object(*root))
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: is %s, expected a JSON object", index, dflash_json_type_name(*root));
     *weight_map = json_object_get(*root, "weight_map");
@@ -522,9 +574,9 @@ static dflash_status st_open_folder(dflash_st *st, const char *dir)
     size_t fi;
     if (!index || !single)
         s = dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dir);
-    else if (st_is_file(index))
+    else if (st_exists(index))
         s = st_open_sharded(st, dir, index);
-    else if (st_is_file(single)) {
+    else if (st_exists(single)) {
         s = st_add_file(st, single, &fi);
         if (s == DFLASH_OK)
             s = st_finish(st);
@@ -602,6 +654,8 @@ const dflash_tensor_info *dflash_st_find(const dflash_st *st, const char *name)
     dflash_tensor_info key = { .name = name };
     return bsearch(&key, st->tensors, st->n_tensors, sizeof *st->tensors, st_cmp_name);
 }
+
+size_t dflash_st_index_of(const dflash_st *st, const dflash_tensor_info *t) { return (size_t)(t - st->tensors); }
 
 const char *dflash_st_path(const dflash_st *st) { return st ? st->path : ""; }
 

@@ -4,7 +4,12 @@
  * sharded `model.safetensors.index.json` (+ its shard files). Files are
  * mmapped; headers are parsed with jansson and every offset, size and shape
  * is bounds-checked before any tensor byte is reachable. All failures name
- * the file and, where there is one, the tensor. */
+ * the file and, where there is one, the tensor.
+ *
+ * Tensor data is always aligned to its element size: the format allows a
+ * header of any length (and any offsets), which can leave a tensor's bytes
+ * misaligned in the mapping; such tensors are copied once, at open, into
+ * aligned memory the set owns. */
 #ifndef DFLASH_IO_SAFETENSORS_H
 #define DFLASH_IO_SAFETENSORS_H
 
@@ -23,7 +28,7 @@ typedef struct dflash_tensor_info {
     int ndim;
     int64_t shape[DFLASH_ST_MAX_DIMS];
     int64_t numel;
-    const void *data;   /* inside the mapping; valid until dflash_st_close */
+    const void *data;   /* aligned to the element size; valid until dflash_st_close */
     size_t nbytes;
 } dflash_tensor_info;
 
@@ -32,8 +37,9 @@ typedef struct dflash_st dflash_st;
 /* Open a .safetensors file, or a folder (model.safetensors.index.json
  * preferred, else model.safetensors). */
 dflash_status dflash_st_open(const char *path, dflash_st **out);
-/* Parse an in-memory image of one safetensors file (not copied: `data` must
- * outlive the set). `label` stands for the file name in messages. */
+/* Parse an in-memory image of one safetensors file (not copied, except
+ * misaligned tensors: `data` must outlive the set). `label` stands for the
+ * file name in messages. */
 dflash_status dflash_st_open_memory(const void *data, size_t len, const char *label, dflash_st **out);
 void dflash_st_close(dflash_st *st);
 
@@ -41,6 +47,8 @@ size_t dflash_st_count(const dflash_st *st);
 const dflash_tensor_info *dflash_st_at(const dflash_st *st, size_t i);
 /* NULL when absent. */
 const dflash_tensor_info *dflash_st_find(const dflash_st *st, const char *name);
+/* Position in the table (for dflash_st_at) of `t`, a pointer this set gave. */
+size_t dflash_st_index_of(const dflash_st *st, const dflash_tensor_info *t);
 
 /* Find `name` and check it: dtype (DFLASH_DTYPE_INVALID accepts any) and
  * shape (ndim < 0 accepts any). Errors name the set's path, the tensor, and

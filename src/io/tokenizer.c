@@ -151,6 +151,10 @@ static bool buf_add(buf *b, const void *s, size_t n)
  * valid incomplete sequence, which is left for the caller to hold. */
 static bool utf8_lossy_append(buf *out, const char *s, size_t n, bool final, size_t *consumed)
 {
+    if (n == 0) { /* s may be NULL then, and NULL + 0 is undefined */
+        *consumed = 0;
+        return buf_add(out, "", 0); /* still NUL-terminated */
+    }
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, run = 0; /* run: start of the pending valid stretch */
     while (i < n) {
@@ -369,16 +373,159 @@ static dflash_status get_bool(const json_t *o, const char *key, bool def, bool *
     return DFLASH_OK;
 }
 
+/* ---- the Split regex in Oniguruma's dialect ------------------------------ *
+ * Hugging Face compiles the pre-tokenizer regex with Oniguruma; we compile it
+ * with PCRE2 (UTF + UCP). Escapes that both accept but read differently
+ * would change the split silently, so these are rewritten into explicit
+ * classes with Oniguruma's meaning before PCRE2 sees the pattern:
+ *   \s \S, [:space:] [:^space:]  White_Space (PCRE2 adds U+180E MONGOLIAN
+ *                                VOWEL SEPARATOR, which Unicode dropped)
+ *   \h \H                        hex digit (PCRE2: horizontal space)
+ *   \v                           U+000B only (PCRE2: vertical space)
+ *   \V \Q \E                     the letter itself (PCRE2: not vertical
+ *                                space; quoting)
+ * Each is written as class items: bare inside a class ([^\s] stays one
+ * negated class), wrapped in [...] outside one. Negations are explicit
+ * complements, so they also work inside a negated class.
+ * Still read differently, and left alone because the byte-level BPE
+ * tokenizers this file supports do not use them: \w, \b and POSIX classes
+ * other than [:space:] on some non-ASCII characters (combining marks,
+ * connector punctuation), a bare \x, and ^ $ (Oniguruma: at every line).
+ * Escapes that only one engine knows fail to compile, loudly. */
+
+/* Growth bound: the longest item list is ~180 bytes for a 2-byte escape. A
+ * tokenizer.json regex is a few hundred bytes; this refuses absurd ones
+ * before they cost memory. */
+#define MAX_REWRITTEN_PATTERN (1u << 20)
+
+static const char k_ws_items[] = "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}"
+                                 "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+static const char k_not_ws_items[] = "\\x{0}-\\x{8}\\x{E}-\\x{1F}\\x{21}-\\x{84}\\x{86}-\\x{9F}"
+                                     "\\x{A1}-\\x{167F}\\x{1681}-\\x{1FFF}\\x{200B}-\\x{2027}"
+                                     "\\x{202A}-\\x{202E}\\x{2030}-\\x{205E}\\x{2060}-\\x{2FFF}"
+                                     "\\x{3001}-\\x{10FFFF}";
+static const char k_hex_items[] = "0-9A-Fa-f";
+static const char k_not_hex_items[] =
+    "\\x{0}-\\x{2F}\\x{3A}-\\x{40}\\x{47}-\\x{60}\\x{67}-\\x{10FFFF}";
+
+/* The class items Oniguruma gives escape letter c, or NULL when PCRE2 agrees. */
+static const char *onig_escape_items(char c)
+{
+    switch (c) {
+    case 's': return k_ws_items;
+    case 'S': return k_not_ws_items;
+    case 'h': return k_hex_items;
+    case 'H': return k_not_hex_items;
+    case 'v': return "\\x{B}";
+    case 'V': return "V";
+    case 'Q': return "Q";
+    case 'E': return "E";
+    default: return NULL;
+    }
+}
+
+/* At p[i] == '[' inside a class: the length of a POSIX class "[:name:]" or
+ * "[:^name:]" there (0 if none), and in *items the rewrite of the ones whose
+ * meaning differs (else NULL). */
+static size_t onig_posix_class(const char *p, size_t n, size_t i, const char **items)
+{
+    *items = NULL;
+    size_t j = i + 2;
+    if (j < n && p[j] == '^')
+        j++;
+    while (j < n && ((p[j] >= 'a' && p[j] <= 'z') || (p[j] >= 'A' && p[j] <= 'Z')))
+        j++;
+    if (j + 1 >= n || p[j] != ':' || p[j + 1] != ']')
+        return 0;
+    size_t len = j + 2 - i;
+    if (len == sizeof "[:space:]" - 1 && !memcmp(p + i, "[:space:]", len))
+        *items = k_ws_items;
+    else if (len == sizeof "[:^space:]" - 1 && !memcmp(p + i, "[:^space:]", len))
+        *items = k_not_ws_items;
+    return len;
+}
+
+/* Rewrite p[0..n) into out (see above). Tracks only what decides how an
+ * escape is read: backslash pairs (so "\\s" stays a backslash and an s),
+ * (?#...) comments, and whether we are inside a class (where a ']' right
+ * after '[' or '[^' is literal). */
+static bool onig_compat_pattern(const char *p, size_t n, buf *out)
+{
+    bool in_class = false;
+    size_t class_body = 0; /* index of the first char of the class body */
+    size_t i = 0;
+    while (i < n) {
+        char c = p[i];
+        size_t len = 1;
+        const char *items = NULL;
+        if (c == '\\' && i + 1 < n) {
+            items = onig_escape_items(p[i + 1]);
+            len = 2;
+        } else if (in_class && c == '[' && i + 1 < n && p[i + 1] == ':') {
+            size_t pl = onig_posix_class(p, n, i, &items);
+            len = pl ? pl : 1;
+        } else if (in_class && c == ']' && i > class_body) {
+            in_class = false;
+        } else if (!in_class && c == '[') {
+            in_class = true;
+            class_body = i + 1;
+            if (class_body < n && p[class_body] == '^')
+                class_body++;
+        } else if (!in_class && c == '(' && n - i >= 3 && p[i + 1] == '?' && p[i + 2] == '#') {
+            const char *e = memchr(p + i, ')', n - i);
+            len = e ? (size_t)(e + 1 - (p + i)) : n - i;
+        }
+        bool ok;
+        if (items && in_class)
+            ok = buf_add(out, items, strlen(items));
+        else if (items)
+            ok = buf_add(out, "[", 1) && buf_add(out, items, strlen(items)) && buf_add(out, "]", 1);
+        else
+            ok = buf_add(out, p + i, len);
+        if (!ok || out->n > MAX_REWRITTEN_PATTERN)
+            return false;
+        i += len;
+    }
+    return buf_add(out, "", 0); /* an empty pattern still gets a buffer */
+}
+
 static dflash_status add_regex_step(dflash_tokenizer *t, const char *pat, size_t n, bool literal,
                                     bool removed, bool invert, const char *label)
 {
     if (t->n_steps == MAX_STEPS)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: more than %d pre-tokenizer splits",
                            label, MAX_STEPS);
+    buf onig = { 0 };
+    if (!literal && !onig_compat_pattern(pat, n, &onig)) {
+        free(onig.p);
+        return onig.n > MAX_REWRITTEN_PATTERN
+                   ? dflash_fail(DFLASH_ERR_UNSUPPORTED,
+                                 "%s: pre_tokenizer Split pattern of %zu bytes is too long once "
+                                 "its \\s-style escapes are spelled out (more than %u bytes)",
+                                 label, n, MAX_REWRITTEN_PATTERN)
+                   : dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", label);
+    }
     int ec;
     PCRE2_SIZE eo;
     uint32_t opt = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, n, opt, &ec, &eo, NULL);
+    pcre2_code *re = literal ? pcre2_compile((PCRE2_SPTR)pat, n, opt, &ec, &eo, NULL)
+                             : pcre2_compile((PCRE2_SPTR)onig.p, onig.n, opt, &ec, &eo, NULL);
+    free(onig.p);
+    if (!re && !literal) {
+        /* Report the error against the pattern as the file spells it; if
+         * only the rewritten one fails, say so. */
+        int ec_rewritten = ec;
+        pcre2_code *orig = pcre2_compile((PCRE2_SPTR)pat, n, opt, &ec, &eo, NULL);
+        if (orig) {
+            pcre2_code_free(orig);
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(ec_rewritten, msg, sizeof msg);
+            return dflash_fail(DFLASH_ERR_UNSUPPORTED,
+                               "%s: pre_tokenizer Split pattern does not compile once its "
+                               "\\s-style escapes are spelled out as Oniguruma reads them: %s",
+                               label, (const char *)msg);
+        }
+    }
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);
@@ -529,6 +676,62 @@ static size_t spelling_to_bytes(const char *s, size_t n, const int16_t cp_to_byt
     return o;
 }
 
+/* Two added_tokens entries may not share an id or a content: HF keeps one
+ * of them silently, so the file would mean something other than it says.
+ * Entries are validated (integer id, non-empty string content) before this
+ * runs. O(n) with two small open-addressing tables of entry indices. */
+static dflash_status check_added_unique(const json_t *added, size_t n_added, const char *label)
+{
+    if (n_added < 2)
+        return DFLASH_OK;
+    size_t cap = pow2_at_least(2 * n_added + 1), mask = cap - 1;
+    size_t *by_id = malloc(cap * sizeof *by_id), *by_content = malloc(cap * sizeof *by_content);
+    dflash_status st = DFLASH_OK;
+    if (!by_id || !by_content) {
+        st = dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", label);
+        goto done;
+    }
+    memset(by_id, 0xff, cap * sizeof *by_id);
+    memset(by_content, 0xff, cap * sizeof *by_content);
+    for (size_t i = 0; i < n_added; i++) {
+        const json_t *a = json_array_get(added, i), *c = json_object_get(a, "content");
+        json_int_t id = json_integer_value(json_object_get(a, "id"));
+        const char *s = json_string_value(c);
+        size_t len = json_string_length(c);
+        size_t h = mix64((uint64_t)id) & mask;
+        for (; by_id[h] != SIZE_MAX; h = (h + 1) & mask) {
+            const json_t *b = json_array_get(added, by_id[h]);
+            if (json_integer_value(json_object_get(b, "id")) == id) {
+                st = dflash_fail(DFLASH_ERR_FORMAT,
+                                 "%s: added_tokens[%zu] (\"%.40s\") and added_tokens[%zu] "
+                                 "(\"%.40s\") both have id %lld",
+                                 label, by_id[h], json_string_value(json_object_get(b, "content")),
+                                 i, s, (long long)id);
+                goto done;
+            }
+        }
+        by_id[h] = i;
+        for (h = hash_bytes(s, len) & mask; by_content[h] != SIZE_MAX; h = (h + 1) & mask) {
+            const json_t *b = json_array_get(added, by_content[h]);
+            const json_t *bc = json_object_get(b, "content");
+            if (json_string_length(bc) == len && !memcmp(json_string_value(bc), s, len)) {
+                st = dflash_fail(DFLASH_ERR_FORMAT,
+                                 "%s: added_tokens[%zu] (id %lld) and added_tokens[%zu] (id %lld) "
+                                 "both have content \"%.40s\"",
+                                 label, by_content[h],
+                                 (long long)json_integer_value(json_object_get(b, "id")), i,
+                                 (long long)id, s);
+                goto done;
+            }
+        }
+        by_content[h] = i;
+    }
+done:
+    free(by_id);
+    free(by_content);
+    return st;
+}
+
 /* Entry of the id table under construction. */
 typedef struct {
     const char *key;
@@ -610,6 +813,7 @@ static dflash_status build(dflash_tokenizer *t, json_t *root)
         if (json_integer_value(id) > max_id)
             max_id = json_integer_value(id);
     }
+    DFLASH_TRY(check_added_unique(added, n_added, label));
     if (max_id < 0)
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: the vocabulary is empty", label);
     size_t n_ids = (size_t)max_id + 1;
@@ -658,7 +862,8 @@ static dflash_status build(dflash_tokenizer *t, json_t *root)
                              label, json_string_value(c));
             goto done_sp;
         }
-        key_total += json_string_length(c); /* may over-count a shared id; harmless */
+        /* may over-count an id shared with the vocab; harmless */
+        key_total += json_string_length(c);
         sp[id].key = json_string_value(c), sp[id].len = json_string_length(c);
         t->id_flags[id] |= ID_PRESENT | ID_ADDED | (special ? ID_SPECIAL : 0);
         if (at->normalized && t->nfc) {
@@ -1320,6 +1525,11 @@ int32_t dflash_tokenizer_token_id(const dflash_tokenizer *t, const char *token)
 int dflash_tokenizer_is_special(const dflash_tokenizer *t, int32_t id)
 {
     return t && id >= 0 && id < t->n_ids && (t->id_flags[id] & ID_SPECIAL) ? 1 : 0;
+}
+
+int dflash_tokenizer_is_added(const dflash_tokenizer *t, int32_t id)
+{
+    return t && id >= 0 && id < t->n_ids && (t->id_flags[id] & ID_ADDED) ? 1 : 0;
 }
 
 const char *dflash_tokenizer_label(const dflash_tokenizer *t)

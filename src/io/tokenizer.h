@@ -9,11 +9,15 @@
  *   normalizer   none, NFC, or a Sequence of those
  *   pre_tokenizer none, Split (Regex or String pattern; behavior Isolated or
  *                Removed; invert), ByteLevel (add_prefix_space false; with
- *                use_regex true the GPT-2 split regex is applied), Sequence
+ *                use_regex true the GPT-2 split regex is applied), Sequence.
+ *                Regexes are read as HF's Oniguruma reads them where PCRE2
+ *                differs: \s is Unicode White_Space (not U+180E), \h a hex
+ *                digit, \v U+000B (see tokenizer.c)
  *   decoder      ByteLevel (or a Sequence holding only ByteLevel)
  *   added tokens matched before pre-tokenization, leftmost-longest; special,
  *                lstrip, rstrip and normalized honoured; single_word=true
- *                is refused
+ *                is refused, and so are two entries sharing an id or a
+ *                content
  * The post_processor, truncation and padding sections are ignored: encode
  * behaves like HF's encode(text, add_special_tokens=False), which is what a
  * chat template renderer needs.
@@ -66,6 +70,9 @@ int32_t dflash_tokenizer_vocab_size(const dflash_tokenizer *tok);
 int32_t dflash_tokenizer_token_id(const dflash_tokenizer *tok, const char *token);
 /* 1 if id is an added token marked special, else 0. */
 int dflash_tokenizer_is_special(const dflash_tokenizer *tok, int32_t id);
+/* 1 if id is one of added_tokens (matched whole, before pre-tokenization),
+ * special or not, else 0. */
+int dflash_tokenizer_is_added(const dflash_tokenizer *tok, int32_t id);
 /* The label given at load (the file path). */
 const char *dflash_tokenizer_label(const dflash_tokenizer *tok);
 

@@ -217,7 +217,7 @@ dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, doubl
     for (int j = 0; j < V; j++) {
         double v = logits[j];
         if (isnan(v) || v == INFINITY)
-            return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: logit %d is %s", j, isnan(v) ? "NaN" : "+inf");
+            return dflash_fail(DFLASH_ERR_NUMERIC, "sampler: logit %d is %s", j, isnan(v) ? "NaN" : "+inf");
         if (s->seen[j] && o->rep_penalty != 1.0)
             v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
         x[j] = v;
@@ -230,7 +230,7 @@ dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, doubl
         }
     }
     if (n_finite == 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: every logit of the row is -inf");
+        return dflash_fail(DFLASH_ERR_NUMERIC, "sampler: every logit of the row is -inf");
     memset(probs, 0, (size_t)V * sizeof *probs);
     if (o->temperature == 0.0) {
         /* greedy with a penalty: a point mass on the first maximum */

@@ -82,6 +82,31 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
     return DFLASH_OK;
 }
 
+/* Greedy ids of -1: the target's logits held no usable number (NaN or
+ * +inf, from broken weights or config values); decoding a token from them
+ * would print garbage that looks like output. `pos` is the position the
+ * first row predicts; step 0 is the prefill. */
+static dflash_status check_greedy(const dflash_qwen3 *t, const int32_t *ids, int n, int32_t pos, int step)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0)
+            return dflash_fail(DFLASH_ERR_NUMERIC, "%s: the target's logits for position %d (step %d) are not "
+                               "finite (NaN or +inf): its weights or config.json give no usable numbers",
+                               dflash_st_path(t->st), pos + i, step);
+    return DFLASH_OK;
+}
+
+/* The sampler's probabilities of one logits row; its non-finite report
+ * gains the model, the position and the step. */
+static dflash_status sampled_probs(dflash_sampler *smp, const dflash_qwen3 *t, const float *logits, double *probs,
+                                   int32_t pos, int step)
+{
+    dflash_status s = dflash_sampler_probs(smp, logits, probs);
+    if (s == DFLASH_ERR_NUMERIC)
+        return dflash_fail_prefix(s, "%s: position %d (step %d): ", dflash_st_path(t->st), pos, step);
+    return s;
+}
+
 static void trace_step(FILE *f, int32_t s, const int32_t *drafts, int k, int a, int32_t next)
 {
     fprintf(f, "{\"pos\":%d,\"drafts\":[", s);
@@ -102,13 +127,13 @@ typedef struct spec_sampling {
  * bonus. Accepted drafts join the sampler's sequence as they pass (the
  * repetition penalty of row i sees d_1..d_i, exactly as plain decoding
  * would after emitting them). */
-static dflash_status accept_sampled(spec_sampling *ss, const int32_t *block, int k, int V, int *a_out,
-                                    int32_t *bonus)
+static dflash_status accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
+                                    const int32_t *block, int k, int V, int *a_out, int32_t *bonus)
 {
     dflash_sampler *smp = &ss->smp;
     int a = 0;
     for (;; a++) {
-        DFLASH_TRY(dflash_sampler_probs(smp, ss->logits + (size_t)a * V, smp->probs));
+        DFLASH_TRY(sampled_probs(smp, t, ss->logits + (size_t)a * V, smp->probs, s + a + 1, step));
         if (a == k) {
             *bonus = dflash_sampler_sample(smp, smp->probs);
             break;
@@ -155,8 +180,10 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         }
         done += n;
     }
+    if (!ss && o->n_new > 0)
+        DFLASH_TRY(check_greedy(target, &cur, 1, seq->len, 0));
     if (ss && o->n_new > 0) {
-        DFLASH_TRY(dflash_sampler_probs(&ss->smp, hl, ss->smp.probs));
+        DFLASH_TRY(sampled_probs(&ss->smp, target, hl, ss->smp.probs, seq->len, 0));
         cur = dflash_sampler_sample(&ss->smp, ss->smp.probs);
         dflash_sampler_observe(&ss->smp, &cur, 1);
     }
@@ -165,7 +192,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         return DFLASH_OK;
     out[(*n_out)++] = cur;
     if (o->on_tokens)
-        o->on_tokens(o->user, &cur, 1);
+        DFLASH_TRY(o->on_tokens(o->user, &cur, 1));
     if (is_stop(o, cur)) {
         st->stopped = 1;
         return DFLASH_OK;
@@ -189,6 +216,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             rows_idx[i] = i;
         float *tap_rows = NULL;
         DFLASH_TRY(target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, hl, &tap_rows));
+        dflash_status cs = ss ? DFLASH_OK : check_greedy(target, g, k + 1, s + 1, st->n_steps + 1);
+        if (cs != DFLASH_OK) {
+            dflash_kv_seq_truncate(seq, s); /* the caches stay as they were before the step */
+            return cs;
+        }
         double t3 = now_ms();
         st->draft_ms += t2 - t1;
         st->verify_ms += t3 - t2;
@@ -197,7 +229,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         int a = 0;
         int32_t bonus;
         if (ss) {
-            DFLASH_TRY(accept_sampled(ss, block, k, V, &a, &bonus));
+            dflash_status as = accept_sampled(ss, target, s, st->n_steps + 1, block, k, V, &a, &bonus);
+            if (as != DFLASH_OK) {
+                dflash_kv_seq_truncate(seq, s);
+                return as;
+            }
         } else {
             while (a < k && block[a + 1] == g[a])
                 a++;
@@ -234,7 +270,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         *n_out += n_emit;
         st->stopped = stopped;
         if (o->on_tokens)
-            o->on_tokens(o->user, emit, n_emit);
+            DFLASH_TRY(o->on_tokens(o->user, emit, n_emit));
         if (o->trace)
             trace_step(o->trace, s, block + 1, k, a, bonus);
         st->n_steps++;

@@ -19,8 +19,11 @@ typedef struct dflash_gen_opts {
     const int32_t *stop_ids; /* generation ends after emitting one of these */
     int n_stop;
     FILE *trace;             /* one JSON line per step, or NULL */
-    /* Called with the tokens committed by each step, in order (streaming). */
-    void (*on_tokens)(void *user, const int32_t *ids, int n);
+    /* Called with the tokens committed by each step, in order (streaming).
+     * A status other than DFLASH_OK ends generation with that status (the
+     * tokens so far stay in `out`): a consumer that cannot take more, such
+     * as a failed write, stops the work at once. */
+    dflash_status (*on_tokens)(void *user, const int32_t *ids, int n);
     void *user;
     /* Token choice; the default (temperature 0, no penalty) is greedy and
      * keeps the argmax path. Otherwise logits rows come to the host and

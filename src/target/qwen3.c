@@ -1,12 +1,11 @@
 /* qwen3.c: Qwen3 target: load (bind every tensor by name with shape checks,
- * size scratch and KV once) and the batched forward with taps. */
+ * refuse tensors nothing uses, size scratch and KV once) and the batched
+ * forward with taps. */
 #include "target/qwen3.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "backend/weight_bind.h"
 
 void dflash_qwen3_default_opts(dflash_qwen3_opts *o)
 {
@@ -17,31 +16,23 @@ void dflash_qwen3_default_opts(dflash_qwen3_opts *o)
     o->kv_dtype = DFLASH_DTYPE_INVALID;
 }
 
+/* Binds through the checkpoint layout loading and `dflash info` share. */
 static dflash_status bind_weights(dflash_qwen3 *m)
 {
     const dflash_model_config *c = &m->cfg;
-    DFLASH_TRY(dflash_weight_bind(m->be, m->st, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &m->embed));
-    DFLASH_TRY(dflash_weight_bind(m->be, m->st, "model.norm.weight", 0, c->hidden_size, &m->final_norm));
-    m->n_params = m->embed.rows * m->embed.cols + c->hidden_size;
-    if (c->tie_word_embeddings) {
-        m->lm_head = m->embed;
-    } else {
-        if (!dflash_st_find(m->st, "lm_head.weight"))
-            return dflash_fail(DFLASH_ERR_NOT_FOUND,
-                               "%s: tensor 'lm_head.weight' not found and tie_word_embeddings is false",
-                               dflash_st_path(m->st));
-        DFLASH_TRY(dflash_weight_bind(m->be, m->st, "lm_head.weight", c->vocab_size, c->hidden_size, &m->lm_head));
-        m->n_params += m->lm_head.rows * m->lm_head.cols;
-    }
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers)
         return dflash_fail(DFLASH_ERR_OOM, "qwen3: out of memory");
-    char prefix[64];
-    for (int i = 0; i < c->num_hidden_layers; i++) {
-        snprintf(prefix, sizeof prefix, "model.layers.%d.", i);
-        DFLASH_TRY(qwen3_layer_bind(m->be, m->st, prefix, c, &m->layers[i], &m->n_params));
-    }
-    return DFLASH_OK;
+    qwen3_checkpoint w = { .layers = m->layers };
+    dflash_binder b;
+    DFLASH_TRY(dflash_binder_init(&b, m->be, m->st));
+    dflash_status s = qwen3_checkpoint_bind(&b, c, &w);
+    m->embed = w.embed;
+    m->final_norm = w.final_norm;
+    m->lm_head = w.lm_head;
+    m->n_params = b.n_params;
+    dflash_binder_free(&b);
+    return s;
 }
 
 static dflash_status alloc_scratch(dflash_qwen3 *m)
@@ -91,9 +82,6 @@ dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st
     dflash_status s = DFLASH_OK;
     if (m->cfg.is_dflash)
         s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a Qwen3 target", label);
-    if (s == DFLASH_OK && m->cfg.head_dim % 2 != 0)
-        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", label,
-                        m->cfg.head_dim);
     if (s == DFLASH_OK && (m->opts.max_rows <= 0 || m->opts.max_seqs <= 0 || m->opts.max_ctx <= 0))
         s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows %d, max_seqs %d and max_ctx %d must be positive",
                         m->opts.max_rows, m->opts.max_seqs, m->opts.max_ctx);
@@ -121,6 +109,7 @@ dflash_status dflash_qwen3_load(const char *dir, dflash_backend *be, const dflas
     *out = NULL;
     dflash_model_config cfg;
     dflash_st *st;
+    DFLASH_TRY(dflash_config_check_folder(dir, "-m"));
     DFLASH_TRY(dflash_config_load(dir, &cfg));
     DFLASH_TRY(dflash_st_open(dir, &st));
     return dflash_qwen3_load_st(&cfg, st, be, opts, out);

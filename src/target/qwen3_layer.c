@@ -1,13 +1,16 @@
-/* qwen3_layer.c: see qwen3_layer.h. */
+/* qwen3_layer.c: see qwen3_layer.h. Owns the Qwen3 layer (binding and its
+ * two halves of the forward) and the checkpoint layout of targets and
+ * drafters, including which unused tensors are tolerated. */
 #include "target/qwen3_layer.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "backend/weight_bind.h"
+#include "core/log.h"
 
-dflash_status qwen3_layer_bind(dflash_backend *be, const dflash_st *st, const char *prefix,
-                               const dflash_model_config *c, qwen3_layer *l, int64_t *n_params)
+dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_layer *l)
 {
     const int64_t H = c->hidden_size, D = c->head_dim, Hq = c->num_attention_heads,
                   Hkv = c->num_key_value_heads, I = c->intermediate_size;
@@ -31,10 +34,166 @@ dflash_status qwen3_layer_bind(dflash_backend *be, const dflash_st *st, const ch
     char name[200];
     for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
         snprintf(name, sizeof name, "%s%s", prefix, spec[k].suffix);
-        DFLASH_TRY(dflash_weight_bind(be, st, name, spec[k].rows, spec[k].cols, spec[k].w));
-        *n_params += spec[k].w->rows * spec[k].w->cols;
+        DFLASH_TRY(dflash_bind(b, name, spec[k].rows, spec[k].cols, spec[k].w));
     }
     return DFLASH_OK;
+}
+
+/* ---- checkpoint layout ------------------------------------------------- */
+
+/* Layer tensors are "<layer prefix><i>.<suffix>". */
+static const char *ckpt_layer_prefix(const dflash_model_config *c)
+{
+    return c->is_dflash ? "layers." : "model.layers.";
+}
+
+static dflash_status ckpt_bind_tensors(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w)
+{
+    const int64_t H = c->hidden_size, V = c->vocab_size;
+    if (c->is_dflash) {
+        /* No embedding or LM head: the drafter uses its target's. */
+        DFLASH_TRY(dflash_bind(b, "fc.weight", H, (int64_t)c->n_target_layer_ids * H, &w->fc));
+        DFLASH_TRY(dflash_bind(b, "hidden_norm.weight", 0, H, &w->hidden_norm));
+        DFLASH_TRY(dflash_bind(b, "norm.weight", 0, H, &w->final_norm));
+    } else {
+        DFLASH_TRY(dflash_bind(b, "model.embed_tokens.weight", V, H, &w->embed));
+        DFLASH_TRY(dflash_bind(b, "model.norm.weight", 0, H, &w->final_norm));
+        if (c->tie_word_embeddings) {
+            w->lm_head = w->embed;
+        } else {
+            if (!dflash_st_find(b->st, "lm_head.weight"))
+                return dflash_fail(DFLASH_ERR_NOT_FOUND,
+                                   "%s: tensor 'lm_head.weight' not found and tie_word_embeddings is false",
+                                   dflash_st_path(b->st));
+            DFLASH_TRY(dflash_bind(b, "lm_head.weight", V, H, &w->lm_head));
+        }
+    }
+    char prefix[64];
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        snprintf(prefix, sizeof prefix, "%s%d.", ckpt_layer_prefix(c), i);
+        DFLASH_TRY(qwen3_layer_bind(b, prefix, c, &w->layers[i]));
+    }
+    return DFLASH_OK;
+}
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t a = strlen(s), b = strlen(tail);
+    return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+/* Unused tensors that are accepted, because transformers ignores them as
+ * well, so the model run is the one transformers runs:
+ * - lm_head.weight of a tied target (some exporters store the head anyway):
+ *   transformers ties the head to the embedding after loading, so the
+ *   stored copy never counts. Said at info level, since a file whose copy
+ *   differs from the embedding may mean tie_word_embeddings is wrong.
+ * - rotary_emb.inv_freq buffers (older exporters saved them): derived from
+ *   rope_theta and head_dim, recomputed by transformers and skipped on
+ *   load. Accepted silently (debug level).
+ * Anything else is refused by the caller: config.json would not describe
+ * what the file holds (fewer layers than stored, biases, another model's
+ * parts), and ignoring it would run a different model than the file's. */
+static void ckpt_tolerate(dflash_binder *b, const dflash_model_config *c)
+{
+    for (size_t i = 0; i < dflash_st_count(b->st); i++) {
+        const char *name = dflash_st_at(b->st, i)->name;
+        if (b->used[i])
+            continue;
+        if (!c->is_dflash && c->tie_word_embeddings && strcmp(name, "lm_head.weight") == 0) {
+            dflash_log(DFLASH_LOG_INFO, "%s: tensor 'lm_head.weight' is not used: tie_word_embeddings is true, so "
+                       "the LM head is model.embed_tokens.weight (as in transformers)", dflash_st_path(b->st));
+            b->used[i] = 1;
+        } else if (ends_with(name, "rotary_emb.inv_freq")) {
+            dflash_log(DFLASH_LOG_DEBUG, "%s: tensor '%s' is not used: RoPE frequencies come from rope_theta",
+                       dflash_st_path(b->st), name);
+            b->used[i] = 1;
+        }
+    }
+}
+
+/* The highest layer index among unused tensors at or past num_hidden_layers,
+ * or -1: the commonest cause, a num_hidden_layers smaller than the file's. */
+static int ckpt_extra_layer(const dflash_model_config *c, const char **names, size_t n)
+{
+    const char *prefix = ckpt_layer_prefix(c);
+    size_t k = strlen(prefix);
+    int top = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(names[i], prefix, k) != 0)
+            continue;
+        char *end;
+        long id = strtol(names[i] + k, &end, 10);
+        if (end != names[i] + k && *end == '.' && id >= c->num_hidden_layers && id > top && id < 1000000)
+            top = (int)id;
+    }
+    return top;
+}
+
+/* The likely cause of unused tensors `names[0..n)`, for the message. */
+static void ckpt_unused_cause(const dflash_binder *b, const dflash_model_config *c, const char **names, size_t n,
+                              char *why, size_t cap)
+{
+    int extra = ckpt_extra_layer(c, names, n);
+    int own_head = c->is_dflash && (dflash_st_find(b->st, "lm_head.weight") ||
+                                    dflash_st_find(b->st, "embed_tokens.weight") ||
+                                    dflash_st_find(b->st, "model.embed_tokens.weight"));
+    if (extra >= 0)
+        snprintf(why, cap, "the file holds layers up to %d but num_hidden_layers is %d: config.json does not "
+                 "match the weights", extra, c->num_hidden_layers);
+    else if (own_head)
+        snprintf(why, cap, "a DFlash drafter uses its target's embedding and LM head and has none of its own");
+    else
+        snprintf(why, cap, "config.json does not describe these weights (another architecture, or options such "
+                 "as attention biases that dflash does not run)");
+}
+
+/* Fails naming the first few unused tensors, how many there are, and why. */
+static dflash_status ckpt_refuse_unused(const dflash_binder *b, const dflash_model_config *c)
+{
+    enum { SHOWN = 4 };
+    size_t n_all = dflash_st_count(b->st);
+    const char **names = malloc((n_all ? n_all : 1) * sizeof *names);
+    if (!names)
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dflash_st_path(b->st));
+    size_t n = dflash_binder_unused(b, names, n_all);
+    char list[600], why[200];
+    size_t len = 0;
+    for (size_t i = 0; i < n && i < SHOWN && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s'%s'", i ? ", " : "", names[i]);
+    if (n > SHOWN && len < sizeof list)
+        snprintf(list + len, sizeof list - len, " and %zu more", n - SHOWN);
+    ckpt_unused_cause(b, c, names, n, why, sizeof why);
+    free(names);
+    return dflash_fail(DFLASH_ERR_FORMAT, "%s: %zu tensor%s of the checkpoint %s not used by this %d-layer %s: %s; %s",
+                       dflash_st_path(b->st), n, n == 1 ? "" : "s", n == 1 ? "is" : "are", c->num_hidden_layers,
+                       c->is_dflash ? "DFlash drafter" : "Qwen3 target", list, why);
+}
+
+dflash_status qwen3_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w)
+{
+    if (c->head_dim % 2 != 0)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim",
+                           dflash_st_path(b->st), c->head_dim);
+    DFLASH_TRY(ckpt_bind_tensors(b, c, w));
+    ckpt_tolerate(b, c);
+    if (dflash_binder_unused(b, NULL, 0) > 0)
+        return ckpt_refuse_unused(b, c);
+    return DFLASH_OK;
+}
+
+dflash_status qwen3_checkpoint_check(const dflash_model_config *c, const dflash_st *st)
+{
+    qwen3_checkpoint w = { .layers = calloc((size_t)c->num_hidden_layers + 1, sizeof *w.layers) };
+    dflash_binder b;
+    dflash_status s = w.layers ? dflash_binder_init(&b, NULL, st)
+                               : dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dflash_st_path(st));
+    if (s == DFLASH_OK) {
+        s = qwen3_checkpoint_bind(&b, c, &w);
+        dflash_binder_free(&b);
+    }
+    free(w.layers);
+    return s;
 }
 
 dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_bufs *b)

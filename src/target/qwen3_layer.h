@@ -1,6 +1,8 @@
 /* qwen3_layer.h: one Qwen3 decoder layer, shared by the target and the
  * DFlash drafter (same pre-norm block; they differ only in where attention
- * keys come from, so attention itself is left to the caller):
+ * keys come from, so attention itself is left to the caller), and the
+ * checkpoint layout both are bound from (qwen3_checkpoint_bind: the one
+ * place that says which tensors a target or drafter checkpoint holds):
  *
  *   attn_in:      x += delta (pending); xn = rmsnorm(x); q,k,v = proj(xn);
  *                 q,k = rope(qk_norm(q,k))
@@ -13,6 +15,7 @@
 #define DFLASH_TARGET_QWEN3_LAYER_H
 
 #include "backend/backend.h"
+#include "backend/weight_bind.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 
@@ -40,9 +43,28 @@ typedef struct qwen3_bufs {
 } qwen3_bufs;
 
 /* Bind "<prefix>input_layernorm.weight", "<prefix>self_attn.q_proj.weight",
- * ... with shape checks; adds the element count to *n_params. */
-dflash_status qwen3_layer_bind(dflash_backend *be, const dflash_st *st, const char *prefix,
-                               const dflash_model_config *c, qwen3_layer *l, int64_t *n_params);
+ * ... with shape checks. */
+dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_layer *l);
+
+/* A checkpoint's weights by role. A target binds embed
+ * (model.embed_tokens), final_norm (model.norm) and lm_head (the embedding
+ * when tied); a drafter binds fc, hidden_norm and final_norm (its `norm`).
+ * Both bind layers[0 .. num_hidden_layers), an array the caller owns. */
+typedef struct qwen3_checkpoint {
+    dflash_weight embed, lm_head, final_norm; /* target (final_norm: both) */
+    dflash_weight fc, hidden_norm;            /* drafter */
+    qwen3_layer *layers;
+} qwen3_checkpoint;
+
+/* Checks the geometry of `c` that loading needs (an even head_dim for
+ * RoPE), binds every tensor a checkpoint of `c` must hold (a Qwen3 target,
+ * or a DFlash drafter when c->is_dflash) with shape and dtype checks, then
+ * refuses the tensors nothing bound (naming the first few and the likely
+ * cause), except those transformers ignores too (see qwen3_layer.c). */
+dflash_status qwen3_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w);
+/* qwen3_checkpoint_bind without a backend: the very checks loading runs,
+ * for `dflash info`; fails with the message loading would give. */
+dflash_status qwen3_checkpoint_check(const dflash_model_config *c, const dflash_st *st);
 dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_bufs *b);
 void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b);
 

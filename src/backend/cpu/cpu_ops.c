@@ -354,11 +354,13 @@ static dflash_status cpu_argmax(dflash_backend *be, const float *x, int n, int c
     (void)be;
     for (int i = 0; i < n; i++) {
         const float *r = x + (int64_t)i * cols;
-        int best = 0;
-        for (int j = 1; j < cols; j++)
+        int best = 0, bad = cols <= 0;
+        for (int j = 0; j < cols; j++) {
+            bad |= isnan(r[j]) || r[j] == INFINITY;
             if (r[j] > r[best])
                 best = j;
-        out[i] = best;
+        }
+        out[i] = bad || !(r[best] > -INFINITY) ? -1 : best;
     }
     return DFLASH_OK;
 }

@@ -114,7 +114,7 @@ static void cuda_destroy(dflash_backend *be)
             c->cu.cuMemFree(c->owned[i]);
         for (int i = 0; i < c->n_rope; i++)
             c->cu.cuMemFree(c->rope[i].data);
-        cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_nan0 };
+        cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_bad };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cuda_buf_free(c, bufs[i]);
         if (c->err_flag)

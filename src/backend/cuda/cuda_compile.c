@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_compile.h"
 
 #include "backend/backend.h"
+#include "core/file.h"
 #include "core/log.h"
 
 #include <errno.h>
@@ -189,22 +190,28 @@ static const char k_magic[8] = { 'D', 'F', 'L', 'C', 'U', 'B', 'I', 'N' };
 
 static int cache_read(const char *path, void **cubin, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* The reader refuses a FIFO or device in the entry's place instead of
+     * blocking on it; anything wrong only means recompiling. */
+    char *data = NULL;
+    size_t len = 0;
+    dflash_status s = dflash_read_file(path, (size_t)1 << 31, &data, &len);
+    if (s == DFLASH_ERR_NOT_FOUND)
         return 0; /* absent: the normal first run */
-    char magic[8];
     uint64_t n = 0, sum = 0;
-    void *bin = NULL;
-    int ok = fread(magic, 1, 8, f) == 8 && memcmp(magic, k_magic, 8) == 0 && fread(&n, sizeof n, 1, f) == 1 &&
-             fread(&sum, sizeof sum, 1, f) == 1 && n > 0 && n < (1ull << 31) && (bin = malloc(n)) != NULL &&
-             fread(bin, 1, n, f) == n && fgetc(f) == EOF && fnv1a(FNV_INIT, bin, n) == sum;
-    fclose(f);
+    int ok = s == DFLASH_OK && len > 24 && memcmp(data, k_magic, 8) == 0;
+    if (ok) {
+        memcpy(&n, data + 8, sizeof n);
+        memcpy(&sum, data + 16, sizeof sum);
+        ok = n == len - 24 && fnv1a(FNV_INIT, data + 24, n) == sum;
+    }
     if (!ok) {
-        free(bin);
-        dflash_log(DFLASH_LOG_WARN, "ignoring corrupt kernel cache entry %s; recompiling", path);
+        free(data);
+        dflash_log(DFLASH_LOG_WARN, "ignoring unusable kernel cache entry %s (%s); recompiling", path,
+                   s == DFLASH_OK ? "corrupt" : dflash_last_error());
         return 0;
     }
-    *cubin = bin;
+    memmove(data, data + 24, n);
+    *cubin = data;
     *size = n;
     return 1;
 }

@@ -20,7 +20,7 @@ typedef struct gemm_args {
     int *counters;
     float *am_val;
     int *am_idx;
-    int *am_nan0;
+    int *am_bad;
     int m, n_w, split, mode, store;
 } gemm_args;
 _Static_assert(sizeof(gemm_args) == 200, "gemm_args must match kernels/gemm.cu");
@@ -145,10 +145,10 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     if (mode == GEMM_ARGMAX) {
         DFLASH_TRY(cuda_buf_reserve(c, &c->am_val, (size_t)m_max * rb * sizeof(float), 0));
         DFLASH_TRY(cuda_buf_reserve(c, &c->am_idx, (size_t)m_max * rb * sizeof(int), 0));
-        DFLASH_TRY(cuda_buf_reserve(c, &c->am_nan0, (size_t)m_max * sizeof(int), 0));
+        DFLASH_TRY(cuda_buf_reserve(c, &c->am_bad, (size_t)m_max * sizeof(int), 1)); /* zero between calls */
         ga.am_val = HPTR(c->am_val.p);
         ga.am_idx = HPTR(c->am_idx.p);
-        ga.am_nan0 = HPTR(c->am_nan0.p);
+        ga.am_bad = HPTR(c->am_bad.p);
     }
     for (int r0 = 0; r0 < n; r0 += GEMM_MAX_M) {
         const int m = n - r0 < GEMM_MAX_M ? n - r0 : GEMM_MAX_M;
@@ -162,7 +162,7 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
         if (mode == GEMM_ARGMAX) {
             int nb = (int)rb;
             int32_t *dst = ids + r0;
-            void *fargs[] = { &ga.am_val, &ga.am_idx, &ga.am_nan0, &nb, &dst };
+            void *fargs[] = { &ga.am_val, &ga.am_idx, &ga.am_bad, &nb, &dst };
             DFLASH_TRY(cuda_launch(c, DFK_ARGMAX_FINISH, (unsigned)m, 1, 256, fargs));
         }
     }

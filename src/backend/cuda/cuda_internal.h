@@ -55,7 +55,7 @@ typedef struct cuda_ctx {
      * split-K partials, arrival counters (kept zero between calls) and
      * argmax partials of the GEMM (gemm.cu). */
     cuda_buf part_o, part_ml;
-    cuda_buf gemm_ws, gemm_cnt, am_val, am_idx, am_nan0;
+    cuda_buf gemm_ws, gemm_cnt, am_val, am_idx, am_bad;
     char desc[192];
 } cuda_ctx;
 

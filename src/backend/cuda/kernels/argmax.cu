@@ -1,8 +1,6 @@
 /* argmax.cu: per row, the index of the largest value, lowest index on ties,
- * with the CPU reference's exact semantics (a left-to-right scan that moves
- * only on a strictly greater value): NaN never becomes the best, except
- * that a NaN in column 0 is never displaced (nothing compares greater than
- * it), so that row's answer is 0. One block per row. */
+ * with the CPU reference's semantics: -1 when the row holds a NaN or +inf
+ * or nothing above -inf (logits with no usable number). One block per row. */
 #include "common.cuh"
 
 #define AM_THREADS 1024
@@ -16,23 +14,25 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS)
     __shared__ int si[32];
     const float *r = x + (i64)blockIdx.x * cols;
     float bv = __int_as_float(0x7fc00000);
-    int bi = AM_NONE_IDX;
+    int bi = AM_NONE_IDX, bad = 0;
     if (vec) {
         const float4 *r4 = (const float4 *)r;
         for (int t = threadIdx.x; t < cols / 4; t += AM_THREADS) {
             const float4 v = r4[t];
+            bad |= am_unusable(v.x) | am_unusable(v.y) | am_unusable(v.z) | am_unusable(v.w);
             am_take(bv, bi, v.x, 4 * t);
             am_take(bv, bi, v.y, 4 * t + 1);
             am_take(bv, bi, v.z, 4 * t + 2);
             am_take(bv, bi, v.w, 4 * t + 3);
         }
     } else {
-        for (int t = threadIdx.x; t < cols; t += AM_THREADS)
+        for (int t = threadIdx.x; t < cols; t += AM_THREADS) {
+            bad |= am_unusable(r[t]);
             am_take(bv, bi, r[t], t);
+        }
     }
+    bad = __syncthreads_or(bad);
     block_argmax(bv, bi, sv, si);
-    if (threadIdx.x == 0) {
-        const float x0 = r[0];
-        out[blockIdx.x] = (x0 != x0 || bi == AM_NONE_IDX) ? 0 : bi;
-    }
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = bad || !(bv > -__int_as_float(0x7f800000)) ? -1 : bi;
 }

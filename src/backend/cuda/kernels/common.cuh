@@ -124,6 +124,9 @@ __forceinline__ bool am_better(float a, int ia, float b, int ib)
     return a > b || (a == b && ia < ib);
 }
 
+/* A logit no token can be decoded from: NaN or +inf. */
+__forceinline__ int am_unusable(float v) { return v != v || v == __int_as_float(0x7f800000); }
+
 __forceinline__ void am_take(float &bv, int &bi, float v, int i)
 {
     if (am_better(v, i, bv, bi)) {

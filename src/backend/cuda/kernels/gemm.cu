@@ -66,7 +66,7 @@ struct gemm_args {
     int *counters;                 /* split > 1: [row blocks], zero between calls */
     float *am_val;                 /* argmax: [m][row blocks] best value */
     int *am_idx;                   /* argmax: [m][row blocks] its column */
-    int *am_nan0;                  /* argmax: [m] output column 0 is NaN */
+    int *am_bad;                   /* argmax: [m] the row holds a NaN or +inf (reset by the finish) */
     int m, n_w, split, mode, store;
 };
 static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_backend.c");
@@ -334,8 +334,8 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
                 am_v[m][(threadIdx.x / 32) % 4] = bv;
                 am_i[m][(threadIdx.x / 32) % 4] = bi;
             }
-            if (live && col == 0)
-                a.am_nan0[m] = y0 != y0;
+            if (live && am_unusable(y0))
+                a.am_bad[m] = 1;
         }
     }
     if (a.mode == GM_ARGMAX) {
@@ -368,10 +368,10 @@ GEMM_KERNEL(fp8, 1, 4)
 GEMM_KERNEL(fp8, 1, 8)
 
 /* grid m: out[r] = the best column of row r over the row blocks' partials
- * (in block order, CPU tie and NaN rules); a NaN in column 0 gives 0, as
- * the CPU's scan never moves off it. */
+ * (the CPU's tie rule); -1 when the row held a NaN or +inf or nothing above
+ * -inf, as the CPU's argmax. */
 extern "C" __global__ void __launch_bounds__(256) dflash_argmax_finish(const float *am_val, const int *am_idx,
-                                                                       const int *am_nan0, int n_blocks, int *out)
+                                                                       int *am_bad, int n_blocks, int *out)
 {
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -383,6 +383,8 @@ extern "C" __global__ void __launch_bounds__(256) dflash_argmax_finish(const flo
     for (int b = threadIdx.x; b < n_blocks; b += blockDim.x)
         am_take(bv, bi, am_val[(i64)r * n_blocks + b], am_idx[(i64)r * n_blocks + b]);
     block_argmax(bv, bi, sv, si);
-    if (threadIdx.x == 0)
-        out[r] = am_nan0[r] || bi == AM_NONE_IDX ? 0 : bi;
+    if (threadIdx.x == 0) {
+        out[r] = am_bad[r] || !(bv > -__int_as_float(0x7f800000)) ? -1 : bi;
+        am_bad[r] = 0; /* ready for the next call */
+    }
 }

@@ -1,0 +1,211 @@
+/* test_nonfinite.c: logits with no usable number (NaN, +inf, every value
+ * -inf) are reported, never decoded into tokens: the argmax op's -1, the
+ * fused LM head + argmax, and the loop's DFLASH_ERR_NUMERIC naming the
+ * model and the position, greedy and sampled, plain and speculative, for
+ * the target and for the drafter. */
+#include "harness.h"
+
+#include <jansson.h>
+#include <math.h>
+
+#include "draft/dflash_head.h"
+#include "draft/ngram.h"
+#include "fixture.h"
+#include "spec/spec.h"
+#include "testmodel.h"
+
+static dflash_backend *be;
+
+static void test_argmax_unusable_rows(void)
+{
+    enum { C = 5 };
+    const float rows[][C] = {
+        { 1, 3, 3, 2, -1 },                                   /* ties: the lower index */
+        { 1, NAN, 3, 2, -1 },                                 /* NaN anywhere */
+        { NAN, 1, 2, 3, 4 },                                  /* NaN first */
+        { 1, 2, INFINITY, 0, 0 },                             /* +inf */
+        { -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY }, /* nothing above -inf */
+        { -INFINITY, -5, -INFINITY, -7, -INFINITY },          /* masked values are fine */
+    };
+    const int32_t want[] = { 1, -1, -1, -1, -1, 1 };
+    int32_t out[6];
+    CHECK_OK(be->ops->argmax(be, &rows[0][0], 6, C, out));
+    for (int i = 0; i < 6; i++)
+        CHECKF(out[i] == want[i], "row %d: %d, want %d", i, out[i], want[i]);
+}
+
+/* The LM head stage on a weight with one NaN row: every row's argmax is -1. */
+static void test_linear_argmax_nan_weight(void)
+{
+    enum { N = 9, K = 8, M = 3 };
+    uint16_t w[N * K];
+    float x[M * K], logits[M * N];
+    for (int i = 0; i < N * K; i++)
+        w[i] = dflash_f32_to_bf16(0.1f * (float)((i * 7) % 11 - 5));
+    for (int i = 0; i < M * K; i++)
+        x[i] = 0.25f * (float)(i % 5);
+    dflash_weight wt = { DFLASH_DTYPE_BF16, N, K, w, NULL, "w" };
+    int32_t ids[M];
+    CHECK_OK(dflash_be_linear_argmax(be, x, M, &wt, logits, ids));
+    for (int i = 0; i < M; i++)
+        CHECK(ids[i] >= 0);
+    w[4 * K + 2] = 0x7fc0; /* NaN */
+    CHECK_OK(dflash_be_linear_argmax(be, x, M, &wt, logits, ids));
+    for (int i = 0; i < M; i++)
+        CHECKF(ids[i] == -1, "row %d: %d", i, ids[i]);
+}
+
+/* A tiny target whose final norm is NaN, generated from every loop path. */
+static void test_loop_reports_target(void)
+{
+    testmodel_geom g;
+    testmodel_default_geom(&g);
+    testmodel m;
+    char dir[64];
+    CHECK(testmodel_build(&m, &g) && testmodel_tmpdir(dir));
+    float *norm = testmodel_find(&m, "model.norm.weight");
+    norm[3] = NAN;
+    CHECK(testmodel_save(&m, dir));
+    testmodel_free(&m);
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
+    if (!t) {
+        testmodel_rmdir(dir);
+        return;
+    }
+    const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
+    for (int mode = 0; mode < 4; mode++) {
+        const int sampled = mode & 1, spec = mode >> 1;
+        dflash_kv_seq seq;
+        dflash_proposer *p = NULL;
+        void *ps = NULL;
+        CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+        if (spec) {
+            CHECK_OK(dflash_ngram_create(4, 1, 3, &p));
+            CHECK_OK(p->ops->alloc_state(p, 200, &ps));
+        }
+        dflash_gen_opts go;
+        dflash_gen_default_opts(&go);
+        go.n_new = 8;
+        if (sampled)
+            go.sampler.temperature = 0.8;
+        int32_t out[8];
+        int n_out = 0;
+        dflash_gen_stats st;
+        dflash_status s = dflash_spec_generate(t, &seq, p, ps, prompt, 7, &go, out, &n_out, &st);
+        CHECKF(s == DFLASH_ERR_NUMERIC, "mode %d: %s (%s)", mode, dflash_status_name(s), dflash_last_error());
+        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "position 7"),
+               "mode %d message: %s", mode, dflash_last_error());
+        CHECKF(n_out == 0, "mode %d emitted %d tokens", mode, n_out);
+        if (p) {
+            p->ops->free_state(p, ps);
+            dflash_proposer_destroy(p);
+        }
+        dflash_qwen3_seq_free(t, &seq);
+    }
+    dflash_qwen3_free(t);
+    testmodel_rmdir(dir);
+}
+
+/* Copy a file byte for byte. */
+static int copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    int ok = a && b;
+    char buf[65536];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, a)) > 0)
+        ok = fwrite(buf, 1, n, b) == n;
+    if (a)
+        fclose(a);
+    if (b && fclose(b) != 0)
+        ok = 0;
+    return ok;
+}
+
+/* Overwrite the first element of bf16 tensor `name` of a safetensors file with NaN. */
+static int poison_tensor(const char *path, const char *name)
+{
+    FILE *f = fopen(path, "r+b");
+    if (!f)
+        return 0;
+    uint8_t n8[8];
+    uint64_t len = 0;
+    int ok = fread(n8, 1, 8, f) == 8;
+    for (int i = 0; i < 8; i++)
+        len |= (uint64_t)n8[i] << (8 * i);
+    char *hdr = ok && len < (1u << 24) ? malloc(len + 1) : NULL;
+    ok = hdr && fread(hdr, 1, len, f) == len;
+    json_t *j = NULL;
+    if (ok) {
+        hdr[len] = 0;
+        j = json_loads(hdr, 0, NULL);
+    }
+    json_t *offs = j ? json_object_get(json_object_get(j, name), "data_offsets") : NULL;
+    ok = ok && offs && json_is_integer(json_array_get(offs, 0));
+    if (ok) {
+        const uint8_t nan_bf16[2] = { 0xc0, 0x7f };
+        ok = fseek(f, (long)(8 + len + (uint64_t)json_integer_value(json_array_get(offs, 0))), SEEK_SET) == 0 &&
+             fwrite(nan_bf16, 1, 2, f) == 2;
+    }
+    json_decref(j);
+    free(hdr);
+    return fclose(f) == 0 && ok;
+}
+
+/* A drafter whose final norm is NaN: the propose names the drafter. */
+static void test_loop_reports_drafter(void)
+{
+    char src[512], tdir[512], dir[64], a[600], b[600];
+    CHECK(testmodel_tmpdir(dir));
+    fx_path(src, sizeof src, "dflash", "d2_tied");
+    CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
+    for (int i = 0; i < 2; i++) {
+        const char *f = i ? "model.safetensors" : "config.json";
+        snprintf(a, sizeof a, "%s/%s", src, f);
+        snprintf(b, sizeof b, "%s/%s", dir, f);
+        CHECK(copy_file(a, b));
+    }
+    CHECK(poison_tensor(b, "norm.weight"));
+    dflash_qwen3 *t = NULL;
+    dflash_head *h = NULL;
+    CHECK_OK(dflash_qwen3_load(tdir, be, NULL, &t));
+    if (t)
+        CHECK_OK(dflash_head_load(dir, t, NULL, &h));
+    if (h) {
+        dflash_kv_seq seq;
+        void *ps = NULL;
+        CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+        CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 200, &ps));
+        const int32_t prompt[] = { 5, 6, 7, 8 };
+        dflash_gen_opts go;
+        dflash_gen_default_opts(&go);
+        go.n_new = 8;
+        int32_t out[8];
+        int n_out = 0;
+        dflash_gen_stats st;
+        dflash_status s = dflash_spec_generate(t, &seq, &h->proposer, ps, prompt, 4, &go, out, &n_out, &st);
+        CHECKF(s == DFLASH_ERR_NUMERIC, "%s (%s)", dflash_status_name(s), dflash_last_error());
+        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "drafter"), "message: %s",
+               dflash_last_error());
+        h->proposer.ops->free_state(&h->proposer, ps);
+        dflash_qwen3_seq_free(t, &seq);
+    }
+    dflash_head_free(h);
+    dflash_qwen3_free(t);
+    remove(b);
+    snprintf(a, sizeof a, "%s/config.json", dir);
+    remove(a);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    CHECK_OK(dflash_backend_cpu_create(&be));
+    RUN(test_argmax_unusable_rows);
+    RUN(test_linear_argmax_nan_weight);
+    RUN(test_loop_reports_target);
+    RUN(test_loop_reports_drafter);
+    dflash_backend_destroy(be);
+    TEST_END();
+}
