@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# run.sh: run every test executable (plain and sanitizer builds), then the
-# fuzz targets for a bounded time; add up the RESULT lines into the closing
+# run.sh: run every test executable (plain and sanitizer builds) that
+# tests/test_*.c names, each under a time limit, then the fuzz targets for
+# a bounded time; add up the RESULT lines into the closing
 # "N passed, N failed" line. Exit status is non-zero if anything failed.
 set -u
 B=${B:-build}
 # See src/cli/main.c: spinning OpenMP workers starve the main thread on a busy machine.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 passed=0 failed=0
+# A test that hangs fails after this many seconds instead of stalling the
+# run until CI's own limit.
+timeout_s=${DFLASH_TEST_TIMEOUT:-900}
 run_one() { # label, command...
     local label=$1; shift
     local out rc
-    out=$("$@" 2>&1); rc=$?
+    out=$(timeout -k 10 "$timeout_s" "$@" 2>&1); rc=$?
+    [ $rc -eq 124 ] && out="$out
+(timed out after ${timeout_s}s)"
     local res p f
     res=$(printf '%s\n' "$out" | grep '^RESULT ' | tail -n 1)
     if [ -n "$res" ]; then
@@ -27,9 +33,16 @@ run_one() { # label, command...
         echo "$label: $p passed"
     fi
 }
-for t in $B/tests/test_*; do [ -x "$t" ] && run_one "$t" "$t"; done
-for t in $B/asan/tests/test_*; do
-    [ -x "$t" ] || continue
+# The tests the sources name (a binary left over from a deleted test does
+# not run); a source whose binary is missing fails.
+tests=$(cd tests && ls test_*.c | sed 's/\.c$//')
+for n in $tests; do
+    t=$B/tests/$n
+    if [ -x "$t" ]; then run_one "$t" "$t"; else failed=$((failed + 1)); echo "FAILED: $t was not built"; fi
+done
+for n in $tests; do
+    t=$B/asan/tests/$n
+    [ -x "$t" ] || { failed=$((failed + 1)); echo "FAILED: $t was not built"; continue; }
     # The sanitizer pass covers the unit and parser tests; model-size tests
     # would take minutes under ASan and add no new code paths.
     case "$(basename "$t")" in test_slow_*) continue ;; esac

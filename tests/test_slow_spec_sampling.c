@@ -1,22 +1,31 @@
 /* test_slow_spec_sampling.c: speculative sampling keeps the target's
  * distribution, statistically, and a wrong acceptance rule is caught.
  *
- * Model: a tiny Qwen3 the test writes itself (tests/testmodel.h), V = 32,
- * whose LM head is built from the embedding so that after token t the
- * likely next tokens are t+1..t+8 (mod V), t+1 the likeliest; the layers
- * are random and weak, so the distribution still depends on the context.
- * The prompt is the cycle 8, 9, ..., 31, 0, ..., 7: every token occurs in
- * it once, so the n-gram proposer always finds the sampled token t1 earlier
- * and drafts t1+1, t1+2, the model's favourite continuation. Drafts are
- * accepted often (~the top probability) and rejected often: both paths run.
- *
- * Sampling: temperature 1.0, top-k 8 (small support, large counts per
- * cell). Each run generates 3 tokens: t1 from the prefill row (plain
- * sampling), t2 and t3 from ONE speculative step with 2 drafts (block 3),
- * so tokens 2 and 3 go through accept / reject / resample / bonus. The
- * statistic is over the joint (t1, t2, t3), which conditions everything
- * properly: the exact joint p(t1) p(t2 | t1) p(t3 | t1, t2) is computed from
- * the target's logits on every prefix (the filtered distributions of
+ * Three experiments, each a target, a proposer, a prompt and sampler
+ * settings whose drafts are accepted often (asserted: 15% to 85%), so both
+ * the accept and the reject/resample paths run many times:
+ *   - own: a tiny Qwen3 the test writes itself (tests/testmodel.h), V = 32,
+ *     whose LM head is built from the embedding so that after token t the
+ *     likely next tokens are t+1..t+8 (mod V), t+1 the likeliest; the
+ *     layers are random and weak, so the distribution still depends on the
+ *     context. The prompt is the cycle 8, 9, ..., 31, 0, ..., 7, so the
+ *     n-gram proposer always finds the sampled token earlier and drafts its
+ *     successors. Temperature 1, top-k 8.
+ *   - penalty: the same kind of model, but t itself is nearly as likely
+ *     after t as t+1, the prompt is 16..31 (half the vocabulary), the
+ *     successor proposer (tests/oracle_proposer.h) drafts t+1, t+2, and a
+ *     repetition penalty of 1.5 is on. Whether an accepted draft t2 is in
+ *     the penalty history decides how likely t3 = t2 is, so a loop that
+ *     forgets accepted drafts there samples a visibly different joint.
+ *   - dflash: the embedded trained pair (models/qwen3-pystd and its DFlash
+ *     drafter) on a short Python prompt, temperature 1, top-k 8; no plain
+ *     runs (the other two check the harness), to keep its time down.
+ * Each run generates 3 tokens: t1 from the prefill row (plain sampling), t2
+ * and t3 from ONE speculative step with 2 drafts (block 3), so tokens 2 and
+ * 3 go through accept / reject / resample / bonus. The statistic is over
+ * the joint (t1, t2, t3), which conditions everything properly: the exact
+ * joint p(t1) p(t2 | t1) p(t3 | t1, t2) is computed from the target's
+ * logits on every prefix (the filtered, penalised distributions of
  * dflash_sampler_probs, checked by hand in test_sampler.c).
  *
  * Method: Pearson chi-square. Cells whose expected count is >= 10 are bins
@@ -29,19 +38,16 @@
  *   (c) plain vs exact (a check of the harness itself).
  * Critical value: the upper 1e-6 quantile of chi-square(df) by the
  * Wilson-Hilferty approximation (z = 4.7534). False-failure rate: about
- * 1e-6 per comparison, 3e-6 for the three (the seeds are fixed, so the
- * outcome is deterministic; the rate is that of an arbitrary seed).
- * Negative checks (kept in the suite): the same goodness-of-fit test on
- * runs with the test-only rules DFLASH_ACCEPT_TEST_SQRT (accept with
- * sqrt(p)) and DFLASH_ACCEPT_TEST_ALWAYS MUST fail.
+ * 1e-6 per comparison (the seeds are fixed, so the outcome is
+ * deterministic; the rate is that of an arbitrary seed).
+ * Negative controls (kept in the suite), for every experiment: the same
+ * goodness-of-fit test on runs with the test-only rules
+ * DFLASH_ACCEPT_TEST_SQRT (accept with sqrt(p)) and
+ * DFLASH_ACCEPT_TEST_ALWAYS MUST fail.
  *
  * Cells are indexed by each token's slot in the support of its row (at
  * most K tokens survive top-k 8, ties included), so the same code serves any
- * vocabulary. When the DFlash fixtures are present (tests/data/qwen3/
- * gqa_tied + tests/data/dflash/d2_tied) the same checks (b) and the
- * always-accept negative run again with the DFlash drafter, at temperature
- * 1.5 and fewer runs; its acceptance is printed, not required (a random
- * drafter rarely hits the random target's top 8). */
+ * vocabulary. */
 #include "harness.h"
 
 #include <omp.h>
@@ -50,11 +56,13 @@
 
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
+#include "io/tokenizer.h"
+#include "oracle_proposer.h"
 #include "spec/spec.h"
 #include "testmodel.h"
 
 enum { V_OWN = 32, NP_MAX = 32, N_NEW = 3, K = 12, CELLS = K * K * K, MIN_EXPECTED = 10 };
-enum { N_RUNS = 12000, N_NEG = 4000, N_DFLASH = 3000, N_DFLASH_NEG = 1500 };
+enum { N_RUNS = 12000, N_NEG = 4000, N_DFLASH = 3000, N_DFLASH_NEG = 1000 };
 #define Z_1E6 4.7534 /* upper 1e-6 quantile of N(0, 1) */
 
 /* One target + proposer + prompt + sampler setting, with the exact joint
@@ -87,7 +95,9 @@ static double now_s(void)
 
 /* ---- the self-written model ------------------------------------------------ */
 
-static int write_model(const char *dir)
+/* lm_head[j] = sum_d c[d] E[j - d0 - d] / H: logit_j after token t is
+ * about c[j - t - d0] (the embedding rows are nearly orthogonal). */
+static int write_model(const char *dir, const float c[8], int d0)
 {
     testmodel m;
     testmodel_geom g;
@@ -98,16 +108,13 @@ static int write_model(const char *dir)
     g.seed = 2024;
     if (!testmodel_build(&m, &g))
         return 0;
-    /* lm_head[j] = sum_d c_d E[j - d] / H: logit_j after token t is about
-     * c_{j - t} (the embedding rows are nearly orthogonal) */
-    static const float c[8] = { 3.0f, 2.2f, 2.0f, 1.8f, 1.6f, 1.5f, 1.4f, 1.3f };
     const float *E = testmodel_find(&m, "model.embed_tokens.weight");
     float *W = testmodel_find(&m, "lm_head.weight");
     for (int j = 0; j < V_OWN; j++)
         for (int h = 0; h < g.hidden; h++) {
             double s = 0;
-            for (int d = 1; d <= 8; d++)
-                s += c[d - 1] * E[(size_t)((j - d + V_OWN) % V_OWN) * g.hidden + h];
+            for (int d = 0; d < 8; d++)
+                s += c[d] * E[(size_t)((j - d0 - d + 2 * V_OWN) % V_OWN) * g.hidden + h];
             W[(size_t)j * g.hidden + h] = (float)(s / g.hidden);
         }
     int ok = testmodel_save(&m, dir);
@@ -355,58 +362,48 @@ static double accept_rate(const tally *t) { return t->tried ? (double)t->accepte
 
 /* ---- cases ----------------------------------------------------------------- */
 
-static experiment own, dfx;
+static experiment own, pen, dfx;
 static tally spec_t, plain_t, wrong_t;
 
-static void test_ngram_spec_matches_target(void)
+/* n_runs speculative runs fit the exact joint, with drafts accepted often
+ * enough to mean something; with_plain: as many plain runs agree with both
+ * (a check of the harness, and a second sample to compare with). */
+static void spec_matches_target(experiment *x, const char *name, uint64_t seed, int n_runs, int with_plain)
 {
     double t0 = now_s();
-    CHECK(run_many(&own, 1, DFLASH_ACCEPT_EXACT, 1, N_RUNS, &spec_t));
-    double t1 = now_s();
-    CHECK(run_many(&own, 0, DFLASH_ACCEPT_EXACT, 1000000007ull, N_RUNS, &plain_t));
-    double t2 = now_s();
+    CHECK(run_many(x, 1, DFLASH_ACCEPT_EXACT, seed, n_runs, &spec_t));
     double rate = accept_rate(&spec_t);
-    printf("  %d speculative runs (%.1f s), %d plain runs (%.1f s); drafts accepted %.1f%% (%lld of %lld), "
-           "rejected %.1f%%\n", N_RUNS, t1 - t0, N_RUNS, t2 - t1, 100 * rate, (long long)spec_t.accepted,
-           (long long)spec_t.tried, 100 * (1 - rate));
-    /* both paths must run often for the test to mean anything */
-    CHECKF(rate > 0.15 && rate < 0.85, "acceptance %.3f: the test would not exercise both paths", rate);
-    CHECK(same_as(&own, "speculative vs plain", &spec_t, &plain_t, N_RUNS));
-    CHECK(fits_exact(&own, "speculative", &spec_t, N_RUNS));
-    CHECK(fits_exact(&own, "plain", &plain_t, N_RUNS));
+    printf("  %s: %d speculative runs (%.1f s); drafts accepted %.1f%% (%lld of %lld)\n", name, n_runs,
+           now_s() - t0, 100 * rate, (long long)spec_t.accepted, (long long)spec_t.tried);
+    /* both paths must run often for the test to tell rules apart */
+    CHECKF(rate >= 0.15 && rate <= 0.85, "acceptance %.3f: the test would not exercise both paths", rate);
+    CHECK(fits_exact(x, "speculative", &spec_t, n_runs));
+    if (with_plain) {
+        CHECK(run_many(x, 0, DFLASH_ACCEPT_EXACT, seed + 1000000007ull, n_runs, &plain_t));
+        CHECK(same_as(x, "speculative vs plain", &spec_t, &plain_t, n_runs));
+        CHECK(fits_exact(x, "plain", &plain_t, n_runs));
+    }
 }
 
-static void test_ngram_wrong_rules_are_caught(void)
+/* The wrong acceptance rules must fail the goodness-of-fit test. */
+static void wrong_rules_are_caught(experiment *x, uint64_t seed, int n_runs)
 {
     static const struct { dflash_accept_rule rule; const char *name; } wrong[] = {
         { DFLASH_ACCEPT_TEST_SQRT, "accept with sqrt(p)" },
         { DFLASH_ACCEPT_TEST_ALWAYS, "always accept" },
     };
     for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
-        CHECK(run_many(&own, 1, wrong[i].rule, 777, N_NEG, &wrong_t));
-        CHECKF(!fits_exact(&own, wrong[i].name, &wrong_t, N_NEG), "the wrong rule '%s' passed the test",
-               wrong[i].name);
+        CHECK(run_many(x, 1, wrong[i].rule, seed, n_runs, &wrong_t));
+        CHECKF(!fits_exact(x, wrong[i].name, &wrong_t, n_runs), "the wrong rule '%s' passed the test", wrong[i].name);
     }
 }
 
-static void test_dflash_spec_matches_target(void)
-{
-    double t0 = now_s();
-    CHECK(run_many(&dfx, 1, DFLASH_ACCEPT_EXACT, 5, N_DFLASH, &spec_t));
-    double rate = accept_rate(&spec_t);
-    printf("  %d DFlash speculative runs (%.1f s); drafts accepted %.1f%% (%lld of %lld)\n", N_DFLASH,
-           now_s() - t0, 100 * rate, (long long)spec_t.accepted, (long long)spec_t.tried);
-    CHECK(spec_t.tried > spec_t.accepted); /* rejections happened */
-    CHECK(fits_exact(&dfx, "DFlash speculative", &spec_t, N_DFLASH));
-    CHECK(run_many(&dfx, 1, DFLASH_ACCEPT_TEST_ALWAYS, 9, N_DFLASH_NEG, &wrong_t));
-    CHECKF(!fits_exact(&dfx, "DFlash, always accept", &wrong_t, N_DFLASH_NEG), "always-accept passed");
-}
-
-static int is_dir(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
+static void test_ngram_spec_matches_target(void) { spec_matches_target(&own, "n-gram", 1, N_RUNS, 1); }
+static void test_ngram_wrong_rules_are_caught(void) { wrong_rules_are_caught(&own, 777, N_NEG); }
+static void test_penalty_spec_matches_target(void) { spec_matches_target(&pen, "penalty 1.5", 3, N_RUNS, 1); }
+static void test_penalty_wrong_rules_are_caught(void) { wrong_rules_are_caught(&pen, 778, N_NEG); }
+static void test_dflash_spec_matches_target(void) { spec_matches_target(&dfx, "DFlash pair", 5, N_DFLASH, 0); }
+static void test_dflash_wrong_rules_are_caught(void) { wrong_rules_are_caught(&dfx, 9, N_DFLASH_NEG); }
 
 static void close_experiment(experiment *x, dflash_head *h)
 {
@@ -414,9 +411,72 @@ static void close_experiment(experiment *x, dflash_head *h)
         x->prop->ops->free_state(x->prop, x->pstate);
     if (h)
         dflash_head_free(h);
-    else
+    else if (x->prop && strcmp(x->prop->ops->name(x->prop), "successor") != 0)
         dflash_proposer_destroy(x->prop);
     dflash_qwen3_free(x->target);
+}
+
+/* A self-written target (offsets c from d0) with its proposer and exact
+ * joint; 0 (with the reason printed) on failure. */
+static int open_own(experiment *x, dflash_backend *be, const float c[8], int d0, dflash_proposer *prop)
+{
+    char dir[64];
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 64;
+    x->be = be;
+    x->V = V_OWN;
+    x->block = 3; /* t2, t3 from one step with 2 drafts */
+    if (!testmodel_tmpdir(dir) || !write_model(dir, c, d0)) {
+        fprintf(stderr, "cannot write the test model\n");
+        return 0;
+    }
+    int ok = dflash_qwen3_load(dir, be, &to, &x->target) == DFLASH_OK;
+    testmodel_rmdir(dir);
+    x->prop = prop;
+    if (ok && !x->prop)
+        ok = dflash_ngram_create(x->block, 1, 3, &x->prop) == DFLASH_OK;
+    ok = ok && x->prop->ops->alloc_state(x->prop, x->np + N_NEW + x->block, &x->pstate) == DFLASH_OK &&
+         exact_joint(x);
+    if (!ok)
+        fprintf(stderr, "setup: %s\n", dflash_last_error());
+    return ok;
+}
+
+/* The embedded pair on a Python prompt. */
+static int open_pair(experiment *x, dflash_backend *be, dflash_head **h)
+{
+    static const char *text = "def add(a, b):\n    return";
+    dflash_tokenizer *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 64;
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = to.max_ctx;
+    x->be = be;
+    x->block = 3;
+    int ok = dflash_tokenizer_load("models/qwen3-pystd", &tok) == DFLASH_OK &&
+             dflash_tokenizer_encode(tok, text, strlen(text), &ids, &n) == DFLASH_OK && n > 0 && n <= NP_MAX;
+    if (ok) {
+        memcpy(x->prompt, ids, n * sizeof *ids);
+        x->np = (int)n;
+    }
+    free(ids);
+    dflash_tokenizer_free(tok);
+    ok = ok && dflash_qwen3_load("models/qwen3-pystd", be, &to, &x->target) == DFLASH_OK &&
+         dflash_head_load("models/qwen3-pystd-dflash", x->target, &ho, h) == DFLASH_OK;
+    if (ok) {
+        x->V = x->target->cfg.vocab_size;
+        x->prop = &(*h)->proposer;
+        ok = x->prop->ops->alloc_state(x->prop, x->np + N_NEW + x->block, &x->pstate) == DFLASH_OK &&
+             exact_joint(x);
+    }
+    if (!ok)
+        fprintf(stderr, "embedded pair setup: %s\n", dflash_last_error());
+    return ok;
 }
 
 int main(void)
@@ -425,72 +485,57 @@ int main(void)
      * and on a shared, busy machine spinning OpenMP workers can make the
      * run many times slower. */
     omp_set_num_threads(1);
-    /* the self-written model with the n-gram proposer */
-    char dir[64];
-    if (!testmodel_tmpdir(dir) || !write_model(dir)) {
-        fprintf(stderr, "cannot write the test model\n");
+    dflash_backend *be;
+    if (dflash_backend_cpu_create(&be) != DFLASH_OK) {
+        fprintf(stderr, "%s\n", dflash_last_error());
         return 1;
     }
-    dflash_backend *be;
-    dflash_qwen3_opts to;
-    dflash_qwen3_default_opts(&to);
-    to.max_ctx = 64;
+
+    static const float c_own[8] = { 3.0f, 2.2f, 2.0f, 1.8f, 1.6f, 1.5f, 1.4f, 1.3f };
     own.np = NP_MAX;
-    own.V = V_OWN;
-    own.block = 3; /* t2, t3 from one step with 2 drafts */
     for (int i = 0; i < own.np; i++)
         own.prompt[i] = (8 + i) % V_OWN;
     dflash_sampler_default_opts(&own.so);
     own.so.temperature = 1.0;
     own.so.top_k = 8;
-    int ok = dflash_backend_cpu_create(&be) == DFLASH_OK;
-    own.be = dfx.be = be;
-    ok = ok && dflash_qwen3_load(dir, be, &to, &own.target) == DFLASH_OK &&
-         dflash_ngram_create(own.block, 1, 3, &own.prop) == DFLASH_OK &&
-         own.prop->ops->alloc_state(own.prop, own.np + N_NEW + own.block, &own.pstate) == DFLASH_OK;
-    testmodel_rmdir(dir);
-    if (!ok || !exact_joint(&own)) {
-        fprintf(stderr, "setup: %s\n", dflash_last_error());
-        return 1;
+    if (open_own(&own, be, c_own, 1, NULL)) {
+        RUN(test_ngram_spec_matches_target);
+        RUN(test_ngram_wrong_rules_are_caught);
+    } else {
+        h_failed++;
     }
-    RUN(test_ngram_spec_matches_target);
-    RUN(test_ngram_wrong_rules_are_caught);
     close_experiment(&own, NULL);
 
-    /* the DFlash fixture pair, when present */
-    char tdir[512], ddir[512];
-    snprintf(tdir, sizeof tdir, "%s/qwen3/gqa_tied", test_data_dir());
-    snprintf(ddir, sizeof ddir, "%s/dflash/d2_tied", test_data_dir());
-    if (is_dir(tdir) && is_dir(ddir)) {
-        dflash_head *h = NULL;
-        dflash_head_opts ho;
-        dflash_head_default_opts(&ho);
-        ho.max_ctx = to.max_ctx;
-        dfx.np = 16;
-        dfx.block = 3;
-        for (int i = 0; i < dfx.np; i++)
-            dfx.prompt[i] = (int32_t)((37 * i + 11) % 300);
-        dflash_sampler_default_opts(&dfx.so);
-        dfx.so.temperature = 1.5;
-        dfx.so.top_k = 8;
-        ok = dflash_qwen3_load(tdir, be, &to, &dfx.target) == DFLASH_OK &&
-             dflash_head_load(ddir, dfx.target, &ho, &h) == DFLASH_OK;
-        if (ok) {
-            dfx.V = dfx.target->cfg.vocab_size;
-            dfx.prop = &h->proposer;
-            ok = dfx.prop->ops->alloc_state(dfx.prop, dfx.np + N_NEW + dfx.block, &dfx.pstate) == DFLASH_OK &&
-                 exact_joint(&dfx);
-        }
-        if (!ok) {
-            fprintf(stderr, "DFlash fixture setup: %s\n", dflash_last_error());
-            h_failed++;
-        } else {
-            RUN(test_dflash_spec_matches_target);
-        }
-        close_experiment(&dfx, h);
+    /* after t: t+1 (3.0) and t itself (2.8) lead; the penalty decides */
+    static const float c_pen[8] = { 2.8f, 3.0f, 2.0f, 1.8f, 1.6f, 1.5f, 1.4f, 1.3f };
+    static oracle succ;
+    successor_init(&succ, V_OWN, 3);
+    pen.np = 16;
+    for (int i = 0; i < pen.np; i++)
+        pen.prompt[i] = 16 + i;
+    dflash_sampler_default_opts(&pen.so);
+    pen.so.temperature = 1.0;
+    pen.so.top_k = 8;
+    pen.so.rep_penalty = 1.5;
+    if (open_own(&pen, be, c_pen, 0, &succ.proposer)) {
+        RUN(test_penalty_spec_matches_target);
+        RUN(test_penalty_wrong_rules_are_caught);
     } else {
-        printf("  (no DFlash fixtures under %s: the DFlash drafter case is skipped)\n", test_data_dir());
+        h_failed++;
     }
+    close_experiment(&pen, NULL);
+
+    dflash_head *h = NULL;
+    dflash_sampler_default_opts(&dfx.so);
+    dfx.so.temperature = 1.0;
+    dfx.so.top_k = 8;
+    if (open_pair(&dfx, be, &h)) {
+        RUN(test_dflash_spec_matches_target);
+        RUN(test_dflash_wrong_rules_are_caught);
+    } else {
+        h_failed++;
+    }
+    close_experiment(&dfx, h);
     dflash_backend_destroy(be);
     TEST_END();
 }

@@ -1,0 +1,153 @@
+/* oracle_proposer.h: proposers that know the answer, for tests of the
+ * speculative loop's acceptance (header-only).
+ *
+ * The oracle drafts the target's own continuation, read from a sequence the
+ * test computed first by a plain run with the same options: a right loop
+ * accepts every draft (a == k at every step). Its mirror drafts, at every
+ * position, a token the target does not pick there ((right + 1) % V): a
+ * right loop accepts none. Both go through the DraftProposer contract like
+ * any other proposer, so they also check that contract's bookkeeping
+ * (positions, budgets, what after_verify is told).
+ *
+ * The successor proposer knows nothing of the target: after token t it
+ * drafts t+1, t+2, ... (mod V). On a model built to favour t+1 after t
+ * its drafts are accepted often but not always, whatever was sampled
+ * before, which is what a statistical test of speculative sampling needs. */
+#ifndef DFLASH_TESTS_ORACLE_PROPOSER_H
+#define DFLASH_TESTS_ORACLE_PROPOSER_H
+
+#include <stdlib.h>
+
+#include "draft/proposer.h"
+
+typedef struct oracle {
+    const int32_t *seq; /* the whole expected sequence: prompt then the plain output;
+                           NULL for the successor proposer */
+    int n;              /* its length */
+    int vocab, block, mirror;
+    dflash_proposer proposer;
+} oracle;
+
+/* Per-sequence state: how many positions the loop has committed. */
+typedef struct oracle_state {
+    int32_t len;
+} oracle_state;
+
+static inline const char *oracle_name(const dflash_proposer *p)
+{
+    const oracle *o = p->self;
+    return !o->seq ? "successor" : o->mirror ? "anti-oracle" : "oracle";
+}
+
+static inline int oracle_block_size(const dflash_proposer *p) { return ((const oracle *)p->self)->block; }
+
+static inline int oracle_tap_layers(const dflash_proposer *p, const int **layers)
+{
+    (void)p;
+    *layers = NULL;
+    return 0;
+}
+
+static inline dflash_status oracle_alloc_state(dflash_proposer *p, int budget, void **state)
+{
+    (void)p;
+    (void)budget;
+    oracle_state *s = calloc(1, sizeof *s);
+    *state = s;
+    return s ? DFLASH_OK : dflash_fail(DFLASH_ERR_OOM, "oracle: out of memory");
+}
+
+static inline void oracle_free_state(dflash_proposer *p, void *state)
+{
+    (void)p;
+    free(state);
+}
+
+static inline dflash_status oracle_reset(dflash_proposer *p, void *state)
+{
+    (void)p;
+    ((oracle_state *)state)->len = 0;
+    return DFLASH_OK;
+}
+
+/* Committed rows must arrive in order and match the expected sequence:
+ * anything else is a bug in the loop. */
+static inline dflash_status oracle_observe(oracle *o, oracle_state *s, const dflash_ctx_rows *rows)
+{
+    if (rows->pos0 != s->len)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "oracle: rows start at %d, %d committed", rows->pos0, s->len);
+    for (int i = 0; o->seq && i < rows->n; i++)
+        if (rows->pos0 + i >= o->n || rows->tokens[i] != o->seq[rows->pos0 + i])
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "oracle: committed token %d at position %d is not the "
+                               "expected one", rows->tokens[i], rows->pos0 + i);
+    s->len += rows->n;
+    return DFLASH_OK;
+}
+
+static inline dflash_status oracle_begin(dflash_proposer *p, void *state, const dflash_ctx_rows *rows)
+{
+    return oracle_observe(p->self, state, rows);
+}
+
+static inline dflash_status oracle_propose(dflash_proposer *p, void **states, int n_seqs, const int32_t *last,
+                                           const int32_t *positions, int n_drafts, int32_t *drafts)
+{
+    oracle *o = p->self;
+    for (int q = 0; q < n_seqs; q++) {
+        const oracle_state *s = states[q];
+        if (!o->seq) {
+            if (positions[q] != s->len)
+                return dflash_fail(DFLASH_ERR_INVALID_ARG, "successor: propose at %d, %d committed", positions[q],
+                                   s->len);
+            for (int i = 0; i < n_drafts; i++)
+                drafts[q * n_drafts + i] = (last[q] + 1 + i) % o->vocab;
+            continue;
+        }
+        if (positions[q] != s->len || positions[q] >= o->n || last[q] != o->seq[positions[q]])
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "oracle: propose at %d after token %d (%d committed)",
+                               positions[q], last[q], s->len);
+        for (int i = 0; i < n_drafts; i++) {
+            const int at = positions[q] + 1 + i;
+            const int32_t right = at < o->n ? o->seq[at] : 0;
+            drafts[q * n_drafts + i] = o->mirror ? (right + 1) % o->vocab : right;
+        }
+    }
+    return DFLASH_OK;
+}
+
+static inline dflash_status oracle_after_verify(dflash_proposer *p, void **states, int n_seqs,
+                                                const dflash_ctx_rows *rows)
+{
+    for (int q = 0; q < n_seqs; q++)
+        DFLASH_TRY(oracle_observe(p->self, states[q], &rows[q]));
+    return DFLASH_OK;
+}
+
+static inline void oracle_destroy(dflash_proposer *p) { (void)p; }
+
+static const dflash_proposer_ops k_oracle_ops = {
+    .name = oracle_name,
+    .block_size = oracle_block_size,
+    .tap_layers = oracle_tap_layers,
+    .alloc_state = oracle_alloc_state,
+    .free_state = oracle_free_state,
+    .reset = oracle_reset,
+    .begin = oracle_begin,
+    .propose = oracle_propose,
+    .after_verify = oracle_after_verify,
+    .destroy = oracle_destroy,
+};
+
+/* An oracle (mirror 0) or its mirror (1) over seq[0..n) (not copied). */
+static inline void oracle_init(oracle *o, const int32_t *seq, int n, int vocab, int block, int mirror)
+{
+    *o = (oracle){ seq, n, vocab, block, mirror, { &k_oracle_ops, o } };
+}
+
+/* The successor proposer (drafts last+1, last+2, ... mod vocab). */
+static inline void successor_init(oracle *o, int vocab, int block)
+{
+    *o = (oracle){ NULL, 0, vocab, block, 0, { &k_oracle_ops, o } };
+}
+
+#endif
