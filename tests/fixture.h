@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -60,6 +61,37 @@ static inline const dflash_tensor_info *fx_tensor(const dflash_st *st, const cha
     const dflash_tensor_info *t = dflash_st_find(st, name);
     CHECKF(t != NULL, "fixture tensor %s missing", name);
     return t;
+}
+
+/* The provenance an expected file records in its safetensors
+ * __metadata__: `by_key` (the producer of the expected values) must name
+ * Hugging Face transformers, and "crosscheck" must be "ok" (the independent
+ * second computation, or the safetensors library's re-read, agreed). A
+ * fixture made by a fallback, or never checked, fails the case. */
+static inline void fx_check_provenance(const char *path, const char *by_key)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char len8[8];
+    json_t *h = NULL;
+    if (f && fread(len8, 1, 8, f) == 8) {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; i--)
+            n = n << 8 | len8[i];
+        char *text = n < (1u << 24) ? malloc(n) : NULL;
+        json_error_t err;
+        if (text && fread(text, 1, n, f) == n)
+            h = json_loadb(text, n, 0, &err);
+        free(text);
+    }
+    if (f)
+        fclose(f);
+    json_t *meta = json_object_get(h, "__metadata__");
+    const char *by = json_string_value(json_object_get(meta, by_key));
+    const char *cc = json_string_value(json_object_get(meta, "crosscheck"));
+    CHECKF(by && strncmp(by, "transformers ", 13) == 0, "%s: __metadata__ %s is '%s', want 'transformers <version>'",
+           path, by_key, by ? by : "(absent)");
+    CHECKF(cc && strcmp(cc, "ok") == 0, "%s: __metadata__ crosscheck is '%s', want 'ok'", path, cc ? cc : "(absent)");
+    json_decref(h);
 }
 
 /* ||a - b|| / ||b||; NaN anywhere gives infinity. */

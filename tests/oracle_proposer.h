@@ -16,9 +16,12 @@
 #ifndef DFLASH_TESTS_ORACLE_PROPOSER_H
 #define DFLASH_TESTS_ORACLE_PROPOSER_H
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "draft/proposer.h"
+#include "spec/spec.h"
 
 typedef struct oracle {
     const int32_t *seq; /* the whole expected sequence: prompt then the plain output;
@@ -148,6 +151,69 @@ static inline void oracle_init(oracle *o, const int32_t *seq, int n, int vocab, 
 static inline void successor_init(oracle *o, int vocab, int block)
 {
     *o = (oracle){ NULL, 0, vocab, block, 0, { &k_oracle_ops, o } };
+}
+
+/* One greedy generation of n_new tokens after prompt[0..n_prompt) with
+ * proposer p (NULL: plain), block size `block` and repetition penalty
+ * `penalty` (1: none); *n_out tokens into out. */
+static inline dflash_status oracle_generate(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int n_prompt,
+                                            int n_new, int block, double penalty, int32_t *out, int *n_out,
+                                            dflash_gen_stats *st)
+{
+    dflash_kv_seq seq;
+    void *state = NULL;
+    dflash_gen_opts go;
+    dflash_gen_default_opts(&go);
+    go.n_new = n_new;
+    go.block_size = block;
+    go.sampler.rep_penalty = penalty;
+    *n_out = 0;
+    DFLASH_TRY(dflash_qwen3_seq_init(t, &seq));
+    dflash_status s = p ? p->ops->alloc_state(p, n_prompt + n_new + DFLASH_MAX_BLOCK, &state) : DFLASH_OK;
+    if (s == DFLASH_OK)
+        s = dflash_spec_generate(t, &seq, p, state, prompt, n_prompt, &go, out, n_out, st);
+    if (p && state)
+        p->ops->free_state(p, state);
+    dflash_qwen3_seq_free(t, &seq);
+    return s;
+}
+
+/* With expect[0..n_prompt + n_new) the prompt and the plain output, the
+ * oracle (mirror 0) must see every draft accepted and commit a whole block
+ * per step; its mirror (1) none, one token per step; both must give the
+ * plain output. 1 if so; else 0 with the reason in msg. */
+static inline int oracle_check(dflash_qwen3 *t, const int32_t *expect, int n_prompt, int n_new, int block,
+                               double penalty, int mirror, char *msg, size_t cap)
+{
+    oracle o;
+    oracle_init(&o, expect, n_prompt + n_new, t->cfg.vocab_size, block, mirror);
+    int32_t *out = malloc((size_t)n_new * sizeof *out);
+    int n = 0;
+    dflash_gen_stats st;
+    memset(&st, 0, sizeof st);
+    dflash_status s = out ? oracle_generate(t, &o.proposer, expect, n_prompt, n_new, block, penalty, out, &n, &st)
+                          : DFLASH_ERR_OOM;
+    int64_t tried = 0, accepted = 0;
+    for (int i = 0; i < block - 1; i++) {
+        tried += st.pos_tried[i];
+        accepted += st.pos_accepted[i];
+    }
+    const int steps = mirror ? n_new - 1 : (n_new - 1 + block - 1) / block;
+    const char *name = o.proposer.ops->name(&o.proposer);
+    int ok = 0;
+    if (s != DFLASH_OK)
+        snprintf(msg, cap, "%s block %d: %s", name, block, dflash_last_error());
+    else if (n != n_new || memcmp(out, expect + n_prompt, (size_t)n_new * sizeof *out) != 0)
+        snprintf(msg, cap, "%s block %d: output differs from plain", name, block);
+    else if (tried == 0 || accepted != (mirror ? 0 : tried))
+        snprintf(msg, cap, "%s block %d: %lld of %lld drafts accepted", name, block, (long long)accepted,
+                 (long long)tried);
+    else if (st.n_steps != steps)
+        snprintf(msg, cap, "%s block %d: %d steps, want %d", name, block, st.n_steps, steps);
+    else
+        ok = 1;
+    free(out);
+    return ok;
 }
 
 #endif

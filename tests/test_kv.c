@@ -77,26 +77,53 @@ static void test_truncate_moves_length(void)
     dflash_kv_pool_free(&pool);
 }
 
+/* A window of 20 positions over a ring of 3 slots and a pool of 3 blocks,
+ * slid 140 times. The table is read only through its contract (a
+ * position's block is table[(pos / BLOCK) % bt_len]); what must hold is
+ * checked against a shadow of what the test saw, not against a restated
+ * formula: every position of the window has a pool block; different
+ * blocks of the window have different pool blocks; a block keeps its pool
+ * block (so its K/V stay where they were written) for as long as it is in
+ * the window; the ring holds exactly the window's blocks and the rest of
+ * the pool is free. */
 static void test_window_ring(void)
 {
-    /* A window of 20 positions: ring of 3 slots, blocks recycled forever. */
+    enum { N_BLOCKS = 3, MAX_B = 1100 / DFLASH_KV_BLOCK + 1 };
     dflash_kv_pool pool;
     dflash_kv_seq a;
-    CHECK_OK(dflash_kv_pool_init(&pool, be, 3, 1, 1, 2, DFLASH_DTYPE_F32));
+    CHECK_OK(dflash_kv_pool_init(&pool, be, N_BLOCKS, 1, 1, 2, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 3));
-    for (int32_t end = 5; end < 1000; end += 7) {
+    int32_t seen[MAX_B];
+    for (int b = 0; b < MAX_B; b++)
+        seen[b] = -1;
+    int bad = 0;
+    for (int32_t end = 5; end < 1000 && !bad; end += 7) {
         int32_t lo = end - 20 > a.lo ? end - 20 : a.lo;
         dflash_kv_seq_drop_before(&pool, &a, lo);
         CHECK_OK(dflash_kv_seq_reserve(&pool, &a, end));
         a.len = end;
-        CHECK(live_blocks(&a) + pool.n_free == 3);
-        /* every position of the window maps to a live block */
-        for (int32_t p = a.lo; p < end; p++)
-            CHECK(a.table[(p / DFLASH_KV_BLOCK) % a.bt_len] >= 0);
+        const int b0 = a.lo / DFLASH_KV_BLOCK, b1 = (end - 1) / DFLASH_KV_BLOCK;
+        int32_t used[N_BLOCKS] = { 0 };
+        for (int b = b0; b <= b1; b++) {
+            int32_t pb = a.table[b % a.bt_len];
+            if (pb < 0 || pb >= N_BLOCKS) {
+                CHECKF(0, "window [%d, %d): block %d has pool block %d", a.lo, end, b, pb);
+                bad = 1;
+                break;
+            }
+            CHECKF(!used[pb]++, "window [%d, %d): pool block %d serves two blocks", a.lo, end, pb);
+            CHECKF(seen[b] < 0 || seen[b] == pb, "window [%d, %d): block %d moved from pool block %d to %d", a.lo,
+                   end, b, seen[b], pb);
+            bad |= used[pb] > 1 || (seen[b] >= 0 && seen[b] != pb);
+            seen[b] = pb;
+        }
+        CHECKF(live_blocks(&a) == b1 - b0 + 1 && pool.n_free == N_BLOCKS - (b1 - b0 + 1),
+               "window [%d, %d): %d live slots, %d free, want %d and %d", a.lo, end, live_blocks(&a), pool.n_free,
+               b1 - b0 + 1, N_BLOCKS - (b1 - b0 + 1));
     }
     CHECK(a.lo > 900);
     dflash_kv_seq_free(&pool, &a);
-    CHECK(pool.n_free == 3);
+    CHECK(pool.n_free == N_BLOCKS);
     dflash_kv_pool_free(&pool);
 }
 

@@ -1,5 +1,4 @@
-/* cuda_model_check.c: model-level parity of the CUDA backend (issue 7),
- * run on a GPU machine by tools/gpu-test.sh after the op checks; not built by
+/* cuda_model_check.c: model-level parity of the CUDA backend, run on a GPU machine by tools/gpu-test.sh after the op checks; not built by
  * the Makefile (it needs a GPU, and tests never silently skip). It owns the
  * model-level GPU checks only; op parity is tools/cuda/cuda_ops_check.c.
  *
@@ -26,6 +25,11 @@
  *     every row's logits compared (long context); GPU tau and tokens/s of
  *     both modes are printed (wall clock after a warm-up run; not a
  *     benchmark, the model is tiny).
+ *  4. Acceptance on the GPU (tests/oracle_proposer.h): a proposer that
+ *     drafts the GPU target's own greedy continuation has every draft
+ *     accepted and commits a whole block per step, for block sizes 2..16,
+ *     without and with a repetition penalty; its mirror has none accepted;
+ *     both give the plain output.
  * Any compared GPU tensor holding a NaN fails its row. Every CUDA-side step
  * is guarded: a failure becomes a FAIL row with dflash_last_error() and the
  * remaining checks still run. Output: progress lines, then a table (check,
@@ -51,6 +55,7 @@
 #include "draft/dflash_head.h"
 #include "fixture.h"
 #include "io/tokenizer.h"
+#include "oracle_proposer.h"
 #include "spec/spec.h"
 
 #define BOUND_CPU 1e-4   /* GPU vs CPU: max|d| / max|cpu| */
@@ -875,6 +880,46 @@ done:
     dflash_tokenizer_free(tok);
 }
 
+/* ---- 4. acceptance ------------------------------------------------------------ */
+
+#define ORACLE_PROMPT 24
+#define ORACLE_NEW 60
+
+static void check_oracle(const char *name)
+{
+    char dir[512];
+    dflash_qwen3 *t = NULL;
+    case_begin("oracle %s", name);
+    if (!step(load_target(fx_path(dir, sizeof dir, "qwen3", name), g_gpu, 256, &t), "gpu load target"))
+        goto done;
+    int32_t expect[ORACLE_PROMPT + ORACLE_NEW];
+    for (int i = 0; i < ORACLE_PROMPT; i++)
+        expect[i] = (int32_t)((i * 37 + 5) % t->cfg.vocab_size);
+    for (int pen = 0; pen < 2; pen++) {
+        const double penalty = pen ? 1.3 : 1.0;
+        dflash_gen_stats st;
+        int n_plain = 0, bad = 0;
+        char msg[256] = "", first[256] = "";
+        if (!step(oracle_generate(t, NULL, expect, ORACLE_PROMPT, ORACLE_NEW, 0, penalty, expect + ORACLE_PROMPT,
+                                  &n_plain, &st), "gpu plain run"))
+            continue;
+        for (int block = 2; block <= 16; block++)
+            for (int mirror = 0; mirror < 2; mirror++)
+                if (!oracle_check(t, expect, ORACLE_PROMPT, ORACLE_NEW, block, penalty, mirror, msg, sizeof msg) &&
+                    !bad++)
+                    snprintf(first, sizeof first, "%s", msg);
+        char what[64];
+        snprintf(what, sizeof what, "oracle/mirror blocks 2..16 penalty %.1f", penalty);
+        if (bad)
+            add_row(what, 0, "a==k/0", "%d bad: %.60s", bad, first);
+        else
+            add_row(what, 1, "a==k/0", "30 runs");
+    }
+done:
+    case_end();
+    dflash_qwen3_free(t);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 static int finish(void)
@@ -939,7 +984,9 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof drafters / sizeof drafters[0]; i++)
             check_dflash(drafters[i]);
     }
-    /* The embedded pair with the GPU's default pages (bf16). */
+    /* Acceptance and the embedded pair with the GPU's default pages (bf16). */
+    check_oracle("gqa_tied");
+    check_oracle("mha_untied");
     if (pair)
         check_pystd();
     printf("cuda_model_check: %.1f s\n", now_s() - t0);
