@@ -19,6 +19,7 @@ CLI_OBJ := $(CLI_SRC:%.c=$(B)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 ASAN_OBJ := $(LIB_SRC:%.c=$(B)/asan/%.o)
 ASAN_BIN := $(TEST_SRC:tests/%.c=$(B)/asan/tests/%)
+ASAN_CLI_OBJ := $(CLI_SRC:%.c=$(B)/asan/%.o)
 FUZZ_OBJ := $(LIB_SRC:%.c=$(B)/fuzz/%.o)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(B)/fuzz/bin/%)
 
@@ -54,6 +55,10 @@ $(B)/asan/libdflash.a: $(ASAN_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The CLI under the sanitizers, for the command-line regression tests.
+$(B)/asan/dflash: $(ASAN_CLI_OBJ) $(B)/asan/libdflash.a
+	$(CC) $(CFLAGS) $(SAN) -o $@ $(ASAN_CLI_OBJ) $(B)/asan/libdflash.a $(LDLIBS)
+
 $(B)/asan/tests/%: tests/%.c $(B)/asan/libdflash.a tests/harness.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(SAN) -Itests -o $@ $< $(B)/asan/libdflash.a $(LDLIBS)
@@ -67,7 +72,7 @@ $(B)/fuzz/bin/%: tests/fuzz/%.c $(FUZZ_OBJ)
 	@mkdir -p $(dir $@)
 	$(CLANG) -std=c11 -O1 -g -Iinclude -Isrc -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_OBJ) $(LDLIBS) -fopenmp
 
-test: all $(TEST_BIN) $(ASAN_BIN) $(FUZZ_BIN)
+test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN)
 	@B=$(B) bash tools/fetch-qwen3-tokenizer.sh
 	@B=$(B) bash tests/run.sh
 

@@ -48,6 +48,10 @@ for n in $tests; do
     case "$(basename "$t")" in test_slow_*) continue ;; esac
     run_one "$t" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 "$t"
 done
+# The command-line regression tests again, driving the sanitizer build of
+# the CLI (the test program itself is the plain one).
+run_one "$B/tests/test_slow_cli_limits (asan dflash)" env DFLASH_BIN=$B/asan/dflash DFLASH_BIN_ASAN=1 \
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 "$B/tests/test_slow_cli_limits"
 fuzz_secs=${DFLASH_FUZZ_SECONDS:-20}
 for f in $B/fuzz/bin/fuzz_*; do
     [ -x "$f" ] || continue

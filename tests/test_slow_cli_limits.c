@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 static char g_bin[256];
+static int g_asan; /* g_bin is a sanitizer build */
 static char g_tmp[64] = "/tmp/dflash_cli_limits_XXXXXX";
 static char g_cwd[1024];
 
@@ -152,9 +153,14 @@ static void test_context_length_is_enforced(void)
     int rc = sh(CMD("%s generate -m " M " --prompt-ids %s -n 16", g_bin, ids_upto(2040)), g_out, sizeof g_out);
     CHECKF(rc == 1 && strstr(g_out, "(2040 tokens) + -n 16 = 2056 positions exceed the model's context length 2048") &&
            strstr(g_out, "--allow-long-context"), "rc %d: %.400s", rc, g_out);
-    /* an absurd -n fails at once, allocating nothing near its KV size */
-    rc = sh(CMD("ulimit -v 4000000; timeout 20 %s generate -m " M " --prompt-ids 1,2 -n 10000000", g_bin), g_out,
-            sizeof g_out);
+    /* an absurd -n fails at once, allocating nothing near its KV size: at
+     * most 4 GB of address space (the sanitizer build reserves terabytes
+     * of shadow memory, so there its allocator refuses any one allocation
+     * over 4 GB instead) */
+    rc = sh(CMD("%s timeout 20 %s generate -m " M " --prompt-ids 1,2 -n 10000000",
+                g_asan ? "ASAN_OPTIONS=$ASAN_OPTIONS:max_allocation_size_mb=4000:allocator_may_return_null=1"
+                       : "ulimit -v 4000000;",
+                g_bin), g_out, sizeof g_out);
     CHECKF(rc == 1 && strstr(g_out, "10000002 positions exceed the model's context length 2048"), "rc %d: %.400s",
            rc, g_out);
     /* a long text prompt is measured in tokens before any prefill */
@@ -335,8 +341,14 @@ static void test_closed_stdin(void)
 
 int main(void)
 {
-    const char *b = getenv("B");
-    snprintf(g_bin, sizeof g_bin, "%s/dflash", b ? b : "build");
+    /* DFLASH_BIN: another build of the CLI (tests/run.sh passes the
+     * sanitizer build with DFLASH_BIN_ASAN=1) */
+    const char *b = getenv("B"), *bin = getenv("DFLASH_BIN"), *asan = getenv("DFLASH_BIN_ASAN");
+    if (bin)
+        snprintf(g_bin, sizeof g_bin, "%s", bin);
+    else
+        snprintf(g_bin, sizeof g_bin, "%s/dflash", b ? b : "build");
+    g_asan = asan && !strcmp(asan, "1");
     if (!mkdtemp(g_tmp) || !getcwd(g_cwd, sizeof g_cwd)) {
         fprintf(stderr, "cannot make a temp dir or read the working directory\n");
         return 1;
