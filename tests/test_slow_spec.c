@@ -8,6 +8,7 @@
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
 #include "fixture.h"
+#include "oracle_proposer.h"
 #include "spec/spec.h"
 
 static dflash_backend *be;
@@ -15,19 +16,7 @@ static dflash_backend *be;
 static void run(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int n_prompt, int n_new, int block,
                 int32_t *out, int *n_out, dflash_gen_stats *st)
 {
-    dflash_kv_seq seq;
-    void *state = NULL;
-    dflash_gen_opts go;
-    dflash_gen_default_opts(&go);
-    go.n_new = n_new;
-    go.block_size = block;
-    CHECK_OK(dflash_qwen3_seq_init(t, &seq));
-    if (p)
-        CHECK_OK(p->ops->alloc_state(p, n_prompt + n_new + DFLASH_MAX_BLOCK, &state));
-    CHECK_OK(dflash_spec_generate(t, &seq, p, state, prompt, n_prompt, &go, out, n_out, st));
-    if (p)
-        p->ops->free_state(p, state);
-    dflash_qwen3_seq_free(t, &seq);
+    CHECK_OK(oracle_generate(t, p, prompt, n_prompt, n_new, block, 1.0, out, n_out, st));
 }
 
 static void prompt_for(int V, int n, int seed, int32_t *out)

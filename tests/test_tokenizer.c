@@ -38,6 +38,18 @@ static json_t *tiny_json(void)
     return j;
 }
 
+/* The tiny tokenizer with ByteLevel(use_regex=true) as its only
+ * pre-tokenizer, so text is split by the GPT-2 regex. */
+static json_t *tiny_json_gpt2_regex(void)
+{
+    json_t *j = tiny_json();
+    if (j)
+        json_object_set_new(j, "pre_tokenizer",
+                            json_pack("{s:s,s:b,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0,
+                                      "trim_offsets", 1, "use_regex", 1));
+    return j;
+}
+
 /* Load a modified tiny tokenizer from memory; takes ownership of j. */
 static dflash_status load_json(json_t *j, dflash_tokenizer **t)
 {
@@ -396,12 +408,9 @@ static void test_merges_as_pairs(void)
 static void test_bytelevel_use_regex(void)
 {
     /* ByteLevel alone with use_regex=true splits with the GPT-2 regex. */
-    json_t *j = tiny_json();
+    json_t *j = tiny_json_gpt2_regex();
     if (!j)
         return;
-    json_object_set_new(j, "pre_tokenizer",
-                        json_pack("{s:s,s:b,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0,
-                                  "trim_offsets", 1, "use_regex", 1));
     dflash_tokenizer *t = NULL;
     CHECK_OK(load_json(j, &t));
     if (t) {
@@ -610,12 +619,9 @@ static void test_split_regex_white_space(void)
     SPLIT_IS(NULL, "x\xc2\xa0\xc2\x85y", "x", "\xc2\xa0", "\xc2\x85y");
     SPLIT_IS(NULL, "a\xe2\x80\x8b b", "a", "\xe2\x80\x8b", " b");
     /* the GPT-2 regex of ByteLevel(use_regex=true) reads \s the same way */
-    json_t *j = tiny_json();
+    json_t *j = tiny_json_gpt2_regex();
     if (!j)
         return;
-    json_object_set_new(j, "pre_tokenizer",
-                        json_pack("{s:s,s:b,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0,
-                                  "trim_offsets", 1, "use_regex", 1));
     json_object_set_new(json_object_get(j, "model"), "ignore_merges", json_true());
     char sp[32];
     byte_level_spelling(" " MVS ".", 5, sp);
