@@ -156,26 +156,33 @@ static inline void successor_init(oracle *o, int vocab, int block)
 /* One greedy generation of n_new tokens after prompt[0..n_prompt) with
  * proposer p (NULL: plain), block size `block` and repetition penalty
  * `penalty` (1: none); *n_out tokens into out. */
+/* Generate on a fresh sequence (and proposer state) with options go. */
+static inline dflash_status generate_fresh(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int n_prompt,
+                                           const dflash_gen_opts *go, int32_t *out, int *n_out, dflash_gen_stats *st)
+{
+    dflash_kv_seq seq;
+    void *state = NULL;
+    *n_out = 0;
+    DFLASH_TRY(dflash_qwen3_seq_init(t, &seq));
+    dflash_status s = p ? p->ops->alloc_state(p, n_prompt + go->n_new + DFLASH_MAX_BLOCK, &state) : DFLASH_OK;
+    if (s == DFLASH_OK)
+        s = dflash_spec_generate(t, &seq, p, state, prompt, n_prompt, go, out, n_out, st);
+    if (p && state)
+        p->ops->free_state(p, state);
+    dflash_qwen3_seq_free(t, &seq);
+    return s;
+}
+
 static inline dflash_status oracle_generate(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int n_prompt,
                                             int n_new, int block, double penalty, int32_t *out, int *n_out,
                                             dflash_gen_stats *st)
 {
-    dflash_kv_seq seq;
-    void *state = NULL;
     dflash_gen_opts go;
     dflash_gen_default_opts(&go);
     go.n_new = n_new;
     go.block_size = block;
     go.sampler.rep_penalty = penalty;
-    *n_out = 0;
-    DFLASH_TRY(dflash_qwen3_seq_init(t, &seq));
-    dflash_status s = p ? p->ops->alloc_state(p, n_prompt + n_new + DFLASH_MAX_BLOCK, &state) : DFLASH_OK;
-    if (s == DFLASH_OK)
-        s = dflash_spec_generate(t, &seq, p, state, prompt, n_prompt, &go, out, n_out, st);
-    if (p && state)
-        p->ops->free_state(p, state);
-    dflash_qwen3_seq_free(t, &seq);
-    return s;
+    return generate_fresh(t, p, prompt, n_prompt, &go, out, n_out, st);
 }
 
 /* With expect[0..n_prompt + n_new) the prompt and the plain output, the

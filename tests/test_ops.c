@@ -188,6 +188,19 @@ static void check_attention(int causal, int window, int lo, dflash_dtype kv_dt)
     ref_attention(B, HQ, HKV, D, q, qpos, nk, k, v, kpos, causal, window, ref);
     double e = rel_err(out, ref, B * HQ * D);
     CHECKF(e < 1e-5, "causal %d window %d lo %d %s: rel err %g", causal, window, lo, dflash_dtype_name(kv_dt), e);
+    /* Each row alone (its query, its position; the same keys) gives the
+     * bits it got among all B rows. */
+    for (int i = 0; i < B; i++) {
+        float one[HQ * D];
+        dflash_attn_args a1 = a;
+        a1.n_rows = 1;
+        a1.q = q + i * HQ * D;
+        a1.q_pos = &qpos[i];
+        a1.out = one;
+        CHECK_OK(be->ops->attention(be, &a1));
+        CHECKF(memcmp(one, out + i * HQ * D, sizeof one) == 0, "causal %d window %d lo %d %s: row %d differs alone",
+               causal, window, lo, dflash_dtype_name(kv_dt), i);
+    }
     be->ops->free(be, kv.data);
 }
 

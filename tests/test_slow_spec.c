@@ -1,7 +1,9 @@
 /* test_slow_spec.c: the decisive property. Greedy speculative output equals
  * greedy plain output token for token, for every fixture pair, block size,
  * context cap (including prompts longer than the cap) and drafter weight
- * precision, and for the n-gram proposer through the same contract. */
+ * precision, with a fixed width and the cost-aware one, and for the n-gram
+ * proposer through the same contract; seeded sampling gives plain
+ * sampling's tokens too. */
 #include "harness.h"
 
 
@@ -211,6 +213,135 @@ static void test_continue_equals_fresh(void)
     dflash_qwen3_free(t);
 }
 
+/* The cost-aware width (each step drafts 0..B-1 tokens, chosen from
+ * measured times) changes nothing in the output: greedy, every fixture
+ * drafter and the n-gram proposer. */
+static void test_auto_width_equals_plain(void)
+{
+    const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
+    for (size_t k = 0; k <= sizeof drafters / sizeof drafters[0]; k++) {
+        const int ngram = k == sizeof drafters / sizeof drafters[0];
+        char tdir[512], ddir[512];
+        if (ngram)
+            fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied");
+        else if (!fx_drafter_target(drafters[k], tdir, sizeof tdir)) {
+            CHECKF(0, "%s: meta.json with a target", drafters[k]);
+            continue;
+        }
+        dflash_qwen3_opts to;
+        dflash_qwen3_default_opts(&to);
+        to.max_ctx = 400;
+        dflash_qwen3 *t = NULL;
+        CHECK_OK(dflash_qwen3_load(tdir, be, &to, &t));
+        if (!t)
+            continue;
+        dflash_proposer *p = NULL;
+        dflash_head *h = NULL;
+        if (ngram) {
+            CHECK_OK(dflash_ngram_create(16, 1, 3, &p));
+        } else {
+            dflash_head_opts ho;
+            dflash_head_default_opts(&ho);
+            ho.max_ctx = 400;
+            CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", drafters[k]), t, &ho, &h));
+            p = h ? &h->proposer : NULL;
+        }
+        int32_t prompt[40], plain[100], out[100];
+        int n_plain, n_out;
+        dflash_gen_stats st;
+        dflash_gen_opts go;
+        dflash_gen_default_opts(&go);
+        go.n_new = 100;
+        for (int seed = 0; seed < 2 && p; seed++) {
+            prompt_for(t->cfg.vocab_size, 40, seed + 11, prompt);
+            CHECK_OK(generate_fresh(t, NULL, prompt, 40, &go, plain, &n_plain, &st));
+            go.width_auto = 1;
+            CHECK_OK(generate_fresh(t, p, prompt, 40, &go, out, &n_out, &st));
+            go.width_auto = 0;
+            CHECKF(n_out == n_plain && memcmp(out, plain, (size_t)n_plain * sizeof(int32_t)) == 0,
+                   "%s seed %d: auto width output differs from plain", ngram ? "ngram" : drafters[k], seed);
+            int widths = 0;
+            for (int w = 0; w < DFLASH_MAX_BLOCK; w++)
+                widths += st.width_hist[w] > 0;
+            CHECKF(widths >= 2, "%s: the auto width tried %d width(s)", ngram ? "ngram" : drafters[k], widths);
+        }
+        if (ngram)
+            dflash_proposer_destroy(p);
+        dflash_head_free(h);
+        dflash_qwen3_free(t);
+    }
+}
+
+/* Sampling draws each token with the uniform of its position, so for a
+ * seed the speculative output is plain sampling's token for token, at any
+ * block size and with the auto width. The oracle (drafting plain's sampled
+ * tokens) must then see every draft accepted, its mirror none. */
+static void test_sampled_equals_plain(void)
+{
+    char tdir[512], ddir[512];
+    dflash_qwen3 *t = NULL;
+    dflash_head *h = NULL;
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 400;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &t));
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = 400;
+    if (t)
+        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
+    if (!h) {
+        dflash_qwen3_free(t);
+        return;
+    }
+    enum { NP = 30, NN = 60 };
+    int32_t prompt[NP], plain[NN], out[NN], expect[NP + NN];
+    int n_plain, n_out;
+    dflash_gen_stats st;
+    dflash_gen_opts go;
+    dflash_gen_default_opts(&go);
+    go.n_new = NN;
+    go.sampler.temperature = 0.9;
+    go.sampler.top_k = 40;
+    go.sampler.rep_penalty = 1.1;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        go.sampler.seed = seed;
+        prompt_for(t->cfg.vocab_size, NP, (int)seed, prompt);
+        CHECK_OK(generate_fresh(t, NULL, prompt, NP, &go, plain, &n_plain, &st));
+        CHECK(n_plain == NN);
+        const int blocks[] = { 2, 16, 16 };
+        for (int b = 0; b < 3; b++) {
+            go.block_size = blocks[b];
+            go.width_auto = b == 2;
+            CHECK_OK(generate_fresh(t, &h->proposer, prompt, NP, &go, out, &n_out, &st));
+            CHECKF(n_out == NN && memcmp(out, plain, sizeof plain) == 0,
+                   "seed %llu block %d auto %d: sampled speculative output differs from plain sampling",
+                   (unsigned long long)seed, blocks[b], go.width_auto);
+        }
+        go.block_size = 0;
+        go.width_auto = 0;
+        /* the oracle knows plain's sampled continuation */
+        memcpy(expect, prompt, sizeof prompt);
+        memcpy(expect + NP, plain, sizeof plain);
+        for (int mirror = 0; mirror < 2; mirror++) {
+            oracle o;
+            oracle_init(&o, expect, NP + NN, t->cfg.vocab_size, 8, mirror);
+            CHECK_OK(generate_fresh(t, &o.proposer, prompt, NP, &go, out, &n_out, &st));
+            int64_t tried = 0, acc = 0;
+            for (int i = 0; i < 7; i++) {
+                tried += st.pos_tried[i];
+                acc += st.pos_accepted[i];
+            }
+            CHECKF(n_out == NN && memcmp(out, plain, sizeof plain) == 0, "seed %llu %s: output differs",
+                   (unsigned long long)seed, mirror ? "anti-oracle" : "oracle");
+            CHECKF(tried > 0 && acc == (mirror ? 0 : tried), "seed %llu %s: %lld of %lld drafts accepted",
+                   (unsigned long long)seed, mirror ? "anti-oracle" : "oracle", (long long)acc, (long long)tried);
+        }
+    }
+    dflash_head_free(h);
+    dflash_qwen3_free(t);
+}
+
 /* The drafter's pool runs dry: the error names the drafter, and the target
  * cache and the drafter's context stay in step (nothing half-appended). */
 static void test_drafter_pool_exhaustion(void)
@@ -258,6 +389,8 @@ int main(void)
     RUN(test_stop_tokens);
     RUN(test_continue_equals_fresh);
     RUN(test_drafter_pool_exhaustion);
+    RUN(test_auto_width_equals_plain);
+    RUN(test_sampled_equals_plain);
     dflash_backend_destroy(be);
     TEST_END();
 }

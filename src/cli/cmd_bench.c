@@ -33,7 +33,9 @@
 #define BENCH_WARMUP 3
 #define BENCH_MAX_REPS 1000
 #define BENCH_MAX_CTX 16      /* context lengths per run */
-#define BENCH_VERIFY_ROWS 16
+#define BENCH_VERIFY_ROWS 16   /* default verify width */
+#define BENCH_MAX_ROWS 64      /* verify widths up to this */
+#define BENCH_MAX_WIDTHS 16
 #define BENCH_MAX_BLOCK 256    /* drafts per propose at most */
 #define BENCH_BW_REPS 5
 #define BENCH_PROGRESS_BYTES (256u << 20) /* images above this report progress */
@@ -59,6 +61,8 @@ static const bench_preset k_presets[] = {
     { "seed-drafter", 151936, 1, { 8, 2048, 32, 4, 128, 6144 }, 16, 40, 5, { 1, 10, 19, 28, 37 }, 0, { 0 }, 0 },
     { "qwen3-8b-drafter", 151936, 1, { 5, 4096, 32, 8, 128, 12288 }, 16, 36, 5, { 1, 9, 17, 25, 33 }, 0, { 0 }, 0 },
     { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0 },
+    /* The embedded pair's geometry (models/qwen3-pystd and its drafter). */
+    { "pystd", 4096, 1, { 3, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1 },
     /* A few MB: both benches' code paths in seconds on a 2-core CPU (tests). */
     { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0 },
 };
@@ -76,14 +80,16 @@ static const bench_preset *find_preset(const char *name)
 typedef struct bench_args {
     const bench_preset *preset;
     const char *device;
-    int reps, json, n_ctx, fp8;
+    int reps, json, n_ctx, fp8, n_rows;
     int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
+    int rows[BENCH_MAX_WIDTHS]; /* verify widths; n_rows 0: 16 */
 } bench_args;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dflash bench [--preset P] [--ctx LIST] [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
+            "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--reps N] [--device D]\n"
+            "                    [--drafter-quant Q] [--json]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards at a\n"
             "published geometry, on random bf16 weights built in memory (several GB for\n"
@@ -98,9 +104,13 @@ static void usage(FILE *f)
             "                   vocab 151936, block 16, taps [1,9,17,25,33] of 36 layers\n"
             "                 qwen3-8b-target: 36 layers, H 4096, I 12288, 32:8 x 128,\n"
             "                   vocab 151936, untied LM head\n"
+            "                 pystd: the embedded pair (models/qwen3-pystd and its drafter):\n"
+            "                   6 + 3 layers, H 256, I 768, 4:2 x 64, vocab 4096, block 16\n"
             "                 tiny: a few MB (drafter and target), for tests\n"
             "  --ctx LIST     context lengths, comma-separated (default 1024,4096 for a\n"
             "                 drafter, 1,1024,4096 for a target)\n"
+            "  --rows LIST    verify widths in rows, comma-separated (default 16, at most %d):\n"
+            "                 what a step of k drafts costs the target (k + 1 rows)\n"
             "  --reps N       timed calls per row after %d warm-up calls (default 20);\n"
             "                 the median and the minimum are reported\n"
             "  --device D     cpu (default), cuda, or auto (cuda when a GPU is usable)\n"
@@ -110,10 +120,11 @@ static void usage(FILE *f)
             "  -h, --help     this text\n"
             "\n"
             "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
-            "16 rows, the greedy token of each: LM head + argmax), decode (target, 1 row).\n"
+            "16 rows or --rows, the greedy token of each: LM head + argmax), decode (target,\n"
+            "1 row).\n"
             "Times are per call: CUDA events on the GPU, the monotonic clock around call +\n"
             "sync on the CPU.\n",
-            BENCH_WARMUP);
+            BENCH_MAX_ROWS, BENCH_WARMUP);
 }
 
 static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
@@ -160,12 +171,25 @@ static int parse(int argc, char **argv, bench_args *a)
                 return 0;
             if (!(a->preset = find_preset(v))) {
                 fprintf(stderr, "dflash bench: unknown preset '%s' (seed-drafter, qwen3-8b-drafter, "
-                                "qwen3-8b-target, tiny)\n", v);
+                                "qwen3-8b-target, pystd, tiny)\n", v);
                 return 0;
             }
         } else if (!strcmp(o, "--ctx")) {
             if (!(v = cli_value(argc, argv, &i)) || !parse_ctx(o, v, a))
                 return 0;
+        } else if (!strcmp(o, "--rows")) {
+            int32_t *ids;
+            int n;
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_list(o, v, 1, BENCH_MAX_ROWS, "row counts", &ids, &n))
+                return 0;
+            if (n > BENCH_MAX_WIDTHS) {
+                fprintf(stderr, "dflash bench: %s takes at most %d widths, got %d\n", o, BENCH_MAX_WIDTHS, n);
+                free(ids);
+                return 0;
+            }
+            for (a->n_rows = 0; a->n_rows < n; a->n_rows++)
+                a->rows[a->n_rows] = ids[a->n_rows];
+            free(ids);
         } else if (!strcmp(o, "--reps")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1, BENCH_MAX_REPS, &a->reps))
                 return 0;
@@ -791,8 +815,7 @@ typedef struct forward_op {
     dflash_kv_seq *seq;
     int n;
     int32_t ctx;
-    int32_t tokens[BENCH_VERIFY_ROWS], pos[BENCH_VERIFY_ROWS], row_seq[BENCH_VERIFY_ROWS],
-        logit_rows[BENCH_VERIFY_ROWS];
+    int32_t tokens[BENCH_MAX_ROWS], pos[BENCH_MAX_ROWS], row_seq[BENCH_MAX_ROWS], logit_rows[BENCH_MAX_ROWS];
 } forward_op;
 
 static dflash_status forward_run(void *self)
@@ -844,9 +867,11 @@ static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *s
         if (verbose)
             fprintf(stderr, "dflash bench: target: prefilling to %d tokens\n", ctx[c]);
         DFLASH_TRY(prefill(m, seq, ctx[c]));
-        static const struct { const char *name; int n; } k_ops[] = { { "verify", BENCH_VERIFY_ROWS }, { "decode", 1 } };
-        for (size_t k = 0; k < sizeof k_ops / sizeof k_ops[0]; k++) {
-            forward_op o = { .m = m, .seq = seq, .n = k_ops[k].n, .ctx = ctx[c] };
+        /* verify at each width, then decode */
+        const int n_w = r->a->n_rows ? r->a->n_rows : 1;
+        for (int k = 0; k <= n_w; k++) {
+            const int rows = k == n_w ? 1 : r->a->n_rows ? r->a->rows[k] : BENCH_VERIFY_ROWS;
+            forward_op o = { .m = m, .seq = seq, .n = rows, .ctx = ctx[c] };
             for (int i = 0; i < o.n; i++) {
                 o.pos[i] = ctx[c] + i;
                 o.tokens[i] = random_token(1000003u + (uint64_t)i, m->cfg.vocab_size);
@@ -859,7 +884,7 @@ static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *s
             /* Weights once, the rows' embeddings, and the K/V of every
              * position the last row sees (the context and the rows). */
             double bytes = weights + o.n * embed_row + (double)(ctx[c] + o.n) * kv_bytes_per_pos(&m->kv.layout);
-            add_row(r, k_ops[k].name, o.n, ctx[c], med, min, bytes, host);
+            add_row(r, k == n_w ? "decode" : "verify", o.n, ctx[c], med, min, bytes, host);
         }
     }
     return DFLASH_OK;
@@ -884,7 +909,7 @@ static dflash_status bench_target(bench_run *r)
     if (s == DFLASH_OK) {
         dflash_qwen3_opts to;
         dflash_qwen3_default_opts(&to);
-        to.max_ctx = ctx[n_ctx - 1] + BENCH_VERIFY_ROWS;
+        to.max_ctx = ctx[n_ctx - 1] + BENCH_MAX_ROWS;
         if (r->cuda && im.len > BENCH_PROGRESS_BYTES)
             fprintf(stderr, "dflash bench: %s: copying to the GPU\n", label);
         s = dflash_qwen3_load_st(&cfg, st, r->be, &to, &m);

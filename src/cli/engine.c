@@ -32,8 +32,12 @@ void cli_engine_usage(FILE *f)
             "  -d, --draft DIR|ngram  DFlash drafter folder, or 'ngram' for prompt-lookup drafting;\n"
             "                         without it, plain decoding\n"
             "  --tokenizer PATH       tokenizer.json or its folder (default: the model folder)\n"
-            "  --block-size B         tokens per speculative step (last token + B-1 drafts);\n"
-            "                         default: the drafter's block_size (16 for ngram)\n"
+            "  --block-size B|auto    tokens per speculative step (last token + B-1 drafts),\n"
+            "                         at most the drafter's block_size (16 for ngram). auto\n"
+            "                         (the default): each step drafts 0..block_size-1 tokens,\n"
+            "                         as many as maximise expected tokens per second from the\n"
+            "                         verify and draft times and acceptance measured so far;\n"
+            "                         the output is the same, only the speed differs\n"
             "  --ctx-cap N            drafter context window in positions, 0 = none\n"
             "                         (default: DFLASH_CTX_CAP, else 4096)\n"
             "  --drafter-quant Q      bf16 (default) or fp8: drafter weights in fp8 e4m3 with\n"
@@ -74,6 +78,12 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
         a->tokenizer = v;
     } else if (!strcmp(o, "--block-size")) {
         VALUE();
+        if (!strcmp(v, "auto")) {
+            a->block_size = 0;
+            a->block_fixed = 0;
+            return 1;
+        }
+        a->block_fixed = 1;
         return cli_parse_int(o, v, 2, DFLASH_MAX_BLOCK, &a->block_size) ? 1 : -1;
     } else if (!strcmp(o, "--ctx-cap")) {
         VALUE();
@@ -335,6 +345,7 @@ void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_g
 {
     dflash_gen_default_opts(go);
     go->block_size = a->block_size;
+    go->width_auto = !a->block_fixed;
     go->sampler = a->sampler;
     go->stop_ids = e->stop_ids;
     go->n_stop = e->n_stop;
@@ -367,6 +378,13 @@ void cli_print_stats_line(FILE *f, const dflash_gen_stats *st)
             fprintf(f, " %.2f", (double)st->pos_accepted[i] / (double)st->pos_tried[i]);
         fprintf(f, "]\n");
     }
+    if (st->n_steps && st->width_hist[0] < st->n_steps) { /* a proposer drafted */
+        fprintf(f, "[drafts per step (steps):");
+        for (int k = 0; k < DFLASH_MAX_BLOCK; k++)
+            if (st->width_hist[k])
+                fprintf(f, " %d (%lld)", k, (long long)st->width_hist[k]);
+        fprintf(f, "]\n");
+    }
 }
 
 void cli_print_stats_json(FILE *f, const dflash_gen_stats *st, uint64_t seed)
@@ -382,6 +400,13 @@ void cli_print_stats_json(FILE *f, const dflash_gen_stats *st, uint64_t seed)
     fprintf(f, "],\"accept_per_pos\":[");
     for (int i = 0; i < DFLASH_MAX_BLOCK && st->pos_tried[i]; i++)
         fprintf(f, "%s%.4f", i ? "," : "", (double)st->pos_accepted[i] / (double)st->pos_tried[i]);
+    fprintf(f, "],\"drafts_per_step_hist\":[");
+    int kt = 0;
+    for (int k = 0; k < DFLASH_MAX_BLOCK; k++)
+        if (st->width_hist[k])
+            kt = k;
+    for (int k = 0; k <= kt; k++)
+        fprintf(f, "%s%lld", k ? "," : "", (long long)st->width_hist[k]);
     fprintf(f, "],\"prefill_ms\":%.3f,\"draft_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"tokens_per_s\":%.2f,"
                "\"stopped\":%s}",
             st->prefill_ms, st->draft_ms, st->verify_ms, st->total_ms, st->tokens_per_s,

@@ -14,6 +14,7 @@ typedef struct cli_engine_args {
     const char *model, *draft, *tokenizer;
     const char *device; /* "cpu" (default), "cuda" or "auto" */
     int block_size, ctx_cap, quant, max_ctx, ignore_eos;
+    int block_fixed; /* --block-size B: every step drafts B-1 (default: auto, the cost-aware width) */
     int allow_long_ctx; /* --allow-long-context: go past the model's context length */
     dflash_sampler_opts sampler;
 } cli_engine_args;

@@ -330,6 +330,21 @@ int32_t dflash_sampler_sample(dflash_sampler *s, const double *probs)
     return dflash_sample_cdf(probs, s->vocab, dflash_rng_uniform(&s->rng));
 }
 
+double dflash_sampler_uniform_at(const dflash_sampler *s, int64_t pos)
+{
+    /* Element pos of the splitmix64 stream whose start is the seed mixed
+     * once (so nearby seeds give unrelated streams): random access, no
+     * state to carry between calls. */
+    uint64_t seed = s->o.seed;
+    uint64_t x = splitmix64(&seed) + (uint64_t)pos * 0x9e3779b97f4a7c15ull;
+    return (double)(splitmix64(&x) >> 11) * 0x1.0p-53;
+}
+
+int32_t dflash_sampler_sample_at(const dflash_sampler *s, const double *probs, int64_t pos)
+{
+    return dflash_sample_cdf(probs, s->vocab, dflash_sampler_uniform_at(s, pos));
+}
+
 int dflash_sampler_accept(dflash_sampler *s, const double *p, const double *q, int32_t draft, int32_t *next)
 {
     const int V = s->vocab;

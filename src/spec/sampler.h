@@ -103,8 +103,17 @@ dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, doubl
 /* Inverse CDF: the first token whose running sum (index order, double)
  * exceeds u * total; only tokens with probs > 0 can come out. u in [0, 1). */
 int32_t dflash_sample_cdf(const double *probs, int n, double u);
-/* Draw one token from probs [V] with the sampler's RNG. */
+/* Draw one token from probs [V] with the sampler's RNG stream. */
 int32_t dflash_sampler_sample(dflash_sampler *s, const double *probs);
+/* The uniform of sequence position `pos`: element pos of a splitmix64
+ * stream keyed by the seed, in [0, 1). Drawing every token with the
+ * uniform of its position makes the output a function of the seed and the
+ * distributions alone: plain and speculative decoding, with any number of
+ * drafts per step, produce the same tokens. */
+double dflash_sampler_uniform_at(const dflash_sampler *s, int64_t pos);
+/* Draw the token at position pos from probs [V] (inverse CDF with the
+ * position's uniform). */
+int32_t dflash_sampler_sample_at(const dflash_sampler *s, const double *probs, int64_t pos);
 
 /* One position of speculative sampling. p: the target's filtered
  * distribution for this position [V]; q: the proposer's distribution that

@@ -2,17 +2,22 @@
  *
  *   1 PREFILL   target runs the prompt in chunks (with taps); the proposer
  *               receives each chunk as context; t_N = argmax of the last row
- *               (sampled: drawn from its filtered distribution)
- *   2 PROPOSE   drafts d_1..d_k for the block [t_s, MASK...] at positions s..
+ *               (sampled: drawn from its filtered distribution with the
+ *               uniform of its position, sampler.h)
+ *   2 PROPOSE   k = block size - 1, or the cost-aware width (width.h);
+ *               drafts d_1..d_k for the block [t_s, MASK...] at positions s..
  *   3 VERIFY    target runs [t_s, d_1..d_k] at s..s+k with taps
  *   4 ACCEPT    greedy: a = leading run of d_i == argmax(row i-1);
  *               bonus = argmax(row a)
- *               sampled: for i = 1..k accept d_i with probability
- *               p_{i-1}(d_i) (p = the filtered distribution of row i-1; the
- *               drafts are a point mass); at the first rejection the bonus is
- *               drawn from p_{i-1} without d_i, renormalized; if all pass,
- *               from p_k (temperature 0 with a repetition penalty runs here
- *               too: p is then a point mass on the penalized argmax)
+ *               sampled: for i = 1..k draw x_i from p_{i-1} (the filtered
+ *               distribution of row i-1) with the uniform of position
+ *               s+i; accept d_i iff x_i == d_i; the bonus is the first
+ *               x_i that differs, or x_{k+1} from p_k. The drafts are a
+ *               point mass, so this is speculative sampling's rule
+ *               (accept with p(d), else draw from the residual) and the
+ *               tokens are exactly plain sampling's (temperature 0 with
+ *               a repetition penalty runs here too: p is then a point
+ *               mass on the penalized argmax)
  *   5 COMMIT    choose d_1..d_a, bonus (stop tokens and the budget cut it
  *               short); they are emitted once 6 and 7 succeeded
  *   6 ROLLBACK  target KV length moves back to s+a+1 (rejected rows are
@@ -27,7 +32,9 @@
  * sequence with a new prompt that starts with that token.
  *
  * With no proposer k = 0 and the same steps are plain decoding (greedy, or
- * sampling each token from its filtered distribution with the same RNG). */
+ * sampling each token from its filtered distribution with the uniform of
+ * its position). So for a given seed the output is the same with or
+ * without a proposer, and whatever k each step chose. */
 #include "spec/spec.h"
 
 #include <stdlib.h>
@@ -133,14 +140,27 @@ static dflash_status accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, in
     dflash_sampler *smp = &ss->smp;
     int a = 0;
     for (;; a++) {
-        DFLASH_TRY(sampled_probs(smp, t, ss->logits + (size_t)a * V, smp->probs, s + a + 1, step));
-        if (a == k) {
-            *bonus = dflash_sampler_sample(smp, smp->probs);
-            break;
+        const int32_t pos = s + a + 1; /* the position row a predicts */
+        DFLASH_TRY(sampled_probs(smp, t, ss->logits + (size_t)a * V, smp->probs, pos, step));
+        if (smp->o.accept_rule != DFLASH_ACCEPT_EXACT) { /* test-only wrong rules */
+            if (a == k) {
+                *bonus = dflash_sampler_sample(smp, smp->probs);
+                break;
+            }
+            if (!dflash_sampler_accept(smp, smp->probs, NULL, block[a + 1], bonus))
+                break;
+        } else {
+            /* Drafts of a greedy proposer are a point mass, so the exact
+             * rule reduces to: draw the token plain decoding would draw
+             * here (same position, same uniform) and accept the draft iff
+             * they agree. That accepts with probability p(d), as min(1, p/q)
+             * does for q a point mass, and on a mismatch the drawn token
+             * is distributed as p without d, renormalized: the residual.
+             * So the output is plain sampling's, token for token. */
+            *bonus = dflash_sampler_sample_at(smp, smp->probs, pos);
+            if (a == k || *bonus != block[a + 1])
+                break;
         }
-        /* drafts of a greedy proposer are a point mass: q = NULL */
-        if (!dflash_sampler_accept(smp, smp->probs, NULL, block[a + 1], bonus))
-            break;
         dflash_sampler_observe(smp, &block[a + 1], 1);
     }
     dflash_sampler_observe(smp, bonus, 1);
@@ -157,6 +177,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
     int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
     float *hl = ss ? ss->logits : NULL;
     double t0 = now_ms();
+    dflash_width wm;
+    dflash_width_init(&wm, B - 1);
 
     /* 1 PREFILL */
     int32_t cur = -1;
@@ -184,7 +206,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         DFLASH_TRY(check_greedy(target, &cur, 1, seq->len, 0));
     if (ss && o->n_new > 0) {
         DFLASH_TRY(sampled_probs(&ss->smp, target, hl, ss->smp.probs, seq->len, 0));
-        cur = dflash_sampler_sample(&ss->smp, ss->smp.probs);
+        cur = dflash_sampler_sample_at(&ss->smp, ss->smp.probs, seq->len);
         dflash_sampler_observe(&ss->smp, &cur, 1);
     }
     st->prefill_ms = now_ms() - t0;
@@ -202,6 +224,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         const int32_t s = seq->len; /* position of cur, the unverified last token */
         int remaining = o->n_new - *n_out;
         int k = B - 1 < remaining ? B - 1 : remaining; /* drafts this step */
+        if (o->width_auto && p)
+            k = dflash_width_choose(&wm, k);
         int32_t block[DFLASH_MAX_BLOCK], g[DFLASH_MAX_BLOCK], rows_idx[DFLASH_MAX_BLOCK];
         block[0] = cur;
 
@@ -273,7 +297,10 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             DFLASH_TRY(o->on_tokens(o->user, emit, n_emit));
         if (o->trace)
             trace_step(o->trace, s, block + 1, k, a, bonus);
+        if (o->width_auto && p)
+            dflash_width_observe(&wm, k, a, t3 - t2, t2 - t1);
         st->n_steps++;
+        st->width_hist[k]++;
         st->accept_hist[n_emit]++; /* tokens this step committed */
         for (int i = 0; i < k; i++) {
             st->pos_tried[i]++;

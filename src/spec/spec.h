@@ -9,6 +9,7 @@
 
 #include "draft/proposer.h"
 #include "spec/sampler.h"
+#include "spec/width.h"
 #include "target/qwen3.h"
 
 #define DFLASH_MAX_BLOCK 64
@@ -16,6 +17,10 @@
 typedef struct dflash_gen_opts {
     int n_new;               /* tokens to generate at most */
     int block_size;          /* 0: the proposer's; capped by it */
+    /* 1: each step drafts the number of tokens (0..block_size - 1) with
+     * the most expected tokens per second (width.h); 0: always
+     * block_size - 1. Output is the same either way. */
+    int width_auto;
     const int32_t *stop_ids; /* generation ends after emitting one of these */
     int n_stop;
     FILE *trace;             /* one JSON line per step, or NULL */
@@ -40,6 +45,7 @@ typedef struct dflash_gen_stats {
     int64_t accept_hist[DFLASH_MAX_BLOCK + 1]; /* [k]: steps that committed k tokens */
     int64_t pos_tried[DFLASH_MAX_BLOCK];       /* [i]: steps that drafted position i + 1 */
     int64_t pos_accepted[DFLASH_MAX_BLOCK];    /* [i]: ... and accepted it */
+    int64_t width_hist[DFLASH_MAX_BLOCK];      /* [k]: steps that drafted k tokens */
     double prefill_ms, draft_ms, verify_ms, total_ms;
     double tokens_per_s;                       /* generated tokens / (total - prefill) */
 } dflash_gen_stats;

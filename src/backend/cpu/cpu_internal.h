@@ -1,4 +1,5 @@
-/* cpu_internal.h: what cpu_backend.c (memory) and cpu_ops.c (ops) share. */
+/* cpu_internal.h: what cpu_backend.c (memory), cpu_ops.c (ops) and
+ * cpu_gemm.c (the linear's SIMD kernels) share. */
 #ifndef DFLASH_BACKEND_CPU_INTERNAL_H
 #define DFLASH_BACKEND_CPU_INTERNAL_H
 
@@ -11,6 +12,24 @@ dflash_status cpu_copy(dflash_backend *be, void *dst, const void *src, size_t by
 dflash_status cpu_sync(dflash_backend *be);
 dflash_status cpu_weight_from_host(dflash_backend *be, dflash_weight *w, const void *host_data,
                                    const float *host_scales);
+
+/* Instruction sets the linear has kernels for, in increasing order. All
+ * give bit-identical results (cpu_gemm.c defines the summation order). */
+typedef enum dflash_cpu_isa {
+    DFLASH_CPU_ISA_PORTABLE = 0,
+    DFLASH_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA */
+    DFLASH_CPU_ISA_AVX512 = 2, /* AVX-512F */
+} dflash_cpu_isa;
+
+const char *dflash_cpu_isa_name(dflash_cpu_isa isa);
+/* The best set this machine runs. */
+dflash_cpu_isa dflash_cpu_isa_best(void);
+/* The set the backend uses: the best, or less if DFLASH_CPU_ISA
+ * (portable, avx2, avx512) asks for less. */
+dflash_cpu_isa dflash_cpu_isa_active(void);
+/* out[n, w->rows] = x[n, w->cols] . w^T with the given kernel set (capped
+ * at the machine's best); w's dtype must be checked by the caller. */
+dflash_status dflash_cpu_gemm(dflash_cpu_isa isa, const float *x, int n, const dflash_weight *w, float *out);
 
 extern const dflash_backend_ops dflash_cpu_ops_table;
 

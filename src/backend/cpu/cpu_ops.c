@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Below this many multiply-adds an op runs on one thread: waking a team
@@ -63,7 +64,8 @@ static dflash_status check_weight(const dflash_weight *w, const char *op)
 
 /* Dot product with 8 interleaved partial sums: a fixed summation order
  * (independent of any batch size) that the compiler can still vectorize. */
-static float dot_f32(const float *a, const float *b, int64_t n)
+/* always inlined: attention's clones get it in their own instruction set */
+static inline __attribute__((always_inline)) float dot_f32(const float *a, const float *b, int64_t n)
 {
     float acc[8] = { 0 };
     int64_t i = 0;
@@ -72,21 +74,6 @@ static float dot_f32(const float *a, const float *b, int64_t n)
             acc[j] += a[i + j] * b[i + j];
     for (; i < n; i++)
         acc[i & 7] += a[i] * b[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/* dot_f32 of a and the bf16 row w, widening on the fly in the same lane
- * order: bit-identical to widening the row first (the widening is exact),
- * without a pass over a row buffer. */
-static float dot_bf16(const float *a, const uint16_t *w, int64_t n)
-{
-    float acc[8] = { 0 };
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            acc[j] += a[i + j] * dflash_bf16_to_f32(w[i + j]);
-    for (; i < n; i++)
-        acc[i & 7] += a[i] * dflash_bf16_to_f32(w[i]);
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
@@ -144,28 +131,7 @@ static dflash_status cpu_linear(dflash_backend *be, const float *x, int n, const
 {
     (void)be;
     DFLASH_TRY(check_weight(w, "linear"));
-    const int64_t in = w->cols, outc = w->rows;
-    if (n == 1 && w->dtype == DFLASH_DTYPE_BF16) {
-        /* One-row decode: read each bf16 weight once, no row buffer. */
-#pragma omp parallel for schedule(static) if (in * outc > PAR_MIN_WORK)
-        for (int64_t c = 0; c < outc; c++)
-            out[c] = dot_bf16(x, (const uint16_t *)w->data + c * in, in);
-        return DFLASH_OK;
-    }
-    /* Parallel over output columns: each thread widens one weight row once
-     * and reuses it for every input row. */
-#pragma omp parallel if (n * in * outc > PAR_MIN_WORK)
-    {
-        float wrow[in]; /* one widened weight row per thread, on its stack */
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < outc; c++) {
-            weight_row_f32(w, c, wrow);
-            float s = w->dtype == DFLASH_DTYPE_F8_E4M3 ? w->scales[c] : 1.0f;
-            for (int i = 0; i < n; i++)
-                out[(int64_t)i * outc + c] = dot_f32(x + (int64_t)i * in, wrow, in) * s;
-        }
-    }
-    return DFLASH_OK;
+    return dflash_cpu_gemm(dflash_cpu_isa_active(), x, n, w, out);
 }
 
 static dflash_status cpu_norm_rope(dflash_backend *be, float *x, const dflash_weight *norm, const int32_t *pos,
@@ -224,7 +190,7 @@ static int kv_dtype_ok(const dflash_kv_layout *kv)
 
 /* Element index of K (which = 0) or V (1) of head `head`, dimension 0, at
  * `pos` in pool block `block` (layout in backend.h). */
-static int64_t kv_index(const dflash_kv_layout *kv, int block, int layer, int which, int head, int pos)
+static inline __attribute__((always_inline)) int64_t kv_index(const dflash_kv_layout *kv, int block, int layer, int which, int head, int pos)
 {
     int64_t page = (((int64_t)block * kv->n_layers + layer) * 2 + which) * kv->n_kv_heads + head;
     return (page * DFLASH_KV_BLOCK + pos % DFLASH_KV_BLOCK) * kv->head_dim;
@@ -264,7 +230,7 @@ static dflash_status cpu_kv_write(dflash_backend *be, const dflash_kv_layout *kv
 
 /* One key or value row as f32: from the pool in its dtype, or an extra row
  * (f32) rounded to the pool's dtype, as it would be if it were stored. */
-static const float *kv_row_f32(dflash_dtype dt, const void *src, int pooled, int D, float *buf)
+static inline __attribute__((always_inline)) const float *kv_row_f32(dflash_dtype dt, const void *src, int pooled, int D, float *buf)
 {
     if (dt != DFLASH_DTYPE_BF16)
         return src;
@@ -273,49 +239,122 @@ static const float *kv_row_f32(dflash_dtype dt, const void *src, int pooled, int
     return buf;
 }
 
-/* One (row, head): online softmax over the visible keys, paged keys first
- * (ascending position), then the extra keys (ascending). */
-static void attend_one(const dflash_attn_args *a, int i, int h, float *acc)
+/* Key or value row `which` (0 K, 1 V) of kv head kvh at key position kp:
+ * paged (pass 0, pool block from the block table) or extra (pass 1, its
+ * index t), as f32 (bf16 rows are widened into buf). */
+static inline __attribute__((always_inline)) const float *attn_row(const dflash_attn_args *a, int i, int pass, int t, int kp, int which, int kvh,
+                             float *buf)
 {
-    const int D = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h / group;
-    const int64_t kv_row = (int64_t)a->n_kv_heads * D;
+    const int D = a->head_dim;
     const dflash_dtype kdt = a->kv ? a->kv->dtype : DFLASH_DTYPE_F32; /* no pool: extra keys only */
-    const size_t es = dflash_dtype_size(kdt);
-    const float *q = a->q + ((int64_t)i * a->n_heads + h) * D;
+    if (pass == 0) {
+        int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
+        const char *base = a->kv->data;
+        return kv_row_f32(kdt, base + kv_index(a->kv, blk, a->layer, which, kvh, kp) * dflash_dtype_size(kdt), 1,
+                          D, buf);
+    }
     const int32_t *si = a->seq_info + (int64_t)a->row_seq[i] * DFLASH_SEQ_INFO_LEN;
-    const int qp = a->q_pos[i];
-    float m = -INFINITY, l = 0.0f, kbuf[D], vbuf[D];
-    memset(acc, 0, (size_t)D * sizeof(float));
+    const float *src = which ? a->v_extra : a->k_extra;
+    return kv_row_f32(kdt, src + (si[2] + t) * (int64_t)a->n_kv_heads * D + kvh * D, 0, D, buf);
+}
+
+/* Ask for the paged row of position kp early: rows are contiguous only
+ * within a 16-position page, and the hardware prefetcher does not follow
+ * a walk onto the next page, so without this every key waits on memory. */
+static inline __attribute__((always_inline)) void attn_prefetch(const dflash_attn_args *a, int i, int kp, int which,
+                                                                int kvh)
+{
+    int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
+    const size_t es = dflash_dtype_size(a->kv->dtype);
+    const char *row = (const char *)a->kv->data + kv_index(a->kv, blk, a->layer, which, kvh, kp) * es;
+    for (size_t off = 0; off < (size_t)a->head_dim * es; off += 64)
+        __builtin_prefetch(row + off);
+}
+
+/* Queries one attention task handles together: they share every key and
+ * value row load. */
+#define ATTN_TASK_QUERIES 16
+/* Keys ahead that attn_prefetch asks for. */
+#define ATTN_PREFETCH 4
+
+/* A task: rows [r0, r1) of one sequence (consecutive: rows are
+ * sequence-major) and the query heads of kv head kvh. Per query, softmax in
+ * three passes over its visible keys in a fixed order (paged keys by
+ * ascending position, then the extra keys): scores (kept in sc) and their
+ * maximum; exponentials and their sum; the weighted sum of the values,
+ * divided by the sum at the end. A query's result depends only on its own
+ * keys in that order, never on which other queries share the task, so a
+ * row computes the same bits in a 1-row decode and a 16-row verify.
+ * Compiled for several instruction sets (target_clones): without
+ * contraction or reassociation the vector code computes exactly what the
+ * scalar code does, so every clone gives the same bits. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void attend_task(const dflash_attn_args *a,
+                                                                                     int r0, int r1, int kvh,
+                                                                                     int max_keys, float *sc)
+{
+    const int D = a->head_dim, G = a->n_heads / a->n_kv_heads, nq = (r1 - r0) * G;
+    const int32_t *si = a->seq_info + (int64_t)a->row_seq[r0] * DFLASH_SEQ_INFO_LEN;
+    float m[ATTN_TASK_QUERIES], l[ATTN_TASK_QUERIES], acc[ATTN_TASK_QUERIES][D], buf[D];
+    int n[ATTN_TASK_QUERIES];
+    for (int qi = 0; qi < nq; qi++) {
+        m[qi] = -INFINITY;
+        l[qi] = 0.0f;
+        n[qi] = 0;
+        memset(acc[qi], 0, (size_t)D * sizeof(float));
+    }
+    /* query qi: row r0 + qi / G, head kvh * G + qi % G */
+#define QROW(qi) (r0 + (qi) / G)
+#define VISIBLE(qi, kp)                                                                                        \
+    (!(a->causal && (kp) > a->q_pos[QROW(qi)]) && !(a->window > 0 && a->q_pos[QROW(qi)] - (kp) >= a->window))
     for (int pass = 0; pass < 2; pass++) {
         int lo = pass == 0 ? si[0] : 0, hi = pass == 0 ? si[1] : si[3];
         for (int t = lo; t < hi; t++) {
-            int kp = pass == 0 ? t : si[4] + t;
-            if (a->causal && kp > qp)
-                continue;
-            if (a->window > 0 && qp - kp >= a->window)
-                continue;
-            const float *k, *v;
-            if (pass == 0) {
-                int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
-                const char *base = a->kv->data;
-                k = kv_row_f32(kdt, base + kv_index(a->kv, blk, a->layer, 0, kvh, kp) * es, 1, D, kbuf);
-                v = kv_row_f32(kdt, base + kv_index(a->kv, blk, a->layer, 1, kvh, kp) * es, 1, D, vbuf);
-            } else {
-                k = kv_row_f32(kdt, a->k_extra + (si[2] + t) * kv_row + kvh * D, 0, D, kbuf);
-                v = kv_row_f32(kdt, a->v_extra + (si[2] + t) * kv_row + kvh * D, 0, D, vbuf);
+            const int kp = pass == 0 ? t : si[4] + t;
+            if (pass == 0 && t + ATTN_PREFETCH < hi)
+                attn_prefetch(a, r0, kp + ATTN_PREFETCH, 0, kvh);
+            const float *k = attn_row(a, r0, pass, t, kp, 0, kvh, buf);
+            for (int qi = 0; qi < nq; qi++) {
+                if (!VISIBLE(qi, kp))
+                    continue;
+                const float *q = a->q + ((int64_t)QROW(qi) * a->n_heads + kvh * G + qi % G) * D;
+                float s = dot_f32(q, k, D) * a->scale;
+                sc[(int64_t)qi * max_keys + n[qi]++] = s;
+                m[qi] = s > m[qi] ? s : m[qi];
             }
-            float s = dot_f32(q, k, D) * a->scale;
-            float m_new = s > m ? s : m;
-            float corr = expf(m - m_new), p = expf(s - m_new);
-            l = l * corr + p;
-            for (int d = 0; d < D; d++)
-                acc[d] = acc[d] * corr + p * v[d];
-            m = m_new;
         }
     }
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int d = 0; d < D; d++)
-        acc[d] *= inv;
+    for (int qi = 0; qi < nq; qi++) {
+        float *row = sc + (int64_t)qi * max_keys;
+        for (int j = 0; j < n[qi]; j++) {
+            row[j] = expf(row[j] - m[qi]);
+            l[qi] += row[j];
+        }
+        n[qi] = 0; /* reused as the read index below */
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        int lo = pass == 0 ? si[0] : 0, hi = pass == 0 ? si[1] : si[3];
+        for (int t = lo; t < hi; t++) {
+            const int kp = pass == 0 ? t : si[4] + t;
+            if (pass == 0 && t + ATTN_PREFETCH < hi)
+                attn_prefetch(a, r0, kp + ATTN_PREFETCH, 1, kvh);
+            const float *v = attn_row(a, r0, pass, t, kp, 1, kvh, buf);
+            for (int qi = 0; qi < nq; qi++) {
+                if (!VISIBLE(qi, kp))
+                    continue;
+                const float p = sc[(int64_t)qi * max_keys + n[qi]++];
+                for (int d = 0; d < D; d++)
+                    acc[qi][d] += p * v[d];
+            }
+        }
+    }
+    for (int qi = 0; qi < nq; qi++) {
+        float *out = a->out + ((int64_t)QROW(qi) * a->n_heads + kvh * G + qi % G) * D;
+        const float inv = l[qi] > 0.0f ? 1.0f / l[qi] : 0.0f; /* no visible key: zeros */
+        for (int d = 0; d < D; d++)
+            out[d] = acc[qi][d] * inv;
+    }
+#undef VISIBLE
+#undef QROW
 }
 
 static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a)
@@ -324,19 +363,47 @@ static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a
     if (a->n_heads % a->n_kv_heads != 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: %d heads not a multiple of %d kv heads",
                            a->n_heads, a->n_kv_heads);
+    const int G = a->n_heads / a->n_kv_heads;
+    if (G > ATTN_TASK_QUERIES)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "attention: %d query heads per kv head (at most %d)", G,
+                           ATTN_TASK_QUERIES);
     if (a->kv && !kv_dtype_ok(a->kv))
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "attention: KV pool dtype %s (F32 or BF16)",
                            dflash_dtype_name(a->kv->dtype));
-    /* Work: rows x heads x visible keys x head_dim (keys bounded by hi). */
+    /* Tasks: runs of at most ATTN_TASK_QUERIES / G consecutive rows of one
+     * sequence, times the kv heads. Work: rows x heads x keys x head_dim;
+     * the score buffer holds the most keys one row can see, per query. */
+    const int rows_per_task = ATTN_TASK_QUERIES / G;
+    int n_runs = 0, run0[a->n_rows + 1];
     int64_t keys = 0;
+    int max_keys = 1;
     for (int i = 0; i < a->n_rows; i++) {
         const int32_t *si = a->seq_info + (int64_t)a->row_seq[i] * DFLASH_SEQ_INFO_LEN;
-        keys += si[1] - si[0] + si[3];
+        int nk = si[1] - si[0] + si[3];
+        keys += nk;
+        max_keys = nk > max_keys ? nk : max_keys;
+        if (i == 0 || a->row_seq[i] != a->row_seq[i - 1] || i - run0[n_runs - 1] == rows_per_task)
+            run0[n_runs++] = i;
     }
-#pragma omp parallel for collapse(2) schedule(static) if (keys * a->n_heads * a->head_dim > PAR_MIN_WORK)
-    for (int i = 0; i < a->n_rows; i++)
-        for (int h = 0; h < a->n_heads; h++)
-            attend_one(a, i, h, a->out + ((int64_t)i * a->n_heads + h) * a->head_dim);
+    run0[n_runs] = a->n_rows;
+    int oom = 0;
+#pragma omp parallel if (keys * a->n_heads * a->head_dim > PAR_MIN_WORK)
+    {
+        float *sc = malloc((size_t)ATTN_TASK_QUERIES * (size_t)max_keys * sizeof(float));
+        if (!sc) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for collapse(2) schedule(static)
+        for (int t = 0; t < n_runs; t++)
+            for (int h = 0; h < a->n_kv_heads; h++)
+                if (sc)
+                    attend_task(a, run0[t], run0[t + 1], h, max_keys, sc);
+        free(sc);
+    }
+    if (oom)
+        return dflash_fail(DFLASH_ERR_OOM, "attention: out of memory for %d x %d scores", ATTN_TASK_QUERIES,
+                           max_keys);
     return DFLASH_OK;
 }
 

@@ -1,0 +1,394 @@
+/* cpu_gemm.c: the CPU linear (out[n, rows(w)] = x[n, cols(w)] . w^T), with
+ * SIMD kernels chosen at run time and one summation order for all of them.
+ *
+ * The order (the definition every kernel reproduces bit for bit): output
+ * (i, c) keeps 8 partial sums; lane j accumulates x[i][k] * w[c][k] for the
+ * k = j (mod 8), in ascending k, each step one fused multiply-add (fmaf);
+ * the lanes are then added as ((0+1)+(2+3))+((4+5)+(6+7)) and the result
+ * multiplied by the row's scale (fp8 weights; 1 otherwise). The order
+ * depends only on K, never on how many rows share the call or which rows
+ * a thread holds: that is what keeps speculative output (16-row verify)
+ * bit-identical to plain decoding (1-row decode). Weight widening (bf16,
+ * f16, fp8 to f32) is exact, so where it happens does not matter.
+ *
+ * Kernels: portable C (fmaf; fast where the compiler has a hardware fma),
+ * AVX2+FMA (one 8-lane register is exactly the 8 partial sums), and
+ * AVX-512 (two output columns per 16-lane register, so again 8 lanes per
+ * output). The fast ones work on register tiles of up to 4 rows x 3
+ * columns (AVX2) or 4 rows x 6 columns (AVX-512), reading each weight
+ * once per tile for all its rows: a 16-row call costs far less than 16
+ * one-row calls. Output columns are split among threads in chunks whose
+ * weights stay in the L2 cache while every row tile walks them. */
+#include "backend/cpu/cpu_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GEMM_X86 1
+#else
+#define GEMM_X86 0
+#endif
+
+/* Below this many multiply-adds a call runs on one thread: waking a team
+ * costs more than the work. */
+#define GEMM_PAR_MIN (1 << 22)
+/* Weight bytes per thread chunk: about half of a 1 MiB L2. */
+#define GEMM_CHUNK_BYTES (384 * 1024)
+
+static float lanes_sum(const float l[8])
+{
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* Widen n elements of weight row r (exact) into dst. */
+static void widen_row(const dflash_weight *w, int64_t r, int64_t n, float *dst)
+{
+    const int64_t K = w->cols;
+    switch (w->dtype) {
+    case DFLASH_DTYPE_BF16: {
+        const uint16_t *s = (const uint16_t *)w->data + r * K;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = dflash_bf16_to_f32(s[i]);
+        break;
+    }
+    case DFLASH_DTYPE_F16: {
+        const uint16_t *s = (const uint16_t *)w->data + r * K;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = dflash_f16_to_f32(s[i]);
+        break;
+    }
+    case DFLASH_DTYPE_F8_E4M3: {
+        const uint8_t *s = (const uint8_t *)w->data + r * K;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = dflash_fp8e4m3_to_f32(s[i]);
+        break;
+    }
+    default: /* F32 (dtypes are checked by the caller) */
+        memcpy(dst, (const float *)w->data + r * K, (size_t)n * sizeof(float));
+    }
+}
+
+static float row_scale(const dflash_weight *w, int64_t c)
+{
+    return w->dtype == DFLASH_DTYPE_F8_E4M3 ? w->scales[c] : 1.0f;
+}
+
+/* ---- portable: the definition, written out ---- */
+
+static void gemm_portable(const float *x, int n, const dflash_weight *w, float *out, int64_t c0, int64_t c1,
+                          float *wr)
+{
+    const int64_t K = w->cols, N = w->rows;
+    for (int64_t c = c0; c < c1; c++) {
+        widen_row(w, c, K, wr);
+        for (int i = 0; i < n; i++) {
+            const float *xr = x + (int64_t)i * K;
+            float l[8] = { 0 };
+            for (int64_t k = 0; k < K; k++)
+                l[k & 7] = fmaf(xr[k], wr[k], l[k & 7]);
+            out[(int64_t)i * N + c] = lanes_sum(l) * row_scale(w, c);
+        }
+    }
+}
+
+#if GEMM_X86
+
+/* A register tile: R rows of x (row stride ldx floats) against C weight
+ * rows, f32 (bf16 == 0) or bf16 (bf16 == 1), row stride ldw elements; K
+ * common. Results go to out[r * ldo + c] times scale[c]. Always inlined
+ * with constant R, C, bf16, so the accumulators live in registers. */
+#define TILE_ATTR static inline __attribute__((always_inline, target("avx2,fma")))
+
+TILE_ATTR __m256 avx2_load_w(const void *w, int64_t at, int bf16)
+{
+    if (bf16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + at));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)w + at);
+}
+
+TILE_ATTR float w_at(const void *w, int64_t at, int bf16)
+{
+    return bf16 ? dflash_bf16_to_f32(((const uint16_t *)w)[at]) : ((const float *)w)[at];
+}
+
+TILE_ATTR void avx2_tile(const int R, const int C, const int bf16, const float *x, int64_t ldx, const void *w,
+                         int64_t ldw, int64_t K, float *out, int64_t ldo, const float *scale)
+{
+    __m256 acc[4][3];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv[3];
+        for (int c = 0; c < C; c++)
+            wv[c] = avx2_load_w(w, c * ldw + k, bf16);
+        for (int r = 0; r < R; r++) {
+            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+            for (int c = 0; c < C; c++)
+                acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float l[8];
+            _mm256_storeu_ps(l, acc[r][c]);
+            for (int64_t t = k; t < K; t++)
+                l[t & 7] = fmaf(x[r * ldx + t], w_at(w, c * ldw + t, bf16), l[t & 7]);
+            out[r * ldo + c] = lanes_sum(l) * scale[c];
+        }
+}
+
+/* Dispatch a runtime (R <= 4, C <= 3) to its inlined instance. */
+#define AVX2_CASE(R_, C_)                                                                                        \
+    case (R_) * 4 + (C_):                                                                                        \
+        if (bf16)                                                                                                \
+            avx2_tile(R_, C_, 1, x, ldx, w, ldw, K, out, ldo, scale);                                            \
+        else                                                                                                     \
+            avx2_tile(R_, C_, 0, x, ldx, w, ldw, K, out, ldo, scale);                                            \
+        break;
+
+__attribute__((target("avx2,fma"))) static void avx2_tile_any(int R, int C, int bf16, const float *x,
+                                                               int64_t ldx, const void *w, int64_t ldw, int64_t K,
+                                                               float *out, int64_t ldo, const float *scale)
+{
+    switch (R * 4 + C) {
+        AVX2_CASE(1, 1) AVX2_CASE(1, 2) AVX2_CASE(1, 3)
+        AVX2_CASE(2, 1) AVX2_CASE(2, 2) AVX2_CASE(2, 3)
+        AVX2_CASE(3, 1) AVX2_CASE(3, 2) AVX2_CASE(3, 3)
+        AVX2_CASE(4, 1) AVX2_CASE(4, 2) AVX2_CASE(4, 3)
+    default:
+        break;
+    }
+}
+
+/* AVX-512: a 16-lane register holds the 8 partial sums of two output
+ * columns (low half column c, high half column c + 1), against x's 8
+ * elements broadcast to both halves. */
+#define TILE512_ATTR static inline __attribute__((always_inline, target("avx512f,avx2,fma")))
+
+TILE512_ATTR __m512 avx512_load_w2(const void *w, int64_t at0, int64_t at1, int bf16)
+{
+    if (bf16) {
+        __m128i lo = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + at0));
+        __m128i hi = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + at1));
+        __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    __m256d lo = _mm256_castps_pd(_mm256_loadu_ps((const float *)w + at0));
+    __m256d hi = _mm256_castps_pd(_mm256_loadu_ps((const float *)w + at1));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1));
+}
+
+/* R rows x C2 column pairs. */
+TILE512_ATTR void avx512_tile(const int R, const int C2, const int bf16, const float *x, int64_t ldx,
+                              const void *w, int64_t ldw, int64_t K, float *out, int64_t ldo, const float *scale)
+{
+    __m512 acc[4][3];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C2; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m512 wv[3];
+        for (int c = 0; c < C2; c++)
+            wv[c] = avx512_load_w2(w, 2 * c * ldw + k, (2 * c + 1) * ldw + k, bf16);
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(x + r * ldx + k))));
+            for (int c = 0; c < C2; c++)
+                acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C2; c++) {
+            float l[16];
+            _mm512_storeu_ps(l, acc[r][c]);
+            for (int h = 0; h < 2; h++) {
+                const int64_t col = 2 * c + h;
+                for (int64_t t = k; t < K; t++)
+                    l[8 * h + (t & 7)] = fmaf(x[r * ldx + t], w_at(w, col * ldw + t, bf16), l[8 * h + (t & 7)]);
+                out[r * ldo + col] = lanes_sum(l + 8 * h) * scale[col];
+            }
+        }
+}
+
+#define AVX512_CASE(R_, C2_)                                                                                     \
+    case (R_) * 4 + (C2_):                                                                                       \
+        if (bf16)                                                                                                \
+            avx512_tile(R_, C2_, 1, x, ldx, w, ldw, K, out, ldo, scale);                                         \
+        else                                                                                                     \
+            avx512_tile(R_, C2_, 0, x, ldx, w, ldw, K, out, ldo, scale);                                         \
+        break;
+
+/* C columns (<= 6): pairs through the 16-lane tile, an odd last column
+ * through the AVX2 one (same order either way). */
+__attribute__((target("avx512f,avx2,fma"))) static void avx512_tile_any(int R, int C, int bf16, const float *x,
+                                                                         int64_t ldx, const void *w, int64_t ldw,
+                                                                         int64_t K, float *out, int64_t ldo,
+                                                                         const float *scale)
+{
+    switch (R * 4 + C / 2) {
+        AVX512_CASE(1, 1) AVX512_CASE(1, 2) AVX512_CASE(1, 3)
+        AVX512_CASE(2, 1) AVX512_CASE(2, 2) AVX512_CASE(2, 3)
+        AVX512_CASE(3, 1) AVX512_CASE(3, 2) AVX512_CASE(3, 3)
+        AVX512_CASE(4, 1) AVX512_CASE(4, 2) AVX512_CASE(4, 3)
+    default:
+        break;
+    }
+    if (C & 1) {
+        const int64_t last = C - 1;
+        const size_t es = bf16 ? 2 : 4;
+        avx2_tile_any(R, 1, bf16, x, ldx, (const char *)w + (size_t)(last * ldw) * es, ldw, K, out + last, ldo,
+                      scale + last);
+    }
+}
+
+#endif /* GEMM_X86 */
+
+typedef void (*tile_fn)(int R, int C, int bf16, const float *x, int64_t ldx, const void *w, int64_t ldw,
+                        int64_t K, float *out, int64_t ldo, const float *scale);
+
+/* Columns c0..c1 for all rows with a tile kernel: chunks of columns whose
+ * weights stay in cache while every row tile of up to 4 rows walks them.
+ * bf16 and f32 weights are read in place; f16 and fp8 are widened per
+ * tile into wbuf ([max_c, K] f32), once for all rows of the tile. */
+static void gemm_tiles(tile_fn tile, int max_c, const float *x, int n, const dflash_weight *w, float *out,
+                       int64_t c0, int64_t c1, int64_t chunk, float *wbuf)
+{
+    const int64_t K = w->cols, N = w->rows;
+    const int in_place = w->dtype == DFLASH_DTYPE_BF16 || w->dtype == DFLASH_DTYPE_F32;
+    const int bf16 = w->dtype == DFLASH_DTYPE_BF16;
+    const size_t es = dflash_dtype_size(w->dtype);
+    float ones[6] = { 1, 1, 1, 1, 1, 1 }, sc[6];
+    for (int64_t cc = c0; cc < c1; cc += chunk) {
+        const int64_t ce = cc + chunk < c1 ? cc + chunk : c1;
+        for (int i = 0; i < n; i += 4) {
+            const int R = n - i < 4 ? n - i : 4;
+            for (int64_t c = cc; c < ce; c += max_c) {
+                const int C = ce - c < max_c ? (int)(ce - c) : max_c;
+                const float *scale = ones;
+                if (w->dtype == DFLASH_DTYPE_F8_E4M3) {
+                    for (int j = 0; j < C; j++)
+                        sc[j] = w->scales[c + j];
+                    scale = sc;
+                }
+                if (in_place) {
+                    tile(R, C, bf16, x + (int64_t)i * K, K, (const char *)w->data + (size_t)(c * K) * es, K, K,
+                         out + (int64_t)i * N + c, N, scale);
+                } else {
+                    for (int j = 0; j < C; j++)
+                        widen_row(w, c + j, K, wbuf + j * K);
+                    tile(R, C, 0, x + (int64_t)i * K, K, wbuf, K, K, out + (int64_t)i * N + c, N, scale);
+                }
+            }
+        }
+    }
+}
+
+static dflash_cpu_isa isa_detect(void)
+{
+#if GEMM_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return DFLASH_CPU_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return DFLASH_CPU_ISA_AVX2;
+#endif
+    return DFLASH_CPU_ISA_PORTABLE;
+}
+
+static const char *const isa_names[] = { "portable", "avx2", "avx512" };
+
+const char *dflash_cpu_isa_name(dflash_cpu_isa isa)
+{
+    return isa >= 0 && isa <= DFLASH_CPU_ISA_AVX512 ? isa_names[isa] : "?";
+}
+
+dflash_cpu_isa dflash_cpu_isa_best(void)
+{
+    static dflash_cpu_isa best = (dflash_cpu_isa)-1;
+    if ((int)best < 0) /* a benign race: every thread computes the same value */
+        best = isa_detect();
+    return best;
+}
+
+dflash_cpu_isa dflash_cpu_isa_active(void)
+{
+    static dflash_cpu_isa active = (dflash_cpu_isa)-1;
+    if ((int)active >= 0)
+        return active;
+    dflash_cpu_isa best = dflash_cpu_isa_best(), want = best;
+    const char *env = getenv("DFLASH_CPU_ISA");
+    if (env && *env) {
+        for (int i = 0; i <= DFLASH_CPU_ISA_AVX512; i++)
+            if (!strcasecmp(env, isa_names[i]))
+                want = (dflash_cpu_isa)i;
+        if (want > best) /* asked for more than the machine has */
+            want = best;
+    }
+    active = want;
+    return active;
+}
+
+dflash_status dflash_cpu_gemm(dflash_cpu_isa isa, const float *x, int n, const dflash_weight *w, float *out)
+{
+    const int64_t K = w->cols, N = w->rows;
+    if (isa > dflash_cpu_isa_best())
+        isa = dflash_cpu_isa_best();
+    if (n <= 0 || N <= 0)
+        return DFLASH_OK;
+    tile_fn tile = NULL;
+    int max_c = 1;
+#if GEMM_X86
+    if (isa == DFLASH_CPU_ISA_AVX512) {
+        tile = avx512_tile_any;
+        max_c = 6;
+    } else if (isa == DFLASH_CPU_ISA_AVX2) {
+        tile = avx2_tile_any;
+        max_c = 3;
+    }
+#endif
+    const int par = (int64_t)n * K * N > GEMM_PAR_MIN;
+    /* a widened weight buffer: per row (portable) or per tile (f16, fp8) */
+    const int need_buf = !tile || (w->dtype != DFLASH_DTYPE_BF16 && w->dtype != DFLASH_DTYPE_F32);
+    dflash_status st = DFLASH_OK;
+#pragma omp parallel if (par)
+    {
+        float *wbuf = need_buf ? malloc((size_t)max_c * (size_t)K * sizeof(float)) : NULL;
+        if (need_buf && !wbuf) {
+#pragma omp atomic write
+            st = DFLASH_ERR_OOM;
+        }
+        /* One contiguous column range per thread, cut into cache chunks. */
+        int nt = 1, t = 0;
+#ifdef _OPENMP
+        nt = omp_get_num_threads();
+        t = omp_get_thread_num();
+#endif
+        int64_t per = (N + nt - 1) / nt;
+        per = (per + max_c - 1) / max_c * max_c;
+        const int64_t c0 = t * per < N ? t * per : N, c1 = c0 + per < N ? c0 + per : N;
+        if (c0 < c1 && (!need_buf || wbuf)) {
+            if (!tile) {
+                gemm_portable(x, n, w, out, c0, c1, wbuf);
+            } else {
+                int64_t chunk = GEMM_CHUNK_BYTES / ((int64_t)K * (int64_t)dflash_dtype_size(w->dtype) + 1);
+                chunk = chunk < max_c ? max_c : chunk / max_c * max_c;
+                gemm_tiles(tile, max_c, x, n, w, out, c0, c1, chunk, wbuf);
+            }
+        }
+        free(wbuf);
+    }
+    if (st != DFLASH_OK)
+        return dflash_fail(st, "cpu linear: out of memory for a %lld-element weight buffer", (long long)K);
+    return DFLASH_OK;
+}

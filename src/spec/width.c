@@ -1,0 +1,138 @@
+/* width.c: the cost-aware block width (the model is described in width.h). */
+#include "spec/width.h"
+
+#include <string.h>
+
+/* Per-step decay of the acceptance counts and of the time lines: about the
+ * last 30 steps count. */
+#define ACCEPT_DECAY 0.97
+#define TIME_DECAY 0.95
+/* Every this many steps, one tries a width next to the chosen one. */
+#define EXPLORE_EVERY 8
+
+void dflash_width_init(dflash_width *m, int max_drafts)
+{
+    memset(m, 0, sizeof *m);
+    if (max_drafts > DFLASH_WIDTH_MAX - 1)
+        max_drafts = DFLASH_WIDTH_MAX - 1;
+    m->max_drafts = max_drafts < 0 ? 0 : max_drafts;
+    m->last_k = -1;
+}
+
+static void line_add(dflash_width_line *l, double x, double y)
+{
+    l->w = l->w * TIME_DECAY + 1.0;
+    l->sx = l->sx * TIME_DECAY + x;
+    l->sy = l->sy * TIME_DECAY + y;
+    l->sxx = l->sxx * TIME_DECAY + x * x;
+    l->sxy = l->sxy * TIME_DECAY + x * y;
+}
+
+/* The line at x. With points at one x only, time is taken as proportional
+ * to x (the pessimistic reading); with none, -1. */
+static double line_at(const dflash_width_line *l, double x)
+{
+    if (l->w <= 0)
+        return -1.0;
+    const double mx = l->sx / l->w, my = l->sy / l->w;
+    const double var = l->sxx / l->w - mx * mx;
+    double t;
+    if (var < 1e-6 * (mx * mx + 1.0))
+        t = mx > 0 ? my * x / mx : my;
+    else {
+        const double b = (l->sxy / l->w - mx * my) / var;
+        t = my + b * (x - mx);
+    }
+    /* a line fitted to noisy times can dip below zero far from its points */
+    const double floor = 0.05 * (my > 0 ? my : 0);
+    return t > floor ? t : floor;
+}
+
+/* alpha_j (1-based j): decayed counts with a Beta(1, 1) prior; a position
+ * not reached lately takes the rate of the one before it. */
+static double alpha(const dflash_width *m, int j, double prev)
+{
+    const double r = m->reached[j - 1], a = m->accepted[j - 1];
+    if (r < 0.5)
+        return j == 1 ? 0.5 : prev;
+    return (a + 1.0) / (r + 2.0);
+}
+
+double dflash_width_expected_tokens(const dflash_width *m, int k)
+{
+    double e = 1.0, run = 1.0, prev = 0.5;
+    for (int j = 1; j <= k && j <= m->max_drafts; j++) {
+        prev = alpha(m, j, prev);
+        run *= prev;
+        e += run;
+    }
+    return e;
+}
+
+double dflash_width_cost_ms(const dflash_width *m, int k)
+{
+    double v = line_at(&m->verify, k + 1.0);
+    double p = k > 0 ? line_at(&m->propose, (double)k) : 0.0;
+    if (v < 0)
+        v = 1.0; /* nothing measured yet: only ratios matter, and the first steps explore */
+    if (p < 0)
+        p = v * k / (k + 1.0);
+    return v + p;
+}
+
+int dflash_width_choose(dflash_width *m, int limit)
+{
+    int hi = limit < m->max_drafts ? limit : m->max_drafts;
+    if (hi <= 0)
+        return 0;
+    int k;
+    /* The first steps place points on both lines: full width, one draft,
+     * half width. */
+    if (m->steps == 0)
+        k = hi;
+    else if (m->steps == 1)
+        k = 1;
+    else if (m->steps == 2)
+        k = (hi + 1) / 2;
+    else {
+        double best = -1;
+        k = 0;
+        for (int c = 0; c <= hi; c++) {
+            double rate = dflash_width_expected_tokens(m, c) / dflash_width_cost_ms(m, c);
+            if (rate > best) {
+                best = rate;
+                k = c;
+            }
+        }
+        /* Now and then a neighbour, alternating sides, so the acceptance
+         * of the next position and the time lines stay current. */
+        if (m->steps % EXPLORE_EVERY == 0) {
+            int up = (m->steps / EXPLORE_EVERY) % 2 == 0 || k == 0;
+            k = up ? (k < hi ? k + 1 : k - 1) : k - 1;
+        }
+    }
+    if (k < 0)
+        k = 0;
+    if (k > hi)
+        k = hi;
+    m->last_k = k;
+    return k;
+}
+
+void dflash_width_observe(dflash_width *m, int k, int a, double verify_ms, double propose_ms)
+{
+    for (int j = 0; j < m->max_drafts; j++) {
+        m->reached[j] *= ACCEPT_DECAY;
+        m->accepted[j] *= ACCEPT_DECAY;
+    }
+    for (int j = 1; j <= k && j <= m->max_drafts; j++) {
+        if (j - 1 > a)
+            break; /* draft j - 1 was rejected: j was not reached */
+        m->reached[j - 1] += 1.0;
+        m->accepted[j - 1] += j <= a;
+    }
+    line_add(&m->verify, k + 1.0, verify_ms);
+    if (k > 0)
+        line_add(&m->propose, (double)k, propose_ms);
+    m->steps++;
+}

@@ -1,0 +1,139 @@
+/* test_width.c: the cost-aware block width on synthetic devices. A
+ * simulated loop feeds the model the times a device would take and
+ * acceptances drawn at a fixed rate; the widths it settles on must be the
+ * ones that maximise expected tokens per second for that device, computed
+ * here by brute force from the true costs and rates. */
+#include "harness.h"
+
+#include "spec/width.h"
+
+static unsigned rng = 99;
+
+static double urand(void)
+{
+    rng = rng * 1103515245u + 12345u;
+    return ((rng >> 8) & 0xffffff) / 16777216.0;
+}
+
+/* A device: verify(r rows) = v0 + v1 * r, propose(k) = p0 + p1 * k (ms);
+ * every draft accepted with probability `alpha` given the ones before. */
+typedef struct device {
+    double v0, v1, p0, p1, alpha;
+} device;
+
+static double true_rate(const device *d, int k)
+{
+    double e = 1, run = 1;
+    for (int j = 1; j <= k; j++) {
+        run *= d->alpha;
+        e += run;
+    }
+    double cost = d->v0 + d->v1 * (k + 1) + (k ? d->p0 + d->p1 * k : 0);
+    return e / cost;
+}
+
+static int best_width(const device *d, int max_k)
+{
+    int best = 0;
+    for (int k = 1; k <= max_k; k++)
+        if (true_rate(d, k) > true_rate(d, best))
+            best = k;
+    return best;
+}
+
+/* Run `steps` steps; return the most frequent width of the last half. */
+static int settle(const device *d, int max_k, int steps, double noise)
+{
+    dflash_width m;
+    dflash_width_init(&m, max_k);
+    int hist[DFLASH_WIDTH_MAX] = { 0 };
+    for (int s = 0; s < steps; s++) {
+        int k = dflash_width_choose(&m, max_k);
+        CHECK(k >= 0 && k <= max_k);
+        int a = 0;
+        while (a < k && urand() < d->alpha)
+            a++;
+        double jitter = 1.0 + noise * (urand() - 0.5);
+        dflash_width_observe(&m, k, a, (d->v0 + d->v1 * (k + 1)) * jitter, k ? (d->p0 + d->p1 * k) * jitter : 0);
+        if (s >= steps / 2)
+            hist[k]++;
+    }
+    int mode = 0;
+    for (int k = 1; k <= max_k; k++)
+        if (hist[k] > hist[mode])
+            mode = k;
+    return mode;
+}
+
+static void check_device(const char *name, device d, int max_k)
+{
+    int want = best_width(&d, max_k), got = settle(&d, max_k, 400, 0.2);
+    /* A neighbour of the optimum is within a few percent of it; accept it
+     * only if its true rate is that close. */
+    double loss = 1.0 - true_rate(&d, got) / true_rate(&d, want);
+    printf("  %-40s best %2d, chosen %2d (rate %.1f%% below the best)\n", name, want, got, 100 * loss);
+    CHECKF(loss < 0.03, "%s: chose %d, best %d (%.1f%% slower)", name, got, want, 100 * loss);
+}
+
+static void test_widths_follow_the_device(void)
+{
+    /* A GPU at published geometries: verify nearly flat in rows, propose a
+     * fraction of a verify (the measured H200 numbers: decode 5.85 ms,
+     * 16-row verify 7.65 ms, propose 1.2 ms), paper-like acceptance. */
+    check_device("flat verify, high acceptance", (device){ 5.73, 0.12, 1.1, 0.01, 0.85 }, 15);
+    /* A CPU where rows cost nearly in proportion: plain decoding wins. */
+    check_device("proportional verify, low acceptance", (device){ 0.05, 0.5, 0.1, 0.3, 0.5 }, 15);
+    /* In between: a few drafts. */
+    check_device("mid cost, mid acceptance", (device){ 0.5, 0.1, 0.3, 0.05, 0.7 }, 15);
+    /* No drafts pay at all when every draft is rejected. */
+    check_device("acceptance 0", (device){ 1.0, 0.01, 0.1, 0.01, 0.0 }, 7);
+}
+
+static void test_first_steps_and_limits(void)
+{
+    dflash_width m;
+    dflash_width_init(&m, 15);
+    CHECK(dflash_width_choose(&m, 15) == 15); /* full width first */
+    dflash_width_observe(&m, 15, 3, 2.0, 1.0);
+    CHECK(dflash_width_choose(&m, 15) == 1); /* then one draft */
+    dflash_width_observe(&m, 1, 1, 1.0, 0.5);
+    CHECK(dflash_width_choose(&m, 15) == 8); /* then half */
+    dflash_width_observe(&m, 8, 0, 1.5, 0.7);
+    for (int s = 0; s < 50; s++) {
+        int k = dflash_width_choose(&m, 3);
+        CHECK(k >= 0 && k <= 3); /* never past the tokens left */
+        dflash_width_observe(&m, k, 0, 1.0, 0.5);
+    }
+    CHECK(dflash_width_choose(&m, 0) == 0);
+    dflash_width z;
+    dflash_width_init(&z, 0); /* no proposer: always plain */
+    CHECK(dflash_width_choose(&z, 10) == 0);
+}
+
+static void test_expected_tokens(void)
+{
+    dflash_width m;
+    dflash_width_init(&m, 4);
+    /* Nothing seen: Beta(1, 1) for position 1, later positions borrow it. */
+    CHECK(fabs(dflash_width_expected_tokens(&m, 0) - 1.0) < 1e-12);
+    CHECK(fabs(dflash_width_expected_tokens(&m, 2) - 1.75) < 1e-12);
+    /* Steps that accepted both of 2 drafts, many times: alpha_1, alpha_2
+     * approach 1, position 3 borrows alpha_2. */
+    for (int s = 0; s < 200; s++)
+        dflash_width_observe(&m, 2, 2, 1.0, 1.0);
+    double e3 = dflash_width_expected_tokens(&m, 3);
+    CHECKF(e3 > 3.8 && e3 < 4.0, "E[3 drafts] %g", e3);
+    /* Then steps that reject draft 1: alpha_1 falls towards 0. */
+    for (int s = 0; s < 400; s++)
+        dflash_width_observe(&m, 2, 0, 1.0, 1.0);
+    double e2 = dflash_width_expected_tokens(&m, 2);
+    CHECKF(e2 < 1.1, "E[2 drafts] %g after rejections", e2);
+}
+
+int main(void)
+{
+    RUN(test_widths_follow_the_device);
+    RUN(test_first_steps_and_limits);
+    RUN(test_expected_tokens);
+    TEST_END();
+}
