@@ -730,10 +730,15 @@ static void check_dflash(const char *drafter)
 typedef struct mode_total {
     double wall_s, decode_ms;
     int64_t tokens, steps, committed;
+    int64_t widths[DFLASH_MAX_BLOCK]; /* steps that drafted k tokens */
 } mode_total;
 
-static int gen_timed(dflash_qwen3 *t, dflash_head *h, const int32_t *ids, int n_ids, int32_t *out, int *n_out,
-                     mode_total *tot, const char *what)
+/* Sampling options of gen_timed's runs (greedy unless a check sets them). */
+static dflash_sampler_opts g_samp = { .top_p = 1.0, .rep_penalty = 1.0 };
+
+/* auto_width: the cost-aware width (spec.h) instead of the full block. */
+static int gen_timed(dflash_qwen3 *t, dflash_head *h, int auto_width, const int32_t *ids, int n_ids, int32_t *out,
+                     int *n_out, mode_total *tot, const char *what)
 {
     dflash_kv_seq seq;
     void *state = NULL;
@@ -741,6 +746,8 @@ static int gen_timed(dflash_qwen3 *t, dflash_head *h, const int32_t *ids, int n_
     dflash_gen_stats st;
     dflash_gen_default_opts(&go);
     go.n_new = PYSTD_NEW;
+    go.width_auto = auto_width;
+    go.sampler = g_samp;
     *n_out = 0;
     if (!step(dflash_qwen3_seq_init(t, &seq), what))
         return 0;
@@ -756,6 +763,8 @@ static int gen_timed(dflash_qwen3 *t, dflash_head *h, const int32_t *ids, int n_
             tot->tokens += *n_out;
             tot->steps += st.n_steps;
             tot->committed += (int64_t)(st.mean_accept * st.n_steps + 0.5);
+            for (int k = 0; k < DFLASH_MAX_BLOCK; k++)
+                tot->widths[k] += st.width_hist[k];
         }
         if (h)
             h->proposer.ops->free_state(&h->proposer, state);
@@ -807,22 +816,30 @@ static void check_pystd(void)
     /* warm-up: both modes once on prompt 0, not timed */
     int32_t plain[PYSTD_NEW], spec[PYSTD_NEW];
     int n_plain = 0, n_spec = 0;
-    gen_timed(t, NULL, ids[0], (int)n_ids[0], plain, &n_plain, NULL, "warm-up plain");
-    gen_timed(t, h, ids[0], (int)n_ids[0], spec, &n_spec, NULL, "warm-up spec");
-    mode_total tp = { 0 }, ts = { 0 };
-    int same = 0, failed_runs = 0, first_bad = -1;
+    gen_timed(t, NULL, 0, ids[0], (int)n_ids[0], plain, &n_plain, NULL, "warm-up plain");
+    gen_timed(t, h, 0, ids[0], (int)n_ids[0], spec, &n_spec, NULL, "warm-up spec");
+    mode_total tp = { 0 }, ts = { 0 }, ta = { 0 };
+    int same = 0, failed_runs = 0, first_bad = -1, auto_same = 0, auto_bad = -1;
     for (size_t i = 0; i < n; i++) {
         char what[64];
         snprintf(what, sizeof what, "prompt %zu gpu plain", i);
         g_no_rows = 1; /* one row below for all prompts */
-        int ok = gen_timed(t, NULL, ids[i], (int)n_ids[i], plain, &n_plain, &tp, what);
+        int ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], plain, &n_plain, &tp, what);
         snprintf(what, sizeof what, "prompt %zu gpu spec", i);
-        ok = ok && gen_timed(t, h, ids[i], (int)n_ids[i], spec, &n_spec, &ts, what);
+        ok = ok && gen_timed(t, h, 0, ids[i], (int)n_ids[i], spec, &n_spec, &ts, what);
+        int32_t aut[PYSTD_NEW];
+        int n_aut = 0;
+        snprintf(what, sizeof what, "prompt %zu gpu spec auto width", i);
+        ok = ok && gen_timed(t, h, 1, ids[i], (int)n_ids[i], aut, &n_aut, &ta, what);
         g_no_rows = 0;
         if (!ok) {
             failed_runs++;
             continue;
         }
+        int aeq = n_aut == n_plain && memcmp(plain, aut, (size_t)n_plain * sizeof(int32_t)) == 0;
+        auto_same += aeq;
+        if (!aeq && auto_bad < 0)
+            auto_bad = (int)i;
         int eq = n_plain == n_spec && n_plain == PYSTD_NEW &&
                  memcmp(plain, spec, (size_t)n_plain * sizeof(int32_t)) == 0;
         same += eq;
@@ -852,6 +869,30 @@ static void check_pystd(void)
         add_row("spec==plain (gpu)", 0, "equal", "%d runs failed", failed_runs);
     else
         add_row("spec==plain (gpu)", 1, "equal", "%d/%zu prompts", same, n);
+    /* Seeded sampling: each token drawn with its position's uniform, so
+     * speculative (full block or auto width) equals plain token for token. */
+    int samp_same = 0, samp_n = 0;
+    g_samp.temperature = 0.8;
+    g_samp.top_k = 50;
+    for (size_t i = 0; i < n && i < 6; i++) {
+        int32_t sp[PYSTD_NEW], ss[PYSTD_NEW], sa[PYSTD_NEW];
+        int np = 0, ns = 0, na = 0;
+        g_samp.seed = 1000 + i;
+        int ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain") &&
+                 gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec") &&
+                 gen_timed(t, h, 1, ids[i], (int)n_ids[i], sa, &na, NULL, "sampled spec auto");
+        samp_n++;
+        samp_same += ok && np == ns && np == na && !memcmp(sp, ss, (size_t)np * sizeof(int32_t)) &&
+                     !memcmp(sp, sa, (size_t)np * sizeof(int32_t));
+    }
+    g_samp = (dflash_sampler_opts){ .top_p = 1.0, .rep_penalty = 1.0 };
+    add_row("sampled spec==plain (gpu)", samp_same == samp_n, "equal", "%d/%d prompts (T 0.8, top-k 50)", samp_same,
+            samp_n);
+    if (auto_bad >= 0)
+        add_row("spec auto width==plain (gpu)", 0, "equal", "%d/%zu same, first diff prompt %d", auto_same, n,
+                auto_bad);
+    else if (!failed_runs)
+        add_row("spec auto width==plain (gpu)", 1, "equal", "%d/%zu prompts", auto_same, n);
     double tau = ts.steps ? (double)ts.committed / (double)ts.steps : 0;
     double plain_tps = tp.wall_s > 0 ? (double)tp.tokens / tp.wall_s : 0;
     double spec_tps = ts.wall_s > 0 ? (double)ts.tokens / ts.wall_s : 0;
@@ -861,6 +902,14 @@ static void check_pystd(void)
            (long long)ts.tokens, ts.wall_s, spec_tps, ts.decode_ms > 0 ? (double)ts.tokens / (ts.decode_ms / 1e3) : 0,
            tau, (long long)ts.steps);
     printf("  speedup spec/plain (wall): %.2fx\n", plain_tps > 0 ? spec_tps / plain_tps : 0);
+    double auto_tps = ta.wall_s > 0 ? (double)ta.tokens / ta.wall_s : 0;
+    printf("  auto width: %lld tokens in %.3f s wall = %.1f tok/s (%.2fx plain), tau %.3f; drafts per step (steps):",
+           (long long)ta.tokens, ta.wall_s, auto_tps, plain_tps > 0 ? auto_tps / plain_tps : 0,
+           ta.steps ? (double)ta.committed / (double)ta.steps : 0);
+    for (int k = 0; k < DFLASH_MAX_BLOCK; k++)
+        if (ta.widths[k])
+            printf(" %d (%lld)", k, (long long)ta.widths[k]);
+    printf("\n");
     if (tp.tokens && ts.tokens) {
         add_row("tau (gpu, info)", 1, NULL, "%.3f", tau);
         add_row("tok/s plain (gpu, info)", 1, NULL, "%.1f", plain_tps);
