@@ -72,7 +72,14 @@ $(B)/fuzz/bin/%: tests/fuzz/%.c $(FUZZ_OBJ)
 	@mkdir -p $(dir $@)
 	$(CLANG) -std=c11 -O1 -g -Iinclude -Isrc -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_OBJ) $(LDLIBS) -fopenmp
 
-test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN)
+# ThreadSanitizer build of the CPU linear and its thread pool (lock-free
+# hand-over of jobs between threads: a race would be silent otherwise).
+TSAN_SRC := tests/test_cpu_gemm.c src/backend/cpu/cpu_gemm.c src/backend/cpu/cpu_pool.c $(wildcard src/core/*.c)
+$(B)/tsan/test_cpu_gemm: $(TSAN_SRC) tests/harness.h | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE -o $@ $(TSAN_SRC) -ljansson -lm -lpthread
+
+test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm
 	@B=$(B) bash tools/fetch-qwen3-tokenizer.sh
 	@B=$(B) bash tests/run.sh
 
@@ -83,7 +90,7 @@ format:
 	clang-format -i $$(find src include tests -name '*.[ch]')
 
 clean:
-	rm -rf $(B)/obj $(B)/asan $(B)/fuzz $(B)/tests $(B)/dflash $(B)/libdflash.a
+	rm -rf $(B)/obj $(B)/asan $(B)/tsan $(B)/fuzz $(B)/tests $(B)/dflash $(B)/libdflash.a
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
 .SECONDARY:

@@ -52,6 +52,9 @@ done
 # the CLI (the test program itself is the plain one).
 run_one "$B/tests/test_slow_cli_limits (asan dflash)" env DFLASH_BIN=$B/asan/dflash DFLASH_BIN_ASAN=1 \
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 "$B/tests/test_slow_cli_limits"
+# The linear's thread pool under ThreadSanitizer, with more threads than
+# cores so hand-overs interleave.
+run_one "$B/tsan/test_cpu_gemm" env DFLASH_CPU_THREADS=4 TSAN_OPTIONS=halt_on_error=1 "$B/tsan/test_cpu_gemm"
 fuzz_secs=${DFLASH_FUZZ_SECONDS:-20}
 for f in $B/fuzz/bin/fuzz_*; do
     [ -x "$f" ] || continue

@@ -4,7 +4,8 @@
  * bit for bit, for every weight dtype, row count 1..17, and shapes with
  * tails in K (not a multiple of 8) and in the columns (not a multiple of
  * the register tile); results must also be close to a double-precision
- * product, and large calls (threaded) must agree with small ones. */
+ * product, and large calls (threaded) must agree with small ones. The
+ * pool that shares calls among threads runs each chunk exactly once. */
 #include "harness.h"
 
 #include "backend/cpu/cpu_internal.h"
@@ -152,6 +153,32 @@ static void test_threaded_calls_are_row_independent(void)
     free_weight(&s);
 }
 
+/* The pool runs every chunk of every job exactly once, job after job
+ * (the linear's calls come back to back). */
+typedef struct count_job {
+    int hits[64];
+} count_job;
+
+static void count_chunk(void *ctx, int i)
+{
+    __atomic_fetch_add(&((count_job *)ctx)->hits[i], 1, __ATOMIC_RELAXED);
+}
+
+static void test_pool_runs_each_chunk_once(void)
+{
+    printf("  pool threads: %d\n", dflash_cpu_pool_threads());
+    int bad = 0;
+    for (int job = 0; job < 20000; job++) {
+        count_job c;
+        memset(&c, 0, sizeof c);
+        const int n = 1 + job % 64;
+        dflash_cpu_pool_run(count_chunk, &c, n);
+        for (int i = 0; i < 64; i++)
+            bad += c.hits[i] != (i < n);
+    }
+    CHECKF(bad == 0, "%d chunks run other than once", bad);
+}
+
 static void test_isa_names(void)
 {
     CHECK(!strcmp(dflash_cpu_isa_name(DFLASH_CPU_ISA_PORTABLE), "portable"));
@@ -163,6 +190,7 @@ int main(void)
 {
     RUN(test_kernels_match_the_definition);
     RUN(test_threaded_calls_are_row_independent);
+    RUN(test_pool_runs_each_chunk_once);
     RUN(test_isa_names);
     TEST_END();
 }

@@ -60,7 +60,8 @@ void cli_engine_usage(FILE *f)
             "  --rep-penalty R        repetition penalty over this call's prompt and output\n"
             "                         (HF semantics); 1 = off\n"
             "  --seed S               RNG seed, a decimal integer (default 0); the same seed gives\n"
-            "                         the same output\n");
+            "                         the same output, with or without a drafter, at any block size\n"
+            "                         (each token is drawn with a uniform keyed by seed and position)\n");
 }
 
 int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const char *cmd)
@@ -407,8 +408,8 @@ void cli_print_stats_json(FILE *f, const dflash_gen_stats *st, uint64_t seed)
             kt = k;
     for (int k = 0; k <= kt; k++)
         fprintf(f, "%s%lld", k ? "," : "", (long long)st->width_hist[k]);
-    fprintf(f, "],\"prefill_ms\":%.3f,\"draft_ms\":%.3f,\"verify_ms\":%.3f,\"total_ms\":%.3f,\"tokens_per_s\":%.2f,"
+    fprintf(f, "],\"prefill_ms\":%.3f,\"draft_ms\":%.3f,\"verify_ms\":%.3f,\"observe_ms\":%.3f,\"total_ms\":%.3f,\"tokens_per_s\":%.2f,"
                "\"stopped\":%s}",
-            st->prefill_ms, st->draft_ms, st->verify_ms, st->total_ms, st->tokens_per_s,
+            st->prefill_ms, st->draft_ms, st->verify_ms, st->observe_ms, st->total_ms, st->tokens_per_s,
             st->stopped ? "true" : "false");
 }

@@ -282,9 +282,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         /* 7 OBSERVE: the same rows go to the proposer, so a later call can
          * continue this sequence (a chat's next turn). If it fails, the
          * target goes back to s too: both caches stay in step. */
+        double t4 = now_ms();
         if (p) {
             dflash_ctx_rows rows = { block, n_emit, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
             dflash_status os = p->ops->after_verify(p, &pstate, 1, &rows);
+            st->observe_ms += now_ms() - t4;
             if (os != DFLASH_OK) {
                 dflash_kv_seq_truncate(seq, s);
                 return os;

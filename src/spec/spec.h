@@ -47,6 +47,7 @@ typedef struct dflash_gen_stats {
     int64_t pos_accepted[DFLASH_MAX_BLOCK];    /* [i]: ... and accepted it */
     int64_t width_hist[DFLASH_MAX_BLOCK];      /* [k]: steps that drafted k tokens */
     double prefill_ms, draft_ms, verify_ms, total_ms;
+    double observe_ms;                         /* the proposer taking in accepted rows (after_verify) */
     double tokens_per_s;                       /* generated tokens / (total - prefill) */
 } dflash_gen_stats;
 

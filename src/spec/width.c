@@ -7,8 +7,10 @@
  * last 30 steps count. */
 #define ACCEPT_DECAY 0.97
 #define TIME_DECAY 0.95
-/* Every this many steps, one tries a width next to the chosen one. */
+/* Every this many steps, one tries a width next to the chosen one; less
+ * often while plain decoding wins (each try costs a propose). */
 #define EXPLORE_EVERY 8
+#define EXPLORE_EVERY_PLAIN 32
 
 void dflash_width_init(dflash_width *m, int max_drafts)
 {
@@ -86,14 +88,14 @@ int dflash_width_choose(dflash_width *m, int limit)
     if (hi <= 0)
         return 0;
     int k;
-    /* The first steps place points on both lines: full width, one draft,
-     * half width. */
+    /* The first two steps place points on both lines, cheaply: two drafts,
+     * then one. Wider blocks are reached from there when the lines and the
+     * acceptance say they pay (unreached positions borrow the last reached
+     * rate, which draws the choice outwards). */
     if (m->steps == 0)
-        k = hi;
+        k = hi < 2 ? hi : 2;
     else if (m->steps == 1)
         k = 1;
-    else if (m->steps == 2)
-        k = (hi + 1) / 2;
     else {
         double best = -1;
         k = 0;
@@ -106,8 +108,9 @@ int dflash_width_choose(dflash_width *m, int limit)
         }
         /* Now and then a neighbour, alternating sides, so the acceptance
          * of the next position and the time lines stay current. */
-        if (m->steps % EXPLORE_EVERY == 0) {
-            int up = (m->steps / EXPLORE_EVERY) % 2 == 0 || k == 0;
+        const int every = k == 0 ? EXPLORE_EVERY_PLAIN : EXPLORE_EVERY;
+        if (m->steps % every == 0) {
+            int up = (m->steps / every) % 2 == 0 || k == 0;
             k = up ? (k < hi ? k + 1 : k - 1) : k - 1;
         }
     }

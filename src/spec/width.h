@@ -13,9 +13,9 @@
  * estimate follows the text; positions never reached borrow the last
  * reached one's rate (a Beta(1, 1) prior before any). verify and propose
  * times: decayed least-squares lines in the row count, fed by the loop's
- * own clock. The first steps try the full width, one draft and half
- * width so both lines have points; later, a step now and then tries a
- * width next to the chosen one so neither estimate goes stale.
+ * own clock. The first two steps try two drafts and one so both lines
+ * have points; later, a step now and then tries a width next to the chosen
+ * one (rarely while plain decoding wins) so neither estimate goes stale.
  *
  * The width never changes what is generated: greedy output is the
  * target's argmax sequence and sampled output depends only on the seed

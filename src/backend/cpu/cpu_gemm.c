@@ -15,19 +15,18 @@
  * AVX2+FMA (one 8-lane register is exactly the 8 partial sums), and
  * AVX-512 (two output columns per 16-lane register, so again 8 lanes per
  * output). The fast ones work on register tiles of up to 4 rows x 3
- * columns (AVX2) or 4 rows x 6 columns (AVX-512), reading each weight
+ * columns (AVX2) or 8 rows x 6 columns (AVX-512), reading each weight
  * once per tile for all its rows: a 16-row call costs far less than 16
- * one-row calls. Output columns are split among threads in chunks whose
- * weights stay in the L2 cache while every row tile walks them. */
+ * one-row calls. Output columns are cut into chunks the pool's threads
+ * take (cpu_pool.c), each walked in cache-sized pieces whose weights stay
+ * in L2 while every row tile passes over them. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <stdatomic.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -36,9 +35,9 @@
 #define GEMM_X86 0
 #endif
 
-/* Below this many multiply-adds a call runs on one thread: waking a team
- * costs more than the work. */
-#define GEMM_PAR_MIN (1 << 22)
+/* From this many multiply-adds on, a call is shared among the pool's
+ * threads (cpu_pool.c); below, handing it over costs more than it saves. */
+#define GEMM_PAR_MIN (1 << 16)
 /* Weight bytes per thread chunk: about half of a 1 MiB L2. */
 #define GEMM_CHUNK_BYTES (384 * 1024)
 
@@ -189,11 +188,12 @@ TILE512_ATTR __m512 avx512_load_w2(const void *w, int64_t at0, int64_t at1, int 
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1));
 }
 
-/* R rows x C2 column pairs. */
+/* R (<= 8) rows x C2 (<= 3) column pairs: 24 accumulators of the 32
+ * registers. */
 TILE512_ATTR void avx512_tile(const int R, const int C2, const int bf16, const float *x, int64_t ldx,
                               const void *w, int64_t ldw, int64_t K, float *out, int64_t ldo, const float *scale)
 {
-    __m512 acc[4][3];
+    __m512 acc[8][3];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C2; c++)
             acc[r][c] = _mm512_setzero_ps();
@@ -241,14 +241,19 @@ __attribute__((target("avx512f,avx2,fma"))) static void avx512_tile_any(int R, i
         AVX512_CASE(2, 1) AVX512_CASE(2, 2) AVX512_CASE(2, 3)
         AVX512_CASE(3, 1) AVX512_CASE(3, 2) AVX512_CASE(3, 3)
         AVX512_CASE(4, 1) AVX512_CASE(4, 2) AVX512_CASE(4, 3)
+        AVX512_CASE(5, 1) AVX512_CASE(5, 2) AVX512_CASE(5, 3)
+        AVX512_CASE(6, 1) AVX512_CASE(6, 2) AVX512_CASE(6, 3)
+        AVX512_CASE(7, 1) AVX512_CASE(7, 2) AVX512_CASE(7, 3)
+        AVX512_CASE(8, 1) AVX512_CASE(8, 2) AVX512_CASE(8, 3)
     default:
         break;
     }
     if (C & 1) {
         const int64_t last = C - 1;
         const size_t es = bf16 ? 2 : 4;
-        avx2_tile_any(R, 1, bf16, x, ldx, (const char *)w + (size_t)(last * ldw) * es, ldw, K, out + last, ldo,
-                      scale + last);
+        for (int r = 0; r < R; r += 4) /* the AVX2 tile takes 4 rows at most */
+            avx2_tile_any(R - r < 4 ? R - r : 4, 1, bf16, x + r * ldx, ldx, (const char *)w + (size_t)(last * ldw) * es,
+                          ldw, K, out + r * ldo + last, ldo, scale + last);
     }
 }
 
@@ -261,7 +266,7 @@ typedef void (*tile_fn)(int R, int C, int bf16, const float *x, int64_t ldx, con
  * weights stay in cache while every row tile of up to 4 rows walks them.
  * bf16 and f32 weights are read in place; f16 and fp8 are widened per
  * tile into wbuf ([max_c, K] f32), once for all rows of the tile. */
-static void gemm_tiles(tile_fn tile, int max_c, const float *x, int n, const dflash_weight *w, float *out,
+static void gemm_tiles(tile_fn tile, int max_r, int max_c, const float *x, int n, const dflash_weight *w, float *out,
                        int64_t c0, int64_t c1, int64_t chunk, float *wbuf)
 {
     const int64_t K = w->cols, N = w->rows;
@@ -271,8 +276,8 @@ static void gemm_tiles(tile_fn tile, int max_c, const float *x, int n, const dfl
     float ones[6] = { 1, 1, 1, 1, 1, 1 }, sc[6];
     for (int64_t cc = c0; cc < c1; cc += chunk) {
         const int64_t ce = cc + chunk < c1 ? cc + chunk : c1;
-        for (int i = 0; i < n; i += 4) {
-            const int R = n - i < 4 ? n - i : 4;
+        for (int i = 0; i < n; i += max_r) {
+            const int R = n - i < max_r ? n - i : max_r;
             for (int64_t c = cc; c < ce; c += max_c) {
                 const int C = ce - c < max_c ? (int)(ce - c) : max_c;
                 const float *scale = ones;
@@ -339,6 +344,40 @@ dflash_cpu_isa dflash_cpu_isa_active(void)
     return active;
 }
 
+/* One call's work, cut into column chunks for the pool. */
+typedef struct gemm_job {
+    tile_fn tile;
+    int max_r, max_c;
+    const float *x;
+    int n;
+    const dflash_weight *w;
+    float *out;
+    int need_buf;
+    int64_t per; /* columns per chunk, a multiple of max_c */
+    atomic_int oom;
+} gemm_job;
+
+static void gemm_chunk(void *ctx, int i)
+{
+    gemm_job *j = ctx;
+    const int64_t K = j->w->cols, N = j->w->rows;
+    const int64_t c0 = (int64_t)i * j->per, c1 = c0 + j->per < N ? c0 + j->per : N;
+    float *wbuf = j->need_buf ? malloc((size_t)j->max_c * (size_t)K * sizeof(float)) : NULL;
+    if (j->need_buf && !wbuf) {
+        atomic_store(&j->oom, 1);
+        return;
+    }
+    if (!j->tile) {
+        gemm_portable(j->x, j->n, j->w, j->out, c0, c1, wbuf);
+    } else {
+        /* cache chunks: the weights of one stay in L2 while every row tile walks them */
+        int64_t chunk = GEMM_CHUNK_BYTES / (K * (int64_t)dflash_dtype_size(j->w->dtype) + 1);
+        chunk = chunk < j->max_c ? j->max_c : chunk / j->max_c * j->max_c;
+        gemm_tiles(j->tile, j->max_r, j->max_c, j->x, j->n, j->w, j->out, c0, c1, chunk, wbuf);
+    }
+    free(wbuf);
+}
+
 dflash_status dflash_cpu_gemm(dflash_cpu_isa isa, const float *x, int n, const dflash_weight *w, float *out)
 {
     const int64_t K = w->cols, N = w->rows;
@@ -347,48 +386,33 @@ dflash_status dflash_cpu_gemm(dflash_cpu_isa isa, const float *x, int n, const d
     if (n <= 0 || N <= 0)
         return DFLASH_OK;
     tile_fn tile = NULL;
-    int max_c = 1;
+    int max_r = 1, max_c = 1;
 #if GEMM_X86
     if (isa == DFLASH_CPU_ISA_AVX512) {
         tile = avx512_tile_any;
+        max_r = 8;
         max_c = 6;
     } else if (isa == DFLASH_CPU_ISA_AVX2) {
         tile = avx2_tile_any;
+        max_r = 4;
         max_c = 3;
     }
 #endif
-    const int par = (int64_t)n * K * N > GEMM_PAR_MIN;
+    gemm_job j = { tile, max_r, max_c, x, n, w, out, 0, 0, ATOMIC_VAR_INIT(0) };
     /* a widened weight buffer: per row (portable) or per tile (f16, fp8) */
-    const int need_buf = !tile || (w->dtype != DFLASH_DTYPE_BF16 && w->dtype != DFLASH_DTYPE_F32);
-    dflash_status st = DFLASH_OK;
-#pragma omp parallel if (par)
-    {
-        float *wbuf = need_buf ? malloc((size_t)max_c * (size_t)K * sizeof(float)) : NULL;
-        if (need_buf && !wbuf) {
-#pragma omp atomic write
-            st = DFLASH_ERR_OOM;
-        }
-        /* One contiguous column range per thread, cut into cache chunks. */
-        int nt = 1, t = 0;
-#ifdef _OPENMP
-        nt = omp_get_num_threads();
-        t = omp_get_thread_num();
-#endif
-        int64_t per = (N + nt - 1) / nt;
-        per = (per + max_c - 1) / max_c * max_c;
-        const int64_t c0 = t * per < N ? t * per : N, c1 = c0 + per < N ? c0 + per : N;
-        if (c0 < c1 && (!need_buf || wbuf)) {
-            if (!tile) {
-                gemm_portable(x, n, w, out, c0, c1, wbuf);
-            } else {
-                int64_t chunk = GEMM_CHUNK_BYTES / ((int64_t)K * (int64_t)dflash_dtype_size(w->dtype) + 1);
-                chunk = chunk < max_c ? max_c : chunk / max_c * max_c;
-                gemm_tiles(tile, max_c, x, n, w, out, c0, c1, chunk, wbuf);
-            }
-        }
-        free(wbuf);
+    j.need_buf = !tile || (w->dtype != DFLASH_DTYPE_BF16 && w->dtype != DFLASH_DTYPE_F32);
+    /* Column chunks, whole tiles each, a few per thread so that a thread
+     * that runs late holds up little (cpu_pool.c). */
+    const int64_t tiles = (N + max_c - 1) / max_c;
+    int n_chunks = 1;
+    if ((int64_t)n * K * N >= GEMM_PAR_MIN) {
+        int64_t want = 4 * (int64_t)dflash_cpu_pool_threads();
+        n_chunks = (int)(tiles < want ? tiles : want);
     }
-    if (st != DFLASH_OK)
-        return dflash_fail(st, "cpu linear: out of memory for a %lld-element weight buffer", (long long)K);
+    j.per = (tiles + n_chunks - 1) / n_chunks * max_c;
+    n_chunks = (int)((N + j.per - 1) / j.per);
+    dflash_cpu_pool_run(gemm_chunk, &j, n_chunks);
+    if (atomic_load(&j.oom))
+        return dflash_fail(DFLASH_ERR_OOM, "cpu linear: out of memory for a %lld-element weight buffer", (long long)K);
     return DFLASH_OK;
 }

@@ -1,5 +1,6 @@
-/* cpu_internal.h: what cpu_backend.c (memory), cpu_ops.c (ops) and
- * cpu_gemm.c (the linear's SIMD kernels) share. */
+/* cpu_internal.h: what cpu_backend.c (memory), cpu_ops.c (ops),
+ * cpu_gemm.c (the linear's SIMD kernels) and cpu_pool.c (its threads)
+ * share. */
 #ifndef DFLASH_BACKEND_CPU_INTERNAL_H
 #define DFLASH_BACKEND_CPU_INTERNAL_H
 
@@ -30,6 +31,12 @@ dflash_cpu_isa dflash_cpu_isa_active(void);
 /* out[n, w->rows] = x[n, w->cols] . w^T with the given kernel set (capped
  * at the machine's best); w's dtype must be checked by the caller. */
 dflash_status dflash_cpu_gemm(dflash_cpu_isa isa, const float *x, int n, const dflash_weight *w, float *out);
+
+/* The pool (cpu_pool.c): threads in all, the caller included; run
+ * fn(ctx, 0..n_chunks-1), each chunk once, on the caller and the workers,
+ * returning when all are done. */
+int dflash_cpu_pool_threads(void);
+void dflash_cpu_pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int n_chunks);
 
 extern const dflash_backend_ops dflash_cpu_ops_table;
 

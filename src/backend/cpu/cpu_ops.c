@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -357,6 +358,28 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static void attend_
 #undef QROW
 }
 
+/* Attention's tasks for the pool (cpu_pool.c): task t is row run
+ * t / n_kv_heads, kv head t % n_kv_heads. */
+typedef struct attn_job {
+    const dflash_attn_args *a;
+    const int *run0;
+    int max_keys;
+    atomic_int oom;
+} attn_job;
+
+static void attn_chunk(void *ctx, int t)
+{
+    attn_job *j = ctx;
+    const int nkv = j->a->n_kv_heads, r = t / nkv;
+    float *sc = malloc((size_t)ATTN_TASK_QUERIES * (size_t)j->max_keys * sizeof(float));
+    if (!sc) {
+        atomic_store(&j->oom, 1);
+        return;
+    }
+    attend_task(j->a, j->run0[r], j->run0[r + 1], t % nkv, j->max_keys, sc);
+    free(sc);
+}
+
 static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a)
 {
     (void)be;
@@ -386,22 +409,14 @@ static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a
             run0[n_runs++] = i;
     }
     run0[n_runs] = a->n_rows;
-    int oom = 0;
-#pragma omp parallel if (keys * a->n_heads * a->head_dim > PAR_MIN_WORK)
-    {
-        float *sc = malloc((size_t)ATTN_TASK_QUERIES * (size_t)max_keys * sizeof(float));
-        if (!sc) {
-#pragma omp atomic write
-            oom = 1;
-        }
-#pragma omp for collapse(2) schedule(static)
-        for (int t = 0; t < n_runs; t++)
-            for (int h = 0; h < a->n_kv_heads; h++)
-                if (sc)
-                    attend_task(a, run0[t], run0[t + 1], h, max_keys, sc);
-        free(sc);
-    }
-    if (oom)
+    attn_job j = { a, run0, max_keys, ATOMIC_VAR_INIT(0) };
+    const int n_tasks = n_runs * a->n_kv_heads;
+    if (keys * a->n_heads * a->head_dim >= PAR_MIN_WORK / 8)
+        dflash_cpu_pool_run(attn_chunk, &j, n_tasks);
+    else
+        for (int t = 0; t < n_tasks; t++)
+            attn_chunk(&j, t);
+    if (atomic_load(&j.oom))
         return dflash_fail(DFLASH_ERR_OOM, "attention: out of memory for %d x %d scores", ATTN_TASK_QUERIES,
                            max_keys);
     return DFLASH_OK;
