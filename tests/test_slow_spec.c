@@ -213,6 +213,55 @@ static void test_continue_equals_fresh(void)
     dflash_qwen3_free(t);
 }
 
+/* With the auto width, rows of steps that drafted nothing reach the
+ * drafter late, in one call. At every return the drafter must still hold
+ * exactly the target's rows: after a clean run, and after its pool runs dry
+ * in such a late call (the error names it; the target is cut back to match). */
+static void test_deferred_rows_keep_caches_in_step(void)
+{
+    char tdir[512], ddir[512];
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, NULL, &t));
+    for (int blocks = 0; blocks < 2 && t; blocks++) {
+        dflash_head_opts ho;
+        dflash_head_default_opts(&ho);
+        ho.kv_blocks = blocks ? 4 : 0; /* 4 pages = 64 positions: runs dry mid-generation */
+        dflash_head *h = NULL;
+        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
+        if (!h)
+            continue;
+        int32_t prompt[20], out[100];
+        int n_out = 0;
+        prompt_for(t->cfg.vocab_size, 20, 4, prompt);
+        dflash_kv_seq seq;
+        void *state;
+        dflash_gen_opts go;
+        dflash_gen_stats st;
+        dflash_gen_default_opts(&go);
+        go.n_new = 100;
+        go.width_auto = 1;
+        CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+        CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 200, &state));
+        dflash_status s = dflash_spec_generate(t, &seq, &h->proposer, state, prompt, 20, &go, out, &n_out, &st);
+        dflash_proposer_state *ps = state;
+        if (blocks) {
+            CHECK(s == DFLASH_ERR_KV_FULL);
+            CHECKF(strstr(dflash_last_error(), "drafter context") != NULL, "message: %s", dflash_last_error());
+        } else {
+            CHECK_OK(s);
+            CHECK(n_out == 100 && seq.len == 20 + 100 - 1);
+            CHECKF(st.width_hist[0] > 0, "no step drafted nothing, so no row waited (widths: 0 x %lld)",
+                   (long long)st.width_hist[0]);
+        }
+        CHECKF(seq.len == ps->kv.len, "pages %d: target holds %d rows, drafter %d", ho.kv_blocks, seq.len,
+               ps->kv.len);
+        h->proposer.ops->free_state(&h->proposer, state);
+        dflash_qwen3_seq_free(t, &seq);
+        dflash_head_free(h);
+    }
+    dflash_qwen3_free(t);
+}
+
 /* The cost-aware width (each step drafts 0..B-1 tokens, chosen from
  * measured times) changes nothing in the output: greedy, every fixture
  * drafter and the n-gram proposer. */
@@ -390,6 +439,7 @@ int main(void)
     RUN(test_continue_equals_fresh);
     RUN(test_drafter_pool_exhaustion);
     RUN(test_auto_width_equals_plain);
+    RUN(test_deferred_rows_keep_caches_in_step);
     RUN(test_sampled_equals_plain);
     dflash_backend_destroy(be);
     TEST_END();

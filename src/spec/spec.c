@@ -23,8 +23,10 @@
  *   6 ROLLBACK  target KV length moves back to s+a+1 (rejected rows are
  *               simply overwritten later); s+c if a stop token or the
  *               budget cut the step to c emitted tokens
- *   7 OBSERVE   proposer gets the same rows s.. (tokens + taps); s = the
- *               new length; goto 2
+ *   7 OBSERVE   proposer gets the same rows s.. (tokens + taps); after a
+ *               step with k = 0 they may wait and go over in one call
+ *               with later ones, before the next propose and at the end
+ *               at the latest; s = the new length; goto 2
  *
  * Invariant between steps and after a return: the target cache and the
  * proposer hold the prompt and every emitted token except the last, which
@@ -129,6 +131,36 @@ typedef struct spec_sampling {
     float *logits; /* host [B, V] */
 } spec_sampling;
 
+/* Committed rows not yet given to the proposer. After a step that drafted
+ * nothing (the width model chose plain decoding) its rows wait here and go
+ * to the proposer in one call before the next propose (or when the buffer
+ * is full, or when generation ends): one call for many rows reads the
+ * drafter's weights once instead of once per token. The proposer's
+ * results do not depend on how rows are grouped (batch invariance), so
+ * this changes time, never tokens. */
+typedef struct spec_pending {
+    int32_t tokens[DFLASH_MAX_BLOCK];
+    int n, cap;
+    int32_t pos0;
+    int64_t tap_cols; /* n_taps * hidden */
+    float *taps;      /* backend [cap, tap_cols], NULL without taps */
+} spec_pending;
+
+static dflash_status pending_flush(dflash_kv_seq *seq, dflash_proposer *p, void *pstate, spec_pending *pd,
+                                   dflash_gen_stats *st)
+{
+    if (!p || pd->n == 0)
+        return DFLASH_OK;
+    double t0 = now_ms();
+    dflash_ctx_rows rows = { pd->tokens, pd->n, pd->pos0, pd->taps, pd->tap_cols };
+    dflash_status s = p->ops->after_verify(p, &pstate, 1, &rows);
+    st->observe_ms += now_ms() - t0;
+    if (s != DFLASH_OK) /* both caches end where the proposer's does */
+        dflash_kv_seq_truncate(seq, pd->pos0);
+    pd->n = 0;
+    return s;
+}
+
 /* 4 ACCEPT, sampled: speculative sampling over the k drafts in block[1..k]
  * with the verify's logits rows ss->logits [k+1, V]. Returns a and the
  * bonus. Accepted drafts join the sampler's sequence as they pass (the
@@ -170,7 +202,7 @@ static dflash_status accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, in
 
 static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
                                const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int B,
-                               spec_sampling *ss, int32_t *out, int *n_out, dflash_gen_stats *st)
+                               spec_sampling *ss, spec_pending *pd, int32_t *out, int *n_out, dflash_gen_stats *st)
 {
     const int max_rows = target->opts.max_rows, V = target->cfg.vocab_size;
     const int *taps = NULL;
@@ -229,7 +261,9 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         int32_t block[DFLASH_MAX_BLOCK], g[DFLASH_MAX_BLOCK], rows_idx[DFLASH_MAX_BLOCK];
         block[0] = cur;
 
-        /* 2 PROPOSE */
+        /* 2 PROPOSE (the proposer first takes any rows still waiting) */
+        if (k > 0)
+            DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
         double t1 = now_ms();
         if (k > 0)
             DFLASH_TRY(p->ops->propose(p, &pstate, 1, &cur, &s, k, block + 1));
@@ -280,16 +314,36 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         dflash_kv_seq_truncate(seq, s + n_emit);
 
         /* 7 OBSERVE: the same rows go to the proposer, so a later call can
-         * continue this sequence (a chat's next turn). If it fails, the
-         * target goes back to s too: both caches stay in step. */
-        double t4 = now_ms();
+         * continue this sequence (a chat's next turn): at once after a
+         * step that drafted, else into the pending rows (spec_pending). If
+         * it fails, the target goes back to where the proposer's rows end:
+         * both caches stay in step. */
         if (p) {
-            dflash_ctx_rows rows = { block, n_emit, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
-            dflash_status os = p->ops->after_verify(p, &pstate, 1, &rows);
-            st->observe_ms += now_ms() - t4;
-            if (os != DFLASH_OK) {
-                dflash_kv_seq_truncate(seq, s);
-                return os;
+            const int defer = k == 0 && pd->n + n_emit <= pd->cap;
+            if (!defer)
+                DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
+            if (defer || (pd->n == 0 && k == 0)) {
+                if (pd->n == 0)
+                    pd->pos0 = s;
+                memcpy(pd->tokens + pd->n, block, (size_t)n_emit * sizeof(int32_t));
+                dflash_status cs2 = pd->taps ? target->be->ops->copy_rows(target->be, pd->taps + pd->n * pd->tap_cols,
+                                                                          pd->tap_cols, tap_rows, pd->tap_cols, NULL,
+                                                                          n_emit, pd->tap_cols)
+                                             : DFLASH_OK;
+                if (cs2 != DFLASH_OK) {
+                    dflash_kv_seq_truncate(seq, s);
+                    return cs2;
+                }
+                pd->n += n_emit;
+            } else {
+                double t4 = now_ms();
+                dflash_ctx_rows rows = { block, n_emit, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
+                dflash_status os = p->ops->after_verify(p, &pstate, 1, &rows);
+                st->observe_ms += now_ms() - t4;
+                if (os != DFLASH_OK) {
+                    dflash_kv_seq_truncate(seq, s);
+                    return os;
+                }
             }
         }
 
@@ -351,7 +405,28 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
             return dflash_fail(DFLASH_ERR_OOM, "generate: out of memory for %d logits rows of %d", B, V);
         }
     }
-    dflash_status s = spec_loop(target, seq, p, pstate, prompt, n_prompt, o, B, ss, out, n_out, st);
+    spec_pending pd = { .cap = B };
+    if (p) {
+        const int *taps;
+        pd.tap_cols = (int64_t)p->ops->tap_layers(p, &taps) * target->cfg.hidden_size;
+        dflash_status as = pd.tap_cols ? dflash_be_alloc_f32(target->be, (size_t)B * (size_t)pd.tap_cols, &pd.taps)
+                                       : DFLASH_OK;
+        if (as != DFLASH_OK) {
+            if (ss) {
+                free(ss->logits);
+                dflash_sampler_free(&ss->smp);
+            }
+            return as;
+        }
+    }
+    dflash_status s = spec_loop(target, seq, p, pstate, prompt, n_prompt, o, B, ss, &pd, out, n_out, st);
+    /* Rows still pending go to the proposer on every way out, so the
+     * caches agree when the call returns (the loop's invariant). */
+    dflash_status fs = pending_flush(seq, p, pstate, &pd, st);
+    if (s == DFLASH_OK)
+        s = fs;
+    if (pd.taps)
+        target->be->ops->free(target->be, pd.taps);
     if (ss) {
         free(ss->logits);
         dflash_sampler_free(&ss->smp);
