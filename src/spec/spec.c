@@ -28,9 +28,10 @@
  *               with later ones, before the next propose and at the end
  *               at the latest; s = the new length; goto 2
  *
- * Invariant between steps and after a return: the target cache and the
- * proposer hold the prompt and every emitted token except the last, which
- * is the unverified t_s of the next step. So a later call can continue the
+ * Invariant after a return, and between steps but for rows waiting in
+ * spec_pending: the target cache and the proposer hold the prompt and
+ * every emitted token except the last, which is the unverified t_s of the
+ * next step. So a later call can continue the
  * sequence with a new prompt that starts with that token.
  *
  * With no proposer k = 0 and the same steps are plain decoding (greedy, or
