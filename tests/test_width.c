@@ -69,10 +69,10 @@ static void check_device(const char *name, device d, int max_k)
 {
     int want = best_width(&d, max_k), got = settle(&d, max_k, 400, 0.2);
     /* A neighbour of the optimum is within a few percent of it; accept it
-     * only if its true rate is that close. */
+     * only if its true rate is within 5%. */
     double loss = 1.0 - true_rate(&d, got) / true_rate(&d, want);
     printf("  %-40s best %2d, chosen %2d (rate %.1f%% below the best)\n", name, want, got, 100 * loss);
-    CHECKF(loss < 0.03, "%s: chose %d, best %d (%.1f%% slower)", name, got, want, 100 * loss);
+    CHECKF(loss < 0.05, "%s: chose %d, best %d (%.1f%% slower)", name, got, want, 100 * loss);
 }
 
 static void test_widths_follow_the_device(void)

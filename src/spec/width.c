@@ -124,10 +124,14 @@ int dflash_width_choose(dflash_width *m, int limit)
 
 void dflash_width_observe(dflash_width *m, int k, int a, double verify_ms, double propose_ms)
 {
-    for (int j = 0; j < m->max_drafts; j++) {
-        m->reached[j] *= ACCEPT_DECAY;
-        m->accepted[j] *= ACCEPT_DECAY;
-    }
+    /* Old counts fade as new ones come; a step that drafted nothing brings
+     * none and fades none (else a run of plain steps would wash the
+     * estimates out to the prior). */
+    if (k > 0)
+        for (int j = 0; j < m->max_drafts; j++) {
+            m->reached[j] *= ACCEPT_DECAY;
+            m->accepted[j] *= ACCEPT_DECAY;
+        }
     for (int j = 1; j <= k && j <= m->max_drafts; j++) {
         if (j - 1 > a)
             break; /* draft j - 1 was rejected: j was not reached */
