@@ -87,6 +87,13 @@ enum dflash_act {
 
 typedef struct dflash_backend dflash_backend;
 
+/* What a backend has done since it was created, for benchmarks: kernel
+ * launches, host waits for the device (sync, and the sync a download
+ * implies), host-to-device copies and their bytes, device-to-host copies. */
+typedef struct dflash_backend_counters {
+    int64_t launches, syncs, uploads, upload_bytes, downloads;
+} dflash_backend_counters;
+
 typedef struct dflash_backend_ops {
     const char *name;
     dflash_dtype kv_dtype; /* the KV pool dtype a model gets unless it asks */
@@ -158,6 +165,9 @@ typedef struct dflash_backend_ops {
      * (a fused backend never writes it). */
     dflash_status (*linear_argmax)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                    int32_t *ids);
+
+    /* diagnostics: optional; NULL where nothing is counted (the CPU) */
+    void (*counters)(dflash_backend *be, dflash_backend_counters *out);
 } dflash_backend_ops;
 
 struct dflash_backend {

@@ -445,6 +445,8 @@ typedef struct bench_row {
     int rows, ctx;
     double median_us, min_us, bytes;
     double host_us; /* median host time inside the call (GPU: enqueueing, plus any wait the call makes) */
+    int counted;    /* the backend counts (GPU): the four per-call figures below are known */
+    double launches, syncs, uploads, upload_bytes;
 } bench_row;
 
 typedef struct bench_run {
@@ -456,8 +458,11 @@ typedef struct bench_run {
     double bw_bytes;  /* the copy's size */
     double bw_op;     /* the backend copy op's own bandwidth */
     double bw_driver; /* the driver's device copy (GPU), 0 on the CPU */
-    bench_row rows[3 * BENCH_MAX_CTX];
+    bench_row rows[(BENCH_MAX_WIDTHS + 2) * BENCH_MAX_CTX]; /* per context: propose, verifies, decode */
     int n_rows;
+    /* Per call, from the backend's counters (GPU), of the last time_op. */
+    int counted;
+    double launches, syncs, uploads, upload_bytes;
 } bench_run;
 
 /* --device: cuda must work; auto falls back to the CPU and says why. */
@@ -474,7 +479,7 @@ static dflash_status open_backend(bench_run *r)
             return dflash_fail_prefix(s, "--device cuda: ");
         fprintf(stderr, "dflash bench: device: cpu (no usable GPU: %s)\n", dflash_last_error());
     }
-    snprintf(r->device, sizeof r->device, "cpu (%d OpenMP threads)", omp_get_max_threads());
+    snprintf(r->device, sizeof r->device, "cpu (%d threads)", omp_get_max_threads());
     return dflash_backend_cpu_create(&r->be);
 }
 
@@ -533,7 +538,11 @@ static double median_of(double *v, int n)
 static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double *median, double *min, double *host_us)
 {
     double us[BENCH_MAX_REPS], hs[BENCH_MAX_REPS];
+    dflash_backend_counters c0 = { 0 }, c1 = { 0 };
+    const dflash_backend_ops *o = r->be->ops;
     for (int i = -BENCH_WARMUP; i < reps; i++) {
+        if (i == 0 && o->counters)
+            o->counters(r->be, &c0);
         double t0 = 0, t;
         DFLASH_TRY(clock_start(r, &t0));
         double h0 = now_us();
@@ -546,6 +555,14 @@ static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double 
             us[i] = t;
             hs[i] = h;
         }
+    }
+    r->counted = o->counters != NULL;
+    if (r->counted) {
+        o->counters(r->be, &c1);
+        r->launches = (double)(c1.launches - c0.launches) / reps;
+        r->syncs = (double)(c1.syncs - c0.syncs) / reps;
+        r->uploads = (double)(c1.uploads - c0.uploads) / reps;
+        r->upload_bytes = (double)(c1.upload_bytes - c0.upload_bytes) / reps;
     }
     *median = median_of(us, reps);
     *min = us[0]; /* sorted by median_of */
@@ -640,7 +657,9 @@ static double kv_bytes_per_pos(const dflash_kv_layout *kv)
 static void add_row(bench_run *r, const char *op, int rows, int ctx, double med, double min, double bytes,
                     double host_us)
 {
-    r->rows[r->n_rows++] = (bench_row){ op, rows, ctx, med, min, bytes, host_us };
+    r->rows[r->n_rows++] = (bench_row){ op,           rows,      ctx,          med,        min,
+                                        bytes,        host_us,   r->counted,   r->launches, r->syncs,
+                                        r->uploads,   r->upload_bytes };
 }
 
 static const int *ctx_list(const bench_run *r, int target, int *n)
@@ -961,13 +980,20 @@ static void print_table(const bench_run *r)
     if (r->a->preset->drafter)
         printf("drafter weights: %s\n", r->a->fp8 ? "fp8 e4m3 + per-row scales (LM head bf16)" : "bf16");
     printf("\n");
-    printf("%-8s %5s %7s %12s %12s %10s %12s %8s %10s\n", "op", "rows", "ctx", "median_us", "min_us", "MB",
+    const int counted = r->n_rows && r->rows[0].counted;
+    if (counted)
+        printf("launches, syncs (host waits), uploads: per call, from the backend's counters\n");
+    printf("%-8s %5s %7s %12s %12s %10s %12s %8s %10s", "op", "rows", "ctx", "median_us", "min_us", "MB",
            "floor_us", "%floor", "host_us");
+    printf(counted ? " %9s %6s %8s\n" : "\n", "launches", "syncs", "uploads");
     for (int i = 0; i < r->n_rows; i++) {
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);
-        printf("%-8s %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%% %10.1f\n", w->op, w->rows, w->ctx, w->median_us,
+        printf("%-8s %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%% %10.1f", w->op, w->rows, w->ctx, w->median_us,
                w->min_us, w->bytes / 1e6, fl, 100 * fl / w->median_us, w->host_us);
+        if (w->counted)
+            printf(" %9.1f %6.1f %8.1f", w->launches, w->syncs, w->uploads);
+        printf("\n");
     }
 }
 
@@ -985,9 +1011,13 @@ static void print_json(const bench_run *r)
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);
         printf("%s{\"op\":\"%s\",\"rows\":%d,\"ctx\":%d,\"median_us\":%.3f,\"min_us\":%.3f,\"bytes\":%.0f,"
-               "\"floor_us\":%.3f,\"floor_pct\":%.3f,\"host_us\":%.3f}",
+               "\"floor_us\":%.3f,\"floor_pct\":%.3f,\"host_us\":%.3f",
                i ? "," : "", w->op, w->rows, w->ctx, w->median_us, w->min_us, w->bytes, fl, 100 * fl / w->median_us,
                w->host_us);
+        if (w->counted)
+            printf(",\"launches\":%.2f,\"syncs\":%.2f,\"uploads\":%.2f,\"upload_bytes\":%.0f", w->launches, w->syncs,
+                   w->uploads, w->upload_bytes);
+        printf("}");
     }
     printf("]}\n");
 }

@@ -47,6 +47,7 @@ dflash_status cuda_launch3(cuda_ctx *c, dflash_cuda_kernel_id k, unsigned gx, un
     if (s != DFLASH_OK)
         return dflash_fail_prefix(s, "cuda kernel %s (grid %u x %u x %u, block %u): ", dflash_cuda_kernels[k].name,
                                   gx, gy, gz, block);
+    c->count.launches++;
     return DFLASH_OK;
 }
 
@@ -172,6 +173,8 @@ static dflash_status cuda_upload(dflash_backend *be, void *dst, const void *src,
     if (!bytes)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
+    c->count.uploads++;
+    c->count.upload_bytes += (int64_t)bytes;
     return DFLASH_CU(&c->cu, cuMemcpyHtoDAsync(DPTR(dst), src, bytes, c->stream));
 }
 
@@ -179,6 +182,7 @@ static dflash_status cuda_sync(dflash_backend *be)
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_enter(c));
+    c->count.syncs++;
     DFLASH_TRY(DFLASH_CU(&c->cu, cuStreamSynchronize(c->stream)));
     return check_kernel_errors(c);
 }
@@ -187,6 +191,8 @@ static dflash_status cuda_download(dflash_backend *be, void *dst, const void *sr
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_enter(c));
+    c->count.downloads++;
+    c->count.syncs++;
     if (bytes)
         DFLASH_TRY(DFLASH_CU(&c->cu, cuMemcpyDtoHAsync(dst, DPTR(src), bytes, c->stream)));
     DFLASH_TRY(DFLASH_CU(&c->cu, cuStreamSynchronize(c->stream)));
@@ -444,6 +450,9 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
     return cuda_launch(c, DFK_ARGMAX, (unsigned)n, 1, 1024, args);
 }
 
+/* Benchmarks read these around a call (dflash bench). */
+static void cuda_counters(dflash_backend *be, dflash_backend_counters *out) { *out = CTX(be)->count; }
+
 static const dflash_backend_ops k_cuda_ops = {
     .name = "cuda",
     .kv_dtype = DFLASH_DTYPE_BF16, /* half the bytes; the tensor-core attention reads it */
@@ -466,6 +475,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .argmax = cuda_argmax,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,
+    .counters = cuda_counters,
     .qk_norm_rope = cuda_qk_norm_rope,
 };
 

@@ -51,6 +51,7 @@ typedef struct cuda_ctx {
     rope_table rope[MAX_ROPE_TABLES];
     int n_rope;
     CUevent ev[2]; /* timer start, stop (tools only) */
+    dflash_backend_counters count; /* launches, waits, copies (benchmarks) */
     /* Workspaces: attention partials of key splits (attention_tc.cu);
      * split-K partials, arrival counters (kept zero between calls) and
      * argmax partials of the GEMM (gemm.cu). */
