@@ -123,7 +123,8 @@ static void usage(FILE *f)
             "16 rows or --rows, the greedy token of each: LM head + argmax), decode (target,\n"
             "1 row).\n"
             "Times are per call: CUDA events on the GPU, the monotonic clock around call +\n"
-            "sync on the CPU.\n",
+            "sync on the CPU. On the GPU each row also gives, per call, the kernel launches,\n"
+            "the host waits for the device and the host-to-device copies.\n",
             BENCH_MAX_ROWS, BENCH_WARMUP);
 }
 
