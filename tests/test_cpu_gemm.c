@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "core/dtype.h"
+#include "core/levers.h"
 
 static unsigned rng = 777;
 
@@ -179,11 +180,24 @@ static void test_pool_runs_each_chunk_once(void)
     CHECKF(bad == 0, "%d chunks run other than once", bad);
 }
 
-static void test_isa_names(void)
+/* DFLASH_CPU_ISA asks for less than the best; a bad value is ignored (with
+ * a warning), as is asking for more than the machine has. */
+static void test_isa_lever(void)
 {
     CHECK(!strcmp(dflash_cpu_isa_name(DFLASH_CPU_ISA_PORTABLE), "portable"));
     CHECK(!strcmp(dflash_cpu_isa_name(DFLASH_CPU_ISA_AVX512), "avx512"));
-    CHECK(dflash_cpu_isa_active() <= dflash_cpu_isa_best());
+    setenv("DFLASH_CPU_ISA", "Portable", 1);
+    dflash_levers_reload();
+    CHECK(dflash_cpu_isa_active() == DFLASH_CPU_ISA_PORTABLE);
+    setenv("DFLASH_CPU_ISA", "avx1024", 1);
+    dflash_levers_reload();
+    CHECK(dflash_cpu_isa_active() == dflash_cpu_isa_best());
+    setenv("DFLASH_CPU_ISA", "avx512", 1);
+    dflash_levers_reload();
+    CHECK(dflash_cpu_isa_active() == dflash_cpu_isa_best()); /* never above the best */
+    unsetenv("DFLASH_CPU_ISA");
+    dflash_levers_reload();
+    CHECK(dflash_cpu_isa_active() == dflash_cpu_isa_best());
 }
 
 int main(void)
@@ -191,6 +205,6 @@ int main(void)
     RUN(test_kernels_match_the_definition);
     RUN(test_threaded_calls_are_row_independent);
     RUN(test_pool_runs_each_chunk_once);
-    RUN(test_isa_names);
+    RUN(test_isa_lever);
     TEST_END();
 }

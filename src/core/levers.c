@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 
 static dflash_levers g_levers;
 static int g_loaded;
@@ -25,12 +26,31 @@ static int env_int(const char *name, int def, int lo, int hi)
     return (int)x;
 }
 
+/* One of names[0..n), case-insensitive, as its index; unset: -1. */
+static int env_choice(const char *name, const char *const *names, int n)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (!strcasecmp(v, names[i]))
+            return i;
+    fprintf(stderr, "dflash: ignoring %s='%s' (expected", name, v);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%s %s", i ? (i == n - 1 ? " or" : ",") : "", names[i]);
+    fprintf(stderr, ")\n");
+    return -1;
+}
+
 void dflash_levers_reload(void)
 {
     g_levers.ctx_cap = env_int("DFLASH_CTX_CAP", 4096, 0, 1 << 30);
     g_levers.drafter_fp8 = env_int("DFLASH_DRAFTER_FP8", env_int("ATLAS_DFLASH_DRAFTER_FP8", 0, 0, 1), 0, 1);
     g_levers.log_level = env_int("DFLASH_LOG", 1, 0, 2);
     g_levers.cuda_pdl = env_int("DFLASH_CUDA_PDL", 1, 0, 1);
+    static const char *const isas[] = { "portable", "avx2", "avx512" };
+    g_levers.cpu_isa = env_choice("DFLASH_CPU_ISA", isas, 3);
+    g_levers.cpu_threads = env_int("DFLASH_CPU_THREADS", 0, 0, 1024);
     g_loaded = 1;
 }
 

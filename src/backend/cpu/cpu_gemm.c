@@ -21,6 +21,7 @@
  * take (cpu_pool.c), each walked in cache-sized pieces whose weights stay
  * in L2 while every row tile passes over them. */
 #include "backend/cpu/cpu_internal.h"
+#include "core/levers.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -263,7 +264,7 @@ typedef void (*tile_fn)(int R, int C, int bf16, const float *x, int64_t ldx, con
                         int64_t K, float *out, int64_t ldo, const float *scale);
 
 /* Columns c0..c1 for all rows with a tile kernel: chunks of columns whose
- * weights stay in cache while every row tile of up to 4 rows walks them.
+ * weights stay in cache while every row tile (max_r rows) walks them.
  * bf16 and f32 weights are read in place; f16 and fp8 are widened per
  * tile into wbuf ([max_c, K] f32), once for all rows of the tile. */
 static void gemm_tiles(tile_fn tile, int max_r, int max_c, const float *x, int n, const dflash_weight *w, float *out,
@@ -311,7 +312,7 @@ static dflash_cpu_isa isa_detect(void)
     return DFLASH_CPU_ISA_PORTABLE;
 }
 
-static const char *const isa_names[] = { "portable", "avx2", "avx512" };
+static const char *const isa_names[] = { "portable", "avx2", "avx512" }; /* the DFLASH_CPU_ISA values */
 
 const char *dflash_cpu_isa_name(dflash_cpu_isa isa)
 {
@@ -320,28 +321,21 @@ const char *dflash_cpu_isa_name(dflash_cpu_isa isa)
 
 dflash_cpu_isa dflash_cpu_isa_best(void)
 {
-    static dflash_cpu_isa best = (dflash_cpu_isa)-1;
-    if ((int)best < 0) /* a benign race: every thread computes the same value */
-        best = isa_detect();
-    return best;
+    /* Threads may race to fill it; all store the same value. */
+    static atomic_int best = -1;
+    int b = atomic_load_explicit(&best, memory_order_relaxed);
+    if (b < 0) {
+        b = (int)isa_detect();
+        atomic_store_explicit(&best, b, memory_order_relaxed);
+    }
+    return (dflash_cpu_isa)b;
 }
 
 dflash_cpu_isa dflash_cpu_isa_active(void)
 {
-    static dflash_cpu_isa active = (dflash_cpu_isa)-1;
-    if ((int)active >= 0)
-        return active;
-    dflash_cpu_isa best = dflash_cpu_isa_best(), want = best;
-    const char *env = getenv("DFLASH_CPU_ISA");
-    if (env && *env) {
-        for (int i = 0; i <= DFLASH_CPU_ISA_AVX512; i++)
-            if (!strcasecmp(env, isa_names[i]))
-                want = (dflash_cpu_isa)i;
-        if (want > best) /* asked for more than the machine has */
-            want = best;
-    }
-    active = want;
-    return active;
+    const int want = dflash_levers_get()->cpu_isa, best = (int)dflash_cpu_isa_best();
+    /* unset, or more than the machine has: the best */
+    return (dflash_cpu_isa)(want < 0 || want > best ? best : want);
 }
 
 /* One call's work, cut into column chunks for the pool. */

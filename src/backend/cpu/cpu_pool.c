@@ -16,6 +16,7 @@
  * sleep on a condition variable. Which thread computes a chunk never
  * changes its bits: every output is computed whole by one kernel call. */
 #include "backend/cpu/cpu_internal.h"
+#include "core/levers.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -105,19 +106,20 @@ static void *worker(void *arg)
     return NULL;
 }
 
-/* Workers: one per online core but the caller's, or DFLASH_CPU_THREADS - 1
- * (OMP_NUM_THREADS - 1 when that is unset). */
+/* Workers: DFLASH_CPU_THREADS - 1; when that is unset, OMP_NUM_THREADS - 1
+ * (its first number: the pool stands in for OpenMP here), else one per
+ * online core but the caller's. */
 static void pool_init(void)
 {
     cpu_pool *p = &g_pool;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *env = getenv("DFLASH_CPU_THREADS");
-    if (!env || !*env)
-        env = getenv("OMP_NUM_THREADS");
-    if (env && *env)
-        n = strtol(env, NULL, 10);
+    long n = dflash_levers_get()->cpu_threads;
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (n == 0 && omp && *omp)
+        n = strtol(omp, NULL, 10);
+    if (n <= 0)
+        n = sysconf(_SC_NPROCESSORS_ONLN);
     n = n < 1 ? 0 : n - 1;
     if (n > POOL_MAX_WORKERS)
         n = POOL_MAX_WORKERS;
