@@ -19,6 +19,7 @@
 #include "core/levers.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -66,6 +67,16 @@ static double now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+/* The caller waiting for a worker: spin briefly, then give the core away
+ * each round (the worker it waits for may need this very core). */
+static void wait_a_little(int *spins)
+{
+    if (++*spins < 2048)
+        CPU_RELAX();
+    else
+        sched_yield();
 }
 
 static void take_chunks(cpu_pool *p)
@@ -152,9 +163,10 @@ void dflash_cpu_pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int n_chun
             fn(ctx, i);
         return;
     }
+    int spins = 0;
     atomic_store(&p->published, 0);
     while (atomic_load(&p->busy) > 0) /* a worker still looking at the last job */
-        CPU_RELAX();
+        wait_a_little(&spins);
     p->fn = fn;
     p->ctx = ctx;
     p->n_chunks = n_chunks;
@@ -168,7 +180,8 @@ void dflash_cpu_pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int n_chun
         pthread_mutex_unlock(&p->mu);
     }
     take_chunks(p);
-    while (atomic_load(&p->done) < n_chunks)
-        CPU_RELAX();
+    spins = 0;
+    while (atomic_load(&p->done) < n_chunks) /* chunks a worker still holds */
+        wait_a_little(&spins);
     atomic_flag_clear(&p->in_use);
 }
