@@ -382,6 +382,47 @@ static void test_drafter_errors(void)
                 DFLASH_ERR_FORMAT, "'dflash_config.target_layer_ids[0]' is a real number");
 }
 
+/* k_drafter with top-level field `top` set to top_value (NULL: removed) and
+ * dflash_config replaced by `dcfg`, parsed. */
+static dflash_status parse_drafter(const char *top, const char *top_value, const char *dcfg, dflash_model_config *c)
+{
+    json_t *root = json_loads(k_drafter, 0, NULL);
+    if (top_value)
+        json_object_set_new(root, top, json_loads(top_value, JSON_DECODE_ANY, NULL));
+    else
+        json_object_del(root, top);
+    json_object_set_new(root, "dflash_config", json_loads(dcfg, 0, NULL));
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    dflash_status s = parse(text, c);
+    free(text);
+    return s;
+}
+
+/* The layouts newer drafters use: block_size inside dflash_config, eight
+ * taps, causal flags (top-level is_causal or dflash_config.causal). */
+static void test_drafter_layouts(void)
+{
+    dflash_model_config c;
+    CHECK_OK(parse_drafter("block_size", NULL,
+                           "{\"mask_token_id\":1,\"block_size\":10,\"target_layer_ids\":[1,5,9,13,17,21,25,29]}", &c));
+    CHECK(c.block_size == 10 && c.n_target_layer_ids == 8 && c.target_layer_ids[7] == 29 && !c.drafter_causal);
+    CHECK_OK(parse_drafter("block_size", "10", "{\"mask_token_id\":1,\"block_size\":10}", &c));
+    CHECK(c.block_size == 10);
+    CHECK_FAILS(parse_drafter("block_size", "16", "{\"mask_token_id\":1,\"block_size\":8}", &c), DFLASH_ERR_FORMAT,
+                "'block_size' = 16 but 'dflash_config.block_size' = 8");
+    CHECK_FAILS(parse_drafter("block_size", NULL, "{\"mask_token_id\":1,\"block_size\":1}", &c), DFLASH_ERR_FORMAT,
+                "'dflash_config.block_size' = 1, expected 2..64");
+    CHECK_OK(parse_drafter("is_causal", "true", "{\"mask_token_id\":1}", &c));
+    CHECK(c.drafter_causal == 1);
+    CHECK_OK(parse_drafter("is_causal", NULL, "{\"mask_token_id\":1,\"causal\":true}", &c));
+    CHECK(c.drafter_causal == 1);
+    CHECK_FAILS(parse_drafter("is_causal", "false", "{\"mask_token_id\":1,\"causal\":true}", &c), DFLASH_ERR_FORMAT,
+                "'is_causal' = false but 'dflash_config.causal' = true");
+    CHECK_FAILS(parse_drafter("is_causal", NULL, "{\"mask_token_id\":1,\"causal\":1}", &c), DFLASH_ERR_FORMAT,
+                "'causal' is an integer, expected a boolean");
+}
+
 static void test_drafter_top_level_fields_not_read(void)
 {
     /* Only dflash_config carries mask_token_id; a top-level copy is named in
@@ -472,6 +513,7 @@ int main(void)
     RUN(test_default_target_layer_ids);
     RUN(test_drafter_errors);
     RUN(test_drafter_top_level_fields_not_read);
+    RUN(test_drafter_layouts);
     RUN(test_drafter_small_target);
     RUN(test_load_file_and_folder);
     RUN(test_folder_check);

@@ -324,6 +324,58 @@ static void test_bad_drafter_folders(void)
 
 /* fp8 weights (per-row scales) stay close to the bf16 drafter: block logits
  * within a few percent; exactness of the output is test_slow_spec's job. */
+static void edit_causal(json_t *j) { json_object_set_new(j, "is_causal", json_true()); }
+static void edit_not_causal(json_t *j) { json_object_set_new(j, "is_causal", json_false()); }
+
+/* A causal drafter (is_causal: true) lets block row j see only rows 0..j,
+ * so the first 3 drafts of a full block get exactly the logits of a
+ * 4-row block; the published bidirectional drafters do not (their rows
+ * see the masks after them), which shows the comparison can tell. */
+static void test_causal_drafter(void)
+{
+    for (int causal = 0; causal < 2; causal++) {
+        char dir[64], tdir[512];
+        bad_folder("d2_tied", causal ? edit_causal : edit_not_causal, dir);
+        CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
+        pair p = { 0 };
+        dflash_qwen3_opts to;
+        dflash_qwen3_default_opts(&to);
+        to.max_ctx = 256;
+        CHECK_OK(dflash_qwen3_load(tdir, be, &to, &p.t));
+        dflash_head_opts ho;
+        dflash_head_default_opts(&ho);
+        ho.max_ctx = 256;
+        if (p.t)
+            CHECK_OK(dflash_head_load(dir, p.t, &ho, &p.h));
+        if (p.h) {
+            CHECK(p.h->cfg.drafter_causal == causal);
+            int32_t prompt[24], last = 7, s = 24, drafts[64];
+            for (int i = 0; i < 24; i++)
+                prompt[i] = (int32_t)((i * 13 + 5) % p.t->cfg.vocab_size);
+            dflash_kv_seq seq;
+            void *state;
+            CHECK_OK(dflash_qwen3_seq_init(p.t, &seq));
+            CHECK_OK(p.h->proposer.ops->alloc_state(&p.h->proposer, 200, &state));
+            prefill(&p, &seq, state, prompt, 24, NULL);
+            p.h->keep_logits = 1;
+            const size_t V = (size_t)p.t->cfg.vocab_size, nd_short = 3;
+            float *wide = malloc(nd_short * V * sizeof(float));
+            CHECK_OK(p.h->proposer.ops->propose(&p.h->proposer, &state, 1, &last, &s, p.h->block_size - 1, drafts));
+            memcpy(wide, dflash_head_last_logits(p.h), nd_short * V * sizeof(float));
+            CHECK_OK(p.h->proposer.ops->propose(&p.h->proposer, &state, 1, &last, &s, (int)nd_short, drafts));
+            int same = memcmp(wide, dflash_head_last_logits(p.h), nd_short * V * sizeof(float)) == 0;
+            CHECKF(same == causal, "%s drafter: the first 3 rows of a %d-row block %s a 4-row block's",
+                   causal ? "causal" : "bidirectional", p.h->block_size, same ? "equal" : "differ from");
+            free(wide);
+            p.h->proposer.ops->free_state(&p.h->proposer, state);
+            dflash_qwen3_seq_free(p.t, &seq);
+        }
+        dflash_head_free(p.h);
+        dflash_qwen3_free(p.t);
+        rm_folder(dir);
+    }
+}
+
 static void test_fp8_weights_close(void)
 {
     for (size_t k = 0; k < sizeof k_drafters / sizeof k_drafters[0]; k++) {
@@ -366,6 +418,7 @@ int main(void)
     RUN(test_spec_runs_match_reference);
     RUN(test_bad_drafter_folders);
     RUN(test_fp8_weights_close);
+    RUN(test_causal_drafter);
     dflash_backend_destroy(be);
     TEST_END();
 }

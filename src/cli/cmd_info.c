@@ -42,8 +42,8 @@ int dflash_cmd_info(int argc, char **argv)
     printf("  intermediate   %d\n  vocab          %d%s\n  rope_theta     %g\n", c.intermediate_size, c.vocab_size,
            c.tie_word_embeddings ? " (tied embeddings)" : "", c.rope_theta);
     if (c.is_dflash) {
-        printf("  block_size     %d\n  mask_token_id  %d\n  target layers  %d, taps [", c.block_size,
-               c.mask_token_id, c.num_target_layers);
+        printf("  block_size     %d%s\n  mask_token_id  %d\n  target layers  %d, taps [", c.block_size,
+               c.drafter_causal ? " (causal inside the block)" : "", c.mask_token_id, c.num_target_layers);
         for (int i = 0; i < c.n_target_layer_ids; i++)
             printf("%s%d", i ? ", " : "", c.target_layer_ids[i]);
         printf("]\n");

@@ -372,7 +372,7 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
         a.bt_len = h->bt_len;
         a.k_extra = s->b.k;
         a.v_extra = s->b.v;
-        a.causal = l->sliding;                    /* full layers: no mask at all */
+        a.causal = l->sliding || c->drafter_causal; /* full layers: no mask at all, unless the config says causal */
         a.window = l->sliding ? c->sliding_window : 0;
         a.n_seqs = n_seqs;
         a.max_seq_rows = B;

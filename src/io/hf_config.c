@@ -429,9 +429,27 @@ static dflash_status cfg_parse_dflash(const char *label, const json_t *root, dfl
         return DFLASH_OK;
     if (dcfg && !json_is_object(dcfg))
         return cfg_wrong_type(label, "dflash_config", dcfg, "an object");
-    DFLASH_TRY(cfg_int(label, root, "block_size", "block_size", 0, 16, &c->block_size));
+    /* block_size: top level (the first published drafters) or inside
+     * dflash_config (newer ones); where both are given they must agree. */
+    int top = 16, inner = 16;
+    const int has_top = cfg_field(root, "block_size") != NULL, has_inner = cfg_field(dcfg, "block_size") != NULL;
+    DFLASH_TRY(cfg_int(label, root, "block_size", "block_size", 0, 16, &top));
+    DFLASH_TRY(cfg_int(label, dcfg, "block_size", "dflash_config.block_size", 0, 16, &inner));
+    if (has_top && has_inner && top != inner)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'block_size' = %d but 'dflash_config.block_size' = %d", label,
+                           top, inner);
+    c->block_size = has_inner ? inner : top;
     if (c->block_size < 2 || c->block_size > 64)
-        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'block_size' = %d, expected 2..64", label, c->block_size);
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %d, expected 2..64", label,
+                           has_inner ? "dflash_config.block_size" : "block_size", c->block_size);
+    /* Causal drafters: is_causal (top level) or dflash_config.causal. */
+    int causal_top = 0, causal_inner = 0;
+    DFLASH_TRY(cfg_bool(label, root, "is_causal", &causal_top));
+    DFLASH_TRY(cfg_bool(label, dcfg, "causal", &causal_inner));
+    if (cfg_field(root, "is_causal") && cfg_field(dcfg, "causal") && causal_top != causal_inner)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'is_causal' = %s but 'dflash_config.causal' = %s", label,
+                           causal_top ? "true" : "false", causal_inner ? "true" : "false");
+    c->drafter_causal = causal_top || causal_inner;
     DFLASH_TRY(cfg_positive_int(label, root, "num_target_layers", 1, 0, &c->num_target_layers));
     if (c->num_target_layers > DFLASH_MAX_LAYERS)
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_target_layers' = %d, at most %d are supported", label,

@@ -46,7 +46,10 @@ typedef struct dflash_model_config {
      * or there is no architectures and a dflash_config object is present
      * (any architecture but those two and Qwen3ForCausalLM is refused). */
     int is_dflash;
-    int block_size;          /* default 16 */
+    int block_size;          /* top level or dflash_config.block_size; default 16 */
+    /* is_causal or dflash_config.causal: the block's full-attention layers
+     * see only earlier block rows (default: the whole block, bidirectional) */
+    int drafter_causal;
     int num_target_layers;   /* required for a drafter */
     int mask_token_id;       /* dflash_config.mask_token_id, required */
     int n_target_layer_ids;
