@@ -39,8 +39,12 @@ int dflash_cmd_info(int argc, char **argv)
     printf("%s\n  architecture   %s%s\n", dir, c.architecture, c.is_dflash ? " (DFlash drafter)" : "");
     printf("  layers         %d\n  hidden         %d\n  heads          %d (kv %d, head_dim %d)\n",
            c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    printf("  intermediate   %d\n  vocab          %d%s\n  rope_theta     %g\n", c.intermediate_size, c.vocab_size,
-           c.tie_word_embeddings ? " (tied embeddings)" : "", c.rope_theta);
+    printf("  intermediate   %d\n  vocab          %d%s\n", c.intermediate_size, c.vocab_size,
+           c.tie_word_embeddings ? " (tied embeddings)" : "");
+    if (c.rope_scaling == DFLASH_ROPE_LINEAR)
+        printf("  rope           theta %g, linear scaling factor %g\n", c.rope_theta, c.rope_scaling_factor);
+    else
+        printf("  rope           theta %g, no scaling\n", c.rope_theta);
     if (c.is_dflash) {
         printf("  block_size     %d%s\n  mask_token_id  %d\n  target layers  %d, taps [", c.block_size,
                c.drafter_causal ? " (causal inside the block)" : "", c.mask_token_id, c.num_target_layers);
