@@ -215,8 +215,9 @@ static void test_continue_equals_fresh(void)
 
 /* With the auto width, rows of steps that drafted nothing reach the
  * drafter late, in one call. At every return the drafter must still hold
- * exactly the target's rows: after a clean run, and after its pool runs dry
- * in such a late call (the error names it; the target is cut back to match). */
+ * exactly the target's rows, and n_out must match them: after a clean run,
+ * and after its pool runs dry in such a late call (the error names it; the
+ * target is cut back, n_out too). */
 static void test_deferred_rows_keep_caches_in_step(void)
 {
     char tdir[512], ddir[512];
@@ -255,6 +256,10 @@ static void test_deferred_rows_keep_caches_in_step(void)
         }
         CHECKF(seq.len == ps->kv.len, "pages %d: target holds %d rows, drafter %d", ho.kv_blocks, seq.len,
                ps->kv.len);
+        /* and they hold the prompt and every emitted token but the last, so
+         * the sequence could be continued from out[n_out - 1] */
+        CHECKF(n_out >= 1 && seq.len == 20 + n_out - 1, "pages %d: %d tokens out, caches hold %d rows",
+               ho.kv_blocks, n_out, seq.len);
         h->proposer.ops->free_state(&h->proposer, state);
         dflash_qwen3_seq_free(t, &seq);
         dflash_head_free(h);

@@ -143,6 +143,7 @@ typedef struct spec_pending {
     int32_t tokens[DFLASH_MAX_BLOCK];
     int n, cap;
     int32_t pos0;
+    int32_t cut;      /* -1, or where a failed hand-over cut both caches back */
     int64_t tap_cols; /* n_taps * hidden */
     float *taps;      /* backend [cap, tap_cols], NULL without taps */
 } spec_pending;
@@ -156,8 +157,10 @@ static dflash_status pending_flush(dflash_kv_seq *seq, dflash_proposer *p, void 
     dflash_ctx_rows rows = { pd->tokens, pd->n, pd->pos0, pd->taps, pd->tap_cols };
     dflash_status s = p->ops->after_verify(p, &pstate, 1, &rows);
     st->observe_ms += now_ms() - t0;
-    if (s != DFLASH_OK) /* both caches end where the proposer's does */
+    if (s != DFLASH_OK) { /* both caches end where the proposer's does */
         dflash_kv_seq_truncate(seq, pd->pos0);
+        pd->cut = pd->pos0;
+    }
     pd->n = 0;
     return s;
 }
@@ -223,8 +226,12 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         int last_chunk = done + n == n_prompt;
         float *tap_rows = NULL;
         int32_t pos0 = seq->len;
-        DFLASH_TRY(target_rows(target, seq, prompt + done, n, taps, n_taps, last_chunk, &last_row, &cur, hl,
-                               &tap_rows));
+        dflash_status fs0 = target_rows(target, seq, prompt + done, n, taps, n_taps, last_chunk, &last_row, &cur, hl,
+                                        &tap_rows);
+        if (fs0 != DFLASH_OK) {
+            dflash_kv_seq_truncate(seq, pos0); /* the forward may have advanced it before failing */
+            return fs0;
+        }
         if (p) {
             dflash_ctx_rows rows = { prompt + done, n, pos0, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
             dflash_status bs = p->ops->begin(p, pstate, &rows);
@@ -274,8 +281,9 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         for (int i = 0; i <= k; i++)
             rows_idx[i] = i;
         float *tap_rows = NULL;
-        DFLASH_TRY(target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, hl, &tap_rows));
-        dflash_status cs = ss ? DFLASH_OK : check_greedy(target, g, k + 1, s + 1, st->n_steps + 1);
+        dflash_status cs = target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, hl, &tap_rows);
+        if (cs == DFLASH_OK && !ss)
+            cs = check_greedy(target, g, k + 1, s + 1, st->n_steps + 1);
         if (cs != DFLASH_OK) {
             dflash_kv_seq_truncate(seq, s); /* the caches stay as they were before the step */
             return cs;
@@ -406,7 +414,7 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
             return dflash_fail(DFLASH_ERR_OOM, "generate: out of memory for %d logits rows of %d", B, V);
         }
     }
-    spec_pending pd = { .cap = B };
+    spec_pending pd = { .cap = B, .cut = -1 };
     if (p) {
         const int *taps;
         pd.tap_cols = (int64_t)p->ops->tap_layers(p, &taps) * target->cfg.hidden_size;
@@ -420,10 +428,20 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
             return as;
         }
     }
+    const int32_t len0 = seq->len;
     dflash_status s = spec_loop(target, seq, p, pstate, prompt, n_prompt, o, B, ss, &pd, out, n_out, st);
     /* Rows still pending go to the proposer on every way out, so the
-     * caches agree when the call returns (the loop's invariant). */
+     * caches agree when the call returns (the loop's invariant). If such a
+     * late hand-over failed (here or before a propose), both caches ended
+     * where the proposer's rows end, before tokens already emitted: *n_out
+     * shrinks to what they hold (plus the unverified last token), so the
+     * sequence can still be continued. */
     dflash_status fs = pending_flush(seq, p, pstate, &pd, st);
+    if (pd.cut >= 0) {
+        const int keep = pd.cut - (len0 + n_prompt) + 1;
+        if (keep < *n_out)
+            *n_out = keep;
+    }
     if (s == DFLASH_OK)
         s = fs;
     if (pd.taps)

@@ -56,7 +56,12 @@ typedef struct dflash_gen_stats {
  * `pstate` a state of `p` that has seen exactly the same committed rows:
  * both empty for a new sequence, or left by an earlier call to continue it
  * (then `prompt` must start with that call's last output token, which was
- * emitted but not yet run through the target). p == NULL decodes plainly. Greedy: the output equals plain greedy decoding exactly.
+ * emitted but not yet run through the target). p == NULL decodes plainly.
+ * On an error return, too, both hold the same rows and *n_out counts the
+ * tokens they hold plus the unverified last one; when the error came from
+ * the proposer taking in rows it had been sent late (steps that drafted
+ * nothing), on_tokens may already have streamed a few tokens past *n_out.
+ * Greedy: the output equals plain greedy decoding exactly.
  * Sampled: every token follows the target's filtered distribution, with or
  * without a proposer; a seed reproduces the output exactly. */
 dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
