@@ -12,7 +12,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -24,9 +23,6 @@ _Static_assert(DFLASH_DTYPE_F32 == 1 && DFLASH_DTYPE_F16 == 2 && DFLASH_DTYPE_BF
                "kernels/common.cuh DT_* codes must match dflash_dtype");
 
 static const dflash_backend_ops k_cuda_ops;
-
-_Thread_local uint64_t dflash_cuda_current_id;
-static atomic_uint_least64_t g_next_id;
 
 /* ---- launching ---------------------------------------------------------- */
 
@@ -112,8 +108,7 @@ static void cuda_destroy(dflash_backend *be)
     cuda_ctx *c = CTX(be);
     if (c->ctx) {
         /* Teardown: report nothing, release everything that was made. */
-        if (c->cu.cuCtxSetCurrent(c->ctx) == 0)
-            dflash_cuda_current_id = c->id; /* reset to none below */
+        c->cu.cuCtxSetCurrent(c->ctx);
         if (c->stream)
             c->cu.cuStreamSynchronize(c->stream);
         for (size_t i = 0; i < c->n_owned; i++)
@@ -137,8 +132,6 @@ static void cuda_destroy(dflash_backend *be)
     }
     if (c->ctx_retained)
         c->cu.cuDevicePrimaryCtxRelease(c->dev);
-    if (dflash_cuda_current_id == c->id)
-        dflash_cuda_current_id = 0;
     free(c->owned);
     dflash_nvrtc_api_unload(&c->nv);
     dflash_cuda_api_unload(&c->cu);
@@ -166,8 +159,7 @@ static void cuda_free(dflash_backend *be, void *p)
     cuda_ctx *c = CTX(be);
     if (!p)
         return;
-    if (dflash_cuda_current_id != c->id && c->cu.cuCtxSetCurrent(c->ctx) == 0)
-        dflash_cuda_current_id = c->id;
+    c->cu.cuCtxSetCurrent(c->ctx);
     forget_owned(c, DPTR(p));
     /* cuMemFree waits for work in flight that may still use the buffer. */
     c->cu.cuMemFree(DPTR(p));
@@ -617,7 +609,6 @@ dflash_status dflash_backend_cuda_create(int device, dflash_backend **out)
     }
     be->ops = &k_cuda_ops;
     be->ctx = c;
-    c->id = atomic_fetch_add(&g_next_id, 1) + 1;
     dflash_status s = open_device(c, device);
     if (s != DFLASH_OK) {
         cuda_destroy(be);

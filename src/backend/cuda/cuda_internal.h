@@ -52,7 +52,6 @@ typedef struct cuda_ctx {
     int n_rope;
     CUevent ev[2]; /* timer start, stop (tools only) */
     dflash_backend_counters count; /* launches, waits, copies (benchmarks) */
-    uint64_t id;                   /* unique per backend, never reused (cuda_enter) */
     /* Workspaces: attention partials of key splits (attention_tc.cu);
      * split-K partials, arrival counters (kept zero between calls) and
      * argmax partials of the GEMM (gemm.cu). */
@@ -67,21 +66,7 @@ typedef struct cuda_ctx {
 
 /* The primary context is current on whichever thread calls in (an engine
  * may move between threads, one at a time). */
-/* The backend whose context this thread made current last (its id; 0:
- * none). The context is set once per thread and backend rather than with
- * a driver call per op. Assumes nothing else changes this thread's current
- * context between dflash calls. */
-extern _Thread_local uint64_t dflash_cuda_current_id;
-
-static inline dflash_status cuda_enter(cuda_ctx *c)
-{
-    if (dflash_cuda_current_id == c->id)
-        return DFLASH_OK;
-    dflash_status s = DFLASH_CU(&c->cu, cuCtxSetCurrent(c->ctx));
-    if (s == DFLASH_OK)
-        dflash_cuda_current_id = c->id;
-    return s;
-}
+static inline dflash_status cuda_enter(cuda_ctx *c) { return DFLASH_CU(&c->cu, cuCtxSetCurrent(c->ctx)); }
 
 static inline int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
