@@ -78,17 +78,23 @@ int cli_scan_int(const char *s, long lo, long hi, const char **end, long *out)
     return scan_decimal(s, lo < 0, end, &neg, &mag) && in_range(neg, mag, lo, hi, out);
 }
 
-int cli_parse_int(const char *opt, const char *s, long lo, long hi, int *out)
+int cli_parse_int_or(const char *opt, const char *s, const char *word, long lo, long hi, int *out)
 {
     const char *end;
     long v;
     if (!cli_scan_int(s, lo, hi, &end, &v) || *end) {
         err_prefix();
-        fprintf(stderr, "%s expects a decimal integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s);
+        fprintf(stderr, "%s expects %s%sa decimal integer in [%ld, %ld], got '%s'\n", opt, word ? word : "",
+                word ? " or " : "", lo, hi, s);
         return 0;
     }
     *out = (int)v;
     return 1;
+}
+
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, int *out)
+{
+    return cli_parse_int_or(opt, s, NULL, lo, hi, out);
 }
 
 int cli_parse_u64(const char *opt, const char *s, uint64_t *out)

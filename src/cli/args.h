@@ -32,6 +32,9 @@ int cli_is_list_sep(char c);
 /* Parse a whole string as an int in [lo, hi]; prints an error naming the
  * option and returns 0 on failure. */
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, int *out);
+/* As cli_parse_int, for an option that also takes a word (the caller
+ * checks for it first): the message says "expects WORD or a decimal ...". */
+int cli_parse_int_or(const char *opt, const char *s, const char *word, long lo, long hi, int *out);
 /* Any unsigned 64-bit value, decimal. */
 int cli_parse_u64(const char *opt, const char *s, uint64_t *out);
 /* A decimal number (digits, '.', an exponent) in [lo, hi]. */

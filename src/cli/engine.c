@@ -85,7 +85,7 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
             return 1;
         }
         a->block_fixed = 1;
-        return cli_parse_int(o, v, 2, DFLASH_MAX_BLOCK, &a->block_size) ? 1 : -1;
+        return cli_parse_int_or(o, v, "auto", 2, DFLASH_MAX_BLOCK, &a->block_size) ? 1 : -1;
     } else if (!strcmp(o, "--ctx-cap")) {
         VALUE();
         return cli_parse_int(o, v, 0, 1 << 30, &a->ctx_cap) ? 1 : -1;
