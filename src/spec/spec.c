@@ -132,11 +132,12 @@ typedef struct spec_sampling {
     float *logits; /* host [B, V] */
 } spec_sampling;
 
-/* Committed rows not yet given to the proposer. After a step that drafted
- * nothing (the width model chose plain decoding) its rows wait here and go
- * to the proposer in one call before the next propose (or when the buffer
- * is full, or when generation ends): one call for many rows reads the
- * drafter's weights once instead of once per token. The proposer's
+/* Committed rows on their way to the proposer. A step that drafted hands
+ * them over at once; after a step that drafted nothing (the width model
+ * chose plain decoding) they wait and go over in one call before the next
+ * propose (or when the buffer is full, or when generation ends): one call
+ * for many rows reads the drafter's weights once instead of once per
+ * token. The proposer's
  * results do not depend on how rows are grouped (batch invariance), so
  * this changes time, never tokens. */
 typedef struct spec_pending {
@@ -323,37 +324,28 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         dflash_kv_seq_truncate(seq, s + n_emit);
 
         /* 7 OBSERVE: the same rows go to the proposer, so a later call can
-         * continue this sequence (a chat's next turn): at once after a
-         * step that drafted, else into the pending rows (spec_pending). If
-         * it fails, the target goes back to where the proposer's rows end:
-         * both caches stay in step. */
+         * continue this sequence (a chat's next turn). They join the
+         * pending rows (spec_pending), which go over at once after a step
+         * that drafted, else later in one call. If a hand-over fails, the
+         * target goes back to where the proposer's rows end: both caches
+         * stay in step. */
         if (p) {
-            const int defer = k == 0 && pd->n + n_emit <= pd->cap;
-            if (!defer)
+            if (pd->n + n_emit > pd->cap)
                 DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
-            if (defer || (pd->n == 0 && k == 0)) {
-                if (pd->n == 0)
-                    pd->pos0 = s;
-                memcpy(pd->tokens + pd->n, block, (size_t)n_emit * sizeof(int32_t));
-                dflash_status cs2 = pd->taps ? target->be->ops->copy_rows(target->be, pd->taps + pd->n * pd->tap_cols,
-                                                                          pd->tap_cols, tap_rows, pd->tap_cols, NULL,
-                                                                          n_emit, pd->tap_cols)
-                                             : DFLASH_OK;
-                if (cs2 != DFLASH_OK) {
-                    dflash_kv_seq_truncate(seq, s);
-                    return cs2;
-                }
-                pd->n += n_emit;
-            } else {
-                double t4 = now_ms();
-                dflash_ctx_rows rows = { block, n_emit, s, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
-                dflash_status os = p->ops->after_verify(p, &pstate, 1, &rows);
-                st->observe_ms += now_ms() - t4;
-                if (os != DFLASH_OK) {
-                    dflash_kv_seq_truncate(seq, s);
-                    return os;
-                }
+            if (pd->n == 0)
+                pd->pos0 = s;
+            memcpy(pd->tokens + pd->n, block, (size_t)n_emit * sizeof(int32_t));
+            dflash_status cs2 = pd->taps ? target->be->ops->copy_rows(target->be, pd->taps + pd->n * pd->tap_cols,
+                                                                      pd->tap_cols, tap_rows, pd->tap_cols, NULL,
+                                                                      n_emit, pd->tap_cols)
+                                         : DFLASH_OK;
+            if (cs2 != DFLASH_OK) {
+                dflash_kv_seq_truncate(seq, s);
+                return cs2;
             }
+            pd->n += n_emit;
+            if (k > 0)
+                DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
         }
 
         *n_out += n_emit;
