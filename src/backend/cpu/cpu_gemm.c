@@ -47,31 +47,35 @@ static float lanes_sum(const float l[8])
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-/* Widen n elements of weight row r (exact) into dst. */
-static void widen_row(const dflash_weight *w, int64_t r, int64_t n, float *dst)
+/* Row r of w widened to f32 (exact) into dst [w->cols]; shared with
+ * cpu_ops.c (embeddings, norm weights). */
+void dflash_cpu_weight_row(const dflash_weight *w, int64_t r, float *dst)
 {
-    const int64_t K = w->cols;
+    const int64_t n = w->cols;
     switch (w->dtype) {
     case DFLASH_DTYPE_BF16: {
-        const uint16_t *s = (const uint16_t *)w->data + r * K;
+        const uint16_t *s = (const uint16_t *)w->data + r * n;
         for (int64_t i = 0; i < n; i++)
             dst[i] = dflash_bf16_to_f32(s[i]);
         break;
     }
     case DFLASH_DTYPE_F16: {
-        const uint16_t *s = (const uint16_t *)w->data + r * K;
+        const uint16_t *s = (const uint16_t *)w->data + r * n;
         for (int64_t i = 0; i < n; i++)
             dst[i] = dflash_f16_to_f32(s[i]);
         break;
     }
     case DFLASH_DTYPE_F8_E4M3: {
-        const uint8_t *s = (const uint8_t *)w->data + r * K;
+        const uint8_t *s = (const uint8_t *)w->data + r * n;
         for (int64_t i = 0; i < n; i++)
             dst[i] = dflash_fp8e4m3_to_f32(s[i]);
         break;
     }
-    default: /* F32 (dtypes are checked by the caller) */
-        memcpy(dst, (const float *)w->data + r * K, (size_t)n * sizeof(float));
+    case DFLASH_DTYPE_F32:
+        memcpy(dst, (const float *)w->data + r * n, (size_t)n * sizeof(float));
+        break;
+    default: /* callers check dtypes first */
+        memset(dst, 0, (size_t)n * sizeof(float));
     }
 }
 
@@ -87,7 +91,7 @@ static void gemm_portable(const float *x, int n, const dflash_weight *w, float *
 {
     const int64_t K = w->cols, N = w->rows;
     for (int64_t c = c0; c < c1; c++) {
-        widen_row(w, c, K, wr);
+        dflash_cpu_weight_row(w, c, wr);
         for (int i = 0; i < n; i++) {
             const float *xr = x + (int64_t)i * K;
             float l[8] = { 0 };
@@ -292,7 +296,7 @@ static void gemm_tiles(tile_fn tile, int max_r, int max_c, const float *x, int n
                          out + (int64_t)i * N + c, N, scale);
                 } else {
                     for (int j = 0; j < C; j++)
-                        widen_row(w, c + j, K, wbuf + j * K);
+                        dflash_cpu_weight_row(w, c + j, wbuf + j * K);
                     tile(R, C, 0, x + (int64_t)i * K, K, wbuf, K, K, out + (int64_t)i * N + c, N, scale);
                 }
             }

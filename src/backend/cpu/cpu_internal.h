@@ -14,6 +14,9 @@ dflash_status cpu_sync(dflash_backend *be);
 dflash_status cpu_weight_from_host(dflash_backend *be, dflash_weight *w, const void *host_data,
                                    const float *host_scales);
 
+/* Row r of w widened to f32 (exact) into dst [w->cols]. */
+void dflash_cpu_weight_row(const dflash_weight *w, int64_t r, float *dst);
+
 /* Instruction sets the linear has kernels for, in increasing order. All
  * give bit-identical results (cpu_gemm.c defines the summation order). */
 typedef enum dflash_cpu_isa {

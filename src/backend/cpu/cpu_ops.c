@@ -1,10 +1,11 @@
-/* cpu_ops.c: the reference definition of every backend op, in plain C.
+/* cpu_ops.c: the reference definition of every backend op but the linear
+ * (cpu_gemm.c), in C.
  *
- * Written for clarity first. Two properties matter beyond the math:
+ * Two properties matter beyond the math:
  * - every output element is computed by one thread in a fixed order, so a
  *   row's result never depends on how many rows share the call (what makes
  *   speculative output bit-identical to plain decoding);
- * - f32 accumulation everywhere; weights are widened element by element. */
+ * - f32 accumulation everywhere; weights are widened exactly to f32. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
@@ -16,37 +17,6 @@
  * costs more than the work (and oversubscribed machines spin). Results do
  * not depend on the choice: each element is still computed in one order. */
 #define PAR_MIN_WORK (1 << 21)
-
-/* Widen n weight elements of row `r` into dst (f32). */
-static void weight_row_f32(const dflash_weight *w, int64_t r, float *dst)
-{
-    const int64_t n = w->cols;
-    switch (w->dtype) {
-    case DFLASH_DTYPE_BF16: {
-        const uint16_t *src = (const uint16_t *)w->data + r * n;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = dflash_bf16_to_f32(src[i]);
-        break;
-    }
-    case DFLASH_DTYPE_F16: {
-        const uint16_t *src = (const uint16_t *)w->data + r * n;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = dflash_f16_to_f32(src[i]);
-        break;
-    }
-    case DFLASH_DTYPE_F32:
-        memcpy(dst, (const float *)w->data + r * n, (size_t)n * sizeof(float));
-        break;
-    case DFLASH_DTYPE_F8_E4M3: {
-        const uint8_t *src = (const uint8_t *)w->data + r * n;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = dflash_fp8e4m3_to_f32(src[i]);
-        break;
-    }
-    default:
-        memset(dst, 0, (size_t)n * sizeof(float));
-    }
-}
 
 static int weight_dtype_ok(const dflash_weight *w)
 {
@@ -64,8 +34,9 @@ static dflash_status check_weight(const dflash_weight *w, const char *op)
 }
 
 /* Dot product with 8 interleaved partial sums: a fixed summation order
- * (independent of any batch size) that the compiler can still vectorize. */
-/* always inlined: attention's clones get it in their own instruction set */
+ * (independent of any batch size) that the compiler can still vectorize.
+ * Always inlined, so attention's clones get it in their own instruction
+ * set. */
 static inline __attribute__((always_inline)) float dot_f32(const float *a, const float *b, int64_t n)
 {
     float acc[8] = { 0 };
@@ -90,7 +61,7 @@ static dflash_status cpu_embed(dflash_backend *be, const dflash_weight *table, c
     }
 #pragma omp parallel for schedule(static) if ((int64_t)n * table->cols > PAR_MIN_WORK)
     for (int i = 0; i < n; i++)
-        weight_row_f32(table, ids[i], out + (int64_t)i * table->cols);
+        dflash_cpu_weight_row(table, ids[i], out + (int64_t)i * table->cols);
     return DFLASH_OK;
 }
 
@@ -103,7 +74,7 @@ static dflash_status cpu_add_rmsnorm(dflash_backend *be, float *x, const float *
         return dflash_fail(DFLASH_ERR_SHAPE, "rmsnorm: weight %s has %lld elements, rows have %d",
                            w->name ? w->name : "?", (long long)(w->rows * w->cols), dim);
     float wf[dim];
-    weight_row_f32(&(dflash_weight){ w->dtype, 1, dim, w->data, NULL, NULL }, 0, wf);
+    dflash_cpu_weight_row(&(dflash_weight){ w->dtype, 1, dim, w->data, NULL, NULL }, 0, wf);
 #pragma omp parallel for schedule(static) if ((int64_t)n * dim > PAR_MIN_WORK)
     for (int i = 0; i < n; i++) {
         float *xr = x + (int64_t)i * dim;
@@ -143,7 +114,7 @@ static dflash_status cpu_norm_rope(dflash_backend *be, float *x, const dflash_we
     float nw[head_dim], inv_freq[half];
     if (norm) {
         DFLASH_TRY(check_weight(norm, "q/k norm"));
-        weight_row_f32(&(dflash_weight){ norm->dtype, 1, head_dim, norm->data, NULL, NULL }, 0, nw);
+        dflash_cpu_weight_row(&(dflash_weight){ norm->dtype, 1, head_dim, norm->data, NULL, NULL }, 0, nw);
     }
     /* As Hugging Face computes it: in f32, theta^(2j/D) then its inverse. */
     for (int j = 0; j < half; j++)
