@@ -134,9 +134,9 @@ static void ref_attention(int n, int Hq, int Hkv, int D, const float *q, const i
 
 /* bf16: the pool keeps bf16 and extra keys are rounded to it, so the
  * reference sees every key and value rounded. */
-static void check_attention(int causal, int window, int lo, dflash_dtype kv_dt)
+static void check_attention(int causal, int window, int lo, dflash_dtype kv_dt, const int HQ, const int HKV)
 {
-    enum { HQ = 4, HKV = 2, D = 8, CTX = 37, NB = 5, B = 6, BT = 4 };
+    enum { D = 8, CTX = 37, NB = 5, B = 6, BT = 4 };
     const int row = HKV * D;
     dflash_kv_layout kv = { 8, 2, HKV, D, kv_dt, NULL };
     CHECK_OK(be->ops->alloc(be, (size_t)8 * 2 * 2 * DFLASH_KV_BLOCK * row * dflash_dtype_size(kv_dt), &kv.data));
@@ -208,11 +208,15 @@ static void test_attention_modes(void)
 {
     for (int b = 0; b < 2; b++) {
         dflash_dtype dt = b ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
-        check_attention(0, 0, 0, dt);  /* drafter full layer: bidirectional */
-        check_attention(1, 0, 0, dt);  /* causal */
-        check_attention(1, 5, 0, dt);  /* sliding layer */
-        check_attention(0, 0, 20, dt); /* context window cut mid-block */
+        check_attention(0, 0, 0, dt, 4, 2);  /* drafter full layer: bidirectional */
+        check_attention(1, 0, 0, dt, 4, 2);  /* causal */
+        check_attention(1, 5, 0, dt, 4, 2);  /* sliding layer */
+        check_attention(0, 0, 20, dt, 4, 2); /* context window cut mid-block */
     }
+    /* More query heads per kv head than one CPU task holds (16): 20:1
+     * (multi-query) and 36:2, split into head chunks. */
+    check_attention(1, 0, 0, DFLASH_DTYPE_F32, 20, 1);
+    check_attention(0, 0, 0, DFLASH_DTYPE_BF16, 36, 2);
 }
 
 /* A row's linear/attention result must not depend on the batch it is in. */

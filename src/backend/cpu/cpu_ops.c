@@ -211,20 +211,25 @@ static inline __attribute__((always_inline)) const float *kv_row_f32(dflash_dtyp
     return buf;
 }
 
-/* Key or value row `which` (0 K, 1 V) of kv head kvh at key position kp:
- * paged (pass 0, pool block from the block table) or extra (pass 1, its
- * index t), as f32 (bf16 rows are widened into buf). */
-static inline __attribute__((always_inline)) const float *attn_row(const dflash_attn_args *a, int i, int pass, int t, int kp, int which, int kvh,
-                             float *buf)
+/* The pool row (K: which 0, V: 1) of kv head kvh at position kp of row
+ * i's sequence, in the pool's dtype. */
+static inline __attribute__((always_inline)) const char *paged_row(const dflash_attn_args *a, int i, int kp, int which,
+                                                                   int kvh)
+{
+    int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
+    return (const char *)a->kv->data + kv_index(a->kv, blk, a->layer, which, kvh, kp) * dflash_dtype_size(a->kv->dtype);
+}
+
+/* Key or value row `which` of kv head kvh at key position kp: paged (pass
+ * 0) or extra (pass 1, its index t), as f32 (bf16 rows are widened into
+ * buf). */
+static inline __attribute__((always_inline)) const float *attn_row(const dflash_attn_args *a, int i, int pass, int t,
+                                                                   int kp, int which, int kvh, float *buf)
 {
     const int D = a->head_dim;
     const dflash_dtype kdt = a->kv ? a->kv->dtype : DFLASH_DTYPE_F32; /* no pool: extra keys only */
-    if (pass == 0) {
-        int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
-        const char *base = a->kv->data;
-        return kv_row_f32(kdt, base + kv_index(a->kv, blk, a->layer, which, kvh, kp) * dflash_dtype_size(kdt), 1,
-                          D, buf);
-    }
+    if (pass == 0)
+        return kv_row_f32(kdt, paged_row(a, i, kp, which, kvh), 1, D, buf);
     const int32_t *si = a->seq_info + (int64_t)a->row_seq[i] * DFLASH_SEQ_INFO_LEN;
     const float *src = which ? a->v_extra : a->k_extra;
     return kv_row_f32(kdt, src + (si[2] + t) * (int64_t)a->n_kv_heads * D + kvh * D, 0, D, buf);
@@ -236,10 +241,8 @@ static inline __attribute__((always_inline)) const float *attn_row(const dflash_
 static inline __attribute__((always_inline)) void attn_prefetch(const dflash_attn_args *a, int i, int kp, int which,
                                                                 int kvh)
 {
-    int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
-    const size_t es = dflash_dtype_size(a->kv->dtype);
-    const char *row = (const char *)a->kv->data + kv_index(a->kv, blk, a->layer, which, kvh, kp) * es;
-    for (size_t off = 0; off < (size_t)a->head_dim * es; off += 64)
+    const char *row = paged_row(a, i, kp, which, kvh);
+    for (size_t off = 0; off < (size_t)a->head_dim * dflash_dtype_size(a->kv->dtype); off += 64)
         __builtin_prefetch(row + off);
 }
 
@@ -248,9 +251,14 @@ static inline __attribute__((always_inline)) void attn_prefetch(const dflash_att
 #define ATTN_TASK_QUERIES 16
 /* Keys ahead that attn_prefetch asks for. */
 #define ATTN_PREFETCH 4
+/* From this much work (multiply-adds of the scores) on, attention's tasks
+ * are shared among the pool's threads. */
+#define ATTN_POOL_MIN (1 << 18)
 
 /* A task: rows [r0, r1) of one sequence (consecutive: rows are
- * sequence-major) and the query heads of kv head kvh. Per query, softmax in
+ * sequence-major) and query heads h0 .. h0 + nh - 1 of the group of kv
+ * head kvh (all of it unless the group has more than ATTN_TASK_QUERIES
+ * heads). Per query, softmax in
  * three passes over its visible keys in a fixed order (paged keys by
  * ascending position, then the extra keys): scores (kept in sc) and their
  * maximum; exponentials and their sum; the weighted sum of the values,
@@ -261,10 +269,10 @@ static inline __attribute__((always_inline)) void attn_prefetch(const dflash_att
  * contraction or reassociation the vector code computes exactly what the
  * scalar code does, so every clone gives the same bits. */
 __attribute__((target_clones("avx512f", "avx2", "default"))) static void attend_task(const dflash_attn_args *a,
-                                                                                     int r0, int r1, int kvh,
-                                                                                     int max_keys, float *sc)
+                                                                                     int r0, int r1, int kvh, int h0,
+                                                                                     int nh, int max_keys, float *sc)
 {
-    const int D = a->head_dim, G = a->n_heads / a->n_kv_heads, nq = (r1 - r0) * G;
+    const int D = a->head_dim, G = a->n_heads / a->n_kv_heads, nq = (r1 - r0) * nh;
     const int32_t *si = a->seq_info + (int64_t)a->row_seq[r0] * DFLASH_SEQ_INFO_LEN;
     float m[ATTN_TASK_QUERIES], l[ATTN_TASK_QUERIES], acc[ATTN_TASK_QUERIES][D], buf[D];
     int n[ATTN_TASK_QUERIES];
@@ -274,8 +282,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static void attend_
         n[qi] = 0;
         memset(acc[qi], 0, (size_t)D * sizeof(float));
     }
-    /* query qi: row r0 + qi / G, head kvh * G + qi % G */
-#define QROW(qi) (r0 + (qi) / G)
+    /* query qi: row r0 + qi / nh, head kvh * G + h0 + qi % nh */
+#define QROW(qi) (r0 + (qi) / nh)
+#define QHEAD(qi) (kvh * G + h0 + (qi) % nh)
 #define VISIBLE(qi, kp)                                                                                        \
     (!(a->causal && (kp) > a->q_pos[QROW(qi)]) && !(a->window > 0 && a->q_pos[QROW(qi)] - (kp) >= a->window))
     for (int pass = 0; pass < 2; pass++) {
@@ -288,7 +297,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static void attend_
             for (int qi = 0; qi < nq; qi++) {
                 if (!VISIBLE(qi, kp))
                     continue;
-                const float *q = a->q + ((int64_t)QROW(qi) * a->n_heads + kvh * G + qi % G) * D;
+                const float *q = a->q + ((int64_t)QROW(qi) * a->n_heads + QHEAD(qi)) * D;
                 float s = dot_f32(q, k, D) * a->scale;
                 sc[(int64_t)qi * max_keys + n[qi]++] = s;
                 m[qi] = s > m[qi] ? s : m[qi];
@@ -320,34 +329,37 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static void attend_
         }
     }
     for (int qi = 0; qi < nq; qi++) {
-        float *out = a->out + ((int64_t)QROW(qi) * a->n_heads + kvh * G + qi % G) * D;
+        float *out = a->out + ((int64_t)QROW(qi) * a->n_heads + QHEAD(qi)) * D;
         const float inv = l[qi] > 0.0f ? 1.0f / l[qi] : 0.0f; /* no visible key: zeros */
         for (int d = 0; d < D; d++)
             out[d] = acc[qi][d] * inv;
     }
 #undef VISIBLE
+#undef QHEAD
 #undef QROW
 }
 
-/* Attention's tasks for the pool (cpu_pool.c): task t is row run
- * t / n_kv_heads, kv head t % n_kv_heads. */
+/* Attention's tasks for the pool (cpu_pool.c): task t is row run t / per_run,
+ * then kv head, then head chunk (of `heads` query heads) within the group. */
 typedef struct attn_job {
     const dflash_attn_args *a;
     const int *run0;
-    int max_keys;
+    int heads, chunks, max_keys; /* query heads per task, head chunks per group */
     atomic_int oom;
 } attn_job;
 
 static void attn_chunk(void *ctx, int t)
 {
     attn_job *j = ctx;
-    const int nkv = j->a->n_kv_heads, r = t / nkv;
+    const int G = j->a->n_heads / j->a->n_kv_heads, per_run = j->a->n_kv_heads * j->chunks;
+    const int r = t / per_run, kvh = t % per_run / j->chunks, h0 = t % j->chunks * j->heads;
+    const int nh = G - h0 < j->heads ? G - h0 : j->heads;
     float *sc = malloc((size_t)ATTN_TASK_QUERIES * (size_t)j->max_keys * sizeof(float));
     if (!sc) {
         atomic_store(&j->oom, 1);
         return;
     }
-    attend_task(j->a, j->run0[r], j->run0[r + 1], t % nkv, j->max_keys, sc);
+    attend_task(j->a, j->run0[r], j->run0[r + 1], kvh, h0, nh, j->max_keys, sc);
     free(sc);
 }
 
@@ -357,17 +369,15 @@ static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a
     if (a->n_heads % a->n_kv_heads != 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: %d heads not a multiple of %d kv heads",
                            a->n_heads, a->n_kv_heads);
-    const int G = a->n_heads / a->n_kv_heads;
-    if (G > ATTN_TASK_QUERIES)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "attention: %d query heads per kv head (at most %d)", G,
-                           ATTN_TASK_QUERIES);
     if (a->kv && !kv_dtype_ok(a->kv))
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "attention: KV pool dtype %s (F32 or BF16)",
                            dflash_dtype_name(a->kv->dtype));
-    /* Tasks: runs of at most ATTN_TASK_QUERIES / G consecutive rows of one
-     * sequence, times the kv heads. Work: rows x heads x keys x head_dim;
-     * the score buffer holds the most keys one row can see, per query. */
-    const int rows_per_task = ATTN_TASK_QUERIES / G;
+    /* Tasks: runs of consecutive rows of one sequence, times the kv heads,
+     * times chunks of a group's query heads, ATTN_TASK_QUERIES queries at
+     * most. Work: rows x heads x keys x head_dim; the score buffer holds
+     * the most keys one row can see, per query. */
+    const int G = a->n_heads / a->n_kv_heads;
+    const int heads = G < ATTN_TASK_QUERIES ? G : ATTN_TASK_QUERIES, rows_per_task = ATTN_TASK_QUERIES / heads;
     int n_runs = 0, run0[a->n_rows + 1];
     int64_t keys = 0;
     int max_keys = 1;
@@ -380,9 +390,9 @@ static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a
             run0[n_runs++] = i;
     }
     run0[n_runs] = a->n_rows;
-    attn_job j = { a, run0, max_keys, ATOMIC_VAR_INIT(0) };
-    const int n_tasks = n_runs * a->n_kv_heads;
-    if (keys * a->n_heads * a->head_dim >= PAR_MIN_WORK / 8)
+    attn_job j = { a, run0, heads, (G + heads - 1) / heads, max_keys, ATOMIC_VAR_INIT(0) };
+    const int n_tasks = n_runs * a->n_kv_heads * j.chunks;
+    if (keys * a->n_heads * a->head_dim >= ATTN_POOL_MIN)
         dflash_cpu_pool_run(attn_chunk, &j, n_tasks);
     else
         for (int t = 0; t < n_tasks; t++)
