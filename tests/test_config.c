@@ -42,24 +42,34 @@ static dflash_status parse(const char *text, dflash_model_config *c)
 
 /* Parse `base` after setting top-level `key` to the JSON `value` (or
  * deleting it when value is NULL). */
-static dflash_status parse_edit(const char *base, const char *key, const char *value, dflash_model_config *c)
+/* `base` with top-level keys[i] set to values[i] (JSON text; NULL: the key
+ * removed), parsed. */
+static dflash_status parse_edits(const char *base, int n, const char *const *keys, const char *const *values,
+                                 dflash_model_config *c)
 {
     json_t *root = json_loads(base, 0, NULL);
     CHECK(root != NULL);
     if (!root)
         return DFLASH_ERR_INVALID_ARG;
-    if (value) {
-        json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
-        CHECKF(v != NULL, "bad test value %s", value);
-        json_object_set_new(root, key, v);
-    } else {
-        json_object_del(root, key);
+    for (int i = 0; i < n; i++) {
+        if (values[i]) {
+            json_t *v = json_loads(values[i], JSON_DECODE_ANY, NULL);
+            CHECKF(v != NULL, "bad test value %s", values[i]);
+            json_object_set_new(root, keys[i], v);
+        } else {
+            json_object_del(root, keys[i]);
+        }
     }
     char *text = json_dumps(root, 0);
     json_decref(root);
     dflash_status s = parse(text, c);
     free(text);
     return s;
+}
+
+static dflash_status parse_edit(const char *base, const char *key, const char *value, dflash_model_config *c)
+{
+    return parse_edits(base, 1, &key, &value, c);
 }
 
 /* ---- good configs ------------------------------------------------------ */
@@ -386,17 +396,8 @@ static void test_drafter_errors(void)
  * dflash_config replaced by `dcfg`, parsed. */
 static dflash_status parse_drafter(const char *top, const char *top_value, const char *dcfg, dflash_model_config *c)
 {
-    json_t *root = json_loads(k_drafter, 0, NULL);
-    if (top_value)
-        json_object_set_new(root, top, json_loads(top_value, JSON_DECODE_ANY, NULL));
-    else
-        json_object_del(root, top);
-    json_object_set_new(root, "dflash_config", json_loads(dcfg, 0, NULL));
-    char *text = json_dumps(root, 0);
-    json_decref(root);
-    dflash_status s = parse(text, c);
-    free(text);
-    return s;
+    const char *keys[] = { top, "dflash_config" }, *values[] = { top_value, dcfg };
+    return parse_edits(k_drafter, 2, keys, values, c);
 }
 
 /* The layouts newer drafters use: block_size inside dflash_config, eight

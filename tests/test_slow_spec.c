@@ -153,27 +153,40 @@ static void test_stop_tokens(void)
     dflash_qwen3_free(t);
 }
 
+/* The gqa_tied target (contexts up to 400) and the d2_tied drafter made
+ * with `ho` (NULL: the defaults with max_ctx 400). 1 with both loaded;
+ * else 0 with nothing left loaded. */
+static int load_tied_pair(const dflash_head_opts *ho, dflash_qwen3 **t, dflash_head **h)
+{
+    char tdir[512], ddir[512];
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 400;
+    dflash_head_opts dho;
+    dflash_head_default_opts(&dho);
+    dho.max_ctx = 400;
+    *t = NULL;
+    *h = NULL;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, t));
+    if (*t)
+        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), *t, ho ? ho : &dho, h));
+    if (!*h) {
+        dflash_qwen3_free(*t);
+        *t = NULL;
+        return 0;
+    }
+    return 1;
+}
+
 /* A second call continues the sequence (a chat turn): its output equals
  * plain decoding of the whole conversation from scratch, and a stop token
  * in the first call leaves both caches consistent. */
 static void test_continue_equals_fresh(void)
 {
-    char tdir[512], ddir[512];
-    dflash_qwen3 *t = NULL;
-    dflash_head *h = NULL;
-    dflash_qwen3_opts to;
-    dflash_qwen3_default_opts(&to);
-    to.max_ctx = 400;
-    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &t));
-    dflash_head_opts ho;
-    dflash_head_default_opts(&ho);
-    ho.max_ctx = 400;
-    if (t)
-        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
-    if (!h) {
-        dflash_qwen3_free(t);
+    dflash_qwen3 *t;
+    dflash_head *h;
+    if (!load_tied_pair(NULL, &t, &h))
         return;
-    }
     int32_t p1[20], first[30], turn2[40], second[30], whole[120], plain[30];
     int n1, n2, np;
     dflash_gen_stats st;
@@ -220,16 +233,13 @@ static void test_continue_equals_fresh(void)
  * target is cut back, n_out too). */
 static void test_deferred_rows_keep_caches_in_step(void)
 {
-    char tdir[512], ddir[512];
-    dflash_qwen3 *t = NULL;
-    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, NULL, &t));
-    for (int blocks = 0; blocks < 2 && t; blocks++) {
+    for (int blocks = 0; blocks < 2; blocks++) {
         dflash_head_opts ho;
         dflash_head_default_opts(&ho);
         ho.kv_blocks = blocks ? 4 : 0; /* 4 pages = 64 positions: runs dry mid-generation */
-        dflash_head *h = NULL;
-        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
-        if (!h)
+        dflash_qwen3 *t;
+        dflash_head *h;
+        if (!load_tied_pair(&ho, &t, &h))
             continue;
         int32_t prompt[20], out[100];
         int n_out = 0;
@@ -263,8 +273,8 @@ static void test_deferred_rows_keep_caches_in_step(void)
         h->proposer.ops->free_state(&h->proposer, state);
         dflash_qwen3_seq_free(t, &seq);
         dflash_head_free(h);
+        dflash_qwen3_free(t);
     }
-    dflash_qwen3_free(t);
 }
 
 /* The cost-aware width (each step drafts 0..B-1 tokens, chosen from
@@ -332,22 +342,10 @@ static void test_auto_width_equals_plain(void)
  * tokens) must then see every draft accepted, its mirror none. */
 static void test_sampled_equals_plain(void)
 {
-    char tdir[512], ddir[512];
-    dflash_qwen3 *t = NULL;
-    dflash_head *h = NULL;
-    dflash_qwen3_opts to;
-    dflash_qwen3_default_opts(&to);
-    to.max_ctx = 400;
-    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &t));
-    dflash_head_opts ho;
-    dflash_head_default_opts(&ho);
-    ho.max_ctx = 400;
-    if (t)
-        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
-    if (!h) {
-        dflash_qwen3_free(t);
+    dflash_qwen3 *t;
+    dflash_head *h;
+    if (!load_tied_pair(NULL, &t, &h))
         return;
-    }
     enum { NP = 30, NN = 60 };
     int32_t prompt[NP], plain[NN], out[NN], expect[NP + NN];
     int n_plain, n_out;
@@ -400,20 +398,14 @@ static void test_sampled_equals_plain(void)
  * cache and the drafter's context stay in step (nothing half-appended). */
 static void test_drafter_pool_exhaustion(void)
 {
-    char tdir[512], ddir[512];
-    dflash_qwen3 *t = NULL;
-    dflash_head *h = NULL;
-    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, NULL, &t));
+    dflash_qwen3 *t;
+    dflash_head *h;
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
     ho.ctx_cap = 16;
     ho.kv_blocks = 1;
-    if (t)
-        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), t, &ho, &h));
-    if (!h) {
-        dflash_qwen3_free(t);
+    if (!load_tied_pair(&ho, &t, &h))
         return;
-    }
     int32_t prompt[20], out[8];
     int n_out = 0;
     prompt_for(t->cfg.vocab_size, 20, 1, prompt);
