@@ -360,7 +360,7 @@ static void gemm_chunk(void *ctx, int i)
     gemm_job *j = ctx;
     const int64_t K = j->w->cols, N = j->w->rows;
     const int64_t c0 = (int64_t)i * j->per, c1 = c0 + j->per < N ? c0 + j->per : N;
-    float *wbuf = j->need_buf ? malloc((size_t)j->max_c * (size_t)K * sizeof(float)) : NULL;
+    float *wbuf = j->need_buf ? dflash_cpu_scratch((size_t)j->max_c * (size_t)(K > 0 ? K : 1)) : NULL;
     if (j->need_buf && !wbuf) {
         atomic_store(&j->oom, 1);
         return;
@@ -373,7 +373,6 @@ static void gemm_chunk(void *ctx, int i)
         chunk = chunk < j->max_c ? j->max_c : chunk / j->max_c * j->max_c;
         gemm_tiles(j->tile, j->max_r, j->max_c, j->x, j->n, j->w, j->out, c0, c1, chunk, wbuf);
     }
-    free(wbuf);
 }
 
 dflash_status dflash_cpu_gemm(dflash_cpu_isa isa, const float *x, int n, const dflash_weight *w, float *out)

@@ -40,6 +40,9 @@ dflash_status dflash_cpu_gemm(dflash_cpu_isa isa, const float *x, int n, const d
  * returning when all are done. */
 int dflash_cpu_pool_threads(void);
 void dflash_cpu_pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int n_chunks);
+/* The calling thread's scratch of at least `count` floats (NULL when out
+ * of memory), valid until its next call on this thread. */
+float *dflash_cpu_scratch(size_t count);
 
 extern const dflash_backend_ops dflash_cpu_ops_table;
 

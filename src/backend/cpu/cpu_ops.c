@@ -10,7 +10,6 @@
 
 #include <math.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* Below this many multiply-adds an op runs on one thread: waking a team
@@ -354,13 +353,12 @@ static void attn_chunk(void *ctx, int t)
     const int G = j->a->n_heads / j->a->n_kv_heads, per_run = j->a->n_kv_heads * j->chunks;
     const int r = t / per_run, kvh = t % per_run / j->chunks, h0 = t % j->chunks * j->heads;
     const int nh = G - h0 < j->heads ? G - h0 : j->heads;
-    float *sc = malloc((size_t)ATTN_TASK_QUERIES * (size_t)j->max_keys * sizeof(float));
+    float *sc = dflash_cpu_scratch((size_t)ATTN_TASK_QUERIES * (size_t)j->max_keys);
     if (!sc) {
         atomic_store(&j->oom, 1);
         return;
     }
     attend_task(j->a, j->run0[r], j->run0[r + 1], kvh, h0, nh, j->max_keys, sc);
-    free(sc);
 }
 
 static dflash_status cpu_attention(dflash_backend *be, const dflash_attn_args *a)

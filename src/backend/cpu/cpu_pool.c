@@ -1,4 +1,5 @@
-/* cpu_pool.c: the threads the CPU linear splits its columns over.
+/* cpu_pool.c: the threads the CPU linear and attention split their work
+ * over, and each thread's scratch buffer.
  *
  * Why not OpenMP here: a forward makes ~40 linear calls of 10-500 us each.
  * With OpenMP's passive waiting every call pays a futex wake-up of each
@@ -184,4 +185,21 @@ void dflash_cpu_pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int n_chun
     while (atomic_load(&p->done) < n_chunks) /* chunks a worker still holds */
         wait_a_little(&spins);
     atomic_flag_clear(&p->in_use);
+}
+
+/* Per-thread scratch, grown on demand and kept for the thread's life:
+ * chunks run on every forward, so they must not allocate each time. */
+static _Thread_local float *tl_scratch;
+static _Thread_local size_t tl_scratch_cap;
+
+float *dflash_cpu_scratch(size_t count)
+{
+    if (count > tl_scratch_cap) {
+        float *p = realloc(tl_scratch, count * sizeof(float));
+        if (!p)
+            return NULL;
+        tl_scratch = p;
+        tl_scratch_cap = count;
+    }
+    return tl_scratch;
 }
