@@ -441,13 +441,19 @@ static dflash_status target_image(bench_image *im, const bench_geom *g, int voca
 
 /* ---- the backend, its clock and its bandwidth --------------------------- */
 
+/* Per call, from the backend's counters; counted 0 where it keeps none
+ * (the CPU). */
+typedef struct bench_counts {
+    int counted;
+    double launches, syncs, uploads, upload_bytes;
+} bench_counts;
+
 typedef struct bench_row {
     const char *op;
     int rows, ctx;
     double median_us, min_us, bytes;
     double host_us; /* median host time inside the call (GPU: enqueueing, plus any wait the call makes) */
-    int counted;    /* the backend counts (GPU): the four per-call figures below are known */
-    double launches, syncs, uploads, upload_bytes;
+    bench_counts counts;
 } bench_row;
 
 typedef struct bench_run {
@@ -461,9 +467,6 @@ typedef struct bench_run {
     double bw_driver; /* the driver's device copy (GPU), 0 on the CPU */
     bench_row rows[(BENCH_MAX_WIDTHS + 2) * BENCH_MAX_CTX]; /* per context: propose, verifies, decode */
     int n_rows;
-    /* Per call, from the backend's counters (GPU), of the last time_op. */
-    int counted;
-    double launches, syncs, uploads, upload_bytes;
 } bench_run;
 
 /* --device: cuda must work; auto falls back to the CPU and says why. */
@@ -536,13 +539,14 @@ static double median_of(double *v, int n)
 
 /* host_us (may be NULL): the median host time spent inside the call; on
  * the GPU, near the device time means the host's launches are the limit. */
-static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double *median, double *min, double *host_us)
+static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double *median, double *min, double *host_us,
+                             bench_counts *counts)
 {
     double us[BENCH_MAX_REPS], hs[BENCH_MAX_REPS];
     dflash_backend_counters c0 = { 0 }, c1 = { 0 };
     const dflash_backend_ops *o = r->be->ops;
     for (int i = -BENCH_WARMUP; i < reps; i++) {
-        if (i == 0 && o->counters)
+        if (i == 0 && counts && o->counters)
             o->counters(r->be, &c0);
         double t0 = 0, t;
         DFLASH_TRY(clock_start(r, &t0));
@@ -557,13 +561,16 @@ static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double 
             hs[i] = h;
         }
     }
-    r->counted = o->counters != NULL;
-    if (r->counted) {
+    if (counts) {
+        memset(counts, 0, sizeof *counts);
+        counts->counted = o->counters != NULL;
+    }
+    if (counts && counts->counted) {
         o->counters(r->be, &c1);
-        r->launches = (double)(c1.launches - c0.launches) / reps;
-        r->syncs = (double)(c1.syncs - c0.syncs) / reps;
-        r->uploads = (double)(c1.uploads - c0.uploads) / reps;
-        r->upload_bytes = (double)(c1.upload_bytes - c0.upload_bytes) / reps;
+        counts->launches = (double)(c1.launches - c0.launches) / reps;
+        counts->syncs = (double)(c1.syncs - c0.syncs) / reps;
+        counts->uploads = (double)(c1.uploads - c0.uploads) / reps;
+        counts->upload_bytes = (double)(c1.upload_bytes - c0.upload_bytes) / reps;
     }
     *median = median_of(us, reps);
     *min = us[0]; /* sorted by median_of */
@@ -614,11 +621,11 @@ static dflash_status measure_bandwidth(bench_run *r)
     if (s == DFLASH_OK) {
         bench_op op = { copy_run, NULL, &c };
         /* time_op's warm-up also faults the destination's pages in. */
-        s = time_op(r, &op, BENCH_BW_REPS, &med, &min, NULL);
+        s = time_op(r, &op, BENCH_BW_REPS, &med, &min, NULL, NULL);
     }
     if (s == DFLASH_OK && r->cuda) {
         bench_op op = { driver_copy_run, NULL, &c };
-        s = time_op(r, &op, BENCH_BW_REPS, &dmed, &min, NULL);
+        s = time_op(r, &op, BENCH_BW_REPS, &dmed, &min, NULL, NULL);
     }
     r->bw_bytes = (double)n * (double)row_bytes;
     r->bw_op = med > 0 ? 2 * r->bw_bytes / (med * 1e-6) : 0;
@@ -656,11 +663,9 @@ static double kv_bytes_per_pos(const dflash_kv_layout *kv)
 }
 
 static void add_row(bench_run *r, const char *op, int rows, int ctx, double med, double min, double bytes,
-                    double host_us)
+                    double host_us, const bench_counts *counts)
 {
-    r->rows[r->n_rows++] = (bench_row){ op,           rows,      ctx,          med,        min,
-                                        bytes,        host_us,   r->counted,   r->launches, r->syncs,
-                                        r->uploads,   r->upload_bytes };
+    r->rows[r->n_rows++] = (bench_row){ op, rows, ctx, med, min, bytes, host_us, *counts };
 }
 
 static const int *ctx_list(const bench_run *r, int target, int *n)
@@ -806,12 +811,13 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
         propose_op o = { pr, d->state, d->tokens[0], filled, h->block_size - 1, { 0 } };
         bench_op op = { propose_run, NULL, &o };
         double med, min, host;
-        DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host));
+        bench_counts counts;
+        DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host, &counts));
         /* Weights once (the fc is not used: the context is already built),
          * the B embedding rows, and every visible context position's K/V. */
         double bytes = weights + (double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
                        (double)filled * kv_bytes_per_pos(&h->kv.layout);
-        add_row(r, "propose", h->block_size, filled, med, min, bytes, host);
+        add_row(r, "propose", h->block_size, filled, med, min, bytes, host, &counts);
     }
     return DFLASH_OK;
 }
@@ -900,11 +906,12 @@ static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *s
             }
             bench_op op = { forward_run, forward_after, &o };
             double med, min, host;
-            DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host));
+            bench_counts counts;
+            DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host, &counts));
             /* Weights once, the rows' embeddings, and the K/V of every
              * position the last row sees (the context and the rows). */
             double bytes = weights + o.n * embed_row + (double)(ctx[c] + o.n) * kv_bytes_per_pos(&m->kv.layout);
-            add_row(r, k == n_w ? "decode" : "verify", o.n, ctx[c], med, min, bytes, host);
+            add_row(r, k == n_w ? "decode" : "verify", o.n, ctx[c], med, min, bytes, host, &counts);
         }
     }
     return DFLASH_OK;
@@ -981,7 +988,7 @@ static void print_table(const bench_run *r)
     if (r->a->preset->drafter)
         printf("drafter weights: %s\n", r->a->fp8 ? "fp8 e4m3 + per-row scales (LM head bf16)" : "bf16");
     printf("\n");
-    const int counted = r->n_rows && r->rows[0].counted;
+    const int counted = r->n_rows && r->rows[0].counts.counted;
     if (counted)
         printf("launches, syncs (host waits), uploads: per call, from the backend's counters\n");
     printf("%-8s %5s %7s %12s %12s %10s %12s %8s %10s", "op", "rows", "ctx", "median_us", "min_us", "MB",
@@ -992,8 +999,8 @@ static void print_table(const bench_run *r)
         double fl = floor_us(r, w);
         printf("%-8s %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%% %10.1f", w->op, w->rows, w->ctx, w->median_us,
                w->min_us, w->bytes / 1e6, fl, 100 * fl / w->median_us, w->host_us);
-        if (w->counted)
-            printf(" %9.1f %6.1f %8.1f", w->launches, w->syncs, w->uploads);
+        if (w->counts.counted)
+            printf(" %9.1f %6.1f %8.1f", w->counts.launches, w->counts.syncs, w->counts.uploads);
         printf("\n");
     }
 }
@@ -1015,9 +1022,9 @@ static void print_json(const bench_run *r)
                "\"floor_us\":%.3f,\"floor_pct\":%.3f,\"host_us\":%.3f",
                i ? "," : "", w->op, w->rows, w->ctx, w->median_us, w->min_us, w->bytes, fl, 100 * fl / w->median_us,
                w->host_us);
-        if (w->counted)
-            printf(",\"launches\":%.2f,\"syncs\":%.2f,\"uploads\":%.2f,\"upload_bytes\":%.0f", w->launches, w->syncs,
-                   w->uploads, w->upload_bytes);
+        if (w->counts.counted)
+            printf(",\"launches\":%.2f,\"syncs\":%.2f,\"uploads\":%.2f,\"upload_bytes\":%.0f", w->counts.launches,
+                   w->counts.syncs, w->counts.uploads, w->counts.upload_bytes);
         printf("}");
     }
     printf("]}\n");
