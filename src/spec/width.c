@@ -18,7 +18,6 @@ void dflash_width_init(dflash_width *m, int max_drafts)
     if (max_drafts > DFLASH_WIDTH_MAX - 1)
         max_drafts = DFLASH_WIDTH_MAX - 1;
     m->max_drafts = max_drafts < 0 ? 0 : max_drafts;
-    m->last_k = -1;
 }
 
 static void line_add(dflash_width_line *l, double x, double y)
@@ -118,7 +117,6 @@ int dflash_width_choose(dflash_width *m, int limit)
         k = 0;
     if (k > hi)
         k = hi;
-    m->last_k = k;
     return k;
 }
 

@@ -37,7 +37,6 @@ typedef struct dflash_width {
     double accepted[DFLASH_WIDTH_MAX];     /* [j-1]: ... and accepted j */
     dflash_width_line verify, propose;     /* ms against rows (k + 1) / drafts (k) */
     long steps;
-    int last_k;
 } dflash_width;
 
 void dflash_width_init(dflash_width *m, int max_drafts);

@@ -733,8 +733,8 @@ typedef struct mode_total {
     int64_t widths[DFLASH_MAX_BLOCK]; /* steps that drafted k tokens */
 } mode_total;
 
-/* Sampling options of gen_timed's runs (greedy unless a check sets them). */
-static dflash_sampler_opts g_samp = { .top_p = 1.0, .rep_penalty = 1.0 };
+/* Sampling options of gen_timed's runs; NULL: greedy (the defaults). */
+static const dflash_sampler_opts *g_samp;
 
 /* auto_width: the cost-aware width (spec.h) instead of the full block. */
 static int gen_timed(dflash_qwen3 *t, dflash_head *h, int auto_width, const int32_t *ids, int n_ids, int32_t *out,
@@ -747,7 +747,8 @@ static int gen_timed(dflash_qwen3 *t, dflash_head *h, int auto_width, const int3
     dflash_gen_default_opts(&go);
     go.n_new = PYSTD_NEW;
     go.width_auto = auto_width;
-    go.sampler = g_samp;
+    if (g_samp)
+        go.sampler = *g_samp;
     *n_out = 0;
     if (!step(dflash_qwen3_seq_init(t, &seq), what))
         return 0;
@@ -872,12 +873,15 @@ static void check_pystd(void)
     /* Seeded sampling: each token drawn with its position's uniform, so
      * speculative (full block or auto width) equals plain token for token. */
     int samp_same = 0, samp_n = 0;
-    g_samp.temperature = 0.8;
-    g_samp.top_k = 50;
+    dflash_sampler_opts so;
+    dflash_sampler_default_opts(&so);
+    so.temperature = 0.8;
+    so.top_k = 50;
+    g_samp = &so;
     for (size_t i = 0; i < n && i < 6; i++) {
         int32_t sp[PYSTD_NEW], ss[PYSTD_NEW], sa[PYSTD_NEW];
         int np = 0, ns = 0, na = 0;
-        g_samp.seed = 1000 + i;
+        so.seed = 1000 + i;
         int ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain") &&
                  gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec") &&
                  gen_timed(t, h, 1, ids[i], (int)n_ids[i], sa, &na, NULL, "sampled spec auto");
@@ -885,7 +889,7 @@ static void check_pystd(void)
         samp_same += ok && np == ns && np == na && !memcmp(sp, ss, (size_t)np * sizeof(int32_t)) &&
                      !memcmp(sp, sa, (size_t)np * sizeof(int32_t));
     }
-    g_samp = (dflash_sampler_opts){ .top_p = 1.0, .rep_penalty = 1.0 };
+    g_samp = NULL;
     add_row("sampled spec==plain (gpu)", samp_same == samp_n, "equal", "%d/%d prompts (T 0.8, top-k 50)", samp_same,
             samp_n);
     if (auto_bad >= 0)
