@@ -13,6 +13,11 @@ typedef struct dflash_levers {
     int cpu_threads;  /* DFLASH_CPU_THREADS: threads of the CPU backend's pool; 0 = OMP_NUM_THREADS, else the cores */
 } dflash_levers;
 
+/* DFLASH_CPU_ISA's values, in the order of cpu_isa (and of the CPU
+ * backend's dflash_cpu_isa). */
+#define DFLASH_CPU_ISA_COUNT 3
+extern const char *const dflash_cpu_isa_names[DFLASH_CPU_ISA_COUNT];
+
 const dflash_levers *dflash_levers_get(void);
 /* Re-read the environment (tests change variables between cases). */
 void dflash_levers_reload(void);

@@ -24,9 +24,7 @@
 #include "core/levers.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <stdatomic.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -316,11 +314,9 @@ static dflash_cpu_isa isa_detect(void)
     return DFLASH_CPU_ISA_PORTABLE;
 }
 
-static const char *const isa_names[] = { "portable", "avx2", "avx512" }; /* the DFLASH_CPU_ISA values */
-
 const char *dflash_cpu_isa_name(dflash_cpu_isa isa)
 {
-    return isa >= 0 && isa <= DFLASH_CPU_ISA_AVX512 ? isa_names[isa] : "?";
+    return isa >= 0 && isa < DFLASH_CPU_ISA_COUNT ? dflash_cpu_isa_names[isa] : "?";
 }
 
 dflash_cpu_isa dflash_cpu_isa_best(void)
