@@ -314,6 +314,8 @@ static dflash_cpu_isa isa_detect(void)
     return DFLASH_CPU_ISA_PORTABLE;
 }
 
+_Static_assert(DFLASH_CPU_ISA_AVX512 + 1 == DFLASH_CPU_ISA_COUNT, "dflash_cpu_isa_names lists every dflash_cpu_isa");
+
 const char *dflash_cpu_isa_name(dflash_cpu_isa isa)
 {
     return isa >= 0 && isa < DFLASH_CPU_ISA_COUNT ? dflash_cpu_isa_names[isa] : "?";
