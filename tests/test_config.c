@@ -83,8 +83,8 @@ static void test_qwen3_full(void)
     CHECK(c.hidden_size == 1024 && c.num_hidden_layers == 28);
     CHECK(c.num_attention_heads == 16 && c.num_key_value_heads == 8 && c.head_dim == 128);
     CHECK(c.intermediate_size == 3072 && c.vocab_size == 151936 && c.max_position_embeddings == 40960);
-    CHECK(c.rms_norm_eps == 1e-6f && c.rope_theta == 1e6);
-    CHECK(c.rope_scaling == DFLASH_ROPE_NONE && c.rope_scaling_factor == 1.0);
+    CHECK(c.rms_norm_eps == 1e-6f && c.rope.theta == 1e6);
+    CHECK(c.rope.kind == DFLASH_ROPE_DEFAULT && c.rope_freq.n_pairs == c.head_dim / 2 && c.rope_freq.attn_factor == 1.0f);
     CHECK(c.tie_word_embeddings == 1 && c.bos_token_id == 151643);
     CHECK(c.n_eos == 1 && c.eos_token_ids[0] == 151645);
     CHECK(c.sliding_window == 0 && c.layer_sliding[0] == 0 && c.layer_sliding[27] == 0);
@@ -96,8 +96,8 @@ static void test_defaults(void)
     dflash_model_config c;
     CHECK_OK(parse(k_minimal, &c));
     CHECK(c.num_key_value_heads == 2 && c.head_dim == 32);
-    CHECK(c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6f && c.rope_theta == 10000.0);
-    CHECK(c.rope_scaling == DFLASH_ROPE_NONE && c.rope_scaling_factor == 1.0);
+    CHECK(c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6f && c.rope.theta == 10000.0);
+    CHECK(c.rope.kind == DFLASH_ROPE_DEFAULT);
     CHECK(c.tie_word_embeddings == 0 && c.bos_token_id == -1 && c.n_eos == 0);
     CHECK(c.architecture[0] == 0 && c.torch_dtype[0] == 0 && c.sliding_window == 0 && c.is_dflash == 0);
     CHECK_OK(parse_edit(k_qwen3, "bos_token_id", "null", &c));
@@ -116,12 +116,14 @@ static void test_rope_parameters(void)
                         "\"intermediate_size\":128,\"vocab_size\":1000,\"dtype\":\"float16\","
                         "\"rope_parameters\":{\"rope_theta\":5000000.0,\"rope_type\":\"default\"}}";
     CHECK_OK(parse(newer, &c));
-    CHECK(c.rope_theta == 5e6 && c.rope_scaling == DFLASH_ROPE_NONE);
+    CHECK(c.rope.theta == 5e6 && c.rope.kind == DFLASH_ROPE_DEFAULT);
     CHECK(strcmp(c.torch_dtype, "float16") == 0);
     CHECK_OK(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"linear\",\"factor\":2}", &c));
-    CHECK(c.rope_scaling == DFLASH_ROPE_LINEAR && c.rope_scaling_factor == 2.0);
-    CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"yarn\",\"factor\":4}", &c),
-                DFLASH_ERR_UNSUPPORTED, "'rope_parameters.rope_type' = \"yarn\"");
+    CHECK(c.rope.kind == DFLASH_ROPE_LINEAR && c.rope.factor == 2.0);
+    CHECK_OK(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"yarn\",\"factor\":4}", &c));
+    CHECK(c.rope.kind == DFLASH_ROPE_YARN && c.rope.original_max_pos == 32768 && c.rope.truncate == 1);
+    CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"longrope\"}", &c),
+                DFLASH_ERR_UNSUPPORTED, "'rope_parameters.rope_type' = \"longrope\"");
     CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":0}", &c), DFLASH_ERR_FORMAT,
                 "'rope_theta' = 0");
     CHECK_FAILS(parse_edit(newer, "rope_parameters", "[1]", &c), DFLASH_ERR_FORMAT,
@@ -132,17 +134,37 @@ static void test_rope_scaling(void)
 {
     dflash_model_config c;
     CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"linear\",\"factor\":4.0}", &c));
-    CHECK(c.rope_scaling == DFLASH_ROPE_LINEAR && c.rope_scaling_factor == 4.0);
+    CHECK(c.rope.kind == DFLASH_ROPE_LINEAR && c.rope.factor == 4.0);
     CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"type\":\"linear\",\"factor\":2}", &c));
-    CHECK(c.rope_scaling == DFLASH_ROPE_LINEAR && c.rope_scaling_factor == 2.0);
+    CHECK(c.rope.kind == DFLASH_ROPE_LINEAR && c.rope.factor == 2.0);
     CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"default\"}", &c));
-    CHECK(c.rope_scaling == DFLASH_ROPE_NONE);
-    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4.0}", &c),
-                DFLASH_ERR_UNSUPPORTED, "cfg.json: field 'rope_scaling.rope_type' = \"yarn\" is not supported");
+    CHECK(c.rope.kind == DFLASH_ROPE_DEFAULT);
+    /* the published forms: Llama 3.1, a Qwen3 YaRN with DeepSeek's mscale keys */
+    CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                        "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}", &c));
+    CHECK(c.rope.kind == DFLASH_ROPE_LLAMA3 && c.rope.factor == 8 && c.rope.low_freq_factor == 1 &&
+          c.rope.high_freq_factor == 4 && c.rope.original_max_pos == 8192);
+    CHECK_OK(parse_edit(k_qwen3, "rope_scaling", "{\"type\":\"yarn\",\"factor\":40,\"mscale\":0.707,"
+                        "\"mscale_all_dim\":0.707,\"beta_fast\":16,\"truncate\":false}", &c));
+    CHECK(c.rope.kind == DFLASH_ROPE_YARN && c.rope.mscale == 0.707 && c.rope.mscale_all_dim == 0.707 &&
+          c.rope.beta_fast == 16 && c.rope.beta_slow == 1 && c.rope.truncate == 0 &&
+          c.rope.original_max_pos == c.max_position_embeddings);
     CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"type\":\"dynamic\",\"factor\":2}", &c),
-                DFLASH_ERR_UNSUPPORTED, "'rope_scaling.type' = \"dynamic\"");
+                DFLASH_ERR_UNSUPPORTED, "cfg.json: field 'rope_scaling.type' = \"dynamic\" is not supported");
     CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8}", &c),
-                DFLASH_ERR_UNSUPPORTED, "\"llama3\"");
+                DFLASH_ERR_FORMAT, "required field 'rope_scaling.low_freq_factor' is missing");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":4,"
+                           "\"high_freq_factor\":1,\"original_max_position_embeddings\":8192}", &c),
+                DFLASH_ERR_FORMAT, "'rope_scaling.high_freq_factor' = 1, expected more than low_freq_factor (4)");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,\"truncate\":1}", &c),
+                DFLASH_ERR_FORMAT, "'rope_scaling.truncate' is an integer, expected a boolean");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":-2}", &c),
+                DFLASH_ERR_FORMAT, "'rope_scaling.beta_fast' = -2, expected > 0");
+    CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,"
+                           "\"partial_rotary_factor\":0.5}", &c),
+                DFLASH_ERR_UNSUPPORTED, "'rope_scaling.partial_rotary_factor' = 0.5 is not supported");
+    CHECK_FAILS(parse_edit(k_qwen3, "partial_rotary_factor", "0.25", &c), DFLASH_ERR_UNSUPPORTED,
+                "'partial_rotary_factor' = 0.25 is not supported");
     CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"linear\"}", &c), DFLASH_ERR_FORMAT,
                 "required field 'rope_scaling.factor' is missing");
     CHECK_FAILS(parse_edit(k_qwen3, "rope_scaling", "{\"rope_type\":\"linear\",\"factor\":-1}", &c),

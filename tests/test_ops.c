@@ -82,7 +82,9 @@ static void test_rmsnorm_and_rope(void)
     for (int i = 0; i < D; i++)
         nw[i] = 1.0f + 0.1f * frand();
     dflash_weight w = { DFLASH_DTYPE_F32, 1, D, nw, NULL, "qn" };
-    CHECK_OK(be->ops->norm_rope(be, x, &w, pos, N, HEADS, D, 1e-6f, 10000.0, 1.0));
+    dflash_rope rope;
+    CHECK_OK(dflash_rope_default(10000.0, D, &rope));
+    CHECK_OK(be->ops->norm_rope(be, x, &w, pos, N, HEADS, D, 1e-6f, &rope));
     double ref[N * HEADS * D];
     for (int i = 0; i < N; i++)
         for (int h = 0; h < HEADS; h++) {

@@ -50,13 +50,20 @@ dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n,
     return be->ops->argmax(be, logits, n, (int)w->rows, ids);
 }
 
+dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim)
+{
+    if (!rope || rope->n_pairs * 2 != head_dim)
+        return dflash_fail(DFLASH_ERR_SHAPE, "norm_rope: RoPE table of %d dimension pairs for head_dim %d",
+                           rope ? rope->n_pairs : 0, head_dim);
+    return DFLASH_OK;
+}
+
 dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                      float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
-                                     int head_dim, float eps, double theta, double pos_scale)
+                                     int head_dim, float eps, const dflash_rope *rope)
 {
     if (be->ops->qk_norm_rope && q_norm && k_norm && q_norm->dtype == k_norm->dtype)
-        return be->ops->qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, theta,
-                                     pos_scale);
-    DFLASH_TRY(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, theta, pos_scale));
-    return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, theta, pos_scale);
+        return be->ops->qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope);
+    DFLASH_TRY(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, rope));
+    return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope);
 }

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "core/rope.h"
 #include "core/status.h"
 
 /* A weight matrix [rows, cols] (a vector is rows = 1). For fp8 weights,
@@ -122,11 +123,12 @@ typedef struct dflash_backend_ops {
     /* out[n, W.rows] = x[n, W.cols] * W^T, f32 accumulation */
     dflash_status (*linear)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out);
     /* In place on x [n, n_heads, head_dim]: optional per-head RMSNorm with
-     * `norm` [head_dim] (NULL: none), then NeoX RoPE at pos[i] / pos_scale
-     * with inv_freq[j] = theta^(-2j/head_dim). */
+     * `norm` [head_dim] (NULL: none), then NeoX RoPE: dimension pairs
+     * (j, j + head_dim / 2) turn by angle (float)pos[i] * rope->inv_freq[j],
+     * with cos and sin times rope->attn_factor (rope->n_pairs must be
+     * head_dim / 2; core/rope.h computes the table). */
     dflash_status (*norm_rope)(dflash_backend *be, float *x, const dflash_weight *norm, const int32_t *pos,
-                               int n, int n_heads, int head_dim, float eps, double theta,
-                               double pos_scale);
+                               int n, int n_heads, int head_dim, float eps, const dflash_rope *rope);
     /* out = silu(gate) * up over count elements */
     dflash_status (*swiglu)(dflash_backend *be, const float *gate, const float *up, size_t count,
                             float *out);
@@ -158,7 +160,7 @@ typedef struct dflash_backend_ops {
      * given, of the same dtype). */
     dflash_status (*qk_norm_rope)(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads, float *k,
                                   const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
-                                  int head_dim, float eps, double theta, double pos_scale);
+                                  int head_dim, float eps, const dflash_rope *rope);
     /* ids[i] = argmax over columns of row i of x W^T (argmax's rules, -1
      * included);
      * logits [n, W.rows] is scratch, its content afterwards unspecified
@@ -183,9 +185,11 @@ void dflash_backend_destroy(dflash_backend *be);
  * the composition of primitives. */
 dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                      float *const *out, enum dflash_act act);
+/* The checks every norm_rope makes: a table for head_dim's pairs. */
+dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim);
 dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                      float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
-                                     int head_dim, float eps, double theta, double pos_scale);
+                                     int head_dim, float eps, const dflash_rope *rope);
 dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                       int32_t *ids);
 

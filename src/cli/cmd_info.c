@@ -41,10 +41,17 @@ int dflash_cmd_info(int argc, char **argv)
            c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     printf("  intermediate   %d\n  vocab          %d%s\n", c.intermediate_size, c.vocab_size,
            c.tie_word_embeddings ? " (tied embeddings)" : "");
-    if (c.rope_scaling == DFLASH_ROPE_LINEAR)
-        printf("  rope           theta %g, linear scaling factor %g\n", c.rope_theta, c.rope_scaling_factor);
-    else
-        printf("  rope           theta %g, no scaling\n", c.rope_theta);
+    const dflash_rope_params *r = &c.rope;
+    printf("  rope           %s, theta %g", dflash_rope_kind_name(r->kind), r->theta);
+    if (r->kind != DFLASH_ROPE_DEFAULT)
+        printf(", factor %g", r->factor);
+    if (r->kind == DFLASH_ROPE_LLAMA3)
+        printf(", frequency factors low %g high %g", r->low_freq_factor, r->high_freq_factor);
+    if (r->kind == DFLASH_ROPE_LLAMA3 || r->kind == DFLASH_ROPE_YARN)
+        printf(", original context %g", r->original_max_pos);
+    if (r->kind == DFLASH_ROPE_YARN)
+        printf(", attention factor %.6g", c.rope_freq.attn_factor);
+    printf("\n");
     if (c.is_dflash) {
         printf("  block_size     %d%s\n  mask_token_id  %d\n  target layers  %d, taps [", c.block_size,
                c.drafter_causal ? " (causal inside the block)" : "", c.mask_token_id, c.num_target_layers);

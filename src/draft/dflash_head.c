@@ -314,7 +314,7 @@ static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const
         DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], s->b.k));
         DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_V], s->b.v));
         DFLASH_TRY(o->norm_rope(h->be, s->b.k, &l->w.k_norm, s->b.pos, m, c->num_key_value_heads, c->head_dim,
-                                c->rms_norm_eps, c->rope_theta, c->rope_scaling_factor));
+                                c->rms_norm_eps, &c->rope_freq));
         DFLASH_TRY(o->kv_write(h->be, &h->kv.layout, li, s->block_tables, h->bt_len, s->row_seq, s->b.pos, s->b.k,
                                s->b.v, m));
     }

@@ -202,55 +202,113 @@ static dflash_status cfg_parse_sizes(const char *label, const json_t *root, dfla
     return DFLASH_OK;
 }
 
-/* One rope scaling description (`rope_scaling` or `rope_parameters`): only
- * "default" and "linear" are implemented; anything else would silently
- * change the positions, so it is refused. */
+/* A required positive number of a RoPE object; `field` names the object. */
+static dflash_status cfg_rope_positive(const char *label, const char *field, const json_t *obj, const char *key,
+                                       int required, double def, double *out)
+{
+    char printed[96];
+    snprintf(printed, sizeof printed, "%s.%s", field, key);
+    if (required && !cfg_field(obj, key))
+        return cfg_missing(label, printed);
+    DFLASH_TRY(cfg_number(label, obj, key, printed, def, out));
+    if (cfg_field(obj, key) && !(*out > 0))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %g, expected > 0", label, printed, *out);
+    return DFLASH_OK;
+}
+
+/* One RoPE description (`rope_scaling` or `rope_parameters`), with the
+ * keys transformers reads for its kind. A kind this project does not
+ * implement would silently change the positions, so it is refused. */
 static dflash_status cfg_parse_rope_kind(const char *label, const char *field, const json_t *obj,
                                          dflash_model_config *c)
 {
+    static const struct {
+        const char *name;
+        dflash_rope_kind kind;
+    } kinds[] = { { "default", DFLASH_ROPE_DEFAULT },
+                  { "linear", DFLASH_ROPE_LINEAR },
+                  { "llama3", DFLASH_ROPE_LLAMA3 },
+                  { "yarn", DFLASH_ROPE_YARN } };
     const char *type_key = cfg_field(obj, "rope_type") ? "rope_type" : "type";
     const json_t *t = cfg_field(obj, type_key);
     char name[64], printed[96];
     snprintf(printed, sizeof printed, "%s.%s", field, type_key);
     DFLASH_TRY(cfg_string(label, printed, t, name, sizeof name));
-    if (name[0] == 0 || strcmp(name, "default") == 0)
+    size_t k = 0;
+    while (k < sizeof kinds / sizeof kinds[0] && strcmp(name, kinds[k].name) != 0)
+        k++;
+    if (name[0] == 0 || k == 0)
         return DFLASH_OK;
-    if (strcmp(name, "linear") != 0)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = \"%s\" is not supported (only default, linear)",
-                           label, printed, name);
-    snprintf(printed, sizeof printed, "%s.factor", field);
-    double factor = 0;
-    if (!cfg_field(obj, "factor"))
-        return cfg_missing(label, printed);
-    DFLASH_TRY(cfg_number(label, obj, "factor", printed, 1, &factor));
-    if (!(factor > 0))
-        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %g, expected > 0", label, printed, factor);
-    c->rope_scaling = DFLASH_ROPE_LINEAR;
-    c->rope_scaling_factor = factor;
+    if (k == sizeof kinds / sizeof kinds[0])
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED,
+                           "%s: field '%s' = \"%s\" is not supported (default, linear, llama3, yarn are)", label,
+                           printed, name);
+    dflash_rope_params *p = &c->rope;
+    p->kind = kinds[k].kind;
+    DFLASH_TRY(cfg_rope_positive(label, field, obj, "factor", 1, 1, &p->factor));
+    if (p->kind == DFLASH_ROPE_LLAMA3) {
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "low_freq_factor", 1, 1, &p->low_freq_factor));
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "high_freq_factor", 1, 1, &p->high_freq_factor));
+        if (!(p->high_freq_factor > p->low_freq_factor))
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s.high_freq_factor' = %g, expected more than "
+                               "low_freq_factor (%g)", label, field, p->high_freq_factor, p->low_freq_factor);
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "original_max_position_embeddings", 1, 1,
+                                     &p->original_max_pos));
+    } else if (p->kind == DFLASH_ROPE_YARN) {
+        /* absent: the context the model was configured for, as transformers does */
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "original_max_position_embeddings", 0,
+                                     c->max_position_embeddings, &p->original_max_pos));
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "attention_factor", 0, 0, &p->attention_factor));
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "mscale", 0, 0, &p->mscale));
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "mscale_all_dim", 0, 0, &p->mscale_all_dim));
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "beta_fast", 0, 32, &p->beta_fast));
+        DFLASH_TRY(cfg_rope_positive(label, field, obj, "beta_slow", 0, 1, &p->beta_slow));
+        p->truncate = 1;
+        if (cfg_field(obj, "truncate")) {
+            snprintf(printed, sizeof printed, "%s.truncate", field);
+            if (!json_is_boolean(cfg_field(obj, "truncate")))
+                return cfg_wrong_type(label, printed, cfg_field(obj, "truncate"), "a boolean");
+            p->truncate = json_is_true(cfg_field(obj, "truncate"));
+        }
+    }
+    double partial = 1;
+    snprintf(printed, sizeof printed, "%s.partial_rotary_factor", field);
+    DFLASH_TRY(cfg_number(label, obj, "partial_rotary_factor", printed, 1, &partial));
+    if (partial != 1)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = %g is not supported (only 1: every dimension "
+                           "rotates)", label, printed, partial);
     return DFLASH_OK;
 }
 
+/* RoPE: rope_theta at the top level or in rope_parameters; the kind from
+ * rope_scaling (published configs) or else rope_parameters (what
+ * transformers 5 writes); then the frequency table for head_dim. */
 static dflash_status cfg_parse_rope(const char *label, const json_t *root, dflash_model_config *c)
 {
-    c->rope_scaling = DFLASH_ROPE_NONE;
-    c->rope_scaling_factor = 1;
+    c->rope = (dflash_rope_params){ .kind = DFLASH_ROPE_DEFAULT, .factor = 1 };
     const json_t *params = cfg_field(root, "rope_parameters");
     if (params && !json_is_object(params))
         return cfg_wrong_type(label, "rope_parameters", params, "an object");
     if (cfg_field(root, "rope_theta"))
-        DFLASH_TRY(cfg_number(label, root, "rope_theta", "rope_theta", 10000, &c->rope_theta));
+        DFLASH_TRY(cfg_number(label, root, "rope_theta", "rope_theta", 10000, &c->rope.theta));
     else
-        DFLASH_TRY(cfg_number(label, params, "rope_theta", "rope_parameters.rope_theta", 10000, &c->rope_theta));
-    if (!(c->rope_theta > 0))
-        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'rope_theta' = %g, expected > 0", label, c->rope_theta);
+        DFLASH_TRY(cfg_number(label, params, "rope_theta", "rope_parameters.rope_theta", 10000, &c->rope.theta));
+    if (!(c->rope.theta > 0))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'rope_theta' = %g, expected > 0", label, c->rope.theta);
     const json_t *scaling = cfg_field(root, "rope_scaling");
     if (scaling && !json_is_object(scaling))
         return cfg_wrong_type(label, "rope_scaling", scaling, "an object or null");
     if (scaling)
         DFLASH_TRY(cfg_parse_rope_kind(label, "rope_scaling", scaling, c));
-    if (params && c->rope_scaling == DFLASH_ROPE_NONE)
+    if (params && c->rope.kind == DFLASH_ROPE_DEFAULT)
         DFLASH_TRY(cfg_parse_rope_kind(label, "rope_parameters", params, c));
-    return DFLASH_OK;
+    double partial = 1;
+    DFLASH_TRY(cfg_number(label, root, "partial_rotary_factor", "partial_rotary_factor", 1, &partial));
+    if (partial != 1)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field 'partial_rotary_factor' = %g is not supported (only 1: "
+                           "every dimension rotates)", label, partial);
+    dflash_status s = dflash_rope_init(&c->rope, c->head_dim, &c->rope_freq);
+    return s == DFLASH_OK ? s : dflash_fail_prefix(s, "%s: ", label);
 }
 
 static dflash_status cfg_parse_tokens(const char *label, const json_t *root, dflash_model_config *c)

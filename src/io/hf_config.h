@@ -6,16 +6,12 @@
 
 #include <stddef.h>
 
+#include "core/rope.h"
 #include "core/status.h"
 
 #define DFLASH_MAX_LAYERS 256
 #define DFLASH_MAX_EOS 8
 #define DFLASH_MAX_TAPS 64
-
-typedef enum dflash_rope_scaling {
-    DFLASH_ROPE_NONE = 0,  /* absent, null, or rope_type "default" */
-    DFLASH_ROPE_LINEAR,    /* positions divided by factor */
-} dflash_rope_scaling;
 
 typedef struct dflash_model_config {
     char architecture[64]; /* architectures[0], e.g. "Qwen3ForCausalLM" */
@@ -31,9 +27,11 @@ typedef struct dflash_model_config {
     int vocab_size;
     int max_position_embeddings;
     float rms_norm_eps;
-    double rope_theta;       /* top level or rope_parameters.rope_theta */
-    dflash_rope_scaling rope_scaling;
-    double rope_scaling_factor; /* 1 when none */
+    /* RoPE: theta (top level or rope_parameters.rope_theta) and the kind
+     * with its parameters (rope_scaling, else rope_parameters); rope_freq
+     * is the table computed from them for head_dim. */
+    dflash_rope_params rope;
+    dflash_rope rope_freq;
     int tie_word_embeddings; /* 0/1 */
     int bos_token_id;        /* -1 if absent */
     int n_eos;

@@ -105,7 +105,7 @@ static void ckpt_tolerate(dflash_binder *b, const dflash_model_config *c)
                        "the LM head is model.embed_tokens.weight (as in transformers)", dflash_st_path(b->st));
             b->used[i] = 1;
         } else if (ends_with(name, "rotary_emb.inv_freq")) {
-            dflash_log(DFLASH_LOG_DEBUG, "%s: tensor '%s' is not used: RoPE frequencies come from rope_theta",
+            dflash_log(DFLASH_LOG_DEBUG, "%s: tensor '%s' is not used: RoPE frequencies come from the config",
                        dflash_st_path(b->st), name);
             b->used[i] = 1;
         }
@@ -172,9 +172,7 @@ static dflash_status ckpt_refuse_unused(const dflash_binder *b, const dflash_mod
 
 dflash_status qwen3_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w)
 {
-    if (c->head_dim % 2 != 0)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim",
-                           dflash_st_path(b->st), c->head_dim);
+    /* an odd head_dim never gets here: the config's RoPE table refuses it */
     DFLASH_TRY(ckpt_bind_tensors(b, c, w));
     ckpt_tolerate(b, c);
     if (dflash_binder_unused(b, NULL, 0) > 0)
@@ -229,8 +227,7 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
     float *const qkv[3] = { b->q, b->k, b->v };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
     return dflash_be_qk_norm_rope(be, b->q, &l->q_norm, c->num_attention_heads, b->k, &l->k_norm,
-                                  c->num_key_value_heads, b->pos, n, c->head_dim, c->rms_norm_eps, c->rope_theta,
-                                  c->rope_scaling_factor);
+                                  c->num_key_value_heads, b->pos, n, c->head_dim, c->rms_norm_eps, &c->rope_freq);
 }
 
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,

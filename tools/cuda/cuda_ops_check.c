@@ -697,20 +697,35 @@ typedef struct rope_arg {
     const dflash_weight *norm;
     const int32_t *pos;
     int n, heads, hd;
-    double theta, pos_scale;
+    const dflash_rope *rope;
 } rope_arg;
 static dflash_status run_rope(void *p)
 {
     rope_arg *a = p;
-    return g_gpu->ops->norm_rope(g_gpu, a->x, a->norm, a->pos, a->n, a->heads, a->hd, 1e-6f, a->theta, a->pos_scale);
+    return g_gpu->ops->norm_rope(g_gpu, a->x, a->norm, a->pos, a->n, a->heads, a->hd, 1e-6f, a->rope);
 }
 
-static void case_norm_rope(int n, int heads, int hd, int with_norm, int max_pos, double theta, double pos_scale,
-                           int timed)
+/* RoPE kinds of the checks: theta, then (kind, factor) with the published
+ * parameters of the kind (Llama 3.1's, a Qwen3 YaRN's). */
+static dflash_rope make_rope(int hd, double theta, dflash_rope_kind kind, double factor)
+{
+    dflash_rope_params p = { .kind = kind, .theta = theta, .factor = factor };
+    if (kind == DFLASH_ROPE_LLAMA3)
+        p.low_freq_factor = 1, p.high_freq_factor = 4, p.original_max_pos = 8192;
+    if (kind == DFLASH_ROPE_YARN)
+        p.original_max_pos = 32768, p.beta_fast = 32, p.beta_slow = 1, p.truncate = 1;
+    dflash_rope r;
+    MUST(dflash_rope_init(&p, hd, &r));
+    return r;
+}
+
+static void case_norm_rope(int n, int heads, int hd, int with_norm, int max_pos, double theta, dflash_rope_kind kind,
+                           double factor, int timed)
 {
     char shape[112];
-    snprintf(shape, sizeof shape, "%d rows x %d heads x %d%s, pos < %d, theta %g / %g", n, heads, hd,
-             with_norm ? " + norm" : "", max_pos, theta, pos_scale);
+    snprintf(shape, sizeof shape, "%d rows x %d heads x %d%s, pos < %d, %s theta %g x %g", n, heads, hd,
+             with_norm ? " + norm" : "", max_pos, dflash_rope_kind_name(kind), theta, factor);
+    const dflash_rope rope = make_rope(hd, theta, kind, factor);
     size_t cnt = (size_t)n * heads * hd;
     float *x = rand_f32(cnt, 2.0f);
     int32_t *pos = xmalloc((size_t)n * sizeof(int32_t));
@@ -720,11 +735,11 @@ static void case_norm_rope(int n, int heads, int hd, int with_norm, int max_pos,
     make_weight(&w, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
     float *dx = gpu_copy(x, cnt * sizeof(float));
     int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t));
-    MUST(g_cpu->ops->norm_rope(g_cpu, x, with_norm ? &w.h : NULL, pos, n, heads, hd, 1e-6f, theta, pos_scale));
-    MUST(g_gpu->ops->norm_rope(g_gpu, dx, with_norm ? &w.d : NULL, dpos, n, heads, hd, 1e-6f, theta, pos_scale));
+    MUST(g_cpu->ops->norm_rope(g_cpu, x, with_norm ? &w.h : NULL, pos, n, heads, hd, 1e-6f, &rope));
+    MUST(g_gpu->ops->norm_rope(g_gpu, dx, with_norm ? &w.d : NULL, dpos, n, heads, hd, 1e-6f, &rope));
     check_f32("norm_rope", shape, dx, x, cnt, 1e-5);
     if (timed) {
-        rope_arg a = { dx, with_norm ? &w.d : NULL, dpos, n, heads, hd, theta, pos_scale };
+        rope_arg a = { dx, with_norm ? &w.d : NULL, dpos, n, heads, hd, &rope };
         time_op("norm_rope", shape, run_rope, &a, 8.0 * cnt);
     }
     free(x);
@@ -739,18 +754,19 @@ typedef struct qkr_arg {
     const dflash_weight *qn, *kn;
     const int32_t *pos;
     int n, hq, hkv, hd;
+    const dflash_rope *rope;
 } qkr_arg;
 static dflash_status run_qk_rope(void *p)
 {
     qkr_arg *a = p;
-    return dflash_be_qk_norm_rope(g_gpu, a->q, a->qn, a->hq, a->k, a->kn, a->hkv, a->pos, a->n, a->hd, 1e-6f, 1e6,
-                                  1.0);
+    return dflash_be_qk_norm_rope(g_gpu, a->q, a->qn, a->hq, a->k, a->kn, a->hkv, a->pos, a->n, a->hd, 1e-6f, a->rope);
 }
 
 static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
 {
     char shape[112];
-    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d", n, hq, hkv, hd);
+    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d, yarn", n, hq, hkv, hd);
+    const dflash_rope rope = make_rope(hd, 1e6, DFLASH_ROPE_YARN, 4);
     size_t nq = (size_t)n * hq * hd, nk = (size_t)n * hkv * hd;
     float *q = rand_f32(nq, 2.0f), *k = rand_f32(nk, 2.0f);
     int32_t *pos = xmalloc((size_t)n * sizeof(int32_t));
@@ -761,12 +777,12 @@ static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
     make_weight(&kn, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
     float *dq = gpu_copy(q, nq * sizeof(float)), *dk = gpu_copy(k, nk * sizeof(float));
     int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t));
-    MUST(dflash_be_qk_norm_rope(g_cpu, q, &qn.h, hq, k, &kn.h, hkv, pos, n, hd, 1e-6f, 1e6, 1.0));
-    MUST(dflash_be_qk_norm_rope(g_gpu, dq, &qn.d, hq, dk, &kn.d, hkv, dpos, n, hd, 1e-6f, 1e6, 1.0));
+    MUST(dflash_be_qk_norm_rope(g_cpu, q, &qn.h, hq, k, &kn.h, hkv, pos, n, hd, 1e-6f, &rope));
+    MUST(dflash_be_qk_norm_rope(g_gpu, dq, &qn.d, hq, dk, &kn.d, hkv, dpos, n, hd, 1e-6f, &rope));
     check_f32("qk_norm_rope", shape, dq, q, nq, 1e-5);
     check_f32("qk_norm_rope", shape, dk, k, nk, 1e-5);
     if (timed) {
-        qkr_arg a = { dq, dk, &qn.d, &kn.d, dpos, n, hq, hkv, hd };
+        qkr_arg a = { dq, dk, &qn.d, &kn.d, dpos, n, hq, hkv, hd, &rope };
         time_op("qk_norm_rope", shape, run_qk_rope, &a, 8.0 * (nq + nk));
     }
     free(q), free(k), free(pos);
@@ -1341,12 +1357,14 @@ int main(int argc, char **argv)
     /* norm_rope */
     for (int r = 0; r < 3; r++) {
         if (g_small) {
-            case_norm_rope(rows[r], 4, 64, 1, 300, 1e6, 1.0, 0);
-            case_norm_rope(rows[r], 2, 40, 0, 300, 1e4, 1.0, 0);
+            case_norm_rope(rows[r], 4, 64, 1, 300, 1e6, DFLASH_ROPE_DEFAULT, 1, 0);
+            case_norm_rope(rows[r], 2, 40, 0, 300, 1e4, DFLASH_ROPE_YARN, 8, 0);
         } else {
-            case_norm_rope(rows[r], 32, 128, 1, 40960, 1e6, 1.0, T && rows[r] == 16);
-            case_norm_rope(rows[r], 8, 128, 1, 40960, 1e6, 1.0, 0);
-            case_norm_rope(rows[r], 4, 128, 0, 5000, 1e4, 4.0, 0);
+            case_norm_rope(rows[r], 32, 128, 1, 40960, 1e6, DFLASH_ROPE_DEFAULT, 1, T && rows[r] == 16);
+            case_norm_rope(rows[r], 8, 128, 1, 40960, 1e6, DFLASH_ROPE_DEFAULT, 1, 0);
+            case_norm_rope(rows[r], 4, 128, 0, 5000, 1e4, DFLASH_ROPE_LINEAR, 4, 0);
+            case_norm_rope(rows[r], 8, 128, 1, 131072, 5e5, DFLASH_ROPE_LLAMA3, 8, 0);
+            case_norm_rope(rows[r], 4, 128, 1, 131072, 1e6, DFLASH_ROPE_YARN, 4, 0);
         }
     }
 

@@ -7,8 +7,10 @@
 #   (SKIP_TRAIN=1 skips training, SKIP_FIXTURES=1 the parity fixtures)
 #
 # Stages (each timed; output tee'd to $OUT/log.txt):
-#   1 fixtures   tools/fixtures/make_qwen3.py, make_dflash.py, check_dflash_ref.py
-#                -> tests/data/qwen3/<name>/, tests/data/dflash/<name>/
+#   1 fixtures   tools/fixtures/make_qwen3.py, make_dflash.py, check_dflash_ref.py,
+#                make_rope.py
+#                -> tests/data/qwen3/<name>/, tests/data/dflash/<name>/,
+#                   tests/data/rope/<case>/
 #   2 golden     tools/fixtures/tokenizer_golden.py <Qwen3 tokenizer.json> <out>
 #                (if the script and the carried tokenizer exist)
 #                -> tests/data/tokenizer/golden.json
@@ -84,6 +86,7 @@ elif run make_qwen3 $PY tools/fixtures/make_qwen3.py "$D"; then
         run check_dflash_ref $PY tools/fixtures/check_dflash_ref.py "$D" || :
     fi
 fi
+[ "${SKIP_FIXTURES:-0}" = 1 ] || run make_rope $PY tools/fixtures/make_rope.py "$D/rope" || :
 du -sh "$D" 2>/dev/null || true
 
 # 2. tokenizer golden file (another script's job; optional)

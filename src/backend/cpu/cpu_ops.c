@@ -106,21 +106,20 @@ static dflash_status cpu_linear(dflash_backend *be, const float *x, int n, const
 }
 
 static dflash_status cpu_norm_rope(dflash_backend *be, float *x, const dflash_weight *norm, const int32_t *pos,
-                                   int n, int n_heads, int head_dim, float eps, double theta, double pos_scale)
+                                   int n, int n_heads, int head_dim, float eps, const dflash_rope *rope)
 {
     (void)be;
+    DFLASH_TRY(dflash_be_check_rope(rope, head_dim));
     const int half = head_dim / 2;
-    float nw[head_dim], inv_freq[half];
+    const float *inv_freq = rope->inv_freq, attn = rope->attn_factor;
+    float nw[head_dim];
     if (norm) {
         DFLASH_TRY(check_weight(norm, "q/k norm"));
         dflash_cpu_weight_row(&(dflash_weight){ norm->dtype, 1, head_dim, norm->data, NULL, NULL }, 0, nw);
     }
-    /* As Hugging Face computes it: in f32, theta^(2j/D) then its inverse. */
-    for (int j = 0; j < half; j++)
-        inv_freq[j] = 1.0f / powf((float)theta, (float)(2 * j) / (float)head_dim);
 #pragma omp parallel for schedule(static) if ((int64_t)n * n_heads * head_dim > PAR_MIN_WORK)
     for (int i = 0; i < n; i++) {
-        float p = (float)((double)pos[i] / pos_scale);
+        float p = (float)pos[i]; /* as transformers: position ids as f32 */
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((int64_t)i * n_heads + h) * head_dim;
             if (norm) {
@@ -133,7 +132,7 @@ static dflash_status cpu_norm_rope(dflash_backend *be, float *x, const dflash_we
             }
             for (int j = 0; j < half; j++) {
                 float ang = p * inv_freq[j];
-                float c = cosf(ang), s = sinf(ang);
+                float c = cosf(ang) * attn, s = sinf(ang) * attn;
                 float a = v[j], b = v[j + half];
                 v[j] = a * c - b * s;
                 v[j + half] = b * c + a * s;

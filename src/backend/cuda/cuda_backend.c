@@ -332,36 +332,31 @@ static dflash_status cuda_add(dflash_backend *be, float *x, const float *delta, 
     return cuda_launch(c, DFK_ADD, elem_blocks(c, vec ? n / 4 : n), 1, 256, args);
 }
 
-/* inv_freq[j] = 1 / theta^(2j / head_dim), computed on the host with the
- * very expression of the CPU reference so both see the same bits. Kept per
- * (theta, head_dim): target and drafter may differ. */
-static dflash_status rope_table_get(cuda_ctx *c, double theta, int head_dim, CUdeviceptr *out)
+/* The device copy of a RoPE table (computed on the host by core/rope.c,
+ * the same table the CPU rotates with, so both see the same angles). Kept
+ * per distinct table: target and drafter may differ. */
+static dflash_status rope_table_get(cuda_ctx *c, const dflash_rope *rope, CUdeviceptr *out)
 {
+    const size_t bytes = (size_t)rope->n_pairs * sizeof(float);
     for (int i = 0; i < c->n_rope; i++)
-        if (c->rope[i].theta == theta && c->rope[i].head_dim == head_dim) {
+        if (c->rope[i].host.n_pairs == rope->n_pairs && memcmp(c->rope[i].host.inv_freq, rope->inv_freq, bytes) == 0) {
             *out = c->rope[i].data;
             return DFLASH_OK;
         }
     if (c->n_rope == MAX_ROPE_TABLES)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda norm_rope: more than %d (theta, head_dim) pairs",
-                           MAX_ROPE_TABLES);
-    const int half = head_dim / 2;
-    float *f = malloc((size_t)(half > 0 ? half : 1) * sizeof(float));
-    if (!f)
-        return dflash_fail(DFLASH_ERR_OOM, "cuda norm_rope: out of memory");
-    for (int j = 0; j < half; j++)
-        f[j] = 1.0f / powf((float)theta, (float)(2 * j) / (float)head_dim);
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda norm_rope: more than %d distinct RoPE tables", MAX_ROPE_TABLES);
     CUdeviceptr d = 0;
-    dflash_status s = DFLASH_CU(&c->cu, cuMemAlloc(&d, (size_t)(half > 0 ? half : 1) * sizeof(float)));
-    if (s == DFLASH_OK && half > 0)
-        s = DFLASH_CU(&c->cu, cuMemcpyHtoDAsync(d, f, (size_t)half * sizeof(float), c->stream));
-    free(f);
+    DFLASH_TRY(DFLASH_CU(&c->cu, cuMemAlloc(&d, bytes)));
+    rope_table *t = &c->rope[c->n_rope];
+    t->host = *rope;
+    /* from the table's own copy: the upload is asynchronous */
+    dflash_status s = DFLASH_CU(&c->cu, cuMemcpyHtoDAsync(d, t->host.inv_freq, bytes, c->stream));
     if (s != DFLASH_OK) {
-        if (d)
-            c->cu.cuMemFree(d);
+        c->cu.cuMemFree(d);
         return s;
     }
-    c->rope[c->n_rope++] = (rope_table){ theta, head_dim, d };
+    t->data = d;
+    c->n_rope++;
     *out = d;
     return DFLASH_OK;
 }
@@ -378,37 +373,41 @@ static dflash_status check_head_norm(const dflash_weight *norm, int head_dim)
 }
 
 static dflash_status cuda_norm_rope(dflash_backend *be, float *x, const dflash_weight *norm, const int32_t *pos,
-                                    int n, int n_heads, int head_dim, float eps, double theta, double pos_scale)
+                                    int n, int n_heads, int head_dim, float eps, const dflash_rope *rope)
 {
     cuda_ctx *c = CTX(be);
+    DFLASH_TRY(dflash_be_check_rope(rope, head_dim));
     DFLASH_TRY(check_head_norm(norm, head_dim));
     if (n <= 0 || n_heads <= 0 || head_dim <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     CUdeviceptr inv_freq;
-    DFLASH_TRY(rope_table_get(c, theta, head_dim, &inv_freq));
+    DFLASH_TRY(rope_table_get(c, rope, &inv_freq));
     const void *nd = norm ? norm->data : NULL;
     int ndt = norm ? (int)norm->dtype : 0;
-    void *args[] = { &x, (void *)&nd, &ndt, (void *)&pos, &n, &n_heads, &head_dim, &eps, &inv_freq, &pos_scale };
+    float attn = rope->attn_factor;
+    void *args[] = { &x, (void *)&nd, &ndt, (void *)&pos, &n, &n_heads, &head_dim, &eps, &inv_freq, &attn };
     /* 4 warps per block, one (row, head) per warp. */
     return cuda_launch(c, DFK_NORM_ROPE, cdiv((int64_t)n * n_heads, 4), 1, 128, args);
 }
 
 static dflash_status cuda_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                        float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
-                                       int n, int head_dim, float eps, double theta, double pos_scale)
+                                       int n, int head_dim, float eps, const dflash_rope *rope)
 {
     cuda_ctx *c = CTX(be);
+    DFLASH_TRY(dflash_be_check_rope(rope, head_dim));
     DFLASH_TRY(check_head_norm(q_norm, head_dim));
     DFLASH_TRY(check_head_norm(k_norm, head_dim));
     if (n <= 0 || n_q_heads + n_kv_heads <= 0 || head_dim <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     CUdeviceptr inv_freq;
-    DFLASH_TRY(rope_table_get(c, theta, head_dim, &inv_freq));
+    DFLASH_TRY(rope_table_get(c, rope, &inv_freq));
     int ndt = (int)q_norm->dtype;
+    float attn = rope->attn_factor;
     void *args[] = { &q, (void *)&q_norm->data, &k, (void *)&k_norm->data, &ndt, (void *)&pos, &n, &n_q_heads,
-                     &n_kv_heads, &head_dim, &eps, &inv_freq, &pos_scale };
+                     &n_kv_heads, &head_dim, &eps, &inv_freq, &attn };
     return cuda_launch(c, DFK_QK_NORM_ROPE, cdiv((int64_t)n * (n_q_heads + n_kv_heads), 4), 1, 128, args);
 }
 

@@ -14,10 +14,10 @@
 #define MAX_MODULES 16
 #define MAX_ROPE_TABLES 4
 
+/* A RoPE table uploaded once: the host table it copies, its device copy. */
 typedef struct rope_table {
-    double theta;
-    int head_dim;
-    CUdeviceptr data; /* f32 [head_dim / 2] */
+    dflash_rope host;
+    CUdeviceptr data; /* f32 [host.n_pairs] */
 } rope_table;
 
 /* A device buffer that grows on demand (workspaces). */

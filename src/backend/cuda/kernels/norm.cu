@@ -31,11 +31,11 @@ extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, cons
 }
 
 /* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
- * `norm`, then NeoX RoPE at position p. inv_freq [head_dim / 2] is
- * computed on the host exactly as the CPU reference does (same powf), so
- * the angles agree bit for bit before sin/cos. */
+ * `norm`, then NeoX RoPE at position p, cos and sin times `attn`.
+ * inv_freq [head_dim / 2] is the host's table, the one the CPU reference
+ * uses, so the angles agree bit for bit before sin/cos. */
 __forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p, int head_dim, float eps,
-                                    const float *inv_freq)
+                                    const float *inv_freq, float attn)
 {
     const int lane = threadIdx.x & 31;
     if (norm) {
@@ -51,7 +51,7 @@ __forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p
     const int half = head_dim / 2;
     for (int j = lane; j < half; j += 32) {
         float ang = p * inv_freq[j];
-        float c = cosf(ang), s = sinf(ang);
+        float c = cosf(ang) * attn, s = sinf(ang) * attn;
         float a = v[j], b = v[j + half];
         v[j] = a * c - b * s;
         v[j + half] = b * c + a * s;
@@ -60,7 +60,7 @@ __forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p
 
 /* block 128 = 4 warps, one (row, head) per warp. */
 extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt, const int *pos, int n, int n_heads,
-                                            int head_dim, float eps, const float *inv_freq, double pos_scale)
+                                            int head_dim, float eps, const float *inv_freq, float attn)
 {
     pdl_trigger();
     pdl_wait();
@@ -68,14 +68,14 @@ extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt,
     if (unit >= (i64)n * n_heads)
         return;
     const int i = (int)(unit / n_heads);
-    norm_rope_warp(x + unit * head_dim, norm, ndt, (float)((double)pos[i] / pos_scale), head_dim, eps, inv_freq);
+    norm_rope_warp(x + unit * head_dim, norm, ndt, (float)pos[i], head_dim, eps, inv_freq, attn);
 }
 
 /* q [n, hq, head_dim] and k [n, hkv, head_dim] in one launch, each head as
  * dflash_norm_rope does it (q with qnorm, k with knorm). */
 extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
                                                const int *pos, int n, int hq, int hkv, int head_dim, float eps,
-                                               const float *inv_freq, double pos_scale)
+                                               const float *inv_freq, float attn)
 {
     pdl_trigger();
     pdl_wait();
@@ -83,9 +83,9 @@ extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, floa
     if (unit >= (i64)n * (hq + hkv))
         return;
     const int i = (int)(unit / (hq + hkv)), h = (int)(unit % (hq + hkv));
-    const float p = (float)((double)pos[i] / pos_scale);
+    const float p = (float)pos[i];
     if (h < hq)
-        norm_rope_warp(q + ((i64)i * hq + h) * head_dim, qnorm, ndt, p, head_dim, eps, inv_freq);
+        norm_rope_warp(q + ((i64)i * hq + h) * head_dim, qnorm, ndt, p, head_dim, eps, inv_freq, attn);
     else
-        norm_rope_warp(k + ((i64)i * hkv + h - hq) * head_dim, knorm, ndt, p, head_dim, eps, inv_freq);
+        norm_rope_warp(k + ((i64)i * hkv + h - hq) * head_dim, knorm, ndt, p, head_dim, eps, inv_freq, attn);
 }
