@@ -35,6 +35,7 @@ static void check_case(const char *name)
     dflash_model_config c;
     CHECK_OK(dflash_config_load(dir, &c));
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    fx_check_provenance(path, "producer");
     dflash_st *st = NULL;
     CHECK_OK(dflash_st_open(path, &st));
     if (!st)
