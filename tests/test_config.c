@@ -124,6 +124,9 @@ static void test_rope_parameters(void)
     CHECK(c.rope.kind == DFLASH_ROPE_YARN && c.rope.original_max_pos == 32768 && c.rope.truncate == 1);
     CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"longrope\"}", &c),
                 DFLASH_ERR_UNSUPPORTED, "'rope_parameters.rope_type' = \"longrope\"");
+    CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":1e4,\"rope_type\":\"default\","
+                           "\"partial_rotary_factor\":0.5}", &c),
+                DFLASH_ERR_UNSUPPORTED, "'rope_parameters.partial_rotary_factor' = 0.5 is not supported");
     CHECK_FAILS(parse_edit(newer, "rope_parameters", "{\"rope_theta\":0}", &c), DFLASH_ERR_FORMAT,
                 "'rope_theta' = 0");
     CHECK_FAILS(parse_edit(newer, "rope_parameters", "[1]", &c), DFLASH_ERR_FORMAT,

@@ -202,7 +202,8 @@ static dflash_status cfg_parse_sizes(const char *label, const json_t *root, dfla
     return DFLASH_OK;
 }
 
-/* A required positive number of a RoPE object; `field` names the object. */
+/* A positive number of a RoPE object (`field` names the object): missing
+ * is an error when `required`, else `def`. */
 static dflash_status cfg_rope_positive(const char *label, const char *field, const json_t *obj, const char *key,
                                        int required, double def, double *out)
 {
@@ -234,6 +235,13 @@ static dflash_status cfg_parse_rope_kind(const char *label, const char *field, c
     char name[64], printed[96];
     snprintf(printed, sizeof printed, "%s.%s", field, type_key);
     DFLASH_TRY(cfg_string(label, printed, t, name, sizeof name));
+    double partial = 1;
+    char partial_field[96];
+    snprintf(partial_field, sizeof partial_field, "%s.partial_rotary_factor", field);
+    DFLASH_TRY(cfg_number(label, obj, "partial_rotary_factor", partial_field, 1, &partial));
+    if (partial != 1)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = %g is not supported (only 1: every dimension "
+                           "rotates)", label, partial_field, partial);
     size_t k = 0;
     while (k < sizeof kinds / sizeof kinds[0] && strcmp(name, kinds[k].name) != 0)
         k++;
@@ -271,12 +279,6 @@ static dflash_status cfg_parse_rope_kind(const char *label, const char *field, c
             p->truncate = json_is_true(cfg_field(obj, "truncate"));
         }
     }
-    double partial = 1;
-    snprintf(printed, sizeof printed, "%s.partial_rotary_factor", field);
-    DFLASH_TRY(cfg_number(label, obj, "partial_rotary_factor", printed, 1, &partial));
-    if (partial != 1)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = %g is not supported (only 1: every dimension "
-                           "rotates)", label, printed, partial);
     return DFLASH_OK;
 }
 
