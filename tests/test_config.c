@@ -308,20 +308,20 @@ static void test_head_dim_and_kv_defaults(void)
 static void test_architectures(void)
 {
     dflash_model_config c;
-    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"LlamaForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
-                "cfg.json: architectures[0] is 'LlamaForCausalLM'; dflash runs Qwen3ForCausalLM targets and "
-                "DFlashDraftModel drafters");
+    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"MistralForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
+                "cfg.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM and "
+                "LlamaForCausalLM targets and DFlashDraftModel drafters");
     CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen2ForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
                 "architectures[0] is 'Qwen2ForCausalLM'");
     CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen3MoeForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
                 "'Qwen3MoeForCausalLM'");
-    /* Named before its other fields are judged: a Llama config has no head_dim. */
-    json_t *llama = json_loads(k_qwen3, 0, NULL);
-    json_object_del(llama, "head_dim");
-    json_object_set_new(llama, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-    char *text = json_dumps(llama, 0);
-    json_decref(llama);
-    CHECK_FAILS(parse(text, &c), DFLASH_ERR_UNSUPPORTED, "'LlamaForCausalLM'");
+    /* Named before its other fields are judged: a Mistral config may lack head_dim. */
+    json_t *other = json_loads(k_qwen3, 0, NULL);
+    json_object_del(other, "head_dim");
+    json_object_set_new(other, "architectures", json_pack("[s]", "MistralForCausalLM"));
+    char *text = json_dumps(other, 0);
+    json_decref(other);
+    CHECK_FAILS(parse(text, &c), DFLASH_ERR_UNSUPPORTED, "'MistralForCausalLM'");
     free(text);
     /* A drafter is DFlashDraftModel, whatever else it has. */
     CHECK_FAILS(parse_edit(k_drafter, "architectures", "[\"SomethingElse\"]", &c), DFLASH_ERR_UNSUPPORTED,
@@ -333,11 +333,45 @@ static void test_architectures(void)
     CHECK(c.is_dflash == 0);
     CHECK_OK(parse_edit(k_qwen3, "architectures", "[]", &c));
     CHECK(c.is_dflash == 0);
-    /* model_type, when given, must be qwen3. */
+    /* model_type, when given, must name the architecture's family. */
     CHECK_OK(parse_edit(k_qwen3, "model_type", "\"qwen3\"", &c));
-    CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"llama\"", &c), DFLASH_ERR_UNSUPPORTED,
-                "cfg.json: model_type is 'llama'; dflash runs Qwen3 models");
+    CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"llama\"", &c), DFLASH_ERR_FORMAT,
+                "cfg.json: architectures[0] is 'Qwen3ForCausalLM' but model_type is 'llama' (expected 'qwen3')");
+    CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"mistral\"", &c), DFLASH_ERR_UNSUPPORTED,
+                "cfg.json: model_type is 'mistral'; dflash runs Qwen3 and Llama models");
+    CHECK_FAILS(parse_edit(k_drafter, "model_type", "\"llama\"", &c), DFLASH_ERR_UNSUPPORTED,
+                "a DFlash drafter with model_type 'llama'; its layers are Qwen3's");
     CHECK_FAILS(parse_edit(k_drafter, "model_type", "\"qwen3_moe\"", &c), DFLASH_ERR_UNSUPPORTED, "'qwen3_moe'");
+}
+
+/* A Llama-3.1-style config: LlamaConfig's defaults (kv heads = heads,
+ * head_dim = hidden / heads, 2048 positions), no q/k norms, llama3 RoPE;
+ * biases are refused by name. */
+static void test_llama(void)
+{
+    static const char *llama =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":256,"
+        "\"intermediate_size\":512,\"num_hidden_layers\":2,\"num_attention_heads\":8,\"vocab_size\":1000,"
+        "\"rms_norm_eps\":1e-05,\"rope_theta\":500000.0,\"rope_scaling\":{\"factor\":8.0,\"low_freq_factor\":1.0,"
+        "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},"
+        "\"attention_bias\":false,\"mlp_bias\":false,\"tie_word_embeddings\":false}";
+    dflash_model_config c;
+    CHECK_OK(parse(llama, &c));
+    CHECK(c.family == DFLASH_FAMILY_LLAMA && c.qk_norm == 0 && c.is_dflash == 0);
+    CHECK(c.num_key_value_heads == 8 && c.head_dim == 32 && c.max_position_embeddings == 2048);
+    CHECK(c.rope.kind == DFLASH_ROPE_LLAMA3 && c.rope.original_max_pos == 8192);
+    CHECK(strcmp(dflash_family_name(c.family), "Llama") == 0);
+    CHECK_OK(parse_edit(llama, "architectures", NULL, &c)); /* model_type alone names it */
+    CHECK(c.family == DFLASH_FAMILY_LLAMA && c.qk_norm == 0);
+    CHECK_OK(parse_edit(llama, "num_key_value_heads", "2", &c));
+    CHECK(c.num_key_value_heads == 2);
+    CHECK_FAILS(parse_edit(llama, "attention_bias", "true", &c), DFLASH_ERR_UNSUPPORTED,
+                "field 'attention_bias' = true is not supported");
+    CHECK_FAILS(parse_edit(llama, "mlp_bias", "true", &c), DFLASH_ERR_UNSUPPORTED, "field 'mlp_bias' = true");
+    CHECK_FAILS(parse_edit(llama, "num_attention_heads", "7", &c), DFLASH_ERR_FORMAT,
+                "head_dim is missing and hidden_size 256 is not a multiple of num_attention_heads 7");
+    CHECK_OK(parse(k_qwen3, &c));
+    CHECK(c.family == DFLASH_FAMILY_QWEN3 && c.qk_norm == 1);
 }
 
 /* ---- DFlash drafters ---------------------------------------------------- */
@@ -527,6 +561,7 @@ int main(void)
     RUN(test_qwen3_full);
     RUN(test_defaults);
     RUN(test_rope_parameters);
+    RUN(test_llama);
     RUN(test_rope_scaling);
     RUN(test_eos_and_bos);
     RUN(test_required_and_types);

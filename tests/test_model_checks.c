@@ -224,11 +224,11 @@ static void test_other_architecture_refused(void)
 {
     char dir[64], msg[1024];
     static char out[4096];
-    CHECK(save_model(dir, 1, 1, NULL) && edit_config(dir, "architectures", json_pack("[s]", "LlamaForCausalLM")));
+    CHECK(save_model(dir, 1, 1, NULL) && edit_config(dir, "architectures", json_pack("[s]", "MistralForCausalLM")));
     CHECK_FAILS(try_load(dir, msg, sizeof msg), DFLASH_ERR_UNSUPPORTED,
-                "/config.json: architectures[0] is 'LlamaForCausalLM'; dflash runs Qwen3ForCausalLM targets and "
-                "DFlashDraftModel drafters");
-    CHECK(run_info(dir, out, sizeof out) == 1 && strstr(out, "architectures[0] is 'LlamaForCausalLM'"));
+                "/config.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM and "
+                "LlamaForCausalLM targets and DFlashDraftModel drafters");
+    CHECK(run_info(dir, out, sizeof out) == 1 && strstr(out, "architectures[0] is 'MistralForCausalLM'"));
     testmodel_rmdir(dir);
 }
 

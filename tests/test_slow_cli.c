@@ -37,7 +37,8 @@ static void test_help_lists_every_option(void)
         { "tokenize", { "--tokenizer", "--json", NULL } },
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
-        { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "tiny", "--ctx", "--reps",
+        { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target", "tiny",
+                     "tiny-llama", "--ctx", "--reps",
                      "--device", "--json", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -178,6 +179,11 @@ static void test_bench_tiny(void)
         n++;
     }
     CHECKF(n == n_want, "%d table rows, expected %d: %s", n, n_want, out);
+    /* the Llama target (no q/k norm tensors, llama3 RoPE) loads and runs */
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny-llama --reps 1 --ctx 8", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0);
+    CHECKF(strstr(out, "Llama target 4 layers") && strstr(out, "\nverify ") && strstr(out, "\ndecode "),
+           "output: %s", out);
 }
 
 int main(void)

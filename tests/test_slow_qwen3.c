@@ -1,6 +1,8 @@
-/* test_slow_qwen3.c: the CPU Qwen3 target against Hugging Face transformers
+/* test_slow_qwen3.c: the CPU target against Hugging Face transformers
  * (fixtures from tools/fixtures/make_qwen3.py: logits, every layer's output,
- * greedy tokens), plus the row-independence property: a 16-row verify
+ * greedy tokens; three Qwen3 geometries, a Qwen3 with YaRN RoPE and a Llama
+ * with Llama 3.1's RoPE, both configs in the published rope_scaling form),
+ * plus the row-independence property: a 16-row verify
  * equals 16 one-row decodes bit for bit, and chunked prefill equals one
  * forward. */
 #include "harness.h"
@@ -8,7 +10,9 @@
 #include "fixture.h"
 #include "spec/spec.h"
 
-static const char *k_models[] = { "mha_untied", "gqa_tied", "gqa_sharded" };
+/* <family>/<name> under the test data */
+static const char *k_models[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
+                                  "llama/llama31_gqa" };
 /* Relative L2 error allowed against transformers' f32 outputs: the errors
  * observed are 4e-7..1e-6 (summation order), so 1e-5 leaves a margin of
  * ten while a real mistake (a wrong eps, a missing norm, a RoPE slip) is
@@ -24,7 +28,7 @@ static dflash_status load(const char *name, int max_rows, dflash_qwen3 **m)
     o.max_rows = max_rows;
     o.max_ctx = 256;
     o.max_seqs = 2;
-    return dflash_qwen3_load(fx_path(dir, sizeof dir, "qwen3", name), be, &o, m);
+    return dflash_qwen3_load(fx_path(dir, sizeof dir, name, NULL), be, &o, m);
 }
 
 /* Forward rows tokens[0..n) of one sequence from its current length. */
@@ -48,7 +52,7 @@ static void test_logits_and_layers_match_hf(void)
         dflash_st *ex = NULL;
         char path[512];
         CHECK_OK(load(k_models[k], 64, &m));
-        snprintf(path, sizeof path, "%s/qwen3/%s/expected.safetensors", test_data_dir(), k_models[k]);
+        snprintf(path, sizeof path, "%s/%s/expected.safetensors", test_data_dir(), k_models[k]);
         fx_check_provenance(path, "producer");
         CHECK_OK(dflash_st_open(path, &ex));
         if (!m || !ex) {
@@ -107,7 +111,7 @@ static void test_greedy_matches_hf(void)
         dflash_qwen3 *m = NULL;
         dflash_st *ex = NULL;
         char path[512];
-        snprintf(path, sizeof path, "%s/qwen3/%s/expected.safetensors", test_data_dir(), k_models[k]);
+        snprintf(path, sizeof path, "%s/%s/expected.safetensors", test_data_dir(), k_models[k]);
         CHECK_OK(load(k_models[k], 64, &m));
         CHECK_OK(dflash_st_open(path, &ex));
         if (!m || !ex) {
@@ -188,7 +192,7 @@ static void test_verify_equals_decodes(void)
 static void test_bad_batches(void)
 {
     dflash_qwen3 *m = NULL;
-    CHECK_OK(load("gqa_tied", 8, &m));
+    CHECK_OK(load("qwen3/gqa_tied", 8, &m));
     if (!m)
         return;
     dflash_kv_seq seq;

@@ -113,6 +113,41 @@ static void test_ngram_equals_plain_and_accepts(void)
     dflash_qwen3_free(t);
 }
 
+/* The other targets (a Llama with Llama 3.1's RoPE, a Qwen3 with YaRN):
+ * speculative output equals plain output, with the n-gram proposer. */
+static void test_other_targets_equal_plain(void)
+{
+    static const char *const targets[][2] = { { "llama", "llama31_gqa" }, { "qwen3", "yarn_tied" } };
+    for (size_t k = 0; k < sizeof targets / sizeof targets[0]; k++) {
+        char tdir[512];
+        dflash_qwen3 *t = NULL;
+        dflash_qwen3_opts to;
+        dflash_qwen3_default_opts(&to);
+        to.max_ctx = 400;
+        CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, targets[k][0], targets[k][1]), be, &to, &t));
+        if (!t)
+            continue;
+        int32_t prompt[40], plain[120], out[120];
+        int n_plain, n_out;
+        dflash_gen_stats st;
+        prompt_for(t->cfg.vocab_size, 40, 5, prompt);
+        run(t, NULL, prompt, 40, 120, 0, plain, &n_plain, &st);
+        for (int block = 4; block <= 16; block *= 4) {
+            dflash_proposer *p = NULL;
+            CHECK_OK(dflash_ngram_create(block, 1, 3, &p));
+            if (!p)
+                continue;
+            run(t, p, prompt, 40, 120, block, out, &n_out, &st);
+            CHECKF(n_out == n_plain && memcmp(out, plain, sizeof plain) == 0, "%s ngram block %d differs",
+                   targets[k][1], block);
+            printf("  %s ngram block %d: tau %.2f over %d steps\n", targets[k][1], block, st.mean_accept,
+                   st.n_steps);
+            dflash_proposer_destroy(p);
+        }
+        dflash_qwen3_free(t);
+    }
+}
+
 /* Stop tokens end the output at the stop token in both modes alike. */
 static void test_stop_tokens(void)
 {
@@ -432,6 +467,7 @@ int main(void)
     dflash_backend_cpu_create(&be);
     RUN(test_dflash_equals_plain);
     RUN(test_ngram_equals_plain_and_accepts);
+    RUN(test_other_targets_equal_plain);
     RUN(test_stop_tokens);
     RUN(test_continue_equals_fresh);
     RUN(test_drafter_pool_exhaustion);

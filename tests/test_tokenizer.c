@@ -530,6 +530,33 @@ static void test_added_tokens_unique(void)
     dflash_tokenizer_free(t);
 }
 
+/* A post-processor that adds tokens to every encoding (Llama 3's
+ * TemplateProcessing with <|begin_of_text|>) is refused, also inside a
+ * Sequence; ByteLevel alone loads. */
+static void test_post_processor(void)
+{
+    json_t *tp = json_pack("{s:s,s:[{s:{s:s,s:i}},{s:{s:s,s:i}}]}", "type", "TemplateProcessing", "single",
+                           "SpecialToken", "id", "<|begin_of_text|>", "type_id", 0, "Sequence", "id", "A",
+                           "type_id", 0);
+    const char *needle = "post_processor type 'TemplateProcessing' is not supported (only ByteLevel)";
+    json_t *j = tiny_json();
+    if (!j || !tp)
+        return;
+    json_object_set(j, "post_processor", tp);
+    dflash_tokenizer *t = NULL;
+    CHECK_FAILS(load_json(j, &t), DFLASH_ERR_UNSUPPORTED, needle);
+    CHECK(t == NULL);
+    j = tiny_json();
+    json_object_set_new(j, "post_processor", json_pack("{s:s,s:[{s:s},O]}", "type", "Sequence", "processors", "type",
+                                                       "ByteLevel", tp));
+    CHECK_FAILS(load_json(j, &t), DFLASH_ERR_UNSUPPORTED, needle);
+    json_decref(tp);
+    j = tiny_json();
+    json_object_set_new(j, "post_processor", json_pack("{s:s}", "type", "ByteLevel"));
+    CHECK_OK(load_json(j, &t));
+    dflash_tokenizer_free(t);
+}
+
 /* GPT-2's byte-to-unicode spelling of raw bytes (as vocab keys are written);
  * out has room for 2n + 1 bytes. */
 static void byte_level_spelling(const char *s, size_t n, char *out)
@@ -768,6 +795,7 @@ int main(void)
     RUN(test_bytelevel_use_regex);
     RUN(test_unsupported_features);
     RUN(test_added_tokens_unique);
+    RUN(test_post_processor);
     RUN(test_split_regex_white_space);
     RUN(test_split_regex_escapes);
     RUN(test_chat_render);

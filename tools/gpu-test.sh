@@ -18,13 +18,15 @@
 #     tools/gpu/fetch-debs.sh put in .debs/ (carried to the GPU machine:
 #     carry [".debs"]) are unpacked with `dpkg -x` into $B/sysroot (never
 #     into /) and the build points -I, -L and -Wl,-rpath there. Then runs it:
-#     Qwen3 and DFlash fixtures on the GPU vs the CPU and the references with
-#     f32 and with bf16 KV pages, greedy and speculative outputs, the
-#     embedded pair (spec == plain with the full block and the auto width,
+#     target (Qwen3, YaRN Qwen3, Llama) and DFlash fixtures on the GPU vs
+#     the CPU and the references with f32 and with bf16 KV pages, greedy
+#     and speculative outputs, the embedded pair (spec == plain with the
+#     full block and the auto width,
 #     seeded sampling spec == plain, tau, tok/s, the widths auto chose);
 #  5. benchmarks: builds the dflash CLI the same way and runs `dflash bench`
 #     (seed drafter bf16 and fp8, the Qwen3-8B drafter, the Qwen3-8B target
-#     with verifies of 2..16 rows, the embedded pair's geometry), then the
+#     with verifies of 2..16 rows, the Llama 3.1 8B target, the embedded
+#     pair's geometry), then the
 #     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
 #     in the same run;
 #  6. compute-sanitizer memcheck, racecheck, synccheck on cuda_ops_check
@@ -174,6 +176,7 @@ if want bench; then
             step bench-seed-fp8 bench_seed_fp8.txt 120 $D --preset seed-drafter --ctx 512,4096 --drafter-quant fp8
             step bench-8b-drafter bench_8b_drafter.txt 120 $D --preset qwen3-8b-drafter --ctx 4096
             step bench-8b-target bench_8b_target.txt 180 $D --preset qwen3-8b-target --ctx 1,4096 --rows 2,4,8,16
+            step bench-llama-target bench_llama_target.txt 120 $D --preset llama31-8b-target --ctx 1,4096
             step bench-pystd bench_pystd.txt 60 $D --preset pystd --ctx 1,256 --rows 1,2,4,8,16
         fi
     else
@@ -223,7 +226,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_pystd peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_pystd peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head)' "$LOG/$f.txt"

@@ -55,16 +55,19 @@ typedef struct bench_preset {
     int target;             /* time the target's verify and decode with geometry t */
     bench_geom t;
     int tied;               /* the target's LM head is its embedding */
+    int llama;              /* the target is a Llama (no q/k norms, Llama 3.1's RoPE) */
 } bench_preset;
 
 static const bench_preset k_presets[] = {
-    { "seed-drafter", 151936, 1, { 8, 2048, 32, 4, 128, 6144 }, 16, 40, 5, { 1, 10, 19, 28, 37 }, 0, { 0 }, 0 },
-    { "qwen3-8b-drafter", 151936, 1, { 5, 4096, 32, 8, 128, 12288 }, 16, 36, 5, { 1, 9, 17, 25, 33 }, 0, { 0 }, 0 },
-    { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0 },
+    { "seed-drafter", 151936, 1, { 8, 2048, 32, 4, 128, 6144 }, 16, 40, 5, { 1, 10, 19, 28, 37 }, 0, { 0 }, 0, 0 },
+    { "qwen3-8b-drafter", 151936, 1, { 5, 4096, 32, 8, 128, 12288 }, 16, 36, 5, { 1, 9, 17, 25, 33 }, 0, { 0 }, 0, 0 },
+    { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0, 0 },
+    { "llama31-8b-target", 128256, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 32, 4096, 32, 8, 128, 14336 }, 0, 1 },
     /* The embedded pair's geometry (models/qwen3-pystd and its drafter). */
-    { "pystd", 4096, 1, { 3, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1 },
+    { "pystd", 4096, 1, { 3, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1, 0 },
     /* A few MB: both benches' code paths in seconds on a 2-core CPU (tests). */
-    { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0 },
+    { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 0 },
+    { "tiny-llama", 512, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 1 },
 };
 
 static const bench_preset *find_preset(const char *name)
@@ -104,9 +107,12 @@ static void usage(FILE *f)
             "                   vocab 151936, block 16, taps [1,9,17,25,33] of 36 layers\n"
             "                 qwen3-8b-target: 36 layers, H 4096, I 12288, 32:8 x 128,\n"
             "                   vocab 151936, untied LM head\n"
+            "                 llama31-8b-target: Llama 3.1 8B: 32 layers, H 4096, I 14336,\n"
+            "                   32:8 x 128, vocab 128256, untied LM head, llama3 RoPE\n"
             "                 pystd: the embedded pair (models/qwen3-pystd and its drafter):\n"
             "                   6 + 3 layers, H 256, I 768, 4:2 x 64, vocab 4096, block 16\n"
-            "                 tiny: a few MB (drafter and target), for tests\n"
+            "                 tiny: a few MB (drafter and target), for tests; tiny-llama:\n"
+            "                   its target as a Llama\n"
             "  --ctx LIST     context lengths, comma-separated (default 1024,4096 for a\n"
             "                 drafter, 1,1024,4096 for a target)\n"
             "  --rows LIST    verify widths in rows, comma-separated (default 16, at most %d):\n"
@@ -172,7 +178,7 @@ static int parse(int argc, char **argv, bench_args *a)
                 return 0;
             if (!(a->preset = find_preset(v))) {
                 fprintf(stderr, "dflash bench: unknown preset '%s' (seed-drafter, qwen3-8b-drafter, "
-                                "qwen3-8b-target, pystd, tiny)\n", v);
+                                "qwen3-8b-target, llama31-8b-target, pystd, tiny, tiny-llama)\n", v);
                 return 0;
             }
         } else if (!strcmp(o, "--ctx")) {
@@ -293,15 +299,18 @@ static dflash_status img_add(bench_image *im, const char *prefix, const char *na
     return DFLASH_OK;
 }
 
-/* The tensors qwen3_layer_bind reads, under `prefix`. */
-static dflash_status img_add_layer(bench_image *im, const char *prefix, const bench_geom *g)
+/* The tensors qwen3_layer_bind reads, under `prefix` (a Llama layer: no
+ * q/k norms). */
+static dflash_status img_add_layer(bench_image *im, const char *prefix, const bench_geom *g, int llama)
 {
     const int64_t H = g->hidden, D = g->head_dim, QD = (int64_t)g->heads * D, KD = (int64_t)g->kv_heads * D,
                   I = g->inter;
     DFLASH_TRY(img_add(im, prefix, "input_layernorm.weight", 0, H, 1, NORM_AMP));
     DFLASH_TRY(img_add(im, prefix, "post_attention_layernorm.weight", 0, H, 1, NORM_AMP));
-    DFLASH_TRY(img_add(im, prefix, "self_attn.q_norm.weight", 0, D, 1, NORM_AMP));
-    DFLASH_TRY(img_add(im, prefix, "self_attn.k_norm.weight", 0, D, 1, NORM_AMP));
+    if (!llama) {
+        DFLASH_TRY(img_add(im, prefix, "self_attn.q_norm.weight", 0, D, 1, NORM_AMP));
+        DFLASH_TRY(img_add(im, prefix, "self_attn.k_norm.weight", 0, D, 1, NORM_AMP));
+    }
     DFLASH_TRY(img_add(im, prefix, "self_attn.q_proj.weight", QD, H, 0, W_AMP));
     DFLASH_TRY(img_add(im, prefix, "self_attn.k_proj.weight", KD, H, 0, W_AMP));
     DFLASH_TRY(img_add(im, prefix, "self_attn.v_proj.weight", KD, H, 0, W_AMP));
@@ -399,18 +408,22 @@ static dflash_status img_open(const bench_image *im, const char *json, const cha
     return dflash_st_open_memory(im->buf, im->len, label, st);
 }
 
-/* config.json text of a Qwen3 target, or (drafter != NULL) of that
- * preset's DFlash drafter. */
-static void config_json(char *buf, size_t cap, const bench_geom *g, int vocab, int tied, const bench_preset *drafter)
+/* config.json text of a target (a Qwen3, or a Llama 3.1 when `llama`), or
+ * (drafter != NULL) of that preset's DFlash drafter. */
+static void config_json(char *buf, size_t cap, const bench_geom *g, int vocab, int tied, int llama,
+                        const bench_preset *drafter)
 {
     size_t k = (size_t)snprintf(
         buf, cap,
         "{\"architectures\":[\"%s\"],\"torch_dtype\":\"bfloat16\",\"hidden_size\":%d,\"num_hidden_layers\":%d,"
         "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"intermediate_size\":%d,"
-        "\"vocab_size\":%d,\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000,"
-        "\"tie_word_embeddings\":%s",
-        drafter ? "DFlashDraftModel" : "Qwen3ForCausalLM", g->hidden, g->layers, g->heads, g->kv_heads, g->head_dim,
-        g->inter, vocab, tied ? "true" : "false");
+        "\"vocab_size\":%d,\"tie_word_embeddings\":%s,%s",
+        drafter ? "DFlashDraftModel" : llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM", g->hidden, g->layers, g->heads,
+        g->kv_heads, g->head_dim, g->inter, vocab, tied ? "true" : "false",
+        llama ? "\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-05,\"rope_theta\":500000.0,"
+                "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}"
+              : "\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000");
     if (drafter) {
         k += (size_t)snprintf(buf + k, cap - k,
                               ",\"block_size\":%d,\"num_target_layers\":%d,\"dflash_config\":{\"mask_token_id\":%d,"
@@ -423,9 +436,9 @@ static void config_json(char *buf, size_t cap, const bench_geom *g, int vocab, i
     snprintf(buf + k, cap - k, "}");
 }
 
-/* A Qwen3 target image: embedding, final norm, LM head unless tied, layers. */
-static dflash_status target_image(bench_image *im, const bench_geom *g, int vocab, int tied, const char *what,
-                                  uint64_t seed)
+/* A target image: embedding, final norm, LM head unless tied, layers. */
+static dflash_status target_image(bench_image *im, const bench_geom *g, int vocab, int tied, int llama,
+                                  const char *what, uint64_t seed)
 {
     DFLASH_TRY(img_add(im, "", "model.embed_tokens.weight", vocab, g->hidden, 0, W_AMP));
     DFLASH_TRY(img_add(im, "", "model.norm.weight", 0, g->hidden, 1, NORM_AMP));
@@ -434,7 +447,7 @@ static dflash_status target_image(bench_image *im, const bench_geom *g, int voca
     char prefix[64];
     for (int l = 0; l < g->layers; l++) {
         snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
-        DFLASH_TRY(img_add_layer(im, prefix, g));
+        DFLASH_TRY(img_add_layer(im, prefix, g, llama));
     }
     return img_build(im, what, seed);
 }
@@ -719,8 +732,8 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
      * ~4 GB nobody reads). Its LM head is tied: the same V x H bytes. */
     const bench_geom mini = { p->target_layers, p->d.hidden, 1, 1, 2, 1 };
     snprintf(label, sizeof label, "%s target (embedding and LM head only)", p->name);
-    DFLASH_TRY(target_image(&d->timg, &mini, p->vocab, 1, label, 1));
-    config_json(json, sizeof json, &mini, p->vocab, 1, NULL);
+    DFLASH_TRY(target_image(&d->timg, &mini, p->vocab, 1, 0, label, 1));
+    config_json(json, sizeof json, &mini, p->vocab, 1, 0, NULL);
     DFLASH_TRY(img_open(&d->timg, json, label, &cfg, &st));
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
@@ -737,10 +750,10 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     char prefix[64];
     for (int l = 0; l < p->d.layers; l++) {
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        DFLASH_TRY(img_add_layer(&d->dimg, prefix, &p->d));
+        DFLASH_TRY(img_add_layer(&d->dimg, prefix, &p->d, 0));
     }
     DFLASH_TRY(img_build(&d->dimg, label, 2));
-    config_json(json, sizeof json, &p->d, p->vocab, 1, p);
+    config_json(json, sizeof json, &p->d, p->vocab, 1, 0, p);
     DFLASH_TRY(img_open(&d->dimg, json, label, &cfg, &st));
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
@@ -929,8 +942,8 @@ static dflash_status bench_target(bench_run *r)
     dflash_kv_seq seq = { 0 };
     dflash_model_config cfg;
     dflash_st *st;
-    config_json(json, sizeof json, &p->t, p->vocab, p->tied, NULL);
-    dflash_status s = target_image(&im, &p->t, p->vocab, p->tied, label, 4);
+    config_json(json, sizeof json, &p->t, p->vocab, p->tied, p->llama, NULL);
+    dflash_status s = target_image(&im, &p->t, p->vocab, p->tied, p->llama, label, 4);
     if (s == DFLASH_OK)
         s = img_open(&im, json, label, &cfg, &st);
     if (s == DFLASH_OK) {
@@ -966,8 +979,9 @@ static void describe_preset(FILE *f, const bench_preset *p)
         fprintf(f, "] of %d; ", p->target_layers);
     }
     if (p->target)
-        fprintf(f, "target %d layers, H %d, I %d, %d:%d x %d, %s LM head; ", p->t.layers, p->t.hidden, p->t.inter,
-                p->t.heads, p->t.kv_heads, p->t.head_dim, p->tied ? "tied" : "untied");
+        fprintf(f, "%s target %d layers, H %d, I %d, %d:%d x %d, %s LM head; ", p->llama ? "Llama" : "Qwen3",
+                p->t.layers, p->t.hidden, p->t.inter, p->t.heads, p->t.kv_heads, p->t.head_dim,
+                p->tied ? "tied" : "untied");
     fprintf(f, "vocab %d; random bf16 weights", p->vocab);
 }
 

@@ -16,7 +16,7 @@ int dflash_cmd_info(int argc, char **argv)
 {
     if (argc != 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         FILE *f = argc == 2 ? stdout : stderr;
-        fprintf(f, "usage: dflash info DIR\n\nDescribe a Qwen3 target or DFlash drafter checkpoint folder:\n"
+        fprintf(f, "usage: dflash info DIR\n\nDescribe a target (Qwen3, Llama) or DFlash drafter checkpoint folder:\n"
                    "architecture, geometry, tensor dtypes and parameter count.\n");
         return argc == 2 ? cli_finish_stdout(0) : 2;
     }
@@ -36,7 +36,8 @@ int dflash_cmd_info(int argc, char **argv)
         if ((unsigned)t->dtype < 8)
             by_dtype[t->dtype] += t->numel;
     }
-    printf("%s\n  architecture   %s%s\n", dir, c.architecture, c.is_dflash ? " (DFlash drafter)" : "");
+    printf("%s\n  architecture   %s%s\n", dir, c.architecture[0] ? c.architecture : "(not given)",
+           c.is_dflash ? " (DFlash drafter)" : c.family == DFLASH_FAMILY_LLAMA ? " (Llama target)" : " (Qwen3 target)");
     printf("  layers         %d\n  hidden         %d\n  heads          %d (kv %d, head_dim %d)\n",
            c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     printf("  intermediate   %d\n  vocab          %d%s\n", c.intermediate_size, c.vocab_size,

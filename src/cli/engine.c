@@ -28,7 +28,7 @@ void cli_engine_usage(FILE *f)
 {
     fprintf(f,
             "model and drafting:\n"
-            "  -m, --model DIR        Qwen3 target checkpoint folder (config.json + safetensors)\n"
+            "  -m, --model DIR        target checkpoint folder, Qwen3 or Llama (config.json + safetensors)\n"
             "  -d, --draft DIR|ngram  DFlash drafter folder, or 'ngram' for prompt-lookup drafting;\n"
             "                         without it, plain decoding\n"
             "  --tokenizer PATH       tokenizer.json or its folder (default: the model folder)\n"

@@ -1,8 +1,8 @@
-/* hf_config.c: owns reading a Hugging Face config.json of a Qwen3 target or
- * a DFlash drafter into dflash_model_config: which architectures are run,
- * field defaults as transformers applies them (an omitted head_dim or
- * num_key_value_heads whose transformers default differs from the usual
- * fallback is refused), type and range checks,
+/* hf_config.c: owns reading a Hugging Face config.json of a target (Qwen3 or
+ * Llama) or a DFlash drafter into dflash_model_config: which architectures
+ * are run, field defaults as transformers applies them per family (an
+ * omitted Qwen3 head_dim or num_key_value_heads whose transformers default
+ * differs from the usual fallback is refused), type and range checks,
  * the drafter's default tap layers, and telling a file from the checkpoint
  * folder a loader expects. Every rejection names the source (file or
  * label), the field and the value. */
@@ -138,16 +138,18 @@ static dflash_status cfg_token_id(const char *label, const char *field, int id, 
 /* transformers' Qwen3Config defaults for fields a config.json may omit.
  * The fallbacks other tools use (num_attention_heads, hidden_size /
  * num_attention_heads) would run another model than transformers does, so
- * an omitted field is accepted only where both readings agree. */
+ * an omitted field is accepted only where both readings agree. LlamaConfig
+ * defaults to exactly those fallbacks. */
 #define CFG_HF_KV_HEADS 32
 #define CFG_HF_HEAD_DIM 128
 
 /* An explicit null means num_attention_heads (transformers' backward
- * compatibility rule); absent means CFG_HF_KV_HEADS. */
+ * compatibility rule, and a Llama's default); absent means CFG_HF_KV_HEADS
+ * for Qwen3. */
 static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *v = json_object_get(root, "num_key_value_heads");
-    if (v && json_is_null(v)) {
+    if ((v && json_is_null(v)) || (!v && c->family == DFLASH_FAMILY_LLAMA)) {
         c->num_key_value_heads = c->num_attention_heads;
         return DFLASH_OK;
     }
@@ -159,13 +161,22 @@ static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, d
     return cfg_positive_int(label, root, "num_key_value_heads", 0, CFG_HF_KV_HEADS, &c->num_key_value_heads);
 }
 
-/* Absent means CFG_HF_HEAD_DIM; an explicit null transformers cannot run
- * (its attention would size with None), so it is read the same way. */
+/* Absent means CFG_HF_HEAD_DIM for Qwen3 (an explicit null transformers
+ * cannot run: its attention would size with None, so it is read the same
+ * way), hidden_size / num_attention_heads for a Llama. */
 static dflash_status cfg_parse_head_dim(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *v = json_object_get(root, "head_dim");
     if (!v || json_is_null(v)) {
         int split = c->hidden_size % c->num_attention_heads == 0 ? c->hidden_size / c->num_attention_heads : -1;
+        if (c->family == DFLASH_FAMILY_LLAMA) {
+            if (split <= 0)
+                return dflash_fail(DFLASH_ERR_FORMAT, "%s: head_dim is %s and hidden_size %d is not a multiple of "
+                                   "num_attention_heads %d: set it explicitly", label, v ? "null" : "missing",
+                                   c->hidden_size, c->num_attention_heads);
+            c->head_dim = split;
+            return DFLASH_OK;
+        }
         if (split != CFG_HF_HEAD_DIM)
             return dflash_fail(DFLASH_ERR_FORMAT,
                                "%s: head_dim is %s; transformers' default for Qwen3 (%d) differs from hidden_size / "
@@ -193,7 +204,9 @@ static dflash_status cfg_parse_sizes(const char *label, const json_t *root, dfla
     DFLASH_TRY(cfg_parse_head_dim(label, root, c));
     DFLASH_TRY(cfg_positive_int(label, root, "intermediate_size", 1, 0, &c->intermediate_size));
     DFLASH_TRY(cfg_positive_int(label, root, "vocab_size", 1, 0, &c->vocab_size));
-    DFLASH_TRY(cfg_positive_int(label, root, "max_position_embeddings", 0, 32768, &c->max_position_embeddings));
+    /* transformers' defaults: Qwen3Config 32768, LlamaConfig 2048 */
+    DFLASH_TRY(cfg_positive_int(label, root, "max_position_embeddings", 0,
+                                c->family == DFLASH_FAMILY_LLAMA ? 2048 : 32768, &c->max_position_embeddings));
     double eps = 0;
     DFLASH_TRY(cfg_number(label, root, "rms_norm_eps", "rms_norm_eps", 1e-6, &eps));
     if (!(eps > 0))
@@ -361,26 +374,77 @@ static dflash_status cfg_parse_names(const char *label, const json_t *root, dfla
  * implement, so it is refused by name instead of run as Qwen3. A config
  * without architectures (written by hand, or by Qwen3Config itself) is a
  * drafter when it has a dflash_config, else a target. */
+static const struct {
+    const char *model_type, *architecture;
+    dflash_family family;
+} k_families[] = {
+    { "qwen3", "Qwen3ForCausalLM", DFLASH_FAMILY_QWEN3 },
+    { "llama", "LlamaForCausalLM", DFLASH_FAMILY_LLAMA },
+};
+#define N_FAMILIES (sizeof k_families / sizeof k_families[0])
+#define CFG_RUNS "dflash runs Qwen3ForCausalLM and LlamaForCausalLM targets and DFlashDraftModel drafters"
+
+const char *dflash_family_name(dflash_family f)
+{
+    return f == DFLASH_FAMILY_LLAMA ? "Llama" : "Qwen3";
+}
+
+/* Which model: architectures[0] and model_type (each optional) name one
+ * family, or a DFlash drafter (Qwen3 layers). */
 static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflash_model_config *c)
 {
     char model_type[64];
     DFLASH_TRY(cfg_string(label, "model_type", cfg_field(root, "model_type"), model_type, sizeof model_type));
-    if (model_type[0] && strcmp(model_type, "qwen3") != 0)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: model_type is '%s'; dflash runs Qwen3 models (model_type "
-                           "'qwen3'): Qwen3ForCausalLM targets and DFlashDraftModel drafters", label, model_type);
+    size_t by_type = 0;
+    while (by_type < N_FAMILIES && strcmp(model_type, k_families[by_type].model_type) != 0)
+        by_type++;
+    if (model_type[0] && by_type == N_FAMILIES)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: model_type is '%s'; dflash runs Qwen3 and Llama models "
+                           "(model_type 'qwen3', 'llama'): Qwen3ForCausalLM and LlamaForCausalLM targets and "
+                           "DFlashDraftModel drafters", label, model_type);
     const int has_dflash_config = cfg_field(root, "dflash_config") != NULL;
     const char *arch = c->architecture;
+    c->family = DFLASH_FAMILY_QWEN3;
+    c->qk_norm = 1;
     if (arch[0] == 0 || strcmp(arch, "DFlashDraftModel") == 0) {
         c->is_dflash = arch[0] != 0 || has_dflash_config;
+        if (c->is_dflash && model_type[0] && by_type != 0)
+            return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: a DFlash drafter with model_type '%s'; its layers are "
+                               "Qwen3's (model_type 'qwen3')", label, model_type);
+        if (!c->is_dflash && model_type[0])
+            c->family = k_families[by_type].family;
+        c->qk_norm = c->family == DFLASH_FAMILY_QWEN3;
         return DFLASH_OK;
     }
-    if (strcmp(arch, "Qwen3ForCausalLM") != 0)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: architectures[0] is '%s'; dflash runs Qwen3ForCausalLM targets "
-                           "and DFlashDraftModel drafters", label, arch);
+    size_t k = 0;
+    while (k < N_FAMILIES && strcmp(arch, k_families[k].architecture) != 0)
+        k++;
+    if (k == N_FAMILIES)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: architectures[0] is '%s'; " CFG_RUNS, label, arch);
+    if (model_type[0] && by_type != k)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: architectures[0] is '%s' but model_type is '%s' (expected '%s')",
+                           label, arch, model_type, k_families[k].model_type);
     if (has_dflash_config)
-        return dflash_fail(DFLASH_ERR_FORMAT, "%s: architectures[0] is 'Qwen3ForCausalLM' but there is a "
-                           "dflash_config: a DFlash drafter's architectures[0] is 'DFlashDraftModel'", label);
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: architectures[0] is '%s' but there is a dflash_config: a DFlash "
+                           "drafter's architectures[0] is 'DFlashDraftModel'", label, arch);
     c->is_dflash = 0;
+    c->family = k_families[k].family;
+    c->qk_norm = c->family == DFLASH_FAMILY_QWEN3;
+    return DFLASH_OK;
+}
+
+/* Biases on the projections (attention_bias, mlp_bias) are not implemented;
+ * a model that has them is refused by name rather than run without. */
+static dflash_status cfg_parse_biases(const char *label, const json_t *root)
+{
+    static const char *const keys[] = { "attention_bias", "mlp_bias" };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        int on = 0;
+        DFLASH_TRY(cfg_bool(label, root, keys[i], &on));
+        if (on)
+            return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = true is not supported (projections "
+                               "without biases only)", label, keys[i]);
+    }
     return DFLASH_OK;
 }
 
@@ -535,6 +599,7 @@ static dflash_status cfg_parse_root(const char *label, const json_t *root, dflas
     DFLASH_TRY(cfg_parse_names(label, root, c));
     DFLASH_TRY(cfg_parse_kind(label, root, c)); /* first: another model is named before its fields are judged */
     DFLASH_TRY(cfg_parse_sizes(label, root, c));
+    DFLASH_TRY(cfg_parse_biases(label, root));
     DFLASH_TRY(cfg_parse_rope(label, root, c));
     DFLASH_TRY(cfg_parse_tokens(label, root, c));
     DFLASH_TRY(cfg_parse_layer_types(label, root, c));

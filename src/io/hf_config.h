@@ -1,5 +1,6 @@
-/* hf_config.h: Hugging Face `config.json` of a Qwen3 model or of a DFlash
- * drafter (a Qwen3 config + block_size, num_target_layers, dflash_config).
+/* hf_config.h: Hugging Face `config.json` of a target model (Qwen3 or
+ * Llama) or of a DFlash drafter (a Qwen3 config + block_size,
+ * num_target_layers, dflash_config).
  * Unknown or inconsistent values are errors naming the file and the field. */
 #ifndef DFLASH_IO_HF_CONFIG_H
 #define DFLASH_IO_HF_CONFIG_H
@@ -13,8 +14,21 @@
 #define DFLASH_MAX_EOS 8
 #define DFLASH_MAX_TAPS 64
 
+/* The model families a target can be: both are pre-norm decoder stacks
+ * with SwiGLU MLPs and NeoX RoPE; Qwen3 adds a per-head RMSNorm on q and k
+ * (q_norm, k_norm). A DFlash drafter's layers are Qwen3's. */
+typedef enum dflash_family {
+    DFLASH_FAMILY_QWEN3 = 0, /* Qwen3ForCausalLM, model_type "qwen3" */
+    DFLASH_FAMILY_LLAMA,     /* LlamaForCausalLM, model_type "llama" */
+} dflash_family;
+
+/* "Qwen3", "Llama". */
+const char *dflash_family_name(dflash_family f);
+
 typedef struct dflash_model_config {
     char architecture[64]; /* architectures[0], e.g. "Qwen3ForCausalLM" */
+    dflash_family family;
+    int qk_norm;           /* layers hold q_norm and k_norm (Qwen3, drafters) */
     char torch_dtype[16];  /* "bfloat16", ... ("" if absent) */
     int hidden_size;
     int num_hidden_layers;
@@ -42,7 +56,8 @@ typedef struct dflash_model_config {
 
     /* DFlash drafter fields; is_dflash: architectures[0] is "DFlashDraftModel",
      * or there is no architectures and a dflash_config object is present
-     * (any architecture but those two and Qwen3ForCausalLM is refused). */
+     * (any architecture but those, Qwen3ForCausalLM and LlamaForCausalLM is
+     * refused). */
     int is_dflash;
     int block_size;          /* top level or dflash_config.block_size; default 16 */
     /* is_causal or dflash_config.causal: the block's full-attention layers

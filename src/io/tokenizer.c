@@ -657,6 +657,32 @@ static dflash_status parse_decoder(const json_t *d, const char *label, int depth
                        "%s: decoder type '%s' is not supported (only ByteLevel)", label, type);
 }
 
+/* The post-processor runs after encoding. ByteLevel (offsets only) changes
+ * no ids; one that adds tokens to every encoding (TemplateProcessing, as
+ * Llama 3 adds <|begin_of_text|>) is not implemented, and ignoring it would
+ * hand the model prompts without the tokens it was trained to see. */
+static dflash_status parse_post_processor(const json_t *p, const char *label, int depth)
+{
+    if (!p || json_is_null(p))
+        return DFLASH_OK;
+    const char *type = type_of(p);
+    if (!strcmp(type, "ByteLevel"))
+        return DFLASH_OK;
+    if (!strcmp(type, "Sequence") && depth < 4) {
+        json_t *arr = json_object_get(p, "processors");
+        if (!json_is_array(arr))
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor Sequence lacks 'processors'", label);
+        size_t i;
+        json_t *e;
+        json_array_foreach(arr, i, e) DFLASH_TRY(parse_post_processor(e, label, depth + 1));
+        return DFLASH_OK;
+    }
+    return dflash_fail(DFLASH_ERR_UNSUPPORTED,
+                       "%s: post_processor type '%s' is not supported (only ByteLevel): it adds special tokens "
+                       "to every encoding (such as a beginning-of-text token); give the prompt as token ids "
+                       "(--prompt-ids) instead", label, type);
+}
+
 /* The bytes a token spelling decodes to under HF's ByteLevel decoder: every
  * character mapped back to its byte, or, if any character is not one of
  * the 256 byte characters, the spelling's own UTF-8 unchanged. */
@@ -780,6 +806,7 @@ static dflash_status build(dflash_tokenizer *t, json_t *root)
     DFLASH_TRY(parse_normalizer(t, json_object_get(root, "normalizer"), label, 0));
     DFLASH_TRY(parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), label, 0));
     DFLASH_TRY(parse_decoder(json_object_get(root, "decoder"), label, 0));
+    DFLASH_TRY(parse_post_processor(json_object_get(root, "post_processor"), label, 0));
 
     json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_null(added) && !json_is_array(added))

@@ -1,4 +1,4 @@
-/* qwen3.c: Qwen3 target: load (bind every tensor by name with shape checks,
+/* qwen3.c: the target (Qwen3 or Llama): load (bind every tensor by name with shape checks,
  * refuse tensors nothing uses, size scratch and KV once) and the batched
  * forward with taps. */
 #include "target/qwen3.h"
@@ -81,7 +81,7 @@ dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st
     const char *label = dflash_st_path(st);
     dflash_status s = DFLASH_OK;
     if (m->cfg.is_dflash)
-        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a Qwen3 target", label);
+        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a target model", label);
     if (s == DFLASH_OK && (m->opts.max_rows <= 0 || m->opts.max_seqs <= 0 || m->opts.max_ctx <= 0))
         s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows %d, max_seqs %d and max_ctx %d must be positive",
                         m->opts.max_rows, m->opts.max_seqs, m->opts.max_ctx);

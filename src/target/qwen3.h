@@ -1,4 +1,5 @@
-/* qwen3.h: the Qwen3 target model: weights bound by name from a Hugging Face
+/* qwen3.h: the target model (Qwen3, or a Llama: the same stack without the
+ * q/k norms): weights bound by name from a Hugging Face
  * checkpoint, a forward over a batch of rows (prefill chunks, one-token
  * decode, multi-row verify) that returns logits for requested rows and the
  * hidden-state taps a DFlash drafter needs.

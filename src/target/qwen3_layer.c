@@ -1,6 +1,7 @@
 /* qwen3_layer.c: see qwen3_layer.h. Owns the Qwen3 layer (binding and its
- * two halves of the forward) and the checkpoint layout of targets and
- * drafters, including which unused tensors are tolerated. */
+ * two halves of the forward; a Llama layer is the same without q_norm and
+ * k_norm) and the checkpoint layout of targets and drafters, including which
+ * unused tensors are tolerated. */
 #include "target/qwen3_layer.h"
 
 #include <math.h>
@@ -32,7 +33,10 @@ dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflas
         { "mlp.down_proj.weight", &l->lin[QWEN3_LIN_DOWN], H, I },
     };
     char name[200];
+    *l = (qwen3_layer){ 0 };
     for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
+        if ((spec[k].w == &l->q_norm || spec[k].w == &l->k_norm) && !c->qk_norm)
+            continue; /* a Llama layer: no per-head q/k norm */
         snprintf(name, sizeof name, "%s%s", prefix, spec[k].suffix);
         DFLASH_TRY(dflash_bind(b, name, spec[k].rows, spec[k].cols, spec[k].w));
     }
@@ -167,7 +171,8 @@ static dflash_status ckpt_refuse_unused(const dflash_binder *b, const dflash_mod
     free(names);
     return dflash_fail(DFLASH_ERR_FORMAT, "%s: %zu tensor%s of the checkpoint %s not used by this %d-layer %s: %s; %s",
                        dflash_st_path(b->st), n, n == 1 ? "" : "s", n == 1 ? "is" : "are", c->num_hidden_layers,
-                       c->is_dflash ? "DFlash drafter" : "Qwen3 target", list, why);
+                       c->is_dflash ? "DFlash drafter" : c->family == DFLASH_FAMILY_LLAMA ? "Llama target" : "Qwen3 target",
+                       list, why);
 }
 
 dflash_status qwen3_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w)
@@ -226,8 +231,9 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
                               c->rms_norm_eps, b->xn));
     float *const qkv[3] = { b->q, b->k, b->v };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
-    return dflash_be_qk_norm_rope(be, b->q, &l->q_norm, c->num_attention_heads, b->k, &l->k_norm,
-                                  c->num_key_value_heads, b->pos, n, c->head_dim, c->rms_norm_eps, &c->rope_freq);
+    return dflash_be_qk_norm_rope(be, b->q, c->qk_norm ? &l->q_norm : NULL, c->num_attention_heads, b->k,
+                                  c->qk_norm ? &l->k_norm : NULL, c->num_key_value_heads, b->pos, n, c->head_dim,
+                                  c->rms_norm_eps, &c->rope_freq);
 }
 
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,

@@ -1,11 +1,12 @@
 /* qwen3_layer.h: one Qwen3 decoder layer, shared by the target and the
  * DFlash drafter (same pre-norm block; they differ only in where attention
- * keys come from, so attention itself is left to the caller), and the
+ * keys come from, so attention itself is left to the caller); a Llama
+ * target's layer is the same block without the q/k norms. And the
  * checkpoint layout both are bound from (qwen3_checkpoint_bind: the one
  * place that says which tensors a target or drafter checkpoint holds):
  *
  *   attn_in:      x += delta (pending); xn = rmsnorm(x); q,k,v = proj(xn);
- *                 q,k = rope(qk_norm(q,k))
+ *                 q,k = rope(qk_norm(q,k))   (Llama: rope(q,k))
  *   (caller)      attn = attention(q, keys...)
  *   attn_out_mlp: delta = o(attn); x += delta; xn = rmsnorm(x);
  *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
@@ -24,7 +25,7 @@ enum { QWEN3_LIN_Q, QWEN3_LIN_K, QWEN3_LIN_V, QWEN3_LIN_O, QWEN3_LIN_GATE, QWEN3
 
 typedef struct qwen3_layer {
     dflash_weight input_norm, post_norm;   /* [H] */
-    dflash_weight q_norm, k_norm;          /* [D] */
+    dflash_weight q_norm, k_norm;          /* [D]; unbound (no data) when !cfg.qk_norm */
     dflash_weight lin[QWEN3_LIN_COUNT];    /* q [Hq*D, H], k/v [Hkv*D, H], o [H, Hq*D],
                                               gate/up [I, H], down [H, I] */
 } qwen3_layer;
@@ -56,9 +57,9 @@ typedef struct qwen3_checkpoint {
     qwen3_layer *layers;
 } qwen3_checkpoint;
 
-/* Checks the geometry of `c` that loading needs (an even head_dim for
- * RoPE), binds every tensor a checkpoint of `c` must hold (a Qwen3 target,
- * or a DFlash drafter when c->is_dflash) with shape and dtype checks, then
+/* Binds every tensor a checkpoint of `c` must hold (a Qwen3 or Llama
+ * target, or a DFlash drafter when c->is_dflash) with shape and dtype
+ * checks, then
  * refuses the tensors nothing bound (naming the first few and the likely
  * cause), except those transformers ignores too (see qwen3_layer.c). */
 dflash_status qwen3_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w);

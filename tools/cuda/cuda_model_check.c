@@ -5,7 +5,8 @@
  * The same code runs on the CUDA backend (dflash_backend_cuda_create(0))
  * and on the CPU reference backend side by side; every GPU result is
  * downloaded and compared:
- *  1. Qwen3 fixtures (tests/data/qwen3/{mha_untied,gqa_tied,gqa_sharded}):
+ *  1. target fixtures (tests/data/qwen3/{mha_untied,gqa_tied,gqa_sharded,
+ *     yarn_tied}, tests/data/llama/llama31_gqa):
  *     input_ids forwarded with logits for every row and every layer tapped;
  *     GPU vs CPU (max|gpu - cpu| / max|cpu| <= 1e-4) and GPU vs the
  *     transformers expectation (the CPU tests' criterion, ||gpu - hf|| /
@@ -333,8 +334,8 @@ static void check_qwen3(const char *name)
     dflash_st *ex = NULL;
     dflash_qwen3 *mc = NULL, *mg = NULL;
     float *lc = NULL, *tc = NULL, *lg = NULL, *tg = NULL, *sc = NULL, *sg = NULL;
-    case_begin("qwen3/%s", name);
-    fx_path(dir, sizeof dir, "qwen3", name);
+    case_begin("%s", name);
+    fx_path(dir, sizeof dir, name, NULL);
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     if (!step(dflash_st_open(path, &ex), "fixture") || !step(load_target(dir, g_cpu, 256, &mc), "cpu load"))
         goto done;
@@ -1027,7 +1028,8 @@ int main(int argc, char **argv)
     printf("cuda_model_check: gpu side: %s\n", g_gpu_name);
     add_row("gpu backend", 1, NULL, "%.30s", g_gpu_name);
     double t0 = now_s();
-    static const char *qwen3[] = { "mha_untied", "gqa_tied", "gqa_sharded" };
+    static const char *qwen3[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
+                                   "llama/llama31_gqa" };
     static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
     for (int pass = 0; pass < 2; pass++) {
         g_kv = pass ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
