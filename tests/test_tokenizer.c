@@ -530,31 +530,49 @@ static void test_added_tokens_unique(void)
     dflash_tokenizer_free(t);
 }
 
-/* A post-processor that adds tokens to every encoding (Llama 3's
- * TemplateProcessing with <|begin_of_text|>) is refused, also inside a
- * Sequence; ByteLevel alone loads. */
+/* post_processor: TemplateProcessing (Llama 3's form, alone or in a
+ * Sequence) adds its special tokens in encode_special only; a template
+ * whose token is not in its special_tokens table or not in the vocabulary,
+ * or another kind of processor, is refused. tiny's <|im_end|> is 276. */
+static json_t *template_processor(const char *name, int id)
+{
+    return json_pack("{s:s,s:[{s:{s:s,s:i}},{s:{s:s,s:i}}],s:{s:{s:s,s:[i],s:[s]}}}", "type", "TemplateProcessing",
+                     "single", "SpecialToken", "id", "<|im_end|>", "type_id", 0, "Sequence", "id", "A", "type_id", 0,
+                     "special_tokens", name, "id", name, "ids", id, "tokens", name);
+}
+
 static void test_post_processor(void)
 {
-    json_t *tp = json_pack("{s:s,s:[{s:{s:s,s:i}},{s:{s:s,s:i}}]}", "type", "TemplateProcessing", "single",
-                           "SpecialToken", "id", "<|begin_of_text|>", "type_id", 0, "Sequence", "id", "A",
-                           "type_id", 0);
-    const char *needle = "post_processor type 'TemplateProcessing' is not supported (only ByteLevel)";
     json_t *j = tiny_json();
-    if (!j || !tp)
+    if (!j)
         return;
-    json_object_set(j, "post_processor", tp);
+    json_object_set_new(j, "post_processor", json_pack("{s:s,s:[{s:s},o]}", "type", "Sequence", "processors", "type",
+                                                       "ByteLevel", template_processor("<|im_end|>", 276)));
     dflash_tokenizer *t = NULL;
-    CHECK_FAILS(load_json(j, &t), DFLASH_ERR_UNSUPPORTED, needle);
-    CHECK(t == NULL);
-    j = tiny_json();
-    json_object_set_new(j, "post_processor", json_pack("{s:s,s:[{s:s},O]}", "type", "Sequence", "processors", "type",
-                                                       "ByteLevel", tp));
-    CHECK_FAILS(load_json(j, &t), DFLASH_ERR_UNSUPPORTED, needle);
-    json_decref(tp);
-    j = tiny_json();
-    json_object_set_new(j, "post_processor", json_pack("{s:s}", "type", "ByteLevel"));
     CHECK_OK(load_json(j, &t));
+    int32_t *ids = NULL, *sp = NULL;
+    size_t n = 0, n_sp = 0;
+    CHECK_OK(dflash_tokenizer_encode(t, "ab", 2, &ids, &n));
+    CHECK_OK(dflash_tokenizer_encode_special(t, "ab", 2, &sp, &n_sp));
+    CHECKF(n_sp == n + 1 && sp && sp[0] == 276 && (n == 0 || !memcmp(sp + 1, ids, n * sizeof *ids)),
+           "encode_special: %zu ids (plain %zu)", n_sp, n);
+    free(ids);
+    free(sp);
+    CHECK_OK(dflash_tokenizer_encode_special(t, "", 0, &sp, &n_sp)); /* an empty text still gets them */
+    CHECK(n_sp == 1 && sp && sp[0] == 276);
+    free(sp);
     dflash_tokenizer_free(t);
+
+    j = tiny_json();
+    json_object_set_new(j, "post_processor", template_processor("<bos>", 276));
+    CHECK_FAILS(load_json(j, &t), DFLASH_ERR_FORMAT, "'single' item 0 is neither a sequence nor a special token");
+    j = tiny_json();
+    json_object_set_new(j, "post_processor", template_processor("<|im_end|>", 99999));
+    CHECK_FAILS(load_json(j, &t), DFLASH_ERR_FORMAT, "post_processor special token id 99999 is not in the vocabulary");
+    j = tiny_json();
+    json_object_set_new(j, "post_processor", json_pack("{s:s}", "type", "RobertaProcessing"));
+    CHECK_FAILS(load_json(j, &t), DFLASH_ERR_UNSUPPORTED, "post_processor type 'RobertaProcessing' is not supported");
+    CHECK(t == NULL);
 }
 
 /* GPT-2's byte-to-unicode spelling of raw bytes (as vocab keys are written);

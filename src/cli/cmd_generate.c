@@ -24,7 +24,9 @@ static void usage(FILE *f)
             "plain autoregressive decoding.\n"
             "\n"
             "prompt and output:\n"
-            "  -p, --prompt TEXT      prompt text (tokenized with the model's tokenizer.json);\n"
+            "  -p, --prompt TEXT      prompt text (tokenized with the model's tokenizer.json, with\n"
+            "                         the special tokens its post-processor adds, such as Llama 3's\n"
+            "                         <|begin_of_text|>);\n"
             "                         '-' reads it from stdin (at most %zu MiB). The output text is\n"
             "                         streamed.\n"
             "  --chat                 wrap TEXT as a user message in the Qwen3 chat template\n"
@@ -129,7 +131,9 @@ static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
         co.thinking = a->think;
         s = dflash_chat_encode(tok, msgs, nm, &co, &a->prompt, &n);
     } else {
-        s = dflash_tokenizer_encode(tok, text, len, &a->prompt, &n);
+        /* as HF's tokenizer(text): with the post-processor's special tokens
+         * (Llama 3's <|begin_of_text|>; none for Qwen3) */
+        s = dflash_tokenizer_encode_special(tok, text, len, &a->prompt, &n);
     }
     free(owned);
     a->n_prompt = (int)n;

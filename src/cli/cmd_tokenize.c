@@ -16,7 +16,7 @@
 _Static_assert(DFLASH_STREAM_MAX_BYTES == (size_t)64 << 20, "k_tok_help states a 64 MiB stdin limit");
 
 static const char k_tok_help[] =
-    "usage: dflash tokenize --tokenizer DIR_OR_FILE [--json] TEXT\n"
+    "usage: dflash tokenize --tokenizer DIR_OR_FILE [--json] [--special] TEXT\n"
     "\n"
     "Encode TEXT (or standard input when TEXT is '-') with a Hugging Face\n"
     "tokenizer.json, as encode(text, add_special_tokens=False) would: special\n"
@@ -24,6 +24,9 @@ static const char k_tok_help[] =
     "UTF-8 is replaced by U+FFFD. Prints the ids separated by spaces on one line.\n"
     "\n"
     "  --tokenizer P  a tokenizer.json file, or a folder holding one\n"
+    "  --special      add the special tokens the tokenizer's post-processor puts\n"
+    "                 around a text, as add_special_tokens=True (Llama 3:\n"
+    "                 <|begin_of_text|> first; Qwen3: none)\n"
     "  --json         print {\"ids\":[...]} instead\n"
     "  -              (as TEXT) read standard input, at most 64 MiB\n"
     "  -h, --help     this text\n"
@@ -45,9 +48,10 @@ static const char k_detok_help[] =
     "Exit status: 0 ok, 1 the tokenizer could not be loaded or an id is not in\n"
     "its vocabulary, 2 usage error.\n";
 
-/* Common options; returns -1 to go on, else the exit code. */
+/* Common options and the command's own switch `flag_name` (--special,
+ * --skip-special) into *flag; returns -1 to go on, else the exit code. */
 static int parse_opts(int argc, char **argv, const char *help, const char **tok_path, int *json,
-                      int *skip_special, char ***rest, int *n_rest)
+                      const char *flag_name, int *flag, char ***rest, int *n_rest)
 {
     *rest = calloc((size_t)argc + 1, sizeof **rest);
     *n_rest = 0;
@@ -66,8 +70,8 @@ static int parse_opts(int argc, char **argv, const char *help, const char **tok_
             return 0;
         } else if (!strcmp(a, "--json")) {
             *json = 1;
-        } else if (!strcmp(a, "--skip-special") && skip_special) {
-            *skip_special = 1;
+        } else if (!strcmp(a, flag_name)) {
+            *flag = 1;
         } else if (!strcmp(a, "--tokenizer") || !strncmp(a, "--tokenizer=", 12)) {
             if (a[11] == '=') {
                 *tok_path = a + 12;
@@ -93,9 +97,9 @@ static int parse_opts(int argc, char **argv, const char *help, const char **tok_
 int dflash_cmd_tokenize(int argc, char **argv)
 {
     const char *tok_path = NULL;
-    int json = 0, n_rest;
+    int json = 0, special = 0, n_rest;
     char **rest;
-    int rc = parse_opts(argc, argv, k_tok_help, &tok_path, &json, NULL, &rest, &n_rest);
+    int rc = parse_opts(argc, argv, k_tok_help, &tok_path, &json, "--special", &special, &rest, &n_rest);
     if (rc < 0 && n_rest != 1) {
         fprintf(stderr, "dflash tokenize: expected exactly one TEXT argument (got %d)\n%s",
                 n_rest, k_tok_help);
@@ -121,7 +125,8 @@ int dflash_cmd_tokenize(int argc, char **argv)
     int32_t *ids = NULL;
     size_t n = 0;
     if (dflash_tokenizer_load(tok_path, &tok) ||
-        (dflash_tokenizer_encode(tok, text, len, &ids, &n) && (dflash_tokenizer_free(tok), 1))) {
+        ((special ? dflash_tokenizer_encode_special : dflash_tokenizer_encode)(tok, text, len, &ids, &n) &&
+         (dflash_tokenizer_free(tok), 1))) {
         fprintf(stderr, "dflash tokenize: %s\n", dflash_last_error());
         free(owned);
         return 1;
@@ -177,7 +182,7 @@ int dflash_cmd_detokenize(int argc, char **argv)
     const char *tok_path = NULL;
     int json = 0, skip = 0, n_rest;
     char **rest;
-    int rc = parse_opts(argc, argv, k_detok_help, &tok_path, &json, &skip, &rest, &n_rest);
+    int rc = parse_opts(argc, argv, k_detok_help, &tok_path, &json, "--skip-special", &skip, &rest, &n_rest);
     if (rc >= 0) {
         free(rest);
         return rc == 0 ? cli_finish_stdout(0) : rc; /* 0: --help was printed */

@@ -41,6 +41,12 @@ int main(int argc, char **argv)
     }
     /* Before anything opens a file that could take a closed stream's place. */
     cli_guard_std_fds();
+    /* A pipe or file is fully buffered anyway; a buffer larger than any help
+     * text makes a failing write (a full disk) fail at the final flush,
+     * where its errno is reported, not in the middle of a text. */
+    static char out_buf[1 << 16];
+    if (!isatty(STDOUT_FILENO))
+        setvbuf(stdout, out_buf, _IOFBF, sizeof out_buf);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : cli_finish_stdout(0);

@@ -32,6 +32,7 @@
  * not make us allocate gigabytes. Real vocabularies are below 300k. */
 #define MAX_ID (1 << 24)
 #define MAX_STEPS 8
+#define MAX_TMPL_IDS 8 /* special tokens a post-processor template adds on each side */
 /* Word cache: direct-mapped; words up to CACHE_WORD bytes giving up to
  * CACHE_IDS ids. Most pre-split words are short, so this catches nearly all
  * repeats in real text at ~1 MiB. */
@@ -257,6 +258,11 @@ struct dflash_tokenizer {
     bool nfc;
     split_step steps[MAX_STEPS];
     int n_steps;
+
+    /* post_processor TemplateProcessing, single template: the special ids
+     * before and after the text (Llama 3: <|begin_of_text|> before) */
+    int32_t tmpl_pre[MAX_TMPL_IDS], tmpl_post[MAX_TMPL_IDS];
+    int n_tmpl_pre, n_tmpl_post;
 
     /* encode scratch */
     pcre2_match_data *md;
@@ -657,30 +663,83 @@ static dflash_status parse_decoder(const json_t *d, const char *label, int depth
                        "%s: decoder type '%s' is not supported (only ByteLevel)", label, type);
 }
 
-/* The post-processor runs after encoding. ByteLevel (offsets only) changes
- * no ids; one that adds tokens to every encoding (TemplateProcessing, as
- * Llama 3 adds <|begin_of_text|>) is not implemented, and ignoring it would
- * hand the model prompts without the tokens it was trained to see. */
-static dflash_status parse_post_processor(const json_t *p, const char *label, int depth)
+/* TemplateProcessing's `single` template: special tokens around the one
+ * sequence "A" (a pair template is never used: there is one text). Their
+ * ids come from the processor's own special_tokens table, as HF reads them. */
+static dflash_status parse_template(dflash_tokenizer *t, const json_t *p, const char *label)
+{
+    const json_t *single = json_object_get(p, "single"), *specials = json_object_get(p, "special_tokens");
+    if (!json_is_array(single))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor TemplateProcessing lacks a 'single' list", label);
+    if (t->n_tmpl_pre || t->n_tmpl_post)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: more than one post_processor TemplateProcessing", label);
+    int seen_a = 0;
+    size_t i;
+    json_t *item;
+    json_array_foreach(single, i, item)
+    {
+        const json_t *seq = json_object_get(item, "Sequence"), *sp = json_object_get(item, "SpecialToken");
+        if (seq) {
+            const char *id = json_string_value(json_object_get(seq, "id"));
+            if (!id || strcmp(id, "A") != 0 || seen_a)
+                return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: post_processor TemplateProcessing: 'single' "
+                                   "item %zu is sequence '%s'; only one sequence, A, is supported", label, i,
+                                   id ? id : "?");
+            seen_a = 1;
+            continue;
+        }
+        const char *name = json_string_value(json_object_get(sp, "id"));
+        const json_t *ids = name ? json_object_get(json_object_get(specials, name), "ids") : NULL;
+        if (!json_is_array(ids))
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor TemplateProcessing: 'single' item %zu is "
+                               "neither a sequence nor a special token listed in special_tokens", label, i);
+        size_t k;
+        json_t *v;
+        json_array_foreach(ids, k, v)
+        {
+            int *n = seen_a ? &t->n_tmpl_post : &t->n_tmpl_pre;
+            int32_t *dst = seen_a ? t->tmpl_post : t->tmpl_pre;
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MAX_ID)
+                return dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor special token '%s' has an id outside "
+                                   "[0, %d)", label, name, MAX_ID);
+            if (*n == MAX_TMPL_IDS)
+                return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: post_processor TemplateProcessing adds more than "
+                                   "%d tokens on a side", label, MAX_TMPL_IDS);
+            dst[(*n)++] = (int32_t)json_integer_value(v);
+        }
+    }
+    if (!seen_a)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor TemplateProcessing: 'single' has no sequence A",
+                           label);
+    return DFLASH_OK;
+}
+
+/* The post-processor runs after encoding: ByteLevel (offsets only) changes
+ * no ids; TemplateProcessing adds special tokens around the text when the
+ * caller asks for them (dflash_tokenizer_encode_special, HF's
+ * add_special_tokens). Other kinds are refused: ignoring one would hand
+ * the model prompts without tokens it was trained to see. */
+static dflash_status parse_post_processor(dflash_tokenizer *t, const json_t *p, const char *label, int depth)
 {
     if (!p || json_is_null(p))
         return DFLASH_OK;
     const char *type = type_of(p);
     if (!strcmp(type, "ByteLevel"))
         return DFLASH_OK;
+    if (!strcmp(type, "TemplateProcessing"))
+        return parse_template(t, p, label);
     if (!strcmp(type, "Sequence") && depth < 4) {
         json_t *arr = json_object_get(p, "processors");
         if (!json_is_array(arr))
             return dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor Sequence lacks 'processors'", label);
         size_t i;
         json_t *e;
-        json_array_foreach(arr, i, e) DFLASH_TRY(parse_post_processor(e, label, depth + 1));
+        json_array_foreach(arr, i, e) DFLASH_TRY(parse_post_processor(t, e, label, depth + 1));
         return DFLASH_OK;
     }
     return dflash_fail(DFLASH_ERR_UNSUPPORTED,
-                       "%s: post_processor type '%s' is not supported (only ByteLevel): it adds special tokens "
-                       "to every encoding (such as a beginning-of-text token); give the prompt as token ids "
-                       "(--prompt-ids) instead", label, type);
+                       "%s: post_processor type '%s' is not supported (ByteLevel, TemplateProcessing, Sequence)",
+                       label, type);
 }
 
 /* The bytes a token spelling decodes to under HF's ByteLevel decoder: every
@@ -806,7 +865,7 @@ static dflash_status build(dflash_tokenizer *t, json_t *root)
     DFLASH_TRY(parse_normalizer(t, json_object_get(root, "normalizer"), label, 0));
     DFLASH_TRY(parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), label, 0));
     DFLASH_TRY(parse_decoder(json_object_get(root, "decoder"), label, 0));
-    DFLASH_TRY(parse_post_processor(json_object_get(root, "post_processor"), label, 0));
+    DFLASH_TRY(parse_post_processor(t, json_object_get(root, "post_processor"), label, 0));
 
     json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_null(added) && !json_is_array(added))
@@ -1136,6 +1195,13 @@ dflash_status dflash_tokenizer_load_memory(const char *json, size_t len, const c
     }
     dflash_status st = build(t, root);
     json_decref(root);
+    /* the template's ids must name tokens of this vocabulary */
+    for (int i = 0; st == DFLASH_OK && i < t->n_tmpl_pre + t->n_tmpl_post; i++) {
+        const int32_t id = i < t->n_tmpl_pre ? t->tmpl_pre[i] : t->tmpl_post[i - t->n_tmpl_pre];
+        if (id >= t->n_ids)
+            st = dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor special token id %d is not in the vocabulary "
+                             "(%d ids)", label, id, t->n_ids);
+    }
     if (st) {
         dflash_tokenizer_free(t);
         return st;
@@ -1532,6 +1598,30 @@ dflash_status dflash_tokenizer_encode(dflash_tokenizer *t, const char *text, siz
         t->out = NULL;
         t->out_cap = 0;
     }
+    return DFLASH_OK;
+}
+
+dflash_status dflash_tokenizer_encode_special(dflash_tokenizer *t, const char *text, size_t len, int32_t **ids,
+                                              size_t *n)
+{
+    DFLASH_TRY(dflash_tokenizer_encode(t, text, len, ids, n));
+    const size_t extra = (size_t)(t->n_tmpl_pre + t->n_tmpl_post);
+    if (!extra)
+        return DFLASH_OK;
+    int32_t *r = malloc((*n + extra) * sizeof *r);
+    if (!r) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", t->label);
+    }
+    memcpy(r, t->tmpl_pre, (size_t)t->n_tmpl_pre * sizeof *r);
+    if (*n)
+        memcpy(r + t->n_tmpl_pre, *ids, *n * sizeof *r);
+    memcpy(r + t->n_tmpl_pre + *n, t->tmpl_post, (size_t)t->n_tmpl_post * sizeof *r);
+    free(*ids);
+    *ids = r;
+    *n += extra;
     return DFLASH_OK;
 }
 

@@ -46,9 +46,15 @@ dflash_status dflash_tokenizer_load_memory(const char *json, size_t len, const c
 void dflash_tokenizer_free(dflash_tokenizer *tok);
 
 /* Encode text[0..len) (NUL bytes are ordinary characters). On success *ids
- * is a malloc'd array of *n ids (NULL when *n == 0) that the caller free()s. */
+ * is a malloc'd array of *n ids (NULL when *n == 0) that the caller free()s.
+ * No special tokens are added (HF's add_special_tokens=False). */
 dflash_status dflash_tokenizer_encode(dflash_tokenizer *tok, const char *text, size_t len,
                                       int32_t **ids, size_t *n);
+/* The same, with the special tokens the tokenizer's post-processor adds
+ * around a text (HF's add_special_tokens=True: Llama 3's
+ * <|begin_of_text|> first; nothing for Qwen3). */
+dflash_status dflash_tokenizer_encode_special(dflash_tokenizer *tok, const char *text, size_t len,
+                                              int32_t **ids, size_t *n);
 
 enum {
     /* Leave out tokens marked "special" in added_tokens (HF's

