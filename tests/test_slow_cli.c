@@ -34,7 +34,7 @@ static void test_help_lists_every_option(void)
                         "--max-ctx", "--ignore-eos", "--device", "--temp", "--top-k", "--top-p", "--min-p", "--rep-penalty",
                         "--seed", NULL } },
         { "chat", { "-m", "--draft", "--system", "--think", "--n-new", "--quiet", "--block-size", "--temp", NULL } },
-        { "tokenize", { "--tokenizer", "--json", NULL } },
+        { "tokenize", { "--tokenizer", "--json", "--special", NULL } },
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
         { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target", "tiny",

@@ -103,6 +103,19 @@ static void test_golden(void)
     json_decref(g);
 }
 
+/* The CLI: tokenize adds <|begin_of_text|> only with --special. */
+static void test_cli(void)
+{
+    const char *b = getenv("B");
+    char cmd[4096], out[256] = "";
+    snprintf(cmd, sizeof cmd, "%s/dflash tokenize --tokenizer '%s' --special 'Hello world' && %s/dflash tokenize "
+             "--tokenizer '%s' 'Hello world'", b && *b ? b : "build", g_path, b && *b ? b : "build", g_path);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[n] = 0;
+    CHECKF(p && pclose(p) == 0 && !strcmp(out, "128000 9906 1917\n9906 1917\n"), "%s: %s", cmd, out);
+}
+
 int main(void)
 {
     const char *b = getenv("B");
@@ -114,6 +127,7 @@ int main(void)
                  b && *b ? b : "build");
     RUN(test_load);
     RUN(test_golden);
+    RUN(test_cli);
     dflash_tokenizer_free(g_tok);
     TEST_END();
 }
