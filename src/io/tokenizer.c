@@ -548,6 +548,24 @@ static dflash_status add_regex_step(dflash_tokenizer *t, const char *pat, size_t
     return DFLASH_OK;
 }
 
+/* A section parser: normalizer, pre_tokenizer, decoder or post_processor. */
+typedef dflash_status (*section_fn)(dflash_tokenizer *t, const json_t *o, const char *label, int depth);
+
+/* A section of type Sequence: every entry of its list `key` through `fn`,
+ * one level deeper (callers stop nesting at 4). `what` names the section
+ * in messages; `need_entries`: an empty list is an error too. */
+static dflash_status parse_sequence(dflash_tokenizer *t, const json_t *o, const char *what, const char *key,
+                                    int need_entries, section_fn fn, const char *label, int depth)
+{
+    json_t *arr = json_object_get(o, key);
+    if (!json_is_array(arr) || (need_entries && json_array_size(arr) == 0))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: %s Sequence lacks '%s'", label, what, key);
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e) DFLASH_TRY(fn(t, e, label, depth + 1));
+    return DFLASH_OK;
+}
+
 static dflash_status parse_normalizer(dflash_tokenizer *t, const json_t *n, const char *label,
                                       int depth)
 {
@@ -558,16 +576,8 @@ static dflash_status parse_normalizer(dflash_tokenizer *t, const json_t *n, cons
         t->nfc = true;
         return DFLASH_OK;
     }
-    if (!strcmp(type, "Sequence") && depth < 4) {
-        json_t *arr = json_object_get(n, "normalizers");
-        if (!json_is_array(arr))
-            return dflash_fail(DFLASH_ERR_FORMAT, "%s: normalizer Sequence lacks 'normalizers'",
-                               label);
-        size_t i;
-        json_t *e;
-        json_array_foreach(arr, i, e) DFLASH_TRY(parse_normalizer(t, e, label, depth + 1));
-        return DFLASH_OK;
-    }
+    if (!strcmp(type, "Sequence") && depth < 4)
+        return parse_sequence(t, n, "normalizer", "normalizers", 0, parse_normalizer, label, depth);
     return dflash_fail(DFLASH_ERR_UNSUPPORTED,
                        "%s: normalizer type '%s' is not supported (only NFC or a Sequence of NFC)",
                        label, type);
@@ -579,16 +589,8 @@ static dflash_status parse_pre_tokenizer(dflash_tokenizer *t, const json_t *p, c
     if (!p || json_is_null(p))
         return DFLASH_OK;
     const char *type = type_of(p);
-    if (!strcmp(type, "Sequence") && depth < 4) {
-        json_t *arr = json_object_get(p, "pretokenizers");
-        if (!json_is_array(arr))
-            return dflash_fail(DFLASH_ERR_FORMAT,
-                               "%s: pre_tokenizer Sequence lacks 'pretokenizers'", label);
-        size_t i;
-        json_t *e;
-        json_array_foreach(arr, i, e) DFLASH_TRY(parse_pre_tokenizer(t, e, label, depth + 1));
-        return DFLASH_OK;
-    }
+    if (!strcmp(type, "Sequence") && depth < 4)
+        return parse_sequence(t, p, "pre_tokenizer", "pretokenizers", 0, parse_pre_tokenizer, label, depth);
     if (!strcmp(type, "ByteLevel")) {
         bool aps, use_regex = true;
         json_t *a = json_object_get(p, "add_prefix_space");
@@ -642,7 +644,7 @@ static dflash_status parse_pre_tokenizer(dflash_tokenizer *t, const json_t *p, c
                        label, type);
 }
 
-static dflash_status parse_decoder(const json_t *d, const char *label, int depth)
+static dflash_status parse_decoder(dflash_tokenizer *t, const json_t *d, const char *label, int depth)
 {
     if (!d || json_is_null(d))
         return dflash_fail(DFLASH_ERR_UNSUPPORTED,
@@ -650,15 +652,8 @@ static dflash_status parse_decoder(const json_t *d, const char *label, int depth
     const char *type = type_of(d);
     if (!strcmp(type, "ByteLevel"))
         return DFLASH_OK;
-    if (!strcmp(type, "Sequence") && depth < 4) {
-        json_t *arr = json_object_get(d, "decoders");
-        if (!json_is_array(arr) || json_array_size(arr) == 0)
-            return dflash_fail(DFLASH_ERR_FORMAT, "%s: decoder Sequence lacks 'decoders'", label);
-        size_t i;
-        json_t *e;
-        json_array_foreach(arr, i, e) DFLASH_TRY(parse_decoder(e, label, depth + 1));
-        return DFLASH_OK;
-    }
+    if (!strcmp(type, "Sequence") && depth < 4)
+        return parse_sequence(t, d, "decoder", "decoders", 1, parse_decoder, label, depth);
     return dflash_fail(DFLASH_ERR_UNSUPPORTED,
                        "%s: decoder type '%s' is not supported (only ByteLevel)", label, type);
 }
@@ -728,15 +723,8 @@ static dflash_status parse_post_processor(dflash_tokenizer *t, const json_t *p, 
         return DFLASH_OK;
     if (!strcmp(type, "TemplateProcessing"))
         return parse_template(t, p, label);
-    if (!strcmp(type, "Sequence") && depth < 4) {
-        json_t *arr = json_object_get(p, "processors");
-        if (!json_is_array(arr))
-            return dflash_fail(DFLASH_ERR_FORMAT, "%s: post_processor Sequence lacks 'processors'", label);
-        size_t i;
-        json_t *e;
-        json_array_foreach(arr, i, e) DFLASH_TRY(parse_post_processor(t, e, label, depth + 1));
-        return DFLASH_OK;
-    }
+    if (!strcmp(type, "Sequence") && depth < 4)
+        return parse_sequence(t, p, "post_processor", "processors", 0, parse_post_processor, label, depth);
     return dflash_fail(DFLASH_ERR_UNSUPPORTED,
                        "%s: post_processor type '%s' is not supported (ByteLevel, TemplateProcessing, Sequence)",
                        label, type);
@@ -864,7 +852,7 @@ static dflash_status build(dflash_tokenizer *t, json_t *root)
     /* -- the other sections: fail on unsupported features before the heavy work -- */
     DFLASH_TRY(parse_normalizer(t, json_object_get(root, "normalizer"), label, 0));
     DFLASH_TRY(parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), label, 0));
-    DFLASH_TRY(parse_decoder(json_object_get(root, "decoder"), label, 0));
+    DFLASH_TRY(parse_decoder(t, json_object_get(root, "decoder"), label, 0));
     DFLASH_TRY(parse_post_processor(t, json_object_get(root, "post_processor"), label, 0));
 
     json_t *added = json_object_get(root, "added_tokens");
