@@ -357,12 +357,12 @@ static void test_llama(void)
         "\"attention_bias\":false,\"mlp_bias\":false,\"tie_word_embeddings\":false}";
     dflash_model_config c;
     CHECK_OK(parse(llama, &c));
-    CHECK(c.family == DFLASH_FAMILY_LLAMA && c.qk_norm == 0 && c.is_dflash == 0);
+    CHECK(c.family == DFLASH_FAMILY_LLAMA && !dflash_config_qk_norm(&c) && c.is_dflash == 0);
     CHECK(c.num_key_value_heads == 8 && c.head_dim == 32 && c.max_position_embeddings == 2048);
     CHECK(c.rope.kind == DFLASH_ROPE_LLAMA3 && c.rope.original_max_pos == 8192);
     CHECK(strcmp(dflash_family_name(c.family), "Llama") == 0);
     CHECK_OK(parse_edit(llama, "architectures", NULL, &c)); /* model_type alone names it */
-    CHECK(c.family == DFLASH_FAMILY_LLAMA && c.qk_norm == 0);
+    CHECK(c.family == DFLASH_FAMILY_LLAMA && !dflash_config_qk_norm(&c));
     CHECK_OK(parse_edit(llama, "num_key_value_heads", "2", &c));
     CHECK(c.num_key_value_heads == 2);
     CHECK_FAILS(parse_edit(llama, "attention_bias", "true", &c), DFLASH_ERR_UNSUPPORTED,
@@ -371,7 +371,7 @@ static void test_llama(void)
     CHECK_FAILS(parse_edit(llama, "num_attention_heads", "7", &c), DFLASH_ERR_FORMAT,
                 "head_dim is missing and hidden_size 256 is not a multiple of num_attention_heads 7");
     CHECK_OK(parse(k_qwen3, &c));
-    CHECK(c.family == DFLASH_FAMILY_QWEN3 && c.qk_norm == 1);
+    CHECK(c.family == DFLASH_FAMILY_QWEN3 && dflash_config_qk_norm(&c));
 }
 
 /* ---- DFlash drafters ---------------------------------------------------- */

@@ -405,7 +405,6 @@ static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflas
     const int has_dflash_config = cfg_field(root, "dflash_config") != NULL;
     const char *arch = c->architecture;
     c->family = DFLASH_FAMILY_QWEN3;
-    c->qk_norm = 1;
     if (arch[0] == 0 || strcmp(arch, "DFlashDraftModel") == 0) {
         c->is_dflash = arch[0] != 0 || has_dflash_config;
         if (c->is_dflash && model_type[0] && by_type != 0)
@@ -413,7 +412,6 @@ static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflas
                                "Qwen3's (model_type 'qwen3')", label, model_type);
         if (!c->is_dflash && model_type[0])
             c->family = k_families[by_type].family;
-        c->qk_norm = c->family == DFLASH_FAMILY_QWEN3;
         return DFLASH_OK;
     }
     size_t k = 0;
@@ -429,7 +427,6 @@ static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflas
                            "drafter's architectures[0] is 'DFlashDraftModel'", label, arch);
     c->is_dflash = 0;
     c->family = k_families[k].family;
-    c->qk_norm = c->family == DFLASH_FAMILY_QWEN3;
     return DFLASH_OK;
 }
 

@@ -27,8 +27,7 @@ const char *dflash_family_name(dflash_family f);
 
 typedef struct dflash_model_config {
     char architecture[64]; /* architectures[0], e.g. "Qwen3ForCausalLM" */
-    dflash_family family;
-    int qk_norm;           /* layers hold q_norm and k_norm (Qwen3, drafters) */
+    dflash_family family;  /* a drafter's layers are Qwen3's */
     char torch_dtype[16];  /* "bfloat16", ... ("" if absent) */
     int hidden_size;
     int num_hidden_layers;
@@ -68,6 +67,12 @@ typedef struct dflash_model_config {
     int n_target_layer_ids;
     int target_layer_ids[DFLASH_MAX_TAPS]; /* explicit, or spread evenly */
 } dflash_model_config;
+
+/* The layers hold q_norm and k_norm (Qwen3 targets and drafters; not a Llama). */
+static inline int dflash_config_qk_norm(const dflash_model_config *c)
+{
+    return c->family == DFLASH_FAMILY_QWEN3;
+}
 
 /* `path` is a config.json file or a folder holding one. */
 dflash_status dflash_config_load(const char *path, dflash_model_config *out);

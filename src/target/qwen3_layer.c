@@ -35,7 +35,7 @@ dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflas
     char name[200];
     *l = (qwen3_layer){ 0 };
     for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
-        if ((spec[k].w == &l->q_norm || spec[k].w == &l->k_norm) && !c->qk_norm)
+        if ((spec[k].w == &l->q_norm || spec[k].w == &l->k_norm) && !dflash_config_qk_norm(c))
             continue; /* a Llama layer: no per-head q/k norm */
         snprintf(name, sizeof name, "%s%s", prefix, spec[k].suffix);
         DFLASH_TRY(dflash_bind(b, name, spec[k].rows, spec[k].cols, spec[k].w));
@@ -231,8 +231,9 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
                               c->rms_norm_eps, b->xn));
     float *const qkv[3] = { b->q, b->k, b->v };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
-    return dflash_be_qk_norm_rope(be, b->q, c->qk_norm ? &l->q_norm : NULL, c->num_attention_heads, b->k,
-                                  c->qk_norm ? &l->k_norm : NULL, c->num_key_value_heads, b->pos, n, c->head_dim,
+    const int qk = dflash_config_qk_norm(c);
+    return dflash_be_qk_norm_rope(be, b->q, qk ? &l->q_norm : NULL, c->num_attention_heads, b->k,
+                                  qk ? &l->k_norm : NULL, c->num_key_value_heads, b->pos, n, c->head_dim,
                                   c->rms_norm_eps, &c->rope_freq);
 }
 

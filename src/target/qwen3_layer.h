@@ -25,7 +25,7 @@ enum { QWEN3_LIN_Q, QWEN3_LIN_K, QWEN3_LIN_V, QWEN3_LIN_O, QWEN3_LIN_GATE, QWEN3
 
 typedef struct qwen3_layer {
     dflash_weight input_norm, post_norm;   /* [H] */
-    dflash_weight q_norm, k_norm;          /* [D]; unbound (no data) when !cfg.qk_norm */
+    dflash_weight q_norm, k_norm;          /* [D]; unbound (no data) without q/k norms (dflash_config_qk_norm) */
     dflash_weight lin[QWEN3_LIN_COUNT];    /* q [Hq*D, H], k/v [Hkv*D, H], o [H, Hq*D],
                                               gate/up [I, H], down [H, I] */
 } qwen3_layer;
