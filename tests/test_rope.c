@@ -28,25 +28,29 @@ static int64_t ulps(float a, float b)
     return llabs((int64_t)ia - (int64_t)ib);
 }
 
-static void check_case(const char *name)
+/* Checks one fixture; returns its RoPE kind (-1 if its config did not load). */
+static int check_case(const char *name)
 {
     char dir[512], path[600];
     fx_path(dir, sizeof dir, "rope", name);
     dflash_model_config c;
-    CHECK_OK(dflash_config_load(dir, &c));
+    const dflash_status loaded = dflash_config_load(dir, &c);
+    CHECKF(loaded == DFLASH_OK, "%s: %s", name, dflash_last_error());
+    if (loaded != DFLASH_OK)
+        return -1;
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     fx_check_provenance(path, "producer");
     dflash_st *st = NULL;
     CHECK_OK(dflash_st_open(path, &st));
     if (!st)
-        return;
+        return -1;
     int64_t n_inv = 0, n_pos = 0, n_x = 0;
     const float *inv = fx_f32(st, "inv_freq", &n_inv), *attn = fx_f32(st, "attention_scaling", NULL);
     const float *x = fx_f32(st, "x", &n_x), *rotated = fx_f32(st, "rotated", NULL);
     const int32_t *pos = fx_i32(st, "positions", &n_pos);
     if (!inv || !attn || !x || !rotated || !pos) {
         dflash_st_close(st);
-        return;
+        return -1;
     }
     CHECKF(n_inv == c.rope_freq.n_pairs, "%s: %lld frequencies expected, table has %d", name, (long long)n_inv,
            c.rope_freq.n_pairs);
@@ -89,6 +93,7 @@ static void check_case(const char *name)
            err_ours);
     free(y);
     dflash_st_close(st);
+    return (int)c.rope.kind;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -111,12 +116,9 @@ static void test_transformers_cases(void)
     CHECKF(n >= 10, "%d RoPE fixtures in %s, expected the 12 make_rope.py writes", n, dir);
     int kinds[4] = { 0 };
     for (int i = 0; i < n; i++) {
-        check_case(names[i]);
-        char cfg[600];
-        snprintf(cfg, sizeof cfg, "%s/%s", dir, names[i]);
-        dflash_model_config c;
-        if (dflash_config_load(cfg, &c) == DFLASH_OK)
-            kinds[c.rope.kind]++;
+        const int kind = check_case(names[i]);
+        if (kind >= 0)
+            kinds[kind]++;
         free(names[i]);
     }
     CHECKF(kinds[DFLASH_ROPE_DEFAULT] && kinds[DFLASH_ROPE_LINEAR] && kinds[DFLASH_ROPE_LLAMA3] &&
