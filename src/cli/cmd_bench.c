@@ -64,7 +64,7 @@ static const bench_preset k_presets[] = {
     { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0, 0 },
     { "llama31-8b-target", 128256, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 32, 4096, 32, 8, 128, 14336 }, 0, 1 },
     /* The embedded pair's geometry (models/qwen3-pystd and its drafter). */
-    { "pystd", 4096, 1, { 3, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1, 0 },
+    { "pystd", 4096, 1, { 5, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1, 0 },
     /* A few MB: both benches' code paths in seconds on a 2-core CPU (tests). */
     { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 0 },
     { "tiny-llama", 512, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 1 },
@@ -110,7 +110,7 @@ static void usage(FILE *f)
             "                 llama31-8b-target: Llama 3.1 8B: 32 layers, H 4096, I 14336,\n"
             "                   32:8 x 128, vocab 128256, untied LM head, llama3 RoPE\n"
             "                 pystd: the embedded pair (models/qwen3-pystd and its drafter):\n"
-            "                   6 + 3 layers, H 256, I 768, 4:2 x 64, vocab 4096, block 16\n"
+            "                   6 + 5 layers, H 256, I 768, 4:2 x 64, vocab 4096, block 16\n"
             "                 tiny: a few MB (drafter and target), for tests; tiny-llama:\n"
             "                   its target as a Llama\n"
             "  --ctx LIST     context lengths, comma-separated (default 1024,4096 for a\n"

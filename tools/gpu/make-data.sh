@@ -17,6 +17,10 @@
 #   3 train      tools/train/corpus.py, tokenizer.py, train_target.py,
 #                train_dflash.py -> models/qwen3-pystd/, models/qwen3-pystd-dflash/,
 #                models/pystd-pair.json
+#                (the drafter here: one run of train_dflash.py's default length;
+#                the shipped drafter was retrained alone against the shipped
+#                target by tools/train/retrain_drafter.sh, commands in
+#                models/qwen3-pystd-dflash/README.md)
 # Whatever succeeded is packed on exit, even after a failure, paths mirroring
 # the repo: $OUT/data.tar.gz (tests/data/...) and $OUT/models.tar.gz
 # (models/...; separate because one returned file must stay under 16 MB).

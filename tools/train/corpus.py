@@ -17,16 +17,25 @@ Owns which text the small target and drafter learn from, and its split:
 
 Writes OUTDIR/work/corpus.json (python version, root, file counts, bytes).
 Other scripts import `load_corpus()`.
+
+`load_third_party()` is the drafter's second source (only the drafter
+trains on it; the target never saw it): the `.py` files of the packages
+installed in the training interpreter's site-packages / dist-packages
+(torch, transformers, numpy, ... on the GPU machine), each package capped at
+PACKAGE_BYTES, packages named in the exclusion list (the held-out
+third-party prompts' package) left out entirely.
 """
 import glob
 import hashlib
 import json
 import os
+import site
 import sys
 import sysconfig
 
 MAX_FILE_BYTES = 1 << 20
 HELDOUT_PERCENT = 5
+PACKAGE_BYTES = 4 << 20
 
 
 def _py_files(root):
@@ -95,6 +104,45 @@ def load_corpus():
         "includes_test_dirs": True,
     }
     return train, held, info
+
+
+def _read_utf8(p):
+    try:
+        with open(p, "rb") as f:
+            return f.read().decode("utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def load_third_party(exclude, max_bytes):
+    """(texts, info): installed third-party packages' sources, see the
+    module docstring. `exclude`: top-level package names to leave out."""
+    roots = []
+    for r in list(site.getsitepackages()) + ["/usr/lib/python3/dist-packages"]:
+        if os.path.isdir(r) and os.path.realpath(r) not in [os.path.realpath(x) for x in roots]:
+            roots.append(r)
+    texts, packages, skipped, total = [], {}, sorted(exclude), 0
+    for root in roots:
+        for pkg in sorted(os.listdir(root)):
+            d = os.path.join(root, pkg)
+            if not os.path.isdir(d) or pkg.startswith(("_", ".")) or "." in pkg or pkg in packages:
+                continue
+            if pkg.lower() in exclude:
+                continue
+            n = 0
+            for p in sorted(glob.glob(os.path.join(d, "**", "*.py"), recursive=True)):
+                if n >= PACKAGE_BYTES or total >= max_bytes or os.path.getsize(p) > MAX_FILE_BYTES:
+                    continue
+                t = _read_utf8(p)
+                if t:
+                    texts.append(t)
+                    n += len(t.encode("utf-8"))
+                    total += len(t.encode("utf-8"))
+            if n:
+                packages[pkg] = n
+    info = {"roots": roots, "packages": packages, "excluded": skipped, "files": len(texts), "bytes": total,
+            "package_cap_bytes": PACKAGE_BYTES}
+    return texts, info
 
 
 def main():

@@ -1,35 +1,46 @@
 #!/usr/bin/env python3
 """train_dflash.py OUTDIR: the embedded pair's drafter, `qwen3-pystd-dflash`,
-trained against the frozen target `qwen3-pystd` (algorithm page §9), then
-measured.
+trained against the frozen target `qwen3-pystd` (OUTDIR/models/qwen3-pystd),
+then measured.
 
 Owns the drafter's geometry, its training recipe and the pair's acceptance:
 
-- drafter: 3 Qwen3 layers at the target's width (256), 4:2 heads of 64,
-  MLP 768, taps target_layer_ids [1, 3, 5] (explicit), block 16, mask token
-  `<|mask|>`; the target's embedding / tied LM head, frozen.
-- data: sequences of SEQ tokens, per batch REAL_PER_BATCH real train-split
-  windows and the rest drawn from a pool of the target's own greedy
-  continuations of 32-token train prompts (generated once at the start, no
-  KV cache; this matches what speculative decoding sees); labels everywhere = the target's greedy
-  prediction (argmax of its logits at p-1 labels p), so the drafter learns
-  the target's choices.
+- drafter: DRAFT_LAYERS Qwen3 layers at the target's width (256), 4:2
+  heads of 64, MLP 768, taps target_layer_ids [1, 3, 5] (explicit), block 16,
+  mask token `<|mask|>`; the target's embedding / tied LM head, frozen.
+- data (drafter_data.py): sequences of SEQ tokens; per batch REAL_PER_BATCH
+  windows of the standard library's train split, as many of installed
+  third-party packages, and the rest drawn from a pool of the target's own
+  greedy continuations of 32-token prompts from both (this is what
+  speculative decoding conditions on); labels everywhere = the target's
+  greedy prediction (argmax of its logits at p-1 labels p), so the drafter
+  learns the target's choices.
 - step: per sequence ANCHORS random anchors a in [1, SEQ-16]; block rows
   [x_a, mask x 15] at positions a..a+15; one attention mask for all blocks
   of a sequence: a row sees context K/V (taps -> fc -> hidden_norm ->
   k/v, exactly dflash_ref.context_kv) of positions < a and every row of its
   own block, nothing else. Loss: CE of row k against label a+k, weighted
-  exp(-(k-1)/5), k = 1..15. AdamW, bf16 autocast, warmup + cosine;
-  DRAFT_STEPS steps or DRAFT_SECONDS, whichever first.
+  exp(-(k-1)/5), k = 1..15. AdamW, bf16 autocast, warmup + cosine over
+  DRAFT_TOTAL_SECONDS of training; one run trains DRAFT_SECONDS of it (or
+  DRAFT_STEPS steps), so a long schedule can be split over several runs,
+  each resuming (DRAFT_INIT) from the f32 checkpoint the previous one wrote
+  to OUTDIR/ckpt (weights and the schedule's clock; the optimizer's moments
+  restart under a short warmup).
 - the drafter's math is dflash_ref's (DFlashDrafter.context_kv /
   block_hidden over our own parameters), so what is trained is what the
   reference and the fixtures compute.
 - saved bf16 in the published layout to OUTDIR/models/qwen3-pystd-dflash/
   (config.json, model.safetensors, README.md), then measured: greedy
   speculative decoding (dflash_ref.spec_generate, block 16, no cap, the
-  target = transformers f32 eager) on EVAL_PROMPTS held-out prompts of 64
-  tokens, EVAL_NEW new tokens each, against plain greedy; tau = mean
-  accepted + 1 per step. Writes OUTDIR/models/pystd-pair.json.
+  target = transformers f32 eager), EVAL_NEW new tokens, on the prompt sets
+  of the C engine's acceptance test (tests/data/pystd/*_prompts.json, text
+  tokenized by the target's tokenizer), and (EVAL_PLAIN=1) against plain
+  greedy; tau = mean accepted + 1 per step. Writes
+  OUTDIR/models/pystd-pair.json.
+
+Other knobs: DRAFT_BATCH, DRAFT_LR, POOL_SEQS, DRAFT_SEED, DRAFT_WORK (the
+folder of streams and pool, default OUTDIR/work), DRAFT_PREP_ONLY=1 (make
+streams and pool, then stop: concurrent runs then share them).
 """
 import json
 import math
@@ -38,7 +49,6 @@ import shutil
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -46,29 +56,33 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
 import dflash_ref as ref  # noqa: E402
+import drafter_data  # noqa: E402
 import hf_util  # noqa: E402
 import st_io  # noqa: E402
 
 TARGET = "qwen3-pystd"
 NAME = "qwen3-pystd-dflash"
-SEED = 4321
+ENV = os.environ.get
+SEED = int(ENV("DRAFT_SEED", "4321"))
 SEQ = 256
-BATCH = 32
+BATCH = int(ENV("DRAFT_BATCH", "32"))
 ANCHORS = 32
 BLOCK = 16
 DECAY = 5.0
-LR = 2e-3
+LR = float(ENV("DRAFT_LR", "2e-3"))
 WARMUP = 200
-N_LAYERS = 3
-STEPS = int(os.environ.get("DRAFT_STEPS", "8000"))
-SECONDS = float(os.environ.get("DRAFT_SECONDS", "170"))
+N_LAYERS = int(ENV("DRAFT_LAYERS", "5"))
+STEPS = int(ENV("DRAFT_STEPS", "1000000"))
+SECONDS = float(ENV("DRAFT_SECONDS", "170"))
+TOTAL_SECONDS = float(ENV("DRAFT_TOTAL_SECONDS", str(SECONDS)))
 GEN_PROMPT = 32
-GEN_SEQS = 4096
-GEN_BATCH = 1024
-REAL_PER_BATCH = 8  # of BATCH sequences: real relabelled windows; the rest self-generated
-EVAL_PROMPTS = int(os.environ.get("EVAL_PROMPTS", "10"))
-EVAL_PROMPT_LEN = 64
-EVAL_NEW = int(os.environ.get("EVAL_NEW", "128"))
+GEN_SEQS = int(ENV("POOL_SEQS", "16384"))
+GEN_BATCH = 2048
+REAL_PER_BATCH = 4  # of BATCH sequences: stdlib windows, as many third-party ones; the rest self-generated
+EVAL_NEW = int(ENV("EVAL_NEW", "128"))
+EVAL_PLAIN = ENV("EVAL_PLAIN", "1") == "1"
+EVAL_SETS = ("heldout", "outside")  # tests/data/pystd/<name>_prompts.json
+ROOT = os.path.join(HERE, "..", "..")
 TAPS = [1, 3, 5]
 
 
@@ -208,68 +222,140 @@ class BatchedTaps:
         taps = torch.cat([self.outs[i] for i in self.tap_ids], dim=-1)
         return labels, taps
 
-    @torch.no_grad()
-    def greedy_extend(self, x, n):
-        """Greedy continuation by full forwards (no KV cache API needed)."""
-        for _ in range(n):
-            hid = self.model.model(input_ids=x).last_hidden_state[:, -1]
-            nxt = self.model.lm_head(hid).argmax(-1)
-            x = torch.cat([x, nxt[:, None]], dim=1)
-        return x
+
+CKPT_SHARD_BYTES = 12 << 20  # each returned file of the GPU machine stays well under 16 MB
+
+
+def lr_at(run_step, clock):
+    """Warmup (restarted by every run: fresh optimizer moments) times a
+    cosine over the whole DRAFT_TOTAL_SECONDS schedule, floored at 5%."""
+    progress = min(1.0, clock / TOTAL_SECONDS)
+    return LR * min(1.0, (run_step + 1) / WARMUP) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def save_ckpt(model, folder, state):
+    """f32 weights (sharded) + the schedule's clock, for DRAFT_INIT."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    W = {k: v.detach().float().cpu().contiguous() for k, v in model.weights().items()}
+    total = sum(v.numel() * 4 for v in W.values())
+    st_io.save_sharded(W, folder, max(1, -(-total // CKPT_SHARD_BYTES)))
+    with open(os.path.join(folder, "state.json"), "w") as f:
+        json.dump(state, f, indent=2)
+
+
+def load_ckpt(model, folder):
+    with open(os.path.join(folder, "state.json")) as f:
+        state = json.load(f)
+    W = st_io.load_folder(folder)
+    mine = model.weights()
+    if set(W) != set(mine):
+        raise SystemExit(f"{folder}: checkpoint tensors differ from a {N_LAYERS}-layer drafter's "
+                         f"(missing {sorted(set(mine) - set(W))[:3]}, extra {sorted(set(W) - set(mine))[:3]})")
+    with torch.no_grad():
+        for k, v in mine.items():
+            if tuple(W[k].shape) != tuple(v.shape):
+                raise SystemExit(f"{folder}: {k} has shape {tuple(W[k].shape)}, expected {tuple(v.shape)}")
+            v.copy_(W[k])
+    return state
+
+
+def eval_sets(tdir):
+    """{name: (source, [prompt ids])} of the C acceptance test's prompt files."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
+    out = {}
+    for name in EVAL_SETS:
+        with open(os.path.join(ROOT, "tests", "data", "pystd", f"{name}_prompts.json")) as f:
+            j = json.load(f)
+        out[name] = (j["source"], [tok.encode(p["text"], add_special_tokens=False).ids for p in j["prompts"]])
+    return out
+
+
+def measure(tgt, drafter, prompts, label):
+    """Greedy speculative decoding over `prompts`: (tau, per-prompt rows,
+    same, near-tie divergences, hard mismatches)."""
+    taus, rows, same, ties = [], [], 0, 0
+    for i, prompt in enumerate(prompts):
+        r = ref.spec_generate(tgt, drafter, prompt, EVAL_NEW, BLOCK, 0)
+        taus.extend(r["taus"])
+        status = "not compared"
+        if EVAL_PLAIN:
+            greedy, margins = ref.greedy_generate(tgt, prompt, EVAL_NEW)
+            if r["out"] == greedy:
+                same += 1
+                status = "same"
+            else:
+                j = next(k for k in range(EVAL_NEW) if r["out"][k] != greedy[k])
+                if margins[j] < 1e-3:  # a near-tie flipped by rounding between different-length forwards
+                    ties += 1
+                    status = f"diverged at {j} on a near-tie (margin {margins[j]:.1e})"
+                else:
+                    status = f"DIFFERS at {j} (margin {margins[j]:.2e})"
+        tau_p = sum(r["taus"]) / len(r["taus"])
+        rows.append({"prompt": i, "tokens": len(prompt), "tau": round(tau_p, 3), "steps": len(r["taus"]),
+                     "status": status})
+    tau = sum(taus) / len(taus)
+    hard = (len(prompts) - same - ties) if EVAL_PLAIN else 0
+    print(f"train_dflash: {label}: tau {tau:.3f} over {len(taus)} steps of {len(prompts)} prompts"
+          + (f"; spec == greedy on {same}/{len(prompts)} ({ties} near-tie divergences)" if EVAL_PLAIN else ""),
+          flush=True)
+    return tau, rows, same, ties, hard
 
 
 def main():
     if len(sys.argv) != 2:
         raise SystemExit("usage: train_dflash.py OUTDIR")
     out = sys.argv[1]
-    work = os.path.join(out, "work")
+    work = ENV("DRAFT_WORK", os.path.join(out, "work"))
     tdir = os.path.join(out, "models", TARGET)
     dst = os.path.join(out, "models", NAME)
+    ckpt_out = os.path.join(out, "ckpt")
     assert torch.cuda.is_available(), "train_dflash.py needs CUDA"
     dev = torch.device("cuda")
     torch.manual_seed(SEED)
-    with open(os.path.join(work, "tokenizer.json")) as f:
-        tstats = json.load(f)
-    mask_id = tstats["mask_id"]
     tcfg = ref.load_config(tdir)
-    train = torch.from_numpy(np.load(os.path.join(work, "train.npy")).astype(np.int64)).to(dev)
-    held = np.load(os.path.join(work, "heldout.npy")).astype(np.int64)
+    train_np, _, third_np, mask_id = drafter_data.streams(work, tdir)
+    train = torch.from_numpy(train_np).to(dev)
+    third = torch.from_numpy(third_np).to(dev)
 
     target = hf_util.load_qwen3(tdir, device=dev, dtype=torch.bfloat16, attn="sdpa")
     for p in target.parameters():
         p.requires_grad_(False)
+    pool = drafter_data.pool(work, target, [train, third], GEN_SEQS, GEN_PROMPT, SEQ, GEN_BATCH, SEED)
+    pool = pool.to(dev)
+    if ENV("DRAFT_PREP_ONLY", "0") == "1":
+        print("train_dflash: streams and pool ready (DRAFT_PREP_ONLY=1)")
+        return
     bt = BatchedTaps(target, TAPS)
     cfg = drafter_config(tcfg, mask_id)
     embed = target.get_input_embeddings().weight.detach()
     model = Drafter(cfg, embed).to(dev)
-    with torch.no_grad():  # start the final norm at the target's: the LM head is the target's
-        model.p["norm__weight"].copy_(target.model.norm.weight.float())
+    clock, step_total, runs = 0.0, 0, []
+    if ENV("DRAFT_INIT"):
+        state = load_ckpt(model, ENV("DRAFT_INIT"))
+        clock, step_total, runs = state["clock"], state["steps"], state["runs"]
+        print(f"train_dflash: resumed from {ENV('DRAFT_INIT')} at step {step_total}, {clock:.0f}s of the schedule")
+    else:
+        with torch.no_grad():  # start the final norm at the target's: the LM head is the target's
+            model.p["norm__weight"].copy_(target.model.norm.weight.float())
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"train_dflash: drafter {n_params / 1e6:.2f} M params, taps {TAPS}, mask id {mask_id}, "
-          f"up to {STEPS} steps or {SECONDS:.0f}s, batch {BATCH} x {SEQ} tokens x {ANCHORS} anchors")
+    print(f"train_dflash: drafter {N_LAYERS} layers, {n_params / 1e6:.2f} M params, taps {TAPS}, mask id {mask_id}, "
+          f"{SECONDS:.0f}s of a {TOTAL_SECONDS:.0f}s schedule (lr {LR}), batch {BATCH} x {SEQ} tokens x {ANCHORS} anchors")
 
-    # self-distillation pool: the target's greedy continuations of train prompts
-    t0 = time.time()
-    g = torch.Generator(device="cpu").manual_seed(SEED)
-    pool = []
-    for _ in range(GEN_SEQS // GEN_BATCH):
-        starts = torch.randint(0, train.numel() - GEN_PROMPT, (GEN_BATCH,), generator=g).to(dev)
-        x = train[starts[:, None] + torch.arange(GEN_PROMPT, device=dev)]
-        pool.append(bt.greedy_extend(x, SEQ - GEN_PROMPT))
-    pool = torch.cat(pool)
-    print(f"train_dflash: generated {pool.shape[0]} greedy sequences of {SEQ} tokens in {time.time() - t0:.1f}s")
-
+    # each run draws from its own stream (seed + run index): a resumed run does not replay the first
+    g = torch.Generator(device="cpu").manual_seed(SEED + 1000 * len(runs))
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
     t0 = time.time()
     step = 0
-    while step < STEPS and time.time() - t0 < SECONDS:
-        progress = min(1.0, max(step / STEPS, (time.time() - t0) / SECONDS))
-        lr = LR * min(1.0, (step + 1) / WARMUP) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+    while step < STEPS and time.time() - t0 < SECONDS and clock + time.time() - t0 < TOTAL_SECONDS:
+        lr = lr_at(step, clock + time.time() - t0)
         for grp in opt.param_groups:
             grp["lr"] = lr
-        starts = torch.randint(0, train.numel() - SEQ, (REAL_PER_BATCH,), generator=g).to(dev)
-        real = train[starts[:, None] + torch.arange(SEQ, device=dev)]
-        gen = pool[torch.randint(0, pool.shape[0], (BATCH - REAL_PER_BATCH,), generator=g).to(dev)]
+        real = torch.cat([drafter_data.windows(train, REAL_PER_BATCH, SEQ, g),
+                          drafter_data.windows(third, REAL_PER_BATCH, SEQ, g)])
+        gen = pool[torch.randint(0, pool.shape[0], (BATCH - 2 * REAL_PER_BATCH,), generator=g).to(dev)]
         x = torch.cat([real, gen])
         labels, taps = bt(x)
         anchors = torch.stack([torch.randperm(SEQ - BLOCK, generator=g)[:ANCHORS] + 1 for _ in range(BATCH)]).to(dev)
@@ -280,17 +366,21 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % 100 == 0 or step == 1:
+        if step % 200 == 0 or step == 1:
             a = acc.tolist()
             # expected accepted drafts if per-position accuracies were independent
             run, exp_acc = 1.0, 0.0
             for v in a:
                 run *= v
                 exp_acc += run
-            print(f"  step {step:5d} loss {float(loss.detach()):.3f} acc@1 {a[0]:.3f} acc@4 {a[3]:.3f} acc@8 {a[7]:.3f} "
-                  f"~tau {1 + exp_acc:.2f} lr {lr:.2e} {time.time() - t0:6.1f}s", flush=True)
+            print(f"  step {step_total + step:6d} loss {float(loss.detach()):.3f} acc@1 {a[0]:.3f} acc@4 {a[3]:.3f} "
+                  f"acc@8 {a[7]:.3f} ~tau {1 + exp_acc:.2f} lr {lr:.2e} {clock + time.time() - t0:6.1f}s", flush=True)
     train_secs = time.time() - t0
-    print(f"train_dflash: {step} steps in {train_secs:.1f}s")
+    clock += train_secs
+    step_total += step
+    runs.append({"steps": step, "seconds": round(train_secs, 1), "seed": SEED + 1000 * len(runs)})
+    print(f"train_dflash: {step} steps in {train_secs:.1f}s ({step_total} steps, {clock:.0f}s of the schedule)")
+    save_ckpt(model, ckpt_out, {"clock": clock, "steps": step_total, "runs": runs, "layers": N_LAYERS})
 
     # save in the published layout (bf16, no `model.` prefix)
     shutil.rmtree(dst, ignore_errors=True)
@@ -304,51 +394,45 @@ def main():
     del bt, target, model
     torch.cuda.empty_cache()
 
-    # measure: greedy speculative decoding vs plain greedy, f32 eager target
+    # measure: greedy speculative decoding (vs plain greedy), f32 eager target
     hf_util.deterministic()
     t1 = time.time()
     tf32 = hf_util.load_qwen3(tdir, device=dev, dtype=torch.float32, attn="eager")
     tgt = ref.HFTarget(tf32)
     drafter = ref.DFlashDrafter.from_folder(dst, tgt.embed, tgt.lm_head, device=dev)
-    starts = np.linspace(0, held.size - EVAL_PROMPT_LEN - 1, EVAL_PROMPTS).astype(np.int64)
-    taus, same, tie_div, per_prompt = [], 0, 0, []
-    for i, s0 in enumerate(starts):
-        prompt = held[s0:s0 + EVAL_PROMPT_LEN].tolist()
-        greedy, margins = ref.greedy_generate(tgt, prompt, EVAL_NEW)
-        r = ref.spec_generate(tgt, drafter, prompt, EVAL_NEW, BLOCK, 0)
-        taus.extend(r["taus"])
-        if r["out"] == greedy:
-            same += 1
-            status = "same"
-        else:
-            j = next(k for k in range(EVAL_NEW) if r["out"][k] != greedy[k])
-            if margins[j] < 1e-3:  # a near-tie flipped by rounding between different-length forwards
-                tie_div += 1
-                status = f"diverged at {j} on a near-tie (margin {margins[j]:.1e})"
-            else:
-                status = f"DIFFERS at {j} (margin {margins[j]:.2e})"
-        tau_p = sum(r["taus"]) / len(r["taus"])
-        per_prompt.append({"start": int(s0), "tau": round(tau_p, 3), "steps": len(r["taus"]), "status": status})
-        print(f"  prompt {i}: tau {tau_p:.2f} over {len(r['taus'])} steps, spec vs greedy: {status}", flush=True)
-    tau = sum(taus) / len(taus)
-    hard_fail = EVAL_PROMPTS - same - tie_div
-    print(f"train_dflash: tau {tau:.3f} (mean accepted+1 per step, {len(taus)} steps, {EVAL_PROMPTS} prompts x "
-          f"{EVAL_NEW} tokens); spec == greedy on {same}/{EVAL_PROMPTS} ({tie_div} near-tie divergences); "
-          f"{time.time() - t1:.1f}s")
+    results, hard_fail = {}, 0
+    for name, (source, prompts) in eval_sets(tdir).items():
+        tau, rows, same, ties, hard = measure(tgt, drafter, prompts, name)
+        hard_fail += hard
+        results[name] = {"source": source, "prompts": len(prompts), "tau": round(tau, 3),
+                         "spec_equals_greedy": same if EVAL_PLAIN else None, "near_tie_divergences": ties,
+                         "hard_mismatches": hard, "per_prompt": rows}
+    print(f"train_dflash: measured in {time.time() - t1:.1f}s")
 
     with open(os.path.join(tdir, "train_stats.json")) as f:
         tstat = json.load(f)
     pair = {
-        "target": TARGET, "drafter": NAME, "tau": round(tau, 3), "eval_prompts": EVAL_PROMPTS,
-        "eval_prompt_len": EVAL_PROMPT_LEN, "eval_new_tokens": EVAL_NEW, "block_size": BLOCK, "ctx_cap": 0,
-        "spec_equals_greedy": same, "near_tie_divergences": tie_div, "hard_mismatches": hard_fail,
-        "per_prompt": per_prompt, "drafter_params": n_params, "drafter_safetensors_bytes": size,
-        "drafter_steps": step, "drafter_train_seconds": round(train_secs, 1), "taps": TAPS, "mask_id": mask_id,
+        "target": TARGET, "drafter": NAME, "eval_new_tokens": EVAL_NEW, "block_size": BLOCK, "ctx_cap": 0,
+        "sets": results, "drafter_layers": N_LAYERS, "drafter_params": n_params,
+        "drafter_safetensors_bytes": size, "drafter_steps": step_total, "drafter_train_seconds": round(clock, 1),
+        "runs": runs, "taps": TAPS, "mask_id": mask_id, "batch": BATCH, "lr": LR, "pool_seqs": GEN_SEQS,
         "target_heldout_loss": tstat["heldout_loss"], "target_safetensors_bytes": tstat["safetensors_bytes"],
-        "safetensors_lib_reread": lib, "seed": SEED,
+        "safetensors_lib_reread": lib,
     }
+    third_info = {}
+    if os.path.exists(os.path.join(work, "third.json")):
+        with open(os.path.join(work, "third.json")) as f:
+            third_info = json.load(f)
+    pair["third_party"] = third_info
     with open(os.path.join(out, "models", "pystd-pair.json"), "w") as f:
         json.dump(pair, f, indent=2)
+    n_pkgs = len(third_info.get("packages", {}))
+    run_list = " + ".join(f"{r['seconds']:.0f} s" for r in runs)
+    measured = "\n".join(
+        f"  - {n}: tau **{r['tau']:.2f}** over {r['prompts']} prompts ({r['source']})"
+        + (f"; speculative output equal to plain greedy on {r['spec_equals_greedy']}/{r['prompts']}"
+           if EVAL_PLAIN else "")
+        for n, r in results.items())
     with open(os.path.join(dst, "README.md"), "w") as f:
         f.write(f"""# {NAME}
 
@@ -362,17 +446,19 @@ The DFlash drafter of the project's embedded pair, for the target `{TARGET}`
   MLP 768, taps target_layer_ids {TAPS} (of {tcfg['num_hidden_layers']} target
   layers), block {BLOCK}, mask token `<|mask|>` = {mask_id}. {n_params / 1e6:.2f} M
   parameters, {size / 1e6:.1f} MB.
-- Training (algorithm page §9): frozen target; each step {BATCH} sequences of
-  {SEQ} tokens ({REAL_PER_BATCH} real stdlib train windows, the rest from a pool of
-  {GEN_SEQS} target greedy continuations of 32-token train prompts), labels = the target's greedy
-  predictions; {ANCHORS} random anchors per sequence, each a block [token, mask
-  x 15] that sees context features of positions before its anchor and its
-  own block, under one attention mask; CE weighted exp(-(k-1)/{DECAY:g}).
-  AdamW lr {LR}, bf16 autocast, {step} steps, {train_secs:.0f} s.
-- Measured (greedy, block 16, no context cap, target in f32): tau =
-  **{tau:.2f}** mean accepted+1 per step over {EVAL_PROMPTS} held-out prompts of
-  {EVAL_PROMPT_LEN} tokens x {EVAL_NEW} new tokens; speculative output equal to
-  plain greedy on {same}/{EVAL_PROMPTS} prompts ({tie_div} near-tie divergences).
+- Training: frozen target; each step {BATCH} sequences of {SEQ} tokens
+  ({REAL_PER_BATCH} windows of the standard library's train split, {REAL_PER_BATCH} of
+  third-party packages installed on the GPU machine ({n_pkgs} packages, Django
+  excluded), the rest from a pool of {GEN_SEQS} target greedy continuations of
+  32-token prompts from both), labels = the target's greedy predictions;
+  {ANCHORS} random anchors per sequence, each a block [token, mask x 15] that
+  sees context features of positions before its anchor and its own block,
+  under one attention mask; CE weighted exp(-(k-1)/{DECAY:g}). AdamW lr {LR},
+  bf16 autocast, cosine over {TOTAL_SECONDS:.0f} s; {step_total} steps in
+  {len(runs)} run(s) of {run_list}.
+- Measured by the Python reference (greedy, block 16, no context cap,
+  target in f32, {EVAL_NEW} new tokens), on the C engine's acceptance-test prompts:
+{measured}
 - Seed {SEED}; torch {torch.__version__}, transformers {hf_util.transformers_version()}.
 """)
     print(f"train_dflash: saved {dst} ({size / 1e6:.1f} MB); pair stats in models/pystd-pair.json")
