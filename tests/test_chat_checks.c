@@ -4,7 +4,9 @@
  * encoding a chat fails naming the token and the tokenizer file; and the
  * end-of-sequence ids come from tokenizer_config.json, generation_config.json
  * or, failing those, config.json, the only one a minimal model folder has.
- * Tokenizers are variants of tests/data/tokenizer/tiny (ids 0..255 are
+ * The format (Qwen3, Llama 3) comes from tokenizer_config.json's
+ * chat_template, else from the tokenizer's markup; templates dflash does
+ * not render are refused naming the file. Tokenizers are variants of tests/data/tokenizer/tiny (ids 0..255 are
  * bytes; 275 <|im_start|>, 276 <|im_end|>, 277 <think>, 278 </think>). */
 #include <jansson.h>
 #include <stdint.h>
@@ -157,6 +159,11 @@ static void test_eos_from_config_json(void)
     test_write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
     test_write_file(dir, "config.json", "{\"eos_token_id\": 274}");
     EOS_IS(dir, t, 276, 274);
+    /* HF's unbounded model_max_length (1e30 as an integer) does not stop
+     * the file from being read */
+    test_write_file(dir, "tokenizer_config.json",
+                    "{\"model_max_length\": 1000000000000000019884624838656, \"eos_token\": \"<|im_end|>\"}");
+    EOS_IS(dir, t, 276, 274);
     /* generation_config.json naming ids wins over config.json; naming
      * none (null) falls back to it */
     test_remove_file(dir, "tokenizer_config.json");
@@ -169,6 +176,13 @@ static void test_eos_from_config_json(void)
     test_write_file(dir, "config.json", "{\"eos_token_id\": \"</s>\"}");
     CHECK_FAILS(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n), DFLASH_ERR_FORMAT,
                 "config.json: eos_token_id is neither");
+
+    /* the same in the file ids come from: they are read as whole numbers */
+    test_write_file(dir, "config.json", "{\"max\": 1000000000000000019884624838656, \"eos_token_id\": [274, 276]}");
+    EOS_IS(dir, t, 274, 276);
+    test_write_file(dir, "config.json", "{\"max\": 1000000000000000019884624838656, \"eos_token_id\": [274.5]}");
+    CHECK_FAILS(dflash_chat_eos_ids(dir, t, ids, DFLASH_CHAT_MAX_EOS, &n), DFLASH_ERR_FORMAT,
+                "eos_token_id[0] is not an integer");
 
     /* no source names an id: the message lists what each file said */
     test_write_file(dir, "config.json", "{\"vocab_size\": 279}");
@@ -189,11 +203,55 @@ static void test_eos_from_config_json(void)
     dflash_tokenizer_free(t);
 }
 
+static void test_format_detect(void)
+{
+    dflash_tokenizer *qwen = tiny_variant(NULL, NULL), *llama = tiny_variant(NULL, "<|start_header_id|>");
+    if (!qwen || !llama)
+        goto done;
+    char dir[] = "/tmp/dflash_chat_format_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    dflash_chat_format f;
+    /* no tokenizer_config.json, or no template in it: the markup decides */
+    CHECK_OK(dflash_chat_format_detect(dir, qwen, &f));
+    CHECK(f == DFLASH_CHAT_QWEN3);
+    CHECK_OK(dflash_chat_format_detect(dir, llama, &f));
+    CHECK(f == DFLASH_CHAT_LLAMA3);
+    test_write_file(dir, "tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
+    CHECK_OK(dflash_chat_format_detect(dir, llama, &f));
+    CHECK(f == DFLASH_CHAT_LLAMA3);
+    /* a template decides over the markup */
+    test_write_file(dir, "tokenizer_config.json",
+                    "{\"chat_template\": \"{{ '<|im_start|>' + m + '<|im_end|>' }}\"}");
+    CHECK_OK(dflash_chat_format_detect(dir, llama, &f));
+    CHECK(f == DFLASH_CHAT_QWEN3);
+    test_write_file(dir, "tokenizer_config.json",
+                    "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"x\"}, {\"name\": "
+                    "\"default\", \"template\": \"<|start_header_id|>{{ r }}<|end_header_id|>{{ c }}<|eot_id|>\"}]}");
+    CHECK_OK(dflash_chat_format_detect(dir, qwen, &f));
+    CHECK(f == DFLASH_CHAT_LLAMA3);
+    /* Llama 3.1+'s date preamble, and markup of neither format: refused */
+    test_write_file(dir, "tokenizer_config.json",
+                    "{\"chat_template\": \"<|start_header_id|>system<|end_header_id|>Cutting Knowledge Date: "
+                    "December 2023<|eot_id|>\"}");
+    CHECK_FAILS(dflash_chat_format_detect(dir, llama, &f), DFLASH_ERR_UNSUPPORTED, "Llama 3.1+ template");
+    CHECK(strstr(dflash_last_error(), "tokenizer_config.json") != NULL);
+    test_write_file(dir, "tokenizer_config.json", "{\"chat_template\": \"[INST] {{ m }} [/INST]\"}");
+    CHECK_FAILS(dflash_chat_format_detect(dir, qwen, &f), DFLASH_ERR_UNSUPPORTED, "neither Qwen3's markup");
+    test_write_file(dir, "tokenizer_config.json", "{\"chat_template\": ");
+    CHECK_FAILS(dflash_chat_format_detect(dir, qwen, &f), DFLASH_ERR_FORMAT, "tokenizer_config.json");
+    test_remove_file(dir, "tokenizer_config.json");
+    rmdir(dir);
+done:
+    dflash_tokenizer_free(qwen);
+    dflash_tokenizer_free(llama);
+}
+
 int main(void)
 {
     snprintf(g_tiny_path, sizeof g_tiny_path, "%s/tokenizer/tiny/tokenizer.json", test_data_dir());
     RUN(test_markup_tokens_required);
     RUN(test_demo_tokenizer_flagged);
     RUN(test_eos_from_config_json);
+    RUN(test_format_detect);
     TEST_END();
 }

@@ -9,7 +9,10 @@
  * tools/fixtures/tokenizer_golden_js.js with the JavaScript port of Hugging
  * Face's tokenizers (@lenml/tokenizers): plain (add_special_tokens=False)
  * and with the post-processor's special tokens (True); then decodes each
- * back to its text. Named test_slow_* so the ASan pass leaves it out. */
+ * back to its text. The chat: the folder's chat_template makes the format
+ * Llama 3, the tokenizer has its markup as added tokens, and a rendered
+ * conversation encodes as transformers' apply_chat_template(tokenize=True)
+ * does. Named test_slow_* so the ASan pass leaves it out. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +22,7 @@
 #include "core/status.h"
 #include "harness.h"
 
+#include "io/chat.h"
 #include "io/tokenizer.h"
 
 static char g_path[1100];
@@ -116,6 +120,33 @@ static void test_cli(void)
     CHECKF(p && pclose(p) == 0 && !strcmp(out, "128000 9906 1917\n9906 1917\n"), "%s: %s", cmd, out);
 }
 
+static void test_chat(void)
+{
+    if (!g_tok)
+        return;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s", g_path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    dflash_chat_format f = DFLASH_CHAT_QWEN3;
+    CHECK_OK(dflash_chat_format_detect(dir, g_tok, &f));
+    CHECK(f == DFLASH_CHAT_LLAMA3);
+    dflash_chat_opts o = dflash_chat_default_opts();
+    o.format = f;
+    CHECK_OK(dflash_chat_check_tokenizer(g_tok, &o));
+    dflash_chat_msg m[1] = { { DFLASH_CHAT_USER, " Hello! " } };
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(dflash_chat_encode(g_tok, m, 1, &o, &ids, &n));
+    /* <|begin_of_text|> <|start_header_id|> user <|end_header_id|> \n\n Hello ! <|eot_id|>
+     * <|start_header_id|> assistant <|end_header_id|> \n\n */
+    const int32_t want[] = { 128000, 128006, 882, 128007, 271, 9906, 0, 128009, 128006, 78191, 128007, 271 };
+    CHECKF(n == sizeof want / sizeof want[0] && !memcmp(ids, want, sizeof want), "%zu ids, first %d %d %d", n,
+           n > 2 ? ids[0] : -1, n > 2 ? ids[1] : -1, n > 2 ? ids[2] : -1);
+    free(ids);
+}
+
 int main(void)
 {
     const char *b = getenv("B");
@@ -128,6 +159,7 @@ int main(void)
     RUN(test_load);
     RUN(test_golden);
     RUN(test_cli);
+    RUN(test_chat);
     dflash_tokenizer_free(g_tok);
     TEST_END();
 }

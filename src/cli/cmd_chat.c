@@ -46,6 +46,7 @@ typedef struct chat_args {
     cli_engine_args e;
     const char *system;
     int n_new, think, quiet;
+    dflash_chat_opts co; /* the model's format, --think */
 } chat_args;
 
 static int parse(int argc, char **argv, chat_args *a)
@@ -87,13 +88,14 @@ static int parse(int argc, char **argv, chat_args *a)
 
 /* The ids of one turn. First turn: the whole rendered conversation so far.
  * Later turns: the last answer's final token (emitted, not yet run), the
- * end-of-turn marker if the answer was cut by the budget, then "\n" and the
- * rendered user message with the assistant prefix. */
+ * end-of-turn marker if the answer was cut by the budget, then the format's
+ * turn separator ("\n" for Qwen3) and the rendered user message with the
+ * assistant prefix. */
 static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int first, int32_t last, int stopped,
                               const char *msg, int32_t **ids, size_t *n)
 {
-    dflash_chat_opts co = dflash_chat_default_opts();
-    co.thinking = a->think;
+    dflash_chat_opts co = a->co;
+    co.continuing = !first;
     dflash_chat_msg msgs[2];
     size_t nm = 0;
     if (first && a->system)
@@ -101,25 +103,27 @@ static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int fir
     msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_USER, msg };
     if (first)
         return dflash_chat_encode(tok, msgs, nm, &co, ids, n);
-    char *text, *with_nl;
+    const char *sep = dflash_chat_turn_separator(co.format);
+    size_t n_sep = strlen(sep);
+    char *text, *joined;
     size_t len;
     int32_t *body;
     size_t n_body;
     DFLASH_TRY(dflash_chat_render(msgs, nm, &co, &text, &len));
-    with_nl = malloc(len + 2);
-    if (!with_nl) {
+    joined = malloc(n_sep + len + 1);
+    if (!joined) {
         free(text);
         return dflash_fail(DFLASH_ERR_OOM, "chat: out of memory");
     }
-    with_nl[0] = '\n';
-    memcpy(with_nl + 1, text, len + 1);
+    memcpy(joined, sep, n_sep);
+    memcpy(joined + n_sep, text, len + 1);
     free(text);
-    dflash_status s = dflash_tokenizer_encode(tok, with_nl, len + 1, &body, &n_body);
-    free(with_nl);
+    dflash_status s = dflash_tokenizer_encode(tok, joined, n_sep + len, &body, &n_body);
+    free(joined);
     DFLASH_TRY(s);
-    int32_t im_end = dflash_tokenizer_token_id(tok, "<|im_end|>");
-    /* The turn is closed already only if the answer ended on <|im_end|>. */
-    int extra = (stopped && last == im_end) || im_end < 0 ? 1 : 2;
+    int32_t eot = dflash_tokenizer_token_id(tok, dflash_chat_end_of_turn(co.format));
+    /* The turn is closed already only if the answer ended on the marker. */
+    int extra = (stopped && last == eot) || eot < 0 ? 1 : 2;
     *ids = malloc((n_body + 2) * sizeof(int32_t));
     if (!*ids) {
         free(body);
@@ -127,7 +131,7 @@ static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int fir
     }
     (*ids)[0] = last;
     if (extra == 2)
-        (*ids)[1] = im_end;
+        (*ids)[1] = eot;
     memcpy(*ids + extra, body, n_body * sizeof(int32_t));
     *n = n_body + (size_t)extra;
     free(body);
@@ -196,7 +200,7 @@ static dflash_status chat_turn(const chat_args *a, chat_state *c, const char *ms
 }
 
 /* Limits, models, the output buffer and the detokenizer stream. */
-static dflash_status chat_open(const chat_args *a, chat_state *c)
+static dflash_status chat_open(chat_args *a, chat_state *c)
 {
     DFLASH_TRY(cli_engine_plan_load(&a->e, CHAT_DEFAULT_MAX_CTX, &c->plan));
     if ((long long)a->n_new + 1 > c->plan.limit)
@@ -206,9 +210,10 @@ static dflash_status chat_open(const chat_args *a, chat_state *c)
     if (!(c->out = malloc((size_t)a->n_new * sizeof *c->out)))
         return dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", a->n_new);
     DFLASH_TRY(cli_engine_load_tokenizer(&c->e, &a->e));
+    DFLASH_TRY(cli_engine_chat_opts(&a->e, c->e.tok, a->think, &a->co));
     /* The cache holds the conversation's limit and the block of a step. */
     DFLASH_TRY(cli_engine_open(&c->e, &a->e, c->plan.limit + c->plan.block));
-    cli_engine_chat_prepare(&c->e, &a->e, a->think);
+    cli_engine_chat_prepare(&c->e, &a->e, &a->co);
     return dflash_detok_stream_new(c->e.tok, DFLASH_DECODE_SKIP_SPECIAL, &c->sm.ds);
 }
 

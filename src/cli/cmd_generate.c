@@ -29,7 +29,8 @@ static void usage(FILE *f)
             "                         <|begin_of_text|>);\n"
             "                         '-' reads it from stdin (at most %zu MiB). The output text is\n"
             "                         streamed.\n"
-            "  --chat                 wrap TEXT as a user message in the Qwen3 chat template\n"
+            "  --chat                 wrap TEXT as a user message in the model's chat format (Qwen3\n"
+            "                         or Llama 3, from its chat_template or tokenizer)\n"
             "  --system TEXT          system message (with --chat)\n"
             "  --think                leave Qwen3 thinking on (default: the empty think block)\n"
             "  --prompt-ids IDS       prompt token ids, comma-separated; output is ids\n"
@@ -53,6 +54,7 @@ typedef struct gen_args {
     const char *text, *system, *trace;
     int32_t *prompt;
     int n_prompt, n_new, json, chat, think;
+    dflash_chat_opts chat_opts; /* with --chat: the model's format */
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a)
@@ -127,9 +129,9 @@ static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
         if (a->system)
             msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_SYSTEM, a->system };
         msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_USER, text };
-        dflash_chat_opts co = dflash_chat_default_opts();
-        co.thinking = a->think;
-        s = dflash_chat_encode(tok, msgs, nm, &co, &a->prompt, &n);
+        s = cli_engine_chat_opts(&a->e, tok, a->think, &a->chat_opts);
+        if (s == DFLASH_OK)
+            s = dflash_chat_encode(tok, msgs, nm, &a->chat_opts, &a->prompt, &n);
     } else {
         /* as HF's tokenizer(text): with the post-processor's special tokens
          * (Llama 3's <|begin_of_text|>; none for Qwen3) */
@@ -238,7 +240,7 @@ int dflash_cmd_generate(int argc, char **argv)
     if (s == DFLASH_OK)
         s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + plan.block);
     if (s == DFLASH_OK && a.chat)
-        cli_engine_chat_prepare(&e, &a.e, a.think);
+        cli_engine_chat_prepare(&e, &a.e, &a.chat_opts);
     dflash_gen_stats st;
     int n_out = 0;
     if (s == DFLASH_OK)

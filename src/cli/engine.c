@@ -268,23 +268,27 @@ static dflash_status collect_stops(cli_engine *e, const cli_engine_args *a)
     return DFLASH_OK;
 }
 
-void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, int think)
+dflash_status cli_engine_chat_opts(const cli_engine_args *a, const dflash_tokenizer *tok, int think,
+                                   dflash_chat_opts *co)
 {
-    dflash_chat_opts co = dflash_chat_default_opts();
-    co.thinking = think;
-    if (dflash_chat_check_tokenizer(e->tok, &co) != DFLASH_OK) {
+    *co = dflash_chat_default_opts();
+    co->thinking = think;
+    return dflash_chat_format_detect(a->tokenizer ? a->tokenizer : a->model, tok, &co->format);
+}
+
+void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co)
+{
+    if (dflash_chat_check_tokenizer(e->tok, co) != DFLASH_OK) {
         fprintf(stderr, "dflash %s: warning: %s; the chat markup goes to the model as plain text\n",
                 cli_command() ? cli_command() : "", dflash_last_error());
         return;
     }
-    /* A base model's EOS files name only <|endoftext|>, but a chat turn
-     * ends at <|im_end|>: stop there too (the check above made it one
-     * added token). */
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (!a->ignore_eos && dflash_tokenizer_encode(e->tok, "<|im_end|>", 10, &ids, &n) == DFLASH_OK && n == 1)
-        add_stop(e, ids[0]);
-    free(ids);
+    /* A base model's EOS files name only its end of text, but a chat turn
+     * ends at the format's end-of-turn marker: stop there too (the check
+     * above made it one added token). */
+    int32_t id = dflash_tokenizer_token_id(e->tok, dflash_chat_end_of_turn(co->format));
+    if (!a->ignore_eos && id >= 0)
+        add_stop(e, id);
 }
 
 dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)

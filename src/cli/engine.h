@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "draft/proposer.h"
+#include "io/chat.h"
 #include "io/tokenizer.h"
 #include "spec/spec.h"
 
@@ -71,10 +72,15 @@ void cli_engine_warn_long(const cli_engine_args *a, const cli_engine_plan *p, lo
  * --ignore-eos. */
 dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions);
 void cli_engine_close(cli_engine *e);
+/* The chat options of a run: the format of the model (its tokenizer
+ * folder: --tokenizer, else the model's; chat.h) and --think. */
+dflash_status cli_engine_chat_opts(const cli_engine_args *a, const dflash_tokenizer *tok, int think,
+                                   dflash_chat_opts *co);
 /* For a chat prompt, once the engine is open: warn (stderr) when the
- * tokenizer lacks the chat markup as added tokens, else add <|im_end|> to
- * the stop ids (unless --ignore-eos). */
-void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, int think);
+ * tokenizer lacks the format's markup as added tokens, else add its
+ * end-of-turn marker (<|im_end|>, <|eot_id|>) to the stop ids (unless
+ * --ignore-eos). */
+void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co);
 /* Generation options from the arguments (sampler, block size, stop ids). */
 void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_gen_opts *go);
 
