@@ -215,8 +215,10 @@ static int load_tied_pair(const dflash_head_opts *ho, dflash_qwen3 **t, dflash_h
 
 /* A second call continues the sequence (a chat turn): its output equals
  * plain decoding of the whole conversation from scratch, and a stop token
- * in the first call leaves both caches consistent. */
-static void test_continue_equals_fresh(void)
+ * in the first call leaves both caches consistent. With a repetition
+ * penalty the second call is given the first's ids as its history, so it
+ * penalizes what the fresh run over the whole conversation does. */
+static void continue_equals_fresh(double penalty)
 {
     dflash_qwen3 *t;
     dflash_head *h;
@@ -227,7 +229,7 @@ static void test_continue_equals_fresh(void)
     dflash_gen_stats st;
     prompt_for(t->cfg.vocab_size, 20, 7, p1);
     /* stop at the 10th token of the plain continuation */
-    run(t, NULL, p1, 20, 30, 0, plain, &np, &st);
+    CHECK_OK(oracle_generate(t, NULL, p1, 20, 30, 0, penalty, plain, &np, &st));
     int32_t stop = plain[9];
     dflash_kv_seq seq;
     void *state;
@@ -236,6 +238,7 @@ static void test_continue_equals_fresh(void)
     go.n_new = 30;
     go.stop_ids = &stop;
     go.n_stop = 1;
+    go.sampler.rep_penalty = penalty;
     CHECK_OK(dflash_qwen3_seq_init(t, &seq));
     CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 300, &state));
     CHECK_OK(dflash_spec_generate(t, &seq, &h->proposer, state, p1, 20, &go, first, &n1, &st));
@@ -243,6 +246,11 @@ static void test_continue_equals_fresh(void)
     turn2[0] = first[n1 - 1];
     prompt_for(t->cfg.vocab_size, 39, 9, turn2 + 1);
     go.n_stop = 0;
+    int32_t history[50];
+    memcpy(history, p1, sizeof p1);
+    memcpy(history + 20, first, (size_t)(n1 - 1) * sizeof(int32_t));
+    go.history = history;
+    go.n_history = 20 + n1 - 1;
     CHECK_OK(dflash_spec_generate(t, &seq, &h->proposer, state, turn2, 40, &go, second, &n2, &st));
     /* the same conversation from scratch, plainly */
     int nw = 0;
@@ -252,13 +260,20 @@ static void test_continue_equals_fresh(void)
     nw += n1 - 1;
     memcpy(whole + nw, turn2, sizeof turn2);
     nw += 40;
-    run(t, NULL, whole, nw, 30, 0, plain, &np, &st);
-    CHECK(n2 == 30 && np == 30 && memcmp(second, plain, sizeof plain) == 0);
+    CHECK_OK(oracle_generate(t, NULL, whole, nw, 30, 0, penalty, plain, &np, &st));
+    CHECKF(n2 == 30 && np == 30 && memcmp(second, plain, sizeof plain) == 0, "penalty %g: turn 2 differs from "
+           "the whole conversation decoded plainly", penalty);
     CHECK(seq.len == nw + n2 - 1);
     h->proposer.ops->free_state(&h->proposer, state);
     dflash_qwen3_seq_free(t, &seq);
     dflash_head_free(h);
     dflash_qwen3_free(t);
+}
+
+static void test_continue_equals_fresh(void)
+{
+    continue_equals_fresh(1.0);
+    continue_equals_fresh(1.5);
 }
 
 /* With the auto width, rows of steps that drafted nothing reach the

@@ -219,8 +219,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
 
     /* 1 PREFILL */
     int32_t cur = -1;
-    if (ss)
+    if (ss) {
+        if (o->history)
+            dflash_sampler_observe(&ss->smp, o->history, o->n_history);
         dflash_sampler_observe(&ss->smp, prompt, n_prompt);
+    }
     for (int done = 0; done < n_prompt;) {
         int n = n_prompt - done < max_rows ? n_prompt - done : max_rows;
         int32_t last_row = n - 1;
@@ -383,6 +386,9 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
                            B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : max_rows);
     if (n_prompt <= 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the prompt is empty");
+    if (o->n_history < 0 || (o->n_history > 0 && !o->history))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: history of %d ids at %p", o->n_history,
+                           (const void *)o->history);
     if (seq->len + n_prompt + o->n_new + B > target->opts.max_ctx)
         return dflash_fail(DFLASH_ERR_INVALID_ARG,
                            "generate: %d cached + %d prompt + %d new tokens + block %d exceed the context limit %d",

@@ -34,6 +34,13 @@ typedef struct dflash_gen_opts {
      * keeps the argmax path. Otherwise logits rows come to the host and
      * drafts are accepted by speculative sampling (sampler.h). */
     dflash_sampler_opts sampler;
+    /* Ids the sequence held before `prompt` (a chat's earlier turns and
+     * answers), for the repetition penalty: sampling then penalizes what
+     * plain decoding of the whole conversation would. It counts a token
+     * once whatever its number, so the history may overlap the prompt.
+     * Read only when sampling; NULL / 0: none. */
+    const int32_t *history;
+    int n_history;
 } dflash_gen_opts;
 
 void dflash_gen_default_opts(dflash_gen_opts *o);

@@ -1,0 +1,194 @@
+/* test_slow_batch.c: batch invariance of the pieces a many-sequence engine
+ * steps together. Three sequences of different lengths run through one
+ * target forward give, row for row, the same logits and tap rows (bit for
+ * bit) as each sequence run alone, on a prefill and on a later verify-sized
+ * step over the cached rows; and one DFlash propose over the three gives
+ * each the drafts it gets alone, before and after an after_verify that
+ * hands all three their accepted rows in one call. */
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "draft/dflash_head.h"
+#include "fixture.h"
+
+#define N_SEQ 3
+#define MAX_ROWS 64
+
+static dflash_backend *be;
+static dflash_qwen3 *g_t;
+static dflash_head *g_h;
+static const int k_prompt_len[N_SEQ] = { 7, 13, 5 };
+static const int k_step_len = 4; /* rows per sequence of the second forward */
+
+static void tokens_for(int q, int n, int first, int32_t *out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = (int32_t)(((first + i) * 37 + q * 101 + 11) % g_t->cfg.vocab_size);
+}
+
+/* Logits [n, V] and taps [n, tap_cols] of a forward, copied to the host. */
+typedef struct rows_out {
+    float *logits, *taps;
+} rows_out;
+
+static int64_t tap_cols(void)
+{
+    const int *layers;
+    return (int64_t)g_h->proposer.ops->tap_layers(&g_h->proposer, &layers) * g_t->cfg.hidden_size;
+}
+
+/* One forward of rows of `n_seqs` sequences: seq q contributes n[q] rows
+ * (tokens tok[q], positions from its cache length). Outputs row-major in
+ * the order given, into o (host, allocated here). */
+static void forward(dflash_kv_seq **seqs, int n_seqs, const int *n, int32_t *const *tok, rows_out *o)
+{
+    int32_t tokens[MAX_ROWS], pos[MAX_ROWS], row_seq[MAX_ROWS], rows[MAX_ROWS];
+    int r = 0;
+    for (int q = 0; q < n_seqs; q++)
+        for (int i = 0; i < n[q]; i++, r++) {
+            tokens[r] = tok[q][i];
+            pos[r] = seqs[q]->len + i;
+            row_seq[r] = q;
+            rows[r] = r;
+        }
+    const int *layers;
+    int n_taps = g_h->proposer.ops->tap_layers(&g_h->proposer, &layers);
+    dflash_qwen3_batch b = { .n_rows = r, .tokens = tokens, .positions = pos, .row_seq = row_seq,
+                             .n_seqs = n_seqs, .seqs = seqs, .n_logit_rows = r, .logit_rows = rows,
+                             .n_taps = n_taps, .tap_layers = layers };
+    float *logits = NULL, *taps = NULL;
+    const size_t V = (size_t)g_t->cfg.vocab_size, T = (size_t)tap_cols();
+    o->logits = malloc((size_t)r * V * sizeof(float));
+    o->taps = malloc((size_t)r * T * sizeof(float));
+    CHECK_OK(dflash_qwen3_forward(g_t, &b, &logits, &taps));
+    CHECK_OK(be->ops->download(be, o->logits, logits, (size_t)r * V * sizeof(float)));
+    CHECK_OK(be->ops->download(be, o->taps, taps, (size_t)r * T * sizeof(float)));
+}
+
+/* The rows of sequence q in a batched output equal its rows alone. */
+static void check_rows(const rows_out *all, int off, const rows_out *one, int n, int q, const char *what)
+{
+    const size_t V = (size_t)g_t->cfg.vocab_size, T = (size_t)tap_cols();
+    CHECKF(!memcmp(all->logits + (size_t)off * V, one->logits, (size_t)n * V * sizeof(float)),
+           "%s: seq %d: logits differ from the sequence run alone", what, q);
+    CHECKF(!memcmp(all->taps + (size_t)off * T, one->taps, (size_t)n * T * sizeof(float)),
+           "%s: seq %d: tap rows differ from the sequence run alone", what, q);
+}
+
+static void rows_free(rows_out *o)
+{
+    free(o->logits);
+    free(o->taps);
+}
+
+static void test_target_and_proposer(void)
+{
+    dflash_kv_seq alone[N_SEQ], both[N_SEQ], *pa[N_SEQ], *pb[N_SEQ];
+    void *st_alone[N_SEQ], *st_both[N_SEQ];
+    int32_t prompt[N_SEQ][16], step[N_SEQ][8], *pp[N_SEQ], *ps[N_SEQ];
+    int n_step[N_SEQ];
+    rows_out one[N_SEQ], all;
+    for (int q = 0; q < N_SEQ; q++) {
+        tokens_for(q, k_prompt_len[q], 0, prompt[q]);
+        tokens_for(q, k_step_len, 50, step[q]);
+        pp[q] = prompt[q];
+        ps[q] = step[q];
+        n_step[q] = k_step_len;
+        CHECK_OK(dflash_qwen3_seq_init(g_t, &alone[q]));
+        CHECK_OK(dflash_qwen3_seq_init(g_t, &both[q]));
+        pa[q] = &alone[q];
+        pb[q] = &both[q];
+        CHECK_OK(g_h->proposer.ops->alloc_state(&g_h->proposer, 100, &st_alone[q]));
+        CHECK_OK(g_h->proposer.ops->alloc_state(&g_h->proposer, 100, &st_both[q]));
+    }
+    const int64_t T = tap_cols();
+
+    /* prefill: each alone, then all three in one forward */
+    forward(pb, N_SEQ, k_prompt_len, pp, &all);
+    for (int q = 0, off = 0; q < N_SEQ; off += k_prompt_len[q], q++) {
+        forward(&pa[q], 1, &k_prompt_len[q], &pp[q], &one[q]);
+        check_rows(&all, off, &one[q], k_prompt_len[q], q, "prefill");
+        CHECK(both[q].len == alone[q].len && alone[q].len == k_prompt_len[q]);
+        /* the drafter takes the prompt rows (taps from the alone run: they
+         * were just checked equal) */
+        dflash_ctx_rows r = { prompt[q], k_prompt_len[q], 0, one[q].taps, T };
+        CHECK_OK(g_h->proposer.ops->begin(&g_h->proposer, st_alone[q], &r));
+        CHECK_OK(g_h->proposer.ops->begin(&g_h->proposer, st_both[q], &r));
+    }
+
+    /* proposes: one over three sequences, and each alone */
+    const int nd = g_h->block_size - 1;
+    int32_t last[N_SEQ], posn[N_SEQ], d_all[N_SEQ * 16], d_one[16];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int q = 0; q < N_SEQ; q++) {
+            last[q] = step[q][0];
+            posn[q] = alone[q].len;
+        }
+        CHECK_OK(g_h->proposer.ops->propose(&g_h->proposer, st_both, N_SEQ, last, posn, nd, d_all));
+        for (int q = 0; q < N_SEQ; q++) {
+            CHECK_OK(g_h->proposer.ops->propose(&g_h->proposer, &st_alone[q], 1, &last[q], &posn[q], nd, d_one));
+            CHECKF(!memcmp(d_all + q * nd, d_one, (size_t)nd * sizeof(int32_t)),
+                   "pass %d: seq %d: drafts of the 3-sequence propose differ from its own", pass, q);
+        }
+        if (pass == 1)
+            break;
+
+        /* a verify-sized step over the cached rows, batched and alone */
+        rows_out all2, one2[N_SEQ];
+        forward(pb, N_SEQ, n_step, ps, &all2);
+        for (int q = 0, off = 0; q < N_SEQ; off += k_step_len, q++) {
+            forward(&pa[q], 1, &n_step[q], &ps[q], &one2[q]);
+            check_rows(&all2, off, &one2[q], k_step_len, q, "verify step");
+        }
+        /* "accepted": q + 1 rows of sequence q; the caches roll back to
+         * them, and the drafter gets them in one call for all three */
+        dflash_ctx_rows acc[N_SEQ];
+        for (int q = 0; q < N_SEQ; q++) {
+            int32_t keep = k_prompt_len[q] + q + 1;
+            dflash_kv_seq_truncate(&alone[q], keep);
+            dflash_kv_seq_truncate(&both[q], keep);
+            acc[q] = (dflash_ctx_rows){ step[q], q + 1, k_prompt_len[q], one2[q].taps, T };
+            CHECK_OK(g_h->proposer.ops->after_verify(&g_h->proposer, &st_alone[q], 1, &acc[q]));
+            step[q][0] = step[q][q + 1]; /* the next step's last token */
+        }
+        CHECK_OK(g_h->proposer.ops->after_verify(&g_h->proposer, st_both, N_SEQ, acc));
+        rows_free(&all2);
+        for (int q = 0; q < N_SEQ; q++)
+            rows_free(&one2[q]);
+    }
+
+    rows_free(&all);
+    for (int q = 0; q < N_SEQ; q++) {
+        rows_free(&one[q]);
+        g_h->proposer.ops->free_state(&g_h->proposer, st_alone[q]);
+        g_h->proposer.ops->free_state(&g_h->proposer, st_both[q]);
+        dflash_qwen3_seq_free(g_t, &alone[q]);
+        dflash_qwen3_seq_free(g_t, &both[q]);
+    }
+}
+
+int main(void)
+{
+    CHECK_OK(dflash_backend_cpu_create(&be));
+    char tdir[512], ddir[512];
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 128;
+    to.max_rows = MAX_ROWS;
+    to.max_seqs = 2 * N_SEQ;
+    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &g_t));
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = 128;
+    ho.max_seqs = 2 * N_SEQ;
+    if (g_t)
+        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), g_t, &ho, &g_h));
+    if (g_h)
+        RUN(test_target_and_proposer);
+    dflash_head_free(g_h);
+    dflash_qwen3_free(g_t);
+    dflash_backend_destroy(be);
+    TEST_END();
+}
