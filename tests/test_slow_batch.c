@@ -4,7 +4,11 @@
  * bit) as each sequence run alone, on a prefill and on a later verify-sized
  * step over the cached rows; and one DFlash propose over the three gives
  * each the drafts it gets alone, before and after an after_verify that
- * hands all three their accepted rows in one call. */
+ * hands all three their accepted rows in one call. Then the loop built on
+ * them: dflash_spec_generate_many gives every sequence the output
+ * dflash_spec_generate gives it alone (greedy, seeded sampling, a
+ * repetition penalty, a stop token, a budget of one token), with the
+ * drafter and without, with more rows than one forward takes. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -12,6 +16,7 @@
 
 #include "draft/dflash_head.h"
 #include "fixture.h"
+#include "spec/spec.h"
 
 #define N_SEQ 3
 #define MAX_ROWS 64
@@ -169,6 +174,96 @@ static void test_target_and_proposer(void)
     }
 }
 
+#define N_ITEMS 5
+#define MAX_NEW 40
+
+/* Item i's prompt and options; `stop` (-1: none) ends it early. */
+static void item_setup(int i, int32_t *prompt, int *n_prompt, dflash_gen_opts *o, int32_t *stop)
+{
+    static const int len[N_ITEMS] = { 7, 13, 5, 20, 9 }, n_new[N_ITEMS] = { 30, 17, 1, 25, MAX_NEW };
+    *n_prompt = len[i];
+    tokens_for(i, len[i], 3, prompt);
+    dflash_gen_default_opts(o);
+    o->n_new = n_new[i];
+    if (i == 1) { /* sampling, seeded */
+        o->sampler.temperature = 0.9;
+        o->sampler.top_k = 40;
+        o->sampler.seed = 1000 + (uint64_t)i;
+    }
+    if (i == 3)
+        o->sampler.rep_penalty = 1.3;
+    if (*stop >= 0) {
+        o->stop_ids = stop;
+        o->n_stop = 1;
+    }
+}
+
+static void test_generate_many_equals_alone(void)
+{
+    for (int with = 0; with < 2; with++) {
+        dflash_proposer *p = with ? &g_h->proposer : NULL;
+        int32_t prompt[N_ITEMS][32], alone[N_ITEMS][MAX_NEW], out[N_ITEMS][MAX_NEW], stop[N_ITEMS];
+        int n_alone[N_ITEMS], steps_alone[N_ITEMS];
+        int64_t tried_alone[N_ITEMS];
+        dflash_spec_item items[N_ITEMS];
+        dflash_kv_seq seqs[N_ITEMS];
+        void *states[N_ITEMS] = { 0 };
+        for (int i = 0; i < N_ITEMS; i++) {
+            stop[i] = -1;
+            if (i == 0) { /* stop at its 12th token alone */
+                int np;
+                dflash_gen_opts o;
+                item_setup(i, prompt[i], &np, &o, &stop[i]);
+                dflash_kv_seq sq;
+                dflash_gen_stats st;
+                CHECK_OK(dflash_qwen3_seq_init(g_t, &sq));
+                CHECK_OK(dflash_spec_generate(g_t, &sq, NULL, NULL, prompt[i], np, &o, alone[i], &n_alone[i], &st));
+                dflash_qwen3_seq_free(g_t, &sq);
+                stop[i] = alone[i][11];
+            }
+            /* alone: dflash_spec_generate at the same block, fixed width */
+            dflash_gen_opts o;
+            int np;
+            item_setup(i, prompt[i], &np, &o, &stop[i]);
+            o.block_size = g_h->block_size;
+            dflash_kv_seq sq;
+            void *ps = NULL;
+            dflash_gen_stats st;
+            CHECK_OK(dflash_qwen3_seq_init(g_t, &sq));
+            if (p)
+                CHECK_OK(p->ops->alloc_state(p, 100, &ps));
+            CHECK_OK(dflash_spec_generate(g_t, &sq, p, ps, prompt[i], np, &o, alone[i], &n_alone[i], &st));
+            steps_alone[i] = st.n_steps;
+            tried_alone[i] = st.pos_tried[0];
+            if (p)
+                p->ops->free_state(p, ps);
+            dflash_qwen3_seq_free(g_t, &sq);
+            /* the item of the batched run */
+            CHECK_OK(dflash_qwen3_seq_init(g_t, &seqs[i]));
+            if (p)
+                CHECK_OK(p->ops->alloc_state(p, 100, &states[i]));
+            items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = states[i], .prompt = prompt[i],
+                                           .n_prompt = np, .opts = o, .out = out[i] };
+        }
+        CHECK_OK(dflash_spec_generate_many(g_t, p, items, N_ITEMS, 0));
+        for (int i = 0; i < N_ITEMS; i++) {
+            CHECKF(items[i].n_out == n_alone[i] && !memcmp(out[i], alone[i], (size_t)n_alone[i] * sizeof(int32_t)),
+                   "%s: sequence %d: %d tokens together, %d alone, or they differ", p ? "drafter" : "plain", i,
+                   items[i].n_out, n_alone[i]);
+            /* the same drafts were proposed and accepted: the same steps */
+            CHECKF(items[i].stats.n_steps == steps_alone[i] && items[i].stats.pos_tried[0] == tried_alone[i],
+                   "sequence %d: %d steps together, %d alone", i, items[i].stats.n_steps, steps_alone[i]);
+            /* the cache holds the prompt and every token but the last */
+            CHECK(seqs[i].len == items[i].n_prompt + items[i].n_out - 1);
+            if (p)
+                p->ops->free_state(p, states[i]);
+            dflash_qwen3_seq_free(g_t, &seqs[i]);
+        }
+        CHECK(items[0].stats.stopped && items[0].n_out == 12 && items[2].n_out == 1);
+        CHECK(p ? tried_alone[4] > 0 : tried_alone[4] == 0);
+    }
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&be));
@@ -177,7 +272,7 @@ int main(void)
     dflash_qwen3_default_opts(&to);
     to.max_ctx = 128;
     to.max_rows = MAX_ROWS;
-    to.max_seqs = 2 * N_SEQ;
+    to.max_seqs = 2 * N_SEQ; /* 6: five items, more rows than MAX_ROWS */
     CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &g_t));
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
@@ -185,8 +280,10 @@ int main(void)
     ho.max_seqs = 2 * N_SEQ;
     if (g_t)
         CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), g_t, &ho, &g_h));
-    if (g_h)
+    if (g_h) {
         RUN(test_target_and_proposer);
+        RUN(test_generate_many_equals_alone);
+    }
     dflash_head_free(g_h);
     dflash_qwen3_free(g_t);
     dflash_backend_destroy(be);

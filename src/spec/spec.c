@@ -39,6 +39,7 @@
  * its position). So for a given seed the output is the same with or
  * without a proposer, and whatever k each step chose. */
 #include "spec/spec.h"
+#include "spec/spec_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,14 +52,14 @@ void dflash_gen_default_opts(dflash_gen_opts *o)
     dflash_sampler_default_opts(&o->sampler);
 }
 
-static double now_ms(void)
+double dflash_spec_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int is_stop(const dflash_gen_opts *o, int32_t t)
+int dflash_spec_is_stop(const dflash_gen_opts *o, int32_t t)
 {
     for (int i = 0; i < o->n_stop; i++)
         if (o->stop_ids[i] == t)
@@ -96,7 +97,7 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
  * +inf, from broken weights or config values); decoding a token from them
  * would print garbage that looks like output. `pos` is the position the
  * first row predicts; step 0 is the prefill. */
-static dflash_status check_greedy(const dflash_qwen3 *t, const int32_t *ids, int n, int32_t pos, int step)
+dflash_status dflash_spec_check_greedy(const dflash_qwen3 *t, const int32_t *ids, int n, int32_t pos, int step)
 {
     for (int i = 0; i < n; i++)
         if (ids[i] < 0)
@@ -108,8 +109,8 @@ static dflash_status check_greedy(const dflash_qwen3 *t, const int32_t *ids, int
 
 /* The sampler's probabilities of one logits row; its non-finite report
  * gains the model, the position and the step. */
-static dflash_status sampled_probs(dflash_sampler *smp, const dflash_qwen3 *t, const float *logits, double *probs,
-                                   int32_t pos, int step)
+dflash_status dflash_spec_sampled_probs(dflash_sampler *smp, const dflash_qwen3 *t, const float *logits,
+                                       double *probs, int32_t pos, int step)
 {
     dflash_status s = dflash_sampler_probs(smp, logits, probs);
     if (s == DFLASH_ERR_NUMERIC)
@@ -124,13 +125,6 @@ static void trace_step(FILE *f, int32_t s, const int32_t *drafts, int k, int a, 
         fprintf(f, "%s%d", i ? "," : "", drafts[i]);
     fprintf(f, "],\"accepted\":%d,\"next\":%d}\n", a, next);
 }
-
-/* Sampling state sized before the loop: the sampler and room for the
- * logits rows of one verify. NULL members on the greedy path. */
-typedef struct spec_sampling {
-    dflash_sampler smp;
-    float *logits; /* host [B, V] */
-} spec_sampling;
 
 /* Committed rows on their way to the proposer. A step that drafted hands
  * them over at once; after a step that drafted nothing (the width model
@@ -154,10 +148,10 @@ static dflash_status pending_flush(dflash_kv_seq *seq, dflash_proposer *p, void 
 {
     if (!p || pd->n == 0)
         return DFLASH_OK;
-    double t0 = now_ms();
+    double t0 = dflash_spec_now_ms();
     dflash_ctx_rows rows = { pd->tokens, pd->n, pd->pos0, pd->taps, pd->tap_cols };
     dflash_status s = p->ops->after_verify(p, &pstate, 1, &rows);
-    st->observe_ms += now_ms() - t0;
+    st->observe_ms += dflash_spec_now_ms() - t0;
     if (s != DFLASH_OK) { /* both caches end where the proposer's does */
         dflash_kv_seq_truncate(seq, pd->pos0);
         pd->cut = pd->pos0;
@@ -171,14 +165,14 @@ static dflash_status pending_flush(dflash_kv_seq *seq, dflash_proposer *p, void 
  * bonus. Accepted drafts join the sampler's sequence as they pass (the
  * repetition penalty of row i sees d_1..d_i, exactly as plain decoding
  * would after emitting them). */
-static dflash_status accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
-                                    const int32_t *block, int k, int V, int *a_out, int32_t *bonus)
+dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
+                                        const int32_t *block, int k, int V, int *a_out, int32_t *bonus)
 {
     dflash_sampler *smp = &ss->smp;
     int a = 0;
     for (;; a++) {
         const int32_t pos = s + a + 1; /* the position row a predicts */
-        DFLASH_TRY(sampled_probs(smp, t, ss->logits + (size_t)a * V, smp->probs, pos, step));
+        DFLASH_TRY(dflash_spec_sampled_probs(smp, t, ss->logits + (size_t)a * V, smp->probs, pos, step));
         if (smp->o.accept_rule != DFLASH_ACCEPT_EXACT) { /* test-only wrong rules */
             if (a == k) {
                 *bonus = dflash_sampler_sample(smp, smp->probs);
@@ -205,19 +199,18 @@ static dflash_status accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, in
     return DFLASH_OK;
 }
 
-static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
-                               const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int B,
-                               spec_sampling *ss, spec_pending *pd, int32_t *out, int *n_out, dflash_gen_stats *st)
+/* 1 PREFILL of one sequence: the prompt in chunks of the target's rows,
+ * each chunk handed to the proposer as context; *first = the token after
+ * the prompt (greedy, or drawn with its position's uniform) when
+ * o->n_new > 0. On failure both caches stop at the same row. */
+dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                  const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, spec_sampling *ss,
+                                  int32_t *first)
 {
-    const int max_rows = target->opts.max_rows, V = target->cfg.vocab_size;
+    const int max_rows = target->opts.max_rows;
     const int *taps = NULL;
     int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
     float *hl = ss ? ss->logits : NULL;
-    double t0 = now_ms();
-    dflash_width wm;
-    dflash_width_init(&wm, B - 1);
-
-    /* 1 PREFILL */
     int32_t cur = -1;
     if (ss) {
         if (o->history)
@@ -247,19 +240,38 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         done += n;
     }
     if (!ss && o->n_new > 0)
-        DFLASH_TRY(check_greedy(target, &cur, 1, seq->len, 0));
+        DFLASH_TRY(dflash_spec_check_greedy(target, &cur, 1, seq->len, 0));
     if (ss && o->n_new > 0) {
-        DFLASH_TRY(sampled_probs(&ss->smp, target, hl, ss->smp.probs, seq->len, 0));
+        DFLASH_TRY(dflash_spec_sampled_probs(&ss->smp, target, hl, ss->smp.probs, seq->len, 0));
         cur = dflash_sampler_sample_at(&ss->smp, ss->smp.probs, seq->len);
         dflash_sampler_observe(&ss->smp, &cur, 1);
     }
-    st->prefill_ms = now_ms() - t0;
+    *first = cur;
+    return DFLASH_OK;
+}
+
+static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                               const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int B,
+                               spec_sampling *ss, spec_pending *pd, int32_t *out, int *n_out, dflash_gen_stats *st)
+{
+    const int V = target->cfg.vocab_size;
+    const int *taps = NULL;
+    int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
+    float *hl = ss ? ss->logits : NULL;
+    double t0 = dflash_spec_now_ms();
+    dflash_width wm;
+    dflash_width_init(&wm, B - 1);
+
+    /* 1 PREFILL */
+    int32_t cur = -1;
+    DFLASH_TRY(dflash_spec_prefill(target, seq, p, pstate, prompt, n_prompt, o, ss, &cur));
+    st->prefill_ms = dflash_spec_now_ms() - t0;
     if (o->n_new <= 0)
         return DFLASH_OK;
     out[(*n_out)++] = cur;
     if (o->on_tokens)
         DFLASH_TRY(o->on_tokens(o->user, &cur, 1));
-    if (is_stop(o, cur)) {
+    if (dflash_spec_is_stop(o, cur)) {
         st->stopped = 1;
         return DFLASH_OK;
     }
@@ -276,10 +288,10 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         /* 2 PROPOSE (the proposer first takes any rows still waiting) */
         if (k > 0)
             DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
-        double t1 = now_ms();
+        double t1 = dflash_spec_now_ms();
         if (k > 0)
             DFLASH_TRY(p->ops->propose(p, &pstate, 1, &cur, &s, k, block + 1));
-        double t2 = now_ms();
+        double t2 = dflash_spec_now_ms();
 
         /* 3 VERIFY */
         for (int i = 0; i <= k; i++)
@@ -287,12 +299,12 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         float *tap_rows = NULL;
         dflash_status cs = target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, hl, &tap_rows);
         if (cs == DFLASH_OK && !ss)
-            cs = check_greedy(target, g, k + 1, s + 1, st->n_steps + 1);
+            cs = dflash_spec_check_greedy(target, g, k + 1, s + 1, st->n_steps + 1);
         if (cs != DFLASH_OK) {
             dflash_kv_seq_truncate(seq, s); /* the caches stay as they were before the step */
             return cs;
         }
-        double t3 = now_ms();
+        double t3 = dflash_spec_now_ms();
         st->draft_ms += t2 - t1;
         st->verify_ms += t3 - t2;
 
@@ -300,7 +312,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         int a = 0;
         int32_t bonus;
         if (ss) {
-            dflash_status as = accept_sampled(ss, target, s, st->n_steps + 1, block, k, V, &a, &bonus);
+            dflash_status as = dflash_spec_accept_sampled(ss, target, s, st->n_steps + 1, block, k, V, &a, &bonus);
             if (as != DFLASH_OK) {
                 dflash_kv_seq_truncate(seq, s);
                 return as;
@@ -318,7 +330,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         for (int i = 1; i <= a + 1 && *n_out + n_emit < o->n_new && !stopped; i++) {
             int32_t tok = i <= a ? block[i] : bonus;
             emit[n_emit++] = tok;
-            stopped = is_stop(o, tok);
+            stopped = dflash_spec_is_stop(o, tok);
         }
 
         /* 6 ROLLBACK: the cache keeps t_s and every emitted token but the
@@ -397,7 +409,7 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
     memset(st, 0, sizeof *st);
     st->n_prompt = n_prompt;
     *n_out = 0;
-    double t0 = now_ms();
+    double t0 = dflash_spec_now_ms();
 
     /* Sampling buffers are sized here, before the loop, so nothing
      * allocates per token; greedy keeps the argmax-only path. */
@@ -451,7 +463,7 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
     DFLASH_TRY(s);
 
     DFLASH_TRY(target->be->ops->sync(target->be));
-    st->total_ms = now_ms() - t0;
+    st->total_ms = dflash_spec_now_ms() - t0;
     st->n_generated = *n_out;
     int64_t committed = 0;
     for (int i = 0; i <= DFLASH_MAX_BLOCK; i++)

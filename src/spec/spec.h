@@ -75,4 +75,34 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
                                    const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int32_t *out,
                                    int *n_out, dflash_gen_stats *stats);
 
+/* One sequence of dflash_spec_generate_many. */
+typedef struct dflash_spec_item {
+    dflash_kv_seq *seq;     /* as for dflash_spec_generate: empty, or continued */
+    void *pstate;           /* its state of the call's proposer (unused without one) */
+    const int32_t *prompt;
+    int n_prompt;
+    /* n_new, stop ids, sampler, history, on_tokens / user; block_size,
+     * width_auto and trace are not read (the call's block size applies, at
+     * a fixed width) */
+    dflash_gen_opts opts;
+    int32_t *out;           /* [opts.n_new] */
+    int n_out;              /* written: tokens generated */
+    dflash_gen_stats stats; /* written; draft and verify times are the shared steps' */
+} dflash_spec_item;
+
+/* Generate for n sequences together: each prefills alone, then every step
+ * runs one propose per distinct draft count and one target verify over
+ * the rows of all sequences still generating (in groups within the
+ * target's max_rows and max_seqs; greedy and sampling sequences in
+ * separate groups), and each sequence accepts, stops and streams on its
+ * own. Every step drafts min(block - 1, tokens left). block_size: 0 = the
+ * proposer's (capped by it); p == NULL decodes plainly. The proposer must
+ * take as many sequences per call as the target's max_seqs.
+ * Each sequence's output equals what dflash_spec_generate gives it alone
+ * (greedy, and sampling with its seed): the target's and the drafter's
+ * forwards compute every row independently of the others in the batch.
+ * On an error the sequences may hold rows of the failed step: free them. */
+dflash_status dflash_spec_generate_many(dflash_qwen3 *target, dflash_proposer *p, dflash_spec_item *items, int n,
+                                        int block_size);
+
 #endif

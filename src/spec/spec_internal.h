@@ -1,0 +1,33 @@
+/* spec_internal.h: what the one-sequence loop (spec.c) and the
+ * many-sequence loop (spec_many.c) share: the prefill, the acceptance rule
+ * for sampling, stop tokens, the checks on the target's numbers. Not part of
+ * the library's surface. */
+#ifndef DFLASH_SPEC_SPEC_INTERNAL_H
+#define DFLASH_SPEC_SPEC_INTERNAL_H
+
+#include "spec/spec.h"
+
+/* Sampling state sized before the loop: the sampler and room for the
+ * logits rows of one verify. NULL members on the greedy path. */
+typedef struct spec_sampling {
+    dflash_sampler smp;
+    float *logits; /* host [B, V] */
+} spec_sampling;
+
+double dflash_spec_now_ms(void);
+int dflash_spec_is_stop(const dflash_gen_opts *o, int32_t t);
+/* Greedy ids of -1 (logits with no usable number) become an error naming
+ * the model, the position of the first row and the step (0 = prefill). */
+dflash_status dflash_spec_check_greedy(const dflash_qwen3 *t, const int32_t *ids, int n, int32_t pos, int step);
+/* The sampler's probabilities of one logits row (errors name model, position, step). */
+dflash_status dflash_spec_sampled_probs(dflash_sampler *smp, const dflash_qwen3 *t, const float *logits,
+                                       double *probs, int32_t pos, int step);
+/* 4 ACCEPT, sampled, over the k drafts block[1..k] with the verify's
+ * logits rows ss->logits [k+1, V]: the accepted count and the bonus. */
+dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
+                                        const int32_t *block, int k, int V, int *a_out, int32_t *bonus);
+dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                  const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, spec_sampling *ss,
+                                  int32_t *first);
+
+#endif

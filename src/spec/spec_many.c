@@ -1,0 +1,318 @@
+/* spec_many.c: the speculative loop over many sequences at once (see
+ * dflash_spec_generate_many in spec.h). The steps are spec.c's, numbered
+ * the same; what changes is that PROPOSE and VERIFY run once for a group
+ * of sequences and ACCEPT .. OBSERVE once per sequence of the group:
+ *
+ *   1 PREFILL   each sequence alone (spec.c's prefill)
+ *   then per step, per group of sequences still generating:
+ *   2 PROPOSE   one call per distinct draft count k (all sequences share
+ *               it unless some are near their budget)
+ *   3 VERIFY    one target forward over every sequence's block
+ *   4-6         per sequence: accept, commit, roll its cache back
+ *   7 OBSERVE   one after_verify over the group's accepted rows
+ *
+ * A group holds sequences of one kind (greedy: argmax rows only;
+ * sampling: logits rows to the host) whose blocks fit the target's rows
+ * and sequence slots. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec/spec.h"
+#include "spec/spec_internal.h"
+
+/* The loop's own state of one item. */
+typedef struct many_seq {
+    spec_sampling ss_store, *ss; /* ss NULL: greedy */
+    int32_t cur;                 /* the unverified last token */
+    int done;
+    int32_t s;                   /* position of cur in this step */
+    int k;                       /* drafts this step */
+    int row0;                    /* its first row in the group's forward */
+    int32_t block[DFLASH_MAX_BLOCK];
+} many_seq;
+
+typedef struct many_run {
+    dflash_qwen3 *t;
+    dflash_proposer *p;
+    dflash_spec_item *items;
+    many_seq *ms;
+    int B, n_taps;
+    const int *taps;
+    int64_t tap_cols;
+    int32_t *best; /* host [max_rows] */
+} many_run;
+
+/* The first token is emitted like any other: streamed, and a stop token
+ * or a budget of one ends the sequence. */
+static dflash_status emit(dflash_spec_item *it, many_seq *m, const int32_t *toks, int n)
+{
+    memcpy(it->out + it->n_out, toks, (size_t)n * sizeof(int32_t));
+    it->n_out += n;
+    for (int i = 0; i < n; i++)
+        if (dflash_spec_is_stop(&it->opts, toks[i]))
+            it->stats.stopped = m->done = 1;
+    if (it->n_out >= it->opts.n_new)
+        m->done = 1;
+    m->cur = toks[n - 1];
+    return it->opts.on_tokens ? it->opts.on_tokens(it->opts.user, toks, n) : DFLASH_OK;
+}
+
+/* 2 PROPOSE for the group g[0..ng): one call per distinct k. */
+static dflash_status propose_group(many_run *r, const int *g, int ng)
+{
+    void *states[ng];
+    int32_t last[ng], pos[ng], drafts[ng * DFLASH_MAX_BLOCK];
+    for (int k = 1; k < r->B; k++) {
+        int n = 0;
+        for (int j = 0; j < ng; j++)
+            if (r->ms[g[j]].k == k) {
+                states[n] = r->items[g[j]].pstate;
+                last[n] = r->ms[g[j]].cur;
+                pos[n++] = r->ms[g[j]].s;
+            }
+        if (n == 0)
+            continue;
+        DFLASH_TRY(r->p->ops->propose(r->p, states, n, last, pos, k, drafts));
+        for (int j = 0, q = 0; j < ng; j++)
+            if (r->ms[g[j]].k == k)
+                memcpy(r->ms[g[j]].block + 1, drafts + (q++) * k, (size_t)k * sizeof(int32_t));
+    }
+    return DFLASH_OK;
+}
+
+/* 3 VERIFY the group's blocks in one forward; greedy rows' argmax into
+ * r->best, sampling rows' logits into each sequence's buffer. */
+static dflash_status verify_group(many_run *r, const int *g, int ng, int sampled, float **taps_out)
+{
+    const int max_rows = r->t->opts.max_rows;
+    int32_t tokens[max_rows], pos[max_rows], row_seq[max_rows], rows[max_rows];
+    dflash_kv_seq *seqs[ng];
+    int n = 0;
+    for (int j = 0; j < ng; j++) {
+        many_seq *m = &r->ms[g[j]];
+        seqs[j] = r->items[g[j]].seq;
+        m->row0 = n;
+        for (int i = 0; i <= m->k; i++, n++) {
+            tokens[n] = m->block[i];
+            pos[n] = m->s + i;
+            row_seq[n] = j;
+            rows[n] = n;
+        }
+    }
+    dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = pos, .row_seq = row_seq, .n_seqs = ng,
+                             .seqs = seqs, .n_logit_rows = n, .logit_rows = rows, .n_taps = r->n_taps,
+                             .tap_layers = r->taps, .argmax_only = !sampled };
+    float *logits;
+    DFLASH_TRY(dflash_qwen3_forward(r->t, &b, &logits, taps_out));
+    dflash_backend *be = r->t->be;
+    if (!sampled)
+        return be->ops->download(be, r->best, r->t->s.best, (size_t)n * sizeof(int32_t));
+    const size_t V = (size_t)r->t->cfg.vocab_size;
+    for (int j = 0; j < ng; j++) {
+        many_seq *m = &r->ms[g[j]];
+        DFLASH_TRY(be->ops->download(be, m->ss->logits, logits + (size_t)m->row0 * V,
+                                     (size_t)(m->k + 1) * V * sizeof(float)));
+    }
+    return DFLASH_OK;
+}
+
+/* 4-7 for one group after its verify. */
+static dflash_status accept_group(many_run *r, const int *g, int ng, const float *tap_rows, double draft_ms,
+                                  double verify_ms)
+{
+    const int V = r->t->cfg.vocab_size;
+    dflash_ctx_rows acc[ng];
+    int n_emit_of[ng];
+    for (int j = 0; j < ng; j++) {
+        dflash_spec_item *it = &r->items[g[j]];
+        many_seq *m = &r->ms[g[j]];
+        dflash_gen_stats *st = &it->stats;
+        int a = 0;
+        int32_t bonus;
+        if (m->ss) {
+            DFLASH_TRY(dflash_spec_accept_sampled(m->ss, r->t, m->s, st->n_steps + 1, m->block, m->k, V, &a,
+                                                  &bonus));
+        } else {
+            const int32_t *gr = r->best + m->row0;
+            DFLASH_TRY(dflash_spec_check_greedy(r->t, gr, m->k + 1, m->s + 1, st->n_steps + 1));
+            while (a < m->k && m->block[a + 1] == gr[a])
+                a++;
+            bonus = gr[a];
+        }
+        /* 5 COMMIT: d_1..d_a, bonus, cut by a stop token or the budget */
+        int32_t emitted[DFLASH_MAX_BLOCK];
+        int n_emit = 0, stopped = 0;
+        for (int i = 1; i <= a + 1 && it->n_out + n_emit < it->opts.n_new && !stopped; i++) {
+            emitted[n_emit] = i <= a ? m->block[i] : bonus;
+            stopped = dflash_spec_is_stop(&it->opts, emitted[n_emit++]);
+        }
+        /* 6 ROLLBACK to t_s and every emitted token but the last */
+        dflash_kv_seq_truncate(it->seq, m->s + n_emit);
+        acc[j] = (dflash_ctx_rows){ m->block, n_emit, m->s, tap_rows ? tap_rows + m->row0 * r->tap_cols : NULL,
+                                    r->tap_cols };
+        n_emit_of[j] = n_emit;
+        memcpy(m->block + 1, emitted, (size_t)n_emit * sizeof(int32_t)); /* block[0..n_emit) = observed rows */
+        st->n_steps++;
+        st->width_hist[m->k]++;
+        st->accept_hist[n_emit]++;
+        for (int i = 0; i < m->k; i++) {
+            st->pos_tried[i]++;
+            st->pos_accepted[i] += i < a;
+        }
+        st->draft_ms += draft_ms;
+        st->verify_ms += verify_ms;
+    }
+    /* 7 OBSERVE: the rows each cache now holds, in one call */
+    if (r->p) {
+        double t0 = dflash_spec_now_ms();
+        void *states[ng];
+        for (int j = 0; j < ng; j++)
+            states[j] = r->items[g[j]].pstate;
+        DFLASH_TRY(r->p->ops->after_verify(r->p, states, ng, acc));
+        for (int j = 0; j < ng; j++)
+            r->items[g[j]].stats.observe_ms += dflash_spec_now_ms() - t0;
+    }
+    for (int j = 0; j < ng; j++)
+        DFLASH_TRY(emit(&r->items[g[j]], &r->ms[g[j]], r->ms[g[j]].block + 1, n_emit_of[j]));
+    return DFLASH_OK;
+}
+
+/* One step of every sequence still generating, group by group. */
+static dflash_status step_all(many_run *r, int n, int *any)
+{
+    const int max_rows = r->t->opts.max_rows, max_seqs = r->t->opts.max_seqs;
+    int g[n];
+    *any = 0;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        int ng = 0, rows = 0;
+        for (int i = 0; i <= n; i++) {
+            many_seq *m = i < n ? &r->ms[i] : NULL;
+            int take = m && !m->done && (m->ss != NULL) == sampled;
+            int need = 0;
+            if (take) {
+                int left = r->items[i].opts.n_new - r->items[i].n_out;
+                m->k = r->p && r->B - 1 < left ? r->B - 1 : (r->p ? left : 0);
+                m->s = r->items[i].seq->len;
+                m->block[0] = m->cur;
+                need = m->k + 1;
+            }
+            /* run the group when the next sequence would not fit, or at the end */
+            if (ng > 0 && (i == n || (take && (rows + need > max_rows || ng == max_seqs)))) {
+                double t0 = dflash_spec_now_ms();
+                if (r->p)
+                    DFLASH_TRY(propose_group(r, g, ng));
+                double t1 = dflash_spec_now_ms();
+                float *tap_rows = NULL;
+                DFLASH_TRY(verify_group(r, g, ng, sampled, &tap_rows));
+                double t2 = dflash_spec_now_ms();
+                DFLASH_TRY(accept_group(r, g, ng, tap_rows, t1 - t0, t2 - t1));
+                *any = 1;
+                ng = rows = 0;
+            }
+            if (take) {
+                g[ng++] = i;
+                rows += need;
+            }
+        }
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status check_item(const dflash_qwen3 *t, const dflash_spec_item *it, int i, int B)
+{
+    if (!it->seq || !it->prompt || it->n_prompt <= 0 || !it->out || it->opts.n_new < 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: sequence %d: no cache, prompt or output", i);
+    if (it->seq->len + it->n_prompt + it->opts.n_new + B > t->opts.max_ctx)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "generate many: sequence %d: %d cached + %d prompt + %d new tokens + block %d exceed the "
+                           "context limit %d",
+                           i, it->seq->len, it->n_prompt, it->opts.n_new, B, t->opts.max_ctx);
+    if (it->opts.n_history < 0 || (it->opts.n_history > 0 && !it->opts.history))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: sequence %d: history of %d ids at %p", i,
+                           it->opts.n_history, (const void *)it->opts.history);
+    return dflash_sampler_check_opts(&it->opts.sampler);
+}
+
+static void stats_finish(dflash_spec_item *it, double t0)
+{
+    dflash_gen_stats *st = &it->stats;
+    st->total_ms = dflash_spec_now_ms() - t0;
+    st->n_generated = it->n_out;
+    int64_t committed = 0;
+    for (int i = 0; i <= DFLASH_MAX_BLOCK; i++)
+        committed += st->accept_hist[i] * i;
+    st->mean_accept = st->n_steps ? (double)committed / st->n_steps : 0.0;
+    double decode_ms = st->total_ms - st->prefill_ms;
+    st->tokens_per_s = decode_ms > 0 ? it->n_out / (decode_ms / 1e3) : 0.0;
+}
+
+static dflash_status run_many(many_run *r, int n)
+{
+    double t0 = dflash_spec_now_ms();
+    for (int i = 0; i < n; i++) {
+        dflash_spec_item *it = &r->items[i];
+        many_seq *m = &r->ms[i];
+        double tp = dflash_spec_now_ms();
+        DFLASH_TRY(dflash_spec_prefill(r->t, it->seq, r->p, it->pstate, it->prompt, it->n_prompt, &it->opts, m->ss,
+                                       &m->cur));
+        it->stats.prefill_ms = dflash_spec_now_ms() - tp;
+        if (it->opts.n_new <= 0)
+            m->done = 1;
+        else
+            DFLASH_TRY(emit(it, m, &m->cur, 1));
+    }
+    for (int any = 1; any;)
+        DFLASH_TRY(step_all(r, n, &any));
+    DFLASH_TRY(r->t->be->ops->sync(r->t->be));
+    for (int i = 0; i < n; i++)
+        stats_finish(&r->items[i], t0);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_spec_generate_many(dflash_qwen3 *target, dflash_proposer *p, dflash_spec_item *items, int n,
+                                        int block_size)
+{
+    if (n <= 0 || !items)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: %d sequences", n);
+    int B = p ? p->ops->block_size(p) : 1;
+    if (p && block_size > 0 && block_size < B)
+        B = block_size;
+    if (B > DFLASH_MAX_BLOCK || B > target->opts.max_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: block size %d exceeds the limit %d", B,
+                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : target->opts.max_rows);
+    for (int i = 0; i < n; i++) {
+        DFLASH_TRY(check_item(target, &items[i], i, B));
+        memset(&items[i].stats, 0, sizeof items[i].stats);
+        items[i].stats.n_prompt = items[i].n_prompt;
+        items[i].n_out = 0;
+    }
+    many_run r = { .t = target, .p = p, .items = items, .B = B };
+    r.n_taps = p ? p->ops->tap_layers(p, &r.taps) : 0;
+    r.tap_cols = (int64_t)r.n_taps * target->cfg.hidden_size;
+    r.ms = calloc((size_t)n, sizeof *r.ms);
+    r.best = malloc((size_t)target->opts.max_rows * sizeof *r.best);
+    dflash_status s = r.ms && r.best ? DFLASH_OK
+                                     : dflash_fail(DFLASH_ERR_OOM, "generate many: out of memory for %d sequences", n);
+    const size_t V = (size_t)target->cfg.vocab_size;
+    for (int i = 0; s == DFLASH_OK && i < n; i++) {
+        if (dflash_sampler_is_greedy(&items[i].opts.sampler))
+            continue;
+        many_seq *m = &r.ms[i];
+        s = dflash_sampler_init(&m->ss_store.smp, (int)V, &items[i].opts.sampler);
+        if (s != DFLASH_OK)
+            break;
+        m->ss = &m->ss_store;
+        if (!(m->ss->logits = malloc((size_t)B * V * sizeof(float))))
+            s = dflash_fail(DFLASH_ERR_OOM, "generate many: out of memory for %d logits rows of %zu", B, V);
+    }
+    if (s == DFLASH_OK)
+        s = run_many(&r, n);
+    for (int i = 0; r.ms && i < n; i++)
+        if (r.ms[i].ss) {
+            free(r.ms[i].ss->logits);
+            dflash_sampler_free(&r.ms[i].ss->smp);
+        }
+    free(r.ms);
+    free(r.best);
+    return s;
+}
