@@ -1,8 +1,9 @@
 /* test_slow_cli.c: the dflash command as a user runs it (through popen):
  * --help tells the truth about the options, errors name what is wrong and
  * exit non-zero, text and id prompts agree, JSON is well formed, traces
- * have one line per step, chat keeps its conversation across turns, bench
- * prints its table. */
+ * have one line per step, chat keeps its conversation across turns,
+ * generate --batch gives each line what the line's prompt gives alone and
+ * names the line of a bad one, bench prints its table. */
 #include "harness.h"
 
 #include <jansson.h>
@@ -30,7 +31,7 @@ static void test_help_lists_every_option(void)
     static char out[16384], cmd[512];
     const struct { const char *sub; const char *opts[32]; } cases[] = {
         { "generate", { "-m", "--draft", "--prompt ", "--prompt-ids", "--chat", "--system", "--think", "--n-new",
-                        "--json", "--trace", "--tokenizer", "--block-size", "--ctx-cap", "--drafter-quant",
+                        "--json", "--trace", "--batch", "--tokenizer", "--block-size", "--ctx-cap", "--drafter-quant",
                         "--max-ctx", "--ignore-eos", "--device", "--temp", "--top-k", "--top-p", "--min-p", "--rep-penalty",
                         "--seed", NULL } },
         { "chat", { "-m", "--draft", "--system", "--think", "--n-new", "--quiet", "--block-size", "--temp", NULL } },
@@ -146,6 +147,75 @@ static void test_chat_two_turns(void)
     CHECKF(p2 > 0 && p2 < p1 + g1, "second turn ran %d tokens; the conversation had %d", p2, p1 + g1);
 }
 
+/* Three lines (text, ids, seeded sampling) through --batch, each against
+ * `generate --json` of the same prompt and options alone; then bad lines. */
+static void test_batch(void)
+{
+    static char out[65536], one[16384], cmd[2048];
+    const char *dir = "/tmp/dflash_cli_batch.jsonl";
+    const char *lines[] = {
+        "{\"prompt\": \"def add(a, b):\\n\", \"max_tokens\": 20}",
+        "{\"prompt_ids\": [1, 2, 3, 4, 5], \"max_tokens\": 9}",
+        "{\"prompt\": \"import os\\n\", \"max_tokens\": 24, \"temperature\": 0.8, \"top_k\": 50, \"seed\": 7}",
+    };
+    const char *alone[] = {
+        "-p 'def add(a, b):\n' -n 20",
+        "--prompt-ids 1,2,3,4,5 -n 9",
+        "-p 'import os\n' -n 24 --temp 0.8 --top-k 50 --seed 7",
+    };
+    FILE *f = fopen(dir, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    for (size_t i = 0; i < 3; i++)
+        fprintf(f, "%s\n%s", lines[i], i == 0 ? "\n" : ""); /* a blank line is skipped */
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd -d models/qwen3-pystd-dflash --batch %s", g_bin,
+             dir);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0);
+    char *line = out;
+    for (int i = 0; i < 3; i++) {
+        char *nl = strchr(line, '\n');
+        CHECKF(nl != NULL, "batch output line %d missing: %s", i, out);
+        if (!nl)
+            break;
+        *nl = 0;
+        json_error_t e;
+        json_t *jb = json_loads(line, 0, &e);
+        snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd -d models/qwen3-pystd-dflash --json %s", g_bin,
+                 alone[i]);
+        CHECK(sh(cmd, one, sizeof one, 0) == 0);
+        json_t *ja = json_loads(one, 0, &e);
+        CHECKF(jb && ja && json_equal(json_object_get(jb, "output_ids"), json_object_get(ja, "output_ids")) &&
+                   json_equal(json_object_get(jb, "prompt_ids"), json_object_get(ja, "prompt_ids")),
+               "line %d: batch %s\nalone %s", i, line, one);
+        CHECK(jb && json_integer_value(json_object_get(jb, "line")) == (i == 0 ? 1 : i + 2));
+        json_decref(jb);
+        json_decref(ja);
+        line = nl + 1;
+    }
+    /* bad lines are named by file and line */
+    const struct { const char *line, *msg; } bad[] = {
+        { "{\"prompt\": \"x\", \"n\": 3}", ":2: unknown field \"n\"" },
+        { "{\"prompt\": \"x\", \"prompt_ids\": [1]}", ":2: give exactly one of \"prompt\" and \"prompt_ids\"" },
+        { "{\"prompt\": \"x\", \"max_tokens\": 2.5}", ":2: \"max_tokens\" is 2.5; expected an integer" },
+        { "{\"prompt\": \"x\", \"top_p\": \"0.9\"}", ":2: \"top_p\" must be a number, not a string" },
+        { "[1, 2]", ":2: not a JSON object" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(dir, "w");
+        CHECK(f != NULL);
+        if (!f)
+            return;
+        fprintf(f, "%s\n%s\n", lines[1], bad[i].line);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd --batch %s", g_bin, dir);
+        int rc = sh(cmd, out, sizeof out, 1);
+        CHECKF(rc == 1 && strstr(out, dir) && strstr(out, bad[i].msg), "%s: rc %d: %s", bad[i].line, rc, out);
+    }
+    remove(dir);
+}
+
 static void test_info(void)
 {
     static char out[8192], cmd[512];
@@ -195,6 +265,7 @@ int main(void)
     RUN(test_text_and_ids_agree);
     RUN(test_trace_one_line_per_step);
     RUN(test_chat_two_turns);
+    RUN(test_batch);
     RUN(test_info);
     RUN(test_bench_tiny);
     TEST_END();

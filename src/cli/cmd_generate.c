@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/batch.h"
 #include "cli/commands.h"
 #include "cli/engine.h"
 #include "core/file.h"
@@ -34,6 +35,15 @@ static void usage(FILE *f)
             "  --system TEXT          system message (with --chat)\n"
             "  --think                leave Qwen3 thinking on (default: the empty think block)\n"
             "  --prompt-ids IDS       prompt token ids, comma-separated; output is ids\n"
+            "  --batch FILE           many prompts generated together, stepped as one batch: one\n"
+            "                         JSON object per line ('-': stdin) with \"prompt\" (text, as -p)\n"
+            "                         or \"prompt_ids\", and optionally \"max_tokens\", \"temperature\",\n"
+            "                         \"top_p\", \"top_k\", \"min_p\", \"seed\" (the options below are\n"
+            "                         the defaults). Prints one JSON line per input line, in order\n"
+            "                         ({\"line\",\"prompt_ids\",\"output_ids\",\"text\"?,\"stats\"}), and\n"
+            "                         the total generated tokens/s on stderr. Each output is what\n"
+            "                         its prompt gives alone. Drafting uses a fixed width: every\n"
+            "                         step drafts --block-size - 1 (default: the drafter's block)\n"
             "  -n, --n-new N          tokens to generate at most (default 64); prompt + N must fit\n"
             "                         the model's context length (see --allow-long-context)\n"
             "  --json                 print one JSON object {\"prompt_ids\",\"output_ids\",[\"text\",]\"stats\"}\n"
@@ -51,7 +61,7 @@ static void usage(FILE *f)
 
 typedef struct gen_args {
     cli_engine_args e;
-    const char *text, *system, *trace;
+    const char *text, *system, *trace, *batch;
     int32_t *prompt;
     int n_prompt, n_new, json, chat, think;
     dflash_chat_opts chat_opts; /* with --chat: the model's format */
@@ -88,6 +98,9 @@ static int parse(int argc, char **argv, gen_args *a)
         } else if (!strcmp(o, "-n") || !strcmp(o, "--n-new")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 0, 1 << 24, &a->n_new))
                 return 0;
+        } else if (!strcmp(o, "--batch")) {
+            if (!(a->batch = cli_value(argc, argv, &i)))
+                return 0;
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
         } else if (!strcmp(o, "--trace")) {
@@ -97,6 +110,14 @@ static int parse(int argc, char **argv, gen_args *a)
             fprintf(stderr, "dflash generate: unknown option '%s' (see --help)\n", o);
             return 0;
         }
+    }
+    if (a->batch) {
+        if (!a->e.model || a->prompt || a->text || a->trace) {
+            fprintf(stderr, "dflash generate: --batch needs -m and takes its prompts from the file (no -p, "
+                            "--prompt-ids or --trace)\n");
+            return 0;
+        }
+        return 1;
     }
     if (!a->e.model || (!a->prompt == !a->text)) {
         fprintf(stderr, "dflash generate: -m and exactly one of -p/--prompt-ids are required (see --help)\n");
@@ -223,6 +244,15 @@ int dflash_cmd_generate(int argc, char **argv)
         free(a.prompt);
         return 2;
     }
+    if (a.batch) {
+        cli_batch_args ba = { &a.e, a.batch, a.n_new, a.chat, a.think, a.system };
+        dflash_status bs = cli_generate_batch(&ba);
+        if (bs == DFLASH_OK)
+            bs = cli_close_output(stdout, "standard output");
+        if (bs != DFLASH_OK)
+            fprintf(stderr, "dflash generate: %s\n", dflash_last_error());
+        return bs == DFLASH_OK ? 0 : 1;
+    }
     cli_engine e;
     memset(&e, 0, sizeof e);
     cli_engine_plan plan;
@@ -238,7 +268,7 @@ int dflash_cmd_generate(int argc, char **argv)
         s = dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", a.n_new);
     /* The cache holds the prompt, the output and the block of the last step. */
     if (s == DFLASH_OK)
-        s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + plan.block);
+        s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + plan.block, 1);
     if (s == DFLASH_OK && a.chat)
         cli_engine_chat_prepare(&e, &a.e, &a.chat_opts);
     dflash_gen_stats st;

@@ -138,11 +138,13 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
 
 static dflash_status make_proposer(const cli_engine_args *a, dflash_qwen3 *target, dflash_proposer **out)
 {
+    /* one proposer state per target sequence */
     if (!strcmp(a->draft, "ngram"))
         return dflash_ngram_create(a->block_size ? a->block_size : 16, 1, 3, out);
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
     ho.max_ctx = target->opts.max_ctx;
+    ho.max_seqs = target->opts.max_seqs;
     ho.ctx_cap = a->ctx_cap;
     ho.block_size = a->block_size;
     ho.quant = a->quant;
@@ -313,7 +315,7 @@ static dflash_status open_backend(cli_engine *e, const cli_engine_args *a)
     return dflash_backend_cpu_create(&e->be);
 }
 
-dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions)
+dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs)
 {
     /* Without a drafter, before loading anything; with one, once it is. */
     DFLASH_TRY(check_block_option(a, a->draft ? DFLASH_MAX_BLOCK : 0));
@@ -321,6 +323,7 @@ dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_po
     dflash_qwen3_opts topts;
     dflash_qwen3_default_opts(&topts);
     topts.max_ctx = kv_positions;
+    topts.max_seqs = n_seqs;
     DFLASH_TRY(dflash_qwen3_load(a->model, e->be, &topts, &e->target));
     DFLASH_TRY(dflash_qwen3_seq_init(e->target, &e->seq));
     if (a->draft) {

@@ -1,0 +1,313 @@
+/* batch.c: `dflash generate --batch FILE` (see batch.h). Each non-empty
+ * line is a JSON object: "prompt" (text, encoded as -p encodes it, or as
+ * a chat message with --chat) or "prompt_ids", and optionally, named as
+ * in the OpenAI API, "max_tokens", "temperature", "top_p", "top_k",
+ * "min_p", "seed"; the command line gives the defaults. All sequences
+ * share one engine and are stepped together; each output is what the
+ * same prompt and options give alone. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/args.h"
+#include "cli/batch.h"
+#include "core/file.h"
+#include "io/chat.h"
+
+/* One line of the file. */
+typedef struct batch_line {
+    int line_no;
+    int32_t *ids;
+    size_t n_ids;
+    int text; /* the prompt was text */
+    dflash_gen_opts go;
+    int32_t *out;
+    dflash_kv_seq seq;
+    void *pstate;
+} batch_line;
+
+typedef struct batch_run {
+    const cli_batch_args *a;
+    const char *label; /* the file, for messages */
+    cli_engine e;
+    dflash_chat_opts co;
+    batch_line *lines;
+    int n;
+} batch_run;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A number field in [lo, hi]; integer fields must be whole. */
+static dflash_status num_field(const batch_run *r, const batch_line *l, json_t *v, const char *key, double lo,
+                               double hi, int whole, double *out)
+{
+    if (!json_is_number(v))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: \"%s\" must be a number, not %s", r->label, l->line_no,
+                           key, json_is_string(v) ? "a string" : "this");
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi) || (whole && d != (double)(long long)d))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: \"%s\" is %g; expected %s in [%g, %g]", r->label,
+                           l->line_no, key, d, whole ? "an integer" : "a number", lo, hi);
+    *out = d;
+    return DFLASH_OK;
+}
+
+/* max_tokens and the sampling fields; anything else is refused by name. */
+static dflash_status option_field(const batch_run *r, batch_line *l, const char *key, json_t *v,
+                                  dflash_sampler_opts *so)
+{
+    double d;
+    if (!strcmp(key, "max_tokens")) {
+        DFLASH_TRY(num_field(r, l, v, key, 0, 1 << 24, 1, &d));
+        l->go.n_new = (int)d;
+    } else if (!strcmp(key, "temperature")) {
+        DFLASH_TRY(num_field(r, l, v, key, 0, 1e6, 0, &so->temperature));
+    } else if (!strcmp(key, "top_p")) {
+        DFLASH_TRY(num_field(r, l, v, key, 0, 1, 0, &so->top_p));
+    } else if (!strcmp(key, "min_p")) {
+        DFLASH_TRY(num_field(r, l, v, key, 0, 1, 0, &so->min_p));
+    } else if (!strcmp(key, "top_k")) {
+        DFLASH_TRY(num_field(r, l, v, key, 0, 1 << 30, 1, &d));
+        so->top_k = (int)d;
+    } else if (!strcmp(key, "seed")) {
+        DFLASH_TRY(num_field(r, l, v, key, 0, 9007199254740992.0, 1, &d)); /* 2^53: exact in JSON numbers */
+        so->seed = (uint64_t)d;
+    } else {
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "%s:%d: unknown field \"%s\" (known: prompt, prompt_ids, max_tokens, temperature, "
+                           "top_p, top_k, min_p, seed)",
+                           r->label, l->line_no, key);
+    }
+    return DFLASH_OK;
+}
+
+static dflash_status prompt_ids(const batch_run *r, batch_line *l, json_t *arr)
+{
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr) || n == 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: \"prompt_ids\" must be a non-empty array of token ids",
+                           r->label, l->line_no);
+    if (!(l->ids = malloc(n * sizeof *l->ids)))
+        return dflash_fail(DFLASH_ERR_OOM, "%s:%d: out of memory for %zu ids", r->label, l->line_no, n);
+    const int V = r->e.target ? r->e.target->cfg.vocab_size : INT32_MAX;
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= V)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: prompt_ids[%zu] is not a token id in [0, %d)",
+                               r->label, l->line_no, i, V);
+        l->ids[i] = (int32_t)json_integer_value(v);
+    }
+    l->n_ids = n;
+    return DFLASH_OK;
+}
+
+static dflash_status prompt_text(batch_run *r, batch_line *l, const char *text)
+{
+    const cli_batch_args *a = r->a;
+    if (!r->e.tok)
+        DFLASH_TRY(cli_engine_load_tokenizer(&r->e, a->e));
+    l->text = 1;
+    if (!a->chat)
+        return dflash_tokenizer_encode_special(r->e.tok, text, strlen(text), &l->ids, &l->n_ids);
+    dflash_chat_msg msgs[2];
+    size_t nm = 0;
+    if (a->system)
+        msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_SYSTEM, a->system };
+    msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_USER, text };
+    return dflash_chat_encode(r->e.tok, msgs, nm, &r->co, &l->ids, &l->n_ids);
+}
+
+/* One line's object into l (options start from the command line's). */
+static dflash_status parse_line(batch_run *r, batch_line *l, const char *text, size_t len)
+{
+    json_error_t je;
+    json_t *j = json_loadb(text, len, 0, &je);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s:%d: %s", r->label, l->line_no,
+                           j ? "not a JSON object" : je.text);
+    }
+    dflash_status s = DFLASH_OK;
+    const char *key;
+    json_t *v, *prompt = NULL, *ids = NULL;
+    dflash_sampler_opts *so = &l->go.sampler;
+    json_object_foreach(j, key, v)
+    {
+        if (!strcmp(key, "prompt"))
+            prompt = v;
+        else if (!strcmp(key, "prompt_ids"))
+            ids = v;
+        else
+            s = option_field(r, l, key, v, so);
+        if (s != DFLASH_OK)
+            break;
+    }
+    if (s == DFLASH_OK && !prompt == !ids)
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: give exactly one of \"prompt\" and \"prompt_ids\"", r->label,
+                        l->line_no);
+    if (s == DFLASH_OK && prompt && !json_is_string(prompt))
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: \"prompt\" must be a string", r->label, l->line_no);
+    if (s == DFLASH_OK)
+        s = prompt ? prompt_text(r, l, json_string_value(prompt)) : prompt_ids(r, l, ids);
+    if (s == DFLASH_OK && l->n_ids == 0)
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: the prompt encodes to no tokens", r->label, l->line_no);
+    if (s == DFLASH_OK)
+        s = dflash_sampler_check_opts(so);
+    if (s != DFLASH_OK && s != DFLASH_ERR_OOM && !strstr(dflash_last_error(), r->label))
+        s = dflash_fail_prefix(s, "%s:%d: ", r->label, l->line_no);
+    json_decref(j);
+    return s;
+}
+
+static dflash_status read_lines(batch_run *r)
+{
+    char *data;
+    size_t len;
+    if (!strcmp(r->a->path, "-"))
+        DFLASH_TRY(dflash_read_stream(stdin, "standard input", &data, &len));
+    else
+        DFLASH_TRY(dflash_read_file(r->a->path, DFLASH_STREAM_MAX_BYTES, &data, &len));
+    int cap = 0, line_no = 0;
+    dflash_status s = DFLASH_OK;
+    for (size_t i = 0; i < len && s == DFLASH_OK;) {
+        size_t e = i;
+        while (e < len && data[e] != '\n')
+            e++;
+        line_no++;
+        size_t k = i;
+        while (k < e && (data[k] == ' ' || data[k] == '\t' || data[k] == '\r'))
+            k++;
+        if (k < e) {
+            if (r->n == cap) {
+                cap = cap ? 2 * cap : 16;
+                batch_line *p = realloc(r->lines, (size_t)cap * sizeof *p);
+                if (!p) {
+                    s = dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d lines", r->label, cap);
+                    break;
+                }
+                r->lines = p;
+            }
+            batch_line *l = &r->lines[r->n++];
+            memset(l, 0, sizeof *l);
+            l->line_no = line_no;
+            cli_engine_gen_opts(&r->e, r->a->e, &l->go);
+            l->go.n_new = r->a->n_new;
+            s = parse_line(r, l, data + i, e - i);
+        }
+        i = e + 1;
+    }
+    free(data);
+    if (s == DFLASH_OK && r->n == 0)
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: no prompts (one JSON object per line)", r->label);
+    return s;
+}
+
+/* Open the engine for all lines, then run them together. */
+static dflash_status run_lines(batch_run *r, double *secs)
+{
+    const cli_batch_args *a = r->a;
+    cli_engine_plan plan;
+    DFLASH_TRY(cli_engine_plan_load(a->e, 0, &plan));
+    long long longest = 0;
+    for (int i = 0; i < r->n; i++) {
+        batch_line *l = &r->lines[i];
+        long long need = (long long)l->n_ids + l->go.n_new;
+        if (need > plan.limit)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: the prompt (%zu tokens) + max_tokens %d exceed %s; %s",
+                               r->label, l->line_no, l->n_ids, l->go.n_new, plan.limit_desc,
+                               cli_engine_limit_hint(&plan));
+        longest = need > longest ? need : longest;
+    }
+    cli_engine_warn_long(a->e, &plan, longest);
+    /* one slot more: the engine's own sequence */
+    DFLASH_TRY(cli_engine_open(&r->e, a->e, (int)longest + plan.block, r->n + 1));
+    if (a->chat)
+        cli_engine_chat_prepare(&r->e, a->e, &r->co);
+    dflash_spec_item *items = calloc((size_t)r->n, sizeof *items);
+    if (!items)
+        return dflash_fail(DFLASH_ERR_OOM, "out of memory for %d sequences", r->n);
+    dflash_status s = DFLASH_OK;
+    for (int i = 0; i < r->n && s == DFLASH_OK; i++) {
+        batch_line *l = &r->lines[i];
+        l->go.stop_ids = r->e.stop_ids; /* known once the engine is open */
+        l->go.n_stop = r->e.n_stop;
+        if (!(l->out = malloc(((size_t)l->go.n_new + 1) * sizeof *l->out)))
+            s = dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", l->go.n_new);
+        if (s == DFLASH_OK)
+            s = dflash_qwen3_seq_init(r->e.target, &l->seq);
+        if (s == DFLASH_OK && r->e.prop)
+            s = r->e.prop->ops->alloc_state(r->e.prop, r->e.target->opts.max_ctx, &l->pstate);
+        items[i] = (dflash_spec_item){ .seq = &l->seq, .pstate = l->pstate, .prompt = l->ids,
+                                       .n_prompt = (int)l->n_ids, .opts = l->go, .out = l->out };
+    }
+    double t0 = now_s();
+    if (s == DFLASH_OK)
+        s = dflash_spec_generate_many(r->e.target, r->e.prop, items, r->n, a->e->block_size);
+    *secs = now_s() - t0;
+    for (int i = 0; i < r->n && s == DFLASH_OK; i++) {
+        batch_line *l = &r->lines[i];
+        printf("{\"line\":%d,\"prompt_ids\":", l->line_no);
+        cli_print_ids(stdout, l->ids, (int)l->n_ids);
+        printf(",\"output_ids\":");
+        cli_print_ids(stdout, l->out, items[i].n_out);
+        if (l->text) {
+            char *text;
+            size_t len;
+            s = dflash_tokenizer_decode(r->e.tok, l->out, (size_t)items[i].n_out, DFLASH_DECODE_SKIP_SPECIAL, &text,
+                                        &len);
+            if (s != DFLASH_OK)
+                break;
+            printf(",\"text\":");
+            cli_print_json_string(stdout, text, len);
+            free(text);
+        }
+        printf(",\"stats\":");
+        cli_print_stats_json(stdout, &items[i].stats, l->go.sampler.seed);
+        printf("}\n");
+    }
+    long long gen = 0, prompt = 0;
+    for (int i = 0; i < r->n; i++) {
+        gen += items[i].n_out;
+        prompt += items[i].n_prompt;
+    }
+    if (s == DFLASH_OK)
+        fprintf(stderr, "[batch: %d sequences, %lld prompt + %lld generated tokens in %.3f s; %.1f generated "
+                "tokens/s]\n", r->n, prompt, gen, *secs, *secs > 0 ? gen / *secs : 0.0);
+    free(items);
+    return s;
+}
+
+dflash_status cli_generate_batch(const cli_batch_args *a)
+{
+    batch_run r = { .a = a, .label = strcmp(a->path, "-") ? a->path : "standard input" };
+    dflash_status s = DFLASH_OK;
+    if (a->chat) {
+        s = cli_engine_load_tokenizer(&r.e, a->e);
+        if (s == DFLASH_OK)
+            s = cli_engine_chat_opts(a->e, r.e.tok, a->think, &r.co);
+    }
+    if (s == DFLASH_OK)
+        s = read_lines(&r);
+    double secs = 0;
+    if (s == DFLASH_OK)
+        s = run_lines(&r, &secs);
+    for (int i = 0; i < r.n; i++) {
+        batch_line *l = &r.lines[i];
+        if (l->pstate)
+            r.e.prop->ops->free_state(r.e.prop, l->pstate);
+        if (l->seq.table)
+            dflash_qwen3_seq_free(r.e.target, &l->seq);
+        free(l->ids);
+        free(l->out);
+    }
+    free(r.lines);
+    cli_engine_close(&r.e);
+    return s;
+}
