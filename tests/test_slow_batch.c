@@ -8,7 +8,9 @@
  * them: dflash_spec_generate_many gives every sequence the output
  * dflash_spec_generate gives it alone (greedy, seeded sampling, a
  * repetition penalty, a stop token, a budget of one token), with the
- * drafter and without, with more rows than one forward takes. */
+ * drafter and without, with more rows than one forward takes; and with
+ * sequences joining between steps and one cancelled midway (its output a
+ * prefix of its own, its caches consistent). */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -198,6 +200,24 @@ static void item_setup(int i, int32_t *prompt, int *n_prompt, dflash_gen_opts *o
     }
 }
 
+/* Item i alone (dflash_spec_generate, the same block at a fixed width):
+ * its output, prompt length, steps and first-position drafts tried. */
+static void alone_run(dflash_proposer *p, int i, int32_t *prompt, int32_t *stop, int32_t *out, int *n_out,
+                      dflash_gen_opts *o, int *n_prompt, dflash_gen_stats *st)
+{
+    item_setup(i, prompt, n_prompt, o, stop);
+    o->block_size = g_h->block_size;
+    dflash_kv_seq sq;
+    void *ps = NULL;
+    CHECK_OK(dflash_qwen3_seq_init(g_t, &sq));
+    if (p)
+        CHECK_OK(p->ops->alloc_state(p, 100, &ps));
+    CHECK_OK(dflash_spec_generate(g_t, &sq, p, ps, prompt, *n_prompt, o, out, n_out, st));
+    if (p)
+        p->ops->free_state(p, ps);
+    dflash_qwen3_seq_free(g_t, &sq);
+}
+
 static void test_generate_many_equals_alone(void)
 {
     for (int with = 0; with < 2; with++) {
@@ -210,34 +230,16 @@ static void test_generate_many_equals_alone(void)
         void *states[N_ITEMS] = { 0 };
         for (int i = 0; i < N_ITEMS; i++) {
             stop[i] = -1;
+            dflash_gen_opts o;
+            dflash_gen_stats st;
+            int np;
             if (i == 0) { /* stop at its 12th token alone */
-                int np;
-                dflash_gen_opts o;
-                item_setup(i, prompt[i], &np, &o, &stop[i]);
-                dflash_kv_seq sq;
-                dflash_gen_stats st;
-                CHECK_OK(dflash_qwen3_seq_init(g_t, &sq));
-                CHECK_OK(dflash_spec_generate(g_t, &sq, NULL, NULL, prompt[i], np, &o, alone[i], &n_alone[i], &st));
-                dflash_qwen3_seq_free(g_t, &sq);
+                alone_run(NULL, i, prompt[i], &stop[i], alone[i], &n_alone[i], &o, &np, &st);
                 stop[i] = alone[i][11];
             }
-            /* alone: dflash_spec_generate at the same block, fixed width */
-            dflash_gen_opts o;
-            int np;
-            item_setup(i, prompt[i], &np, &o, &stop[i]);
-            o.block_size = g_h->block_size;
-            dflash_kv_seq sq;
-            void *ps = NULL;
-            dflash_gen_stats st;
-            CHECK_OK(dflash_qwen3_seq_init(g_t, &sq));
-            if (p)
-                CHECK_OK(p->ops->alloc_state(p, 100, &ps));
-            CHECK_OK(dflash_spec_generate(g_t, &sq, p, ps, prompt[i], np, &o, alone[i], &n_alone[i], &st));
+            alone_run(p, i, prompt[i], &stop[i], alone[i], &n_alone[i], &o, &np, &st);
             steps_alone[i] = st.n_steps;
             tried_alone[i] = st.pos_tried[0];
-            if (p)
-                p->ops->free_state(p, ps);
-            dflash_qwen3_seq_free(g_t, &sq);
             /* the item of the batched run */
             CHECK_OK(dflash_qwen3_seq_init(g_t, &seqs[i]));
             if (p)
@@ -264,6 +266,58 @@ static void test_generate_many_equals_alone(void)
     }
 }
 
+static void test_join_and_leave(void)
+{
+    dflash_proposer *p = &g_h->proposer;
+    int32_t prompt[N_ITEMS][32], alone[N_ITEMS][MAX_NEW], out[N_ITEMS][MAX_NEW], stop = -1;
+    int n_alone[N_ITEMS];
+    dflash_spec_item items[N_ITEMS];
+    dflash_kv_seq seqs[N_ITEMS];
+    void *states[N_ITEMS];
+    for (int i = 1; i < N_ITEMS; i++) {
+        dflash_gen_opts o;
+        dflash_gen_stats st;
+        int np;
+        alone_run(p, i, prompt[i], &stop, alone[i], &n_alone[i], &o, &np, &st);
+        CHECK_OK(dflash_qwen3_seq_init(g_t, &seqs[i]));
+        CHECK_OK(p->ops->alloc_state(p, 100, &states[i]));
+        items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = states[i], .prompt = prompt[i], .n_prompt = np,
+                                       .opts = o, .out = out[i] };
+    }
+    dflash_spec_batch *b;
+    CHECK_OK(dflash_spec_batch_new(g_t, p, 0, N_ITEMS, &b));
+    if (!b)
+        return;
+    /* 4 and 3 from the start, 1 joins after 2 steps, 2 (one token) after
+     * 3; 3 is cancelled after 4 steps */
+    int active = 0;
+    CHECK_OK(dflash_spec_batch_add(b, &items[4]));
+    CHECK_OK(dflash_spec_batch_add(b, &items[3]));
+    for (int step = 0; step < 200; step++) {
+        if (step == 2)
+            CHECK_OK(dflash_spec_batch_add(b, &items[1]));
+        if (step == 3)
+            CHECK_OK(dflash_spec_batch_add(b, &items[2]));
+        if (step == 4)
+            dflash_spec_batch_remove(b, &items[3]);
+        CHECK_OK(dflash_spec_batch_step(b, &active));
+        if (active == 0 && step >= 4)
+            break;
+    }
+    CHECK(active == 0);
+    for (int i = 1; i < N_ITEMS; i++) {
+        int full = i != 3;
+        CHECKF(full ? items[i].n_out == n_alone[i] : items[i].n_out > 1 && items[i].n_out < n_alone[i],
+               "sequence %d: %d tokens, %d alone", i, items[i].n_out, n_alone[i]);
+        CHECKF(!memcmp(out[i], alone[i], (size_t)items[i].n_out * sizeof(int32_t)),
+               "sequence %d: output differs from its own alone", i);
+        CHECK(seqs[i].len == items[i].n_prompt + items[i].n_out - 1);
+        p->ops->free_state(p, states[i]);
+        dflash_qwen3_seq_free(g_t, &seqs[i]);
+    }
+    dflash_spec_batch_free(b);
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&be));
@@ -283,6 +337,7 @@ int main(void)
     if (g_h) {
         RUN(test_target_and_proposer);
         RUN(test_generate_many_equals_alone);
+        RUN(test_join_and_leave);
     }
     dflash_head_free(g_h);
     dflash_qwen3_free(g_t);

@@ -90,6 +90,28 @@ typedef struct dflash_spec_item {
     dflash_gen_stats stats; /* written; draft and verify times are the shared steps' */
 } dflash_spec_item;
 
+/* Many sequences stepped together, joining and leaving between steps
+ * (what dflash_spec_generate_many runs, for callers that add sequences as
+ * they come). Created with room for max_seqs sequences, at most the
+ * target's max_seqs and the proposer's. */
+typedef struct dflash_spec_batch dflash_spec_batch;
+dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, int block_size, int max_seqs,
+                                    dflash_spec_batch **out);
+/* Prefill `it` (its first token is emitted) and let it take part in the
+ * following steps; it must stay valid until it leaves: when it is done
+ * (budget, stop token: its stats are then final), or removed. A sequence
+ * done by its first token leaves at once. */
+dflash_status dflash_spec_batch_add(dflash_spec_batch *b, dflash_spec_item *it);
+/* One step of every sequence taking part; *n_active: how many still are.
+ * On an error every sequence leaves (their caches may hold rows of the
+ * failed step). */
+dflash_status dflash_spec_batch_step(dflash_spec_batch *b, int *n_active);
+/* `it` leaves before it is done (a cancelled request); its cache and
+ * proposer state hold the rows so far, consistent, for the caller to free
+ * or continue. */
+void dflash_spec_batch_remove(dflash_spec_batch *b, const dflash_spec_item *it);
+void dflash_spec_batch_free(dflash_spec_batch *b);
+
 /* Generate for n sequences together: each prefills alone, then every step
  * runs one propose per distinct draft count and one target verify over
  * the rows of all sequences still generating (in groups within the

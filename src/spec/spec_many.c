@@ -1,5 +1,7 @@
 /* spec_many.c: the speculative loop over many sequences at once (see
- * dflash_spec_generate_many in spec.h). The steps are spec.c's, numbered
+ * dflash_spec_batch and dflash_spec_generate_many in spec.h): sequences
+ * join with their prefill and leave when done, between steps. The steps
+ * are spec.c's, numbered
  * the same; what changes is that PROPOSE and VERIFY run once for a group
  * of sequences and ACCEPT .. OBSERVE once per sequence of the group:
  *
@@ -22,30 +24,34 @@
 
 /* The loop's own state of one item. */
 typedef struct many_seq {
-    spec_sampling ss_store, *ss; /* ss NULL: greedy */
-    int32_t cur;                 /* the unverified last token */
+    dflash_spec_item *it;
+    int sampled;
+    spec_sampling ss;  /* when sampled */
+    int32_t cur;       /* the unverified last token */
     int done;
-    int32_t s;                   /* position of cur in this step */
-    int k;                       /* drafts this step */
-    int row0;                    /* its first row in the group's forward */
+    int32_t s;         /* position of cur in this step */
+    int k;             /* drafts this step */
+    int row0;          /* its first row in the group's forward */
+    double t_join;
     int32_t block[DFLASH_MAX_BLOCK];
 } many_seq;
 
-typedef struct many_run {
+struct dflash_spec_batch {
     dflash_qwen3 *t;
     dflash_proposer *p;
-    dflash_spec_item *items;
-    many_seq *ms;
     int B, n_taps;
     const int *taps;
     int64_t tap_cols;
     int32_t *best; /* host [max_rows] */
-} many_run;
+    int n, cap;    /* sequences joined and generating */
+    many_seq *ms;  /* [cap] */
+};
 
-/* The first token is emitted like any other: streamed, and a stop token
- * or a budget of one ends the sequence. */
-static dflash_status emit(dflash_spec_item *it, many_seq *m, const int32_t *toks, int n)
+/* Emitted tokens: stored, streamed; a stop token or the budget ends the
+ * sequence. */
+static dflash_status emit(many_seq *m, const int32_t *toks, int n)
 {
+    dflash_spec_item *it = m->it;
     memcpy(it->out + it->n_out, toks, (size_t)n * sizeof(int32_t));
     it->n_out += n;
     for (int i = 0; i < n; i++)
@@ -58,7 +64,7 @@ static dflash_status emit(dflash_spec_item *it, many_seq *m, const int32_t *toks
 }
 
 /* 2 PROPOSE for the group g[0..ng): one call per distinct k. */
-static dflash_status propose_group(many_run *r, const int *g, int ng)
+static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng)
 {
     void *states[ng];
     int32_t last[ng], pos[ng], drafts[ng * DFLASH_MAX_BLOCK];
@@ -66,7 +72,7 @@ static dflash_status propose_group(many_run *r, const int *g, int ng)
         int n = 0;
         for (int j = 0; j < ng; j++)
             if (r->ms[g[j]].k == k) {
-                states[n] = r->items[g[j]].pstate;
+                states[n] = r->ms[g[j]].it->pstate;
                 last[n] = r->ms[g[j]].cur;
                 pos[n++] = r->ms[g[j]].s;
             }
@@ -82,7 +88,7 @@ static dflash_status propose_group(many_run *r, const int *g, int ng)
 
 /* 3 VERIFY the group's blocks in one forward; greedy rows' argmax into
  * r->best, sampling rows' logits into each sequence's buffer. */
-static dflash_status verify_group(many_run *r, const int *g, int ng, int sampled, float **taps_out)
+static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, int sampled, float **taps_out)
 {
     const int max_rows = r->t->opts.max_rows;
     int32_t tokens[max_rows], pos[max_rows], row_seq[max_rows], rows[max_rows];
@@ -90,7 +96,7 @@ static dflash_status verify_group(many_run *r, const int *g, int ng, int sampled
     int n = 0;
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
-        seqs[j] = r->items[g[j]].seq;
+        seqs[j] = m->it->seq;
         m->row0 = n;
         for (int i = 0; i <= m->k; i++, n++) {
             tokens[n] = m->block[i];
@@ -110,27 +116,27 @@ static dflash_status verify_group(many_run *r, const int *g, int ng, int sampled
     const size_t V = (size_t)r->t->cfg.vocab_size;
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
-        DFLASH_TRY(be->ops->download(be, m->ss->logits, logits + (size_t)m->row0 * V,
+        DFLASH_TRY(be->ops->download(be, m->ss.logits, logits + (size_t)m->row0 * V,
                                      (size_t)(m->k + 1) * V * sizeof(float)));
     }
     return DFLASH_OK;
 }
 
 /* 4-7 for one group after its verify. */
-static dflash_status accept_group(many_run *r, const int *g, int ng, const float *tap_rows, double draft_ms,
-                                  double verify_ms)
+static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, const float *tap_rows,
+                                  double draft_ms, double verify_ms)
 {
     const int V = r->t->cfg.vocab_size;
     dflash_ctx_rows acc[ng];
     int n_emit_of[ng];
     for (int j = 0; j < ng; j++) {
-        dflash_spec_item *it = &r->items[g[j]];
         many_seq *m = &r->ms[g[j]];
+        dflash_spec_item *it = m->it;
         dflash_gen_stats *st = &it->stats;
         int a = 0;
         int32_t bonus;
-        if (m->ss) {
-            DFLASH_TRY(dflash_spec_accept_sampled(m->ss, r->t, m->s, st->n_steps + 1, m->block, m->k, V, &a,
+        if (m->sampled) {
+            DFLASH_TRY(dflash_spec_accept_sampled(&m->ss, r->t, m->s, st->n_steps + 1, m->block, m->k, V, &a,
                                                   &bonus));
         } else {
             const int32_t *gr = r->best + m->row0;
@@ -151,7 +157,9 @@ static dflash_status accept_group(many_run *r, const int *g, int ng, const float
         acc[j] = (dflash_ctx_rows){ m->block, n_emit, m->s, tap_rows ? tap_rows + m->row0 * r->tap_cols : NULL,
                                     r->tap_cols };
         n_emit_of[j] = n_emit;
-        memcpy(m->block + 1, emitted, (size_t)n_emit * sizeof(int32_t)); /* block[0..n_emit) = observed rows */
+        /* block[0..n_emit) are the rows the caches now hold; block[1..]
+         * becomes the emitted tokens (equal but for the bonus at the end) */
+        memcpy(m->block + 1, emitted, (size_t)n_emit * sizeof(int32_t));
         st->n_steps++;
         st->width_hist[m->k]++;
         st->accept_hist[n_emit]++;
@@ -167,32 +175,31 @@ static dflash_status accept_group(many_run *r, const int *g, int ng, const float
         double t0 = dflash_spec_now_ms();
         void *states[ng];
         for (int j = 0; j < ng; j++)
-            states[j] = r->items[g[j]].pstate;
+            states[j] = r->ms[g[j]].it->pstate;
         DFLASH_TRY(r->p->ops->after_verify(r->p, states, ng, acc));
         for (int j = 0; j < ng; j++)
-            r->items[g[j]].stats.observe_ms += dflash_spec_now_ms() - t0;
+            r->ms[g[j]].it->stats.observe_ms += dflash_spec_now_ms() - t0;
     }
     for (int j = 0; j < ng; j++)
-        DFLASH_TRY(emit(&r->items[g[j]], &r->ms[g[j]], r->ms[g[j]].block + 1, n_emit_of[j]));
+        DFLASH_TRY(emit(&r->ms[g[j]], r->ms[g[j]].block + 1, n_emit_of[j]));
     return DFLASH_OK;
 }
 
-/* One step of every sequence still generating, group by group. */
-static dflash_status step_all(many_run *r, int n, int *any)
+/* One step of every sequence, group by group. */
+static dflash_status step_groups(dflash_spec_batch *r)
 {
-    const int max_rows = r->t->opts.max_rows, max_seqs = r->t->opts.max_seqs;
-    int g[n];
-    *any = 0;
+    const int n = r->n, max_rows = r->t->opts.max_rows, max_seqs = r->t->opts.max_seqs;
+    int g[n > 0 ? n : 1];
     for (int sampled = 0; sampled < 2; sampled++) {
         int ng = 0, rows = 0;
         for (int i = 0; i <= n; i++) {
             many_seq *m = i < n ? &r->ms[i] : NULL;
-            int take = m && !m->done && (m->ss != NULL) == sampled;
+            int take = m && !m->done && m->sampled == sampled;
             int need = 0;
             if (take) {
-                int left = r->items[i].opts.n_new - r->items[i].n_out;
-                m->k = r->p && r->B - 1 < left ? r->B - 1 : (r->p ? left : 0);
-                m->s = r->items[i].seq->len;
+                int left = m->it->opts.n_new - m->it->n_out;
+                m->k = !r->p ? 0 : r->B - 1 < left ? r->B - 1 : left;
+                m->s = m->it->seq->len;
                 m->block[0] = m->cur;
                 need = m->k + 1;
             }
@@ -206,7 +213,6 @@ static dflash_status step_all(many_run *r, int n, int *any)
                 DFLASH_TRY(verify_group(r, g, ng, sampled, &tap_rows));
                 double t2 = dflash_spec_now_ms();
                 DFLASH_TRY(accept_group(r, g, ng, tap_rows, t1 - t0, t2 - t1));
-                *any = 1;
                 ng = rows = 0;
             }
             if (take) {
@@ -218,55 +224,135 @@ static dflash_status step_all(many_run *r, int n, int *any)
     return DFLASH_OK;
 }
 
-static dflash_status check_item(const dflash_qwen3 *t, const dflash_spec_item *it, int i, int B)
+static dflash_status check_item(const dflash_spec_batch *r, const dflash_spec_item *it)
 {
-    if (!it->seq || !it->prompt || it->n_prompt <= 0 || !it->out || it->opts.n_new < 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: sequence %d: no cache, prompt or output", i);
-    if (it->seq->len + it->n_prompt + it->opts.n_new + B > t->opts.max_ctx)
+    const dflash_qwen3 *t = r->t;
+    if (!it->seq || !it->prompt || it->n_prompt <= 0 || !it->out || it->opts.n_new < 0 || (r->p && !it->pstate))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: a sequence without cache, proposer state, prompt or output");
+    if (it->seq->len + it->n_prompt + it->opts.n_new + r->B > t->opts.max_ctx)
         return dflash_fail(DFLASH_ERR_INVALID_ARG,
-                           "generate many: sequence %d: %d cached + %d prompt + %d new tokens + block %d exceed the "
-                           "context limit %d",
-                           i, it->seq->len, it->n_prompt, it->opts.n_new, B, t->opts.max_ctx);
+                           "batch: %d cached + %d prompt + %d new tokens + block %d exceed the context limit %d",
+                           it->seq->len, it->n_prompt, it->opts.n_new, r->B, t->opts.max_ctx);
     if (it->opts.n_history < 0 || (it->opts.n_history > 0 && !it->opts.history))
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: sequence %d: history of %d ids at %p", i,
-                           it->opts.n_history, (const void *)it->opts.history);
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: history of %d ids at %p", it->opts.n_history,
+                           (const void *)it->opts.history);
     return dflash_sampler_check_opts(&it->opts.sampler);
 }
 
-static void stats_finish(dflash_spec_item *it, double t0)
+/* The sequence at index i leaves: final statistics, buffers freed, the
+ * slot filled by the last one. */
+static void leave(dflash_spec_batch *r, int i)
 {
-    dflash_gen_stats *st = &it->stats;
-    st->total_ms = dflash_spec_now_ms() - t0;
-    st->n_generated = it->n_out;
+    many_seq *m = &r->ms[i];
+    dflash_gen_stats *st = &m->it->stats;
+    st->total_ms = dflash_spec_now_ms() - m->t_join;
+    st->n_generated = m->it->n_out;
     int64_t committed = 0;
-    for (int i = 0; i <= DFLASH_MAX_BLOCK; i++)
-        committed += st->accept_hist[i] * i;
+    for (int k = 0; k <= DFLASH_MAX_BLOCK; k++)
+        committed += st->accept_hist[k] * k;
     st->mean_accept = st->n_steps ? (double)committed / st->n_steps : 0.0;
     double decode_ms = st->total_ms - st->prefill_ms;
-    st->tokens_per_s = decode_ms > 0 ? it->n_out / (decode_ms / 1e3) : 0.0;
+    st->tokens_per_s = decode_ms > 0 ? m->it->n_out / (decode_ms / 1e3) : 0.0;
+    if (m->sampled) {
+        free(m->ss.logits);
+        dflash_sampler_free(&m->ss.smp);
+    }
+    r->ms[i] = r->ms[--r->n];
 }
 
-static dflash_status run_many(many_run *r, int n)
+dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, int block_size, int max_seqs,
+                                    dflash_spec_batch **out)
 {
-    double t0 = dflash_spec_now_ms();
-    for (int i = 0; i < n; i++) {
-        dflash_spec_item *it = &r->items[i];
-        many_seq *m = &r->ms[i];
-        double tp = dflash_spec_now_ms();
-        DFLASH_TRY(dflash_spec_prefill(r->t, it->seq, r->p, it->pstate, it->prompt, it->n_prompt, &it->opts, m->ss,
-                                       &m->cur));
-        it->stats.prefill_ms = dflash_spec_now_ms() - tp;
-        if (it->opts.n_new <= 0)
-            m->done = 1;
-        else
-            DFLASH_TRY(emit(it, m, &m->cur, 1));
+    *out = NULL;
+    int B = p ? p->ops->block_size(p) : 1;
+    if (p && block_size > 0 && block_size < B)
+        B = block_size;
+    if (B > DFLASH_MAX_BLOCK || B > target->opts.max_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: block size %d exceeds the limit %d", B,
+                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : target->opts.max_rows);
+    if (max_seqs <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: room for %d sequences", max_seqs);
+    dflash_spec_batch *r = calloc(1, sizeof *r);
+    if (r) {
+        r->ms = calloc((size_t)max_seqs, sizeof *r->ms);
+        r->best = malloc((size_t)target->opts.max_rows * sizeof *r->best);
     }
-    for (int any = 1; any;)
-        DFLASH_TRY(step_all(r, n, &any));
-    DFLASH_TRY(r->t->be->ops->sync(r->t->be));
-    for (int i = 0; i < n; i++)
-        stats_finish(&r->items[i], t0);
+    if (!r || !r->ms || !r->best) {
+        dflash_spec_batch_free(r);
+        return dflash_fail(DFLASH_ERR_OOM, "batch: out of memory for %d sequences", max_seqs);
+    }
+    r->t = target;
+    r->p = p;
+    r->B = B;
+    r->cap = max_seqs;
+    r->n_taps = p ? p->ops->tap_layers(p, &r->taps) : 0;
+    r->tap_cols = (int64_t)r->n_taps * target->cfg.hidden_size;
+    *out = r;
     return DFLASH_OK;
+}
+
+dflash_status dflash_spec_batch_add(dflash_spec_batch *r, dflash_spec_item *it)
+{
+    if (r->n == r->cap)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: already %d sequences, its room", r->cap);
+    DFLASH_TRY(check_item(r, it));
+    memset(&it->stats, 0, sizeof it->stats);
+    it->stats.n_prompt = it->n_prompt;
+    it->n_out = 0;
+    many_seq *m = &r->ms[r->n];
+    memset(m, 0, sizeof *m);
+    m->it = it;
+    m->t_join = dflash_spec_now_ms();
+    if (!dflash_sampler_is_greedy(&it->opts.sampler)) {
+        const int V = r->t->cfg.vocab_size;
+        DFLASH_TRY(dflash_sampler_init(&m->ss.smp, V, &it->opts.sampler));
+        m->sampled = 1;
+        if (!(m->ss.logits = malloc((size_t)r->B * (size_t)V * sizeof(float)))) {
+            dflash_sampler_free(&m->ss.smp);
+            return dflash_fail(DFLASH_ERR_OOM, "batch: out of memory for %d logits rows of %d", r->B, V);
+        }
+    }
+    r->n++; /* from here on the slot is ours: leave() frees it */
+    dflash_status s = dflash_spec_prefill(r->t, it->seq, r->p, it->pstate, it->prompt, it->n_prompt, &it->opts,
+                                          m->sampled ? &m->ss : NULL, &m->cur);
+    it->stats.prefill_ms = dflash_spec_now_ms() - m->t_join;
+    if (s == DFLASH_OK && it->opts.n_new > 0)
+        s = emit(m, &m->cur, 1);
+    if (s != DFLASH_OK || it->opts.n_new <= 0 || m->done)
+        leave(r, r->n - 1);
+    return s;
+}
+
+dflash_status dflash_spec_batch_step(dflash_spec_batch *r, int *n_active)
+{
+    dflash_status s = r->n ? step_groups(r) : DFLASH_OK;
+    for (int i = r->n - 1; i >= 0; i--)
+        if (r->ms[i].done || s != DFLASH_OK)
+            leave(r, i);
+    if (s == DFLASH_OK)
+        s = r->t->be->ops->sync(r->t->be);
+    *n_active = r->n;
+    return s;
+}
+
+void dflash_spec_batch_remove(dflash_spec_batch *r, const dflash_spec_item *it)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->ms[i].it == it) {
+            leave(r, i);
+            return;
+        }
+}
+
+void dflash_spec_batch_free(dflash_spec_batch *r)
+{
+    if (!r)
+        return;
+    while (r->n > 0)
+        leave(r, r->n - 1);
+    free(r->ms);
+    free(r->best);
+    free(r);
 }
 
 dflash_status dflash_spec_generate_many(dflash_qwen3 *target, dflash_proposer *p, dflash_spec_item *items, int n,
@@ -274,45 +360,13 @@ dflash_status dflash_spec_generate_many(dflash_qwen3 *target, dflash_proposer *p
 {
     if (n <= 0 || !items)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: %d sequences", n);
-    int B = p ? p->ops->block_size(p) : 1;
-    if (p && block_size > 0 && block_size < B)
-        B = block_size;
-    if (B > DFLASH_MAX_BLOCK || B > target->opts.max_rows)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: block size %d exceeds the limit %d", B,
-                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : target->opts.max_rows);
-    for (int i = 0; i < n; i++) {
-        DFLASH_TRY(check_item(target, &items[i], i, B));
-        memset(&items[i].stats, 0, sizeof items[i].stats);
-        items[i].stats.n_prompt = items[i].n_prompt;
-        items[i].n_out = 0;
-    }
-    many_run r = { .t = target, .p = p, .items = items, .B = B };
-    r.n_taps = p ? p->ops->tap_layers(p, &r.taps) : 0;
-    r.tap_cols = (int64_t)r.n_taps * target->cfg.hidden_size;
-    r.ms = calloc((size_t)n, sizeof *r.ms);
-    r.best = malloc((size_t)target->opts.max_rows * sizeof *r.best);
-    dflash_status s = r.ms && r.best ? DFLASH_OK
-                                     : dflash_fail(DFLASH_ERR_OOM, "generate many: out of memory for %d sequences", n);
-    const size_t V = (size_t)target->cfg.vocab_size;
-    for (int i = 0; s == DFLASH_OK && i < n; i++) {
-        if (dflash_sampler_is_greedy(&items[i].opts.sampler))
-            continue;
-        many_seq *m = &r.ms[i];
-        s = dflash_sampler_init(&m->ss_store.smp, (int)V, &items[i].opts.sampler);
-        if (s != DFLASH_OK)
-            break;
-        m->ss = &m->ss_store;
-        if (!(m->ss->logits = malloc((size_t)B * V * sizeof(float))))
-            s = dflash_fail(DFLASH_ERR_OOM, "generate many: out of memory for %d logits rows of %zu", B, V);
-    }
-    if (s == DFLASH_OK)
-        s = run_many(&r, n);
-    for (int i = 0; r.ms && i < n; i++)
-        if (r.ms[i].ss) {
-            free(r.ms[i].ss->logits);
-            dflash_sampler_free(&r.ms[i].ss->smp);
-        }
-    free(r.ms);
-    free(r.best);
+    dflash_spec_batch *r;
+    DFLASH_TRY(dflash_spec_batch_new(target, p, block_size, n, &r));
+    dflash_status s = DFLASH_OK;
+    for (int i = 0; i < n && s == DFLASH_OK; i++)
+        s = dflash_spec_batch_add(r, &items[i]);
+    for (int active = r->n; s == DFLASH_OK && active > 0;)
+        s = dflash_spec_batch_step(r, &active);
+    dflash_spec_batch_free(r);
     return s;
 }
