@@ -23,7 +23,9 @@
  *     src/io/tokenizer.h): greedy speculative output on the GPU equals greedy
  *     plain output on the GPU token for token (128 new tokens, every
  *     prompt); prompt 0 + its output is forwarded on both backends and
- *     every row's logits compared (long context); GPU tau and tokens/s of
+ *     every row's logits compared (long context); all prompts generated
+ *     together by dflash_spec_generate_many (greedy, drafter, 8 sequences
+ *     per forward) give each its own output alone; GPU tau and tokens/s of
  *     both modes are printed (wall clock after a warm-up run; not a
  *     benchmark, the model is tiny).
  *  4. Acceptance on the GPU (tests/oracle_proposer.h): a proposer that
@@ -775,6 +777,77 @@ static int gen_timed(dflash_qwen3 *t, dflash_head *h, int auto_width, const int3
     return ok;
 }
 
+/* All prompts at once through the batched loop on the GPU, at most 128
+ * rows per forward (8 blocks of 16: several groups per step), the drafter
+ * at its block: each output must equal that prompt's plain output alone
+ * (want[i]). */
+static void check_pystd_batch(const char *tdir, const char *ddir, int32_t **ids, const size_t *n_ids, size_t n,
+                              int32_t (*want)[PYSTD_NEW], const int *n_want)
+{
+    dflash_qwen3_opts o;
+    dflash_qwen3_default_opts(&o);
+    o.max_rows = 8 * 16;
+    o.max_ctx = 512;
+    o.max_seqs = (int)n;
+    o.kv_dtype = g_kv;
+    dflash_qwen3 *t = NULL;
+    dflash_head *h = NULL;
+    dflash_spec_item *items = calloc(n, sizeof *items);
+    dflash_kv_seq *seqs = calloc(n, sizeof *seqs);
+    void **states = calloc(n, sizeof *states);
+    int32_t(*out)[PYSTD_NEW] = calloc(n, sizeof *out);
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_ctx = 512;
+    ho.max_seqs = (int)n;
+    ho.kv_dtype = g_kv;
+    if (!items || !seqs || !states || !out || !step(dflash_qwen3_load(tdir, g_gpu, &o, &t), "batch: gpu load target") ||
+        !step(dflash_head_load(ddir, t, &ho, &h), "batch: gpu load drafter"))
+        goto done;
+    for (size_t i = 0; i < n; i++) {
+        if (!step(dflash_qwen3_seq_init(t, &seqs[i]), "batch: seq") ||
+            !step(h->proposer.ops->alloc_state(&h->proposer, 400, &states[i]), "batch: drafter state"))
+            goto done;
+        dflash_gen_default_opts(&items[i].opts);
+        items[i].opts.n_new = PYSTD_NEW;
+        items[i].seq = &seqs[i];
+        items[i].pstate = states[i];
+        items[i].prompt = ids[i];
+        items[i].n_prompt = (int)n_ids[i];
+        items[i].out = out[i];
+    }
+    double t0 = now_s();
+    if (!step(dflash_spec_generate_many(t, &h->proposer, items, (int)n, 0), "batch: generate many"))
+        goto done;
+    double dt = now_s() - t0;
+    int same = 0, first_bad = -1;
+    long long tokens = 0;
+    for (size_t i = 0; i < n; i++) {
+        int eq = items[i].n_out == n_want[i] && !memcmp(out[i], want[i], (size_t)n_want[i] * sizeof(int32_t));
+        same += eq;
+        tokens += items[i].n_out;
+        if (!eq && first_bad < 0)
+            first_bad = (int)i;
+    }
+    if (first_bad >= 0)
+        add_row("batched spec==plain alone (gpu)", 0, "equal", "%d/%zu same, first diff prompt %d", same, n,
+                first_bad);
+    else
+        add_row("batched spec==plain alone (gpu)", 1, "equal", "%d/%zu prompts", same, n);
+    printf("  batched (%zu sequences together): %lld tokens in %.3f s wall = %.1f tok/s\n", n, tokens, dt,
+           dt > 0 ? tokens / dt : 0);
+done:
+    for (size_t i = 0; i < n; i++) {
+        if (states && states[i])
+            h->proposer.ops->free_state(&h->proposer, states[i]);
+        if (seqs && seqs[i].table)
+            dflash_qwen3_seq_free(t, &seqs[i]);
+    }
+    free(items), free(seqs), free(states), free(out);
+    dflash_head_free(h);
+    dflash_qwen3_free(t);
+}
+
 static void check_pystd(void)
 {
     const char *tdir = "models/qwen3-pystd", *ddir = "models/qwen3-pystd-dflash";
@@ -784,6 +857,8 @@ static void check_pystd(void)
     json_error_t err;
     int32_t **ids = NULL;
     size_t *n_ids = NULL, n = 0;
+    int32_t(*plain_all)[PYSTD_NEW] = NULL; /* each prompt's plain output, for the batched check */
+    int *n_plain_all = NULL;
     case_begin("%s", "pystd");
     printf("  KV pages %s\n", dflash_dtype_name(g_kv));
     json_t *j = json_load_file("tests/data/pystd/heldout_prompts.json", 0, &err);
@@ -822,6 +897,12 @@ static void check_pystd(void)
     gen_timed(t, h, 0, ids[0], (int)n_ids[0], spec, &n_spec, NULL, "warm-up spec");
     mode_total tp = { 0 }, ts = { 0 }, ta = { 0 };
     int same = 0, failed_runs = 0, first_bad = -1, auto_same = 0, auto_bad = -1;
+    plain_all = calloc(n, sizeof *plain_all);
+    n_plain_all = calloc(n, sizeof *n_plain_all);
+    if (!plain_all || !n_plain_all) {
+        add_row("memory", 0, NULL, "plain outputs of %zu prompts", n);
+        goto done;
+    }
     for (size_t i = 0; i < n; i++) {
         char what[64];
         snprintf(what, sizeof what, "prompt %zu gpu plain", i);
@@ -838,6 +919,8 @@ static void check_pystd(void)
             failed_runs++;
             continue;
         }
+        memcpy(plain_all[i], plain, (size_t)n_plain * sizeof(int32_t));
+        n_plain_all[i] = n_plain;
         int aeq = n_aut == n_plain && memcmp(plain, aut, (size_t)n_plain * sizeof(int32_t)) == 0;
         auto_same += aeq;
         if (!aeq && auto_bad < 0)
@@ -871,6 +954,8 @@ static void check_pystd(void)
         add_row("spec==plain (gpu)", 0, "equal", "%d runs failed", failed_runs);
     else
         add_row("spec==plain (gpu)", 1, "equal", "%d/%zu prompts", same, n);
+    if (!failed_runs)
+        check_pystd_batch(tdir, ddir, ids, n_ids, n, plain_all, n_plain_all);
     /* Seeded sampling: each token drawn with its position's uniform, so
      * speculative (full block or auto width) equals plain token for token. */
     int samp_same = 0, samp_n = 0;
@@ -923,6 +1008,8 @@ static void check_pystd(void)
     }
 done:
     case_end();
+    free(plain_all);
+    free(n_plain_all);
     for (size_t i = 0; ids && i < n; i++)
         free(ids[i]);
     free(ids);
