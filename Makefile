@@ -42,6 +42,12 @@ $(B)/libdflash.a: $(LIB_OBJ)
 $(B)/dflash: $(CLI_OBJ) $(B)/libdflash.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(B)/libdflash.a $(LDLIBS)
 
+# The example, built as a user builds against the library: the public
+# header only (no -Isrc), so it proves include/dflash.h is enough.
+$(B)/examples/simple: examples/simple.c include/dflash.h $(B)/libdflash.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iinclude -o $@ $< $(B)/libdflash.a -fopenmp $(LDLIBS)
+
 $(B)/tests/%: tests/%.c $(B)/libdflash.a tests/harness.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(B)/libdflash.a $(LDLIBS)
@@ -79,7 +85,7 @@ $(B)/tsan/test_cpu_gemm: $(TSAN_SRC) tests/harness.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE -o $@ $(TSAN_SRC) -ljansson -lm -lpthread
 
-test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm
+test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm $(B)/examples/simple
 	@B=$(B) bash tools/fetch-tokenizers.sh
 	@B=$(B) bash tests/run.sh
 

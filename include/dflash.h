@@ -34,6 +34,88 @@ const char *dflash_last_error(void);
 /* Short stable name of a status code, e.g. "DFLASH_ERR_SHAPE". */
 const char *dflash_status_name(dflash_status s);
 
+/* ---- engine and sessions ------------------------------------------------
+ *
+ * An engine holds one target model, optionally a drafter, and the KV caches
+ * of up to max_sessions sessions. A session is one token sequence: start it
+ * with a prompt, and every dflash_engine_step advances all started sessions
+ * by one speculative step together (one drafter propose, one target verify
+ * over all their rows). A session's output is the same whether it runs
+ * alone or with others. Starting a session that has generated before
+ * continues it (a chat's next turn): the new ids follow what it holds.
+ *
+ *     dflash_engine *e; dflash_session *s;
+ *     dflash_engine_opts eo; dflash_engine_default_opts(&eo);
+ *     eo.model_dir = "models/qwen3-pystd"; eo.draft = "models/qwen3-pystd-dflash";
+ *     dflash_engine_open(&eo, &e);
+ *     dflash_session_opts so; dflash_session_default_opts(&so);
+ *     dflash_session_new(e, &so, &s);
+ *     dflash_session_start_text(s, "def add(a, b):");
+ *     for (int active = 1; active;) dflash_engine_step(e, &active);
+ *     char *text; dflash_session_text(s, &text);
+ */
+typedef struct dflash_engine dflash_engine;
+typedef struct dflash_session dflash_session;
+
+typedef struct dflash_engine_opts {
+    const char *model_dir; /* target checkpoint folder (config.json, safetensors, tokenizer.json) */
+    const char *draft;     /* DFlash drafter folder, "ngram" (prompt lookup), or NULL: plain decoding */
+    const char *device;    /* "cpu" (default), "cuda", or "auto" (CUDA when usable) */
+    int max_sessions;      /* sessions started at once (default 8) */
+    int max_ctx;           /* positions per session, prompt + output (default 4096; at most the model's) */
+    int block_size;        /* tokens per step, last token + drafts (0: the drafter's) */
+    int drafter_fp8;       /* 1: drafter weights in fp8 e4m3 with per-row scales */
+} dflash_engine_opts;
+
+void dflash_engine_default_opts(dflash_engine_opts *o);
+dflash_status dflash_engine_open(const dflash_engine_opts *o, dflash_engine **out);
+/* Frees the engine; its sessions must have been freed. */
+void dflash_engine_close(dflash_engine *e);
+
+/* Called with the tokens each step commits, in order; a status other than
+ * DFLASH_OK stops that session (the tokens so far are kept). */
+typedef dflash_status (*dflash_tokens_cb)(void *user, const int32_t *ids, int n);
+
+typedef struct dflash_session_opts {
+    int max_tokens;     /* per start (default 256) */
+    double temperature; /* 0: greedy (default) */
+    int top_k;          /* 0: off */
+    double top_p;       /* 1: off */
+    double min_p;       /* 0: off */
+    double rep_penalty; /* 1: off; counts everything the session holds */
+    uint64_t seed;      /* sampling is keyed by the seed and each token's position */
+    int ignore_eos;     /* 1: do not stop at the model's end-of-sequence ids */
+    dflash_tokens_cb on_tokens;
+    void *user;
+} dflash_session_opts;
+
+void dflash_session_default_opts(dflash_session_opts *o);
+dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o, dflash_session **out);
+/* Stops the session if it runs; its KV pages return to the engine. */
+void dflash_session_free(dflash_session *s);
+/* Start generating after `ids` (or `text`, tokenized as Hugging Face's
+ * tokenizer(text) does); the session joins the next step. A session that
+ * is still generating cannot be started (DFLASH_ERR_INVALID_ARG); one that
+ * has generated before continues after its output. */
+dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, size_t n);
+dflash_status dflash_session_start_text(dflash_session *s, const char *text);
+/* One step of every started session; *n_active: sessions still generating. */
+dflash_status dflash_engine_step(dflash_engine *e, int *n_active);
+/* 1 while the session is generating. */
+int dflash_session_running(const dflash_session *s);
+/* The tokens generated since the last start (valid until the next start). */
+void dflash_session_output(const dflash_session *s, const int32_t **ids, size_t *n);
+/* Those tokens as text (special tokens left out); *text is malloc'd. */
+dflash_status dflash_session_text(const dflash_session *s, char **text);
+
+typedef struct dflash_session_stats {
+    int prompt_tokens, generated_tokens, steps;
+    double mean_accept; /* tau: tokens committed per step */
+    double total_ms;
+} dflash_session_stats;
+/* Statistics of the last start (tau and the total time once it is done). */
+void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,8 @@
  * exit non-zero, text and id prompts agree, JSON is well formed, traces
  * have one line per step, chat keeps its conversation across turns,
  * generate --batch gives each line what the line's prompt gives alone and
- * names the line of a bad one, bench prints its table. */
+ * names the line of a bad one, the public-API example (examples/simple.c)
+ * prints what generate prints, bench prints its table. */
 #include "harness.h"
 
 #include <jansson.h>
@@ -216,6 +217,26 @@ static void test_batch(void)
     remove(dir);
 }
 
+/* examples/simple.c, built on include/dflash.h alone, continues a prompt
+ * as `dflash generate` does (greedy: the same text). */
+static void test_example(void)
+{
+    static char out[16384], gen[16384], cmd[1024];
+    const char *b = getenv("B");
+    snprintf(cmd, sizeof cmd, "%s/examples/simple models/qwen3-pystd models/qwen3-pystd-dflash 'import os\n'",
+             b && *b ? b : "build");
+    CHECK(sh(cmd, out, sizeof out, 0) == 0);
+    snprintf(cmd, sizeof cmd, "%s generate -m models/qwen3-pystd -d models/qwen3-pystd-dflash -n 64 -p 'import os\n'",
+             g_bin);
+    CHECK(sh(cmd, gen, sizeof gen, 0) == 0);
+    /* simple prints the prompt, the text and a statistics line */
+    size_t n = strlen(gen);
+    if (n > 0 && gen[n - 1] == '\n')
+        gen[n - 1] = 0;
+    CHECKF(!strncmp(out, "import os\n", 10) && strstr(out, gen) == out + 10 && strstr(out, " generated tokens in "),
+           "simple: %s\ngenerate: %s", out, gen);
+}
+
 static void test_info(void)
 {
     static char out[8192], cmd[512];
@@ -266,6 +287,7 @@ int main(void)
     RUN(test_trace_one_line_per_step);
     RUN(test_chat_two_turns);
     RUN(test_batch);
+    RUN(test_example);
     RUN(test_info);
     RUN(test_bench_tiny);
     TEST_END();

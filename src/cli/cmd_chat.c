@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "core/idbuf.h"
 #include "cli/commands.h"
 #include "cli/engine.h"
 #include "core/file.h"
@@ -148,26 +149,8 @@ typedef struct chat_state {
     int32_t last; /* the last answer's final token, emitted but not yet run */
     /* Every id of the conversation so far: the history the repetition
      * penalty counts, as it would over the whole conversation. */
-    int32_t *conv;
-    size_t n_conv, cap_conv;
+    dflash_idbuf conv;
 } chat_state;
-
-static dflash_status conv_add(chat_state *c, const int32_t *ids, size_t n)
-{
-    if (c->n_conv + n > c->cap_conv) {
-        size_t cap = c->cap_conv ? c->cap_conv : 1024;
-        while (cap < c->n_conv + n)
-            cap *= 2;
-        int32_t *p = realloc(c->conv, cap * sizeof *p);
-        if (!p)
-            return dflash_fail(DFLASH_ERR_OOM, "chat: out of memory for a conversation of %zu ids", c->n_conv + n);
-        c->conv = p;
-        c->cap_conv = cap;
-    }
-    memcpy(c->conv + c->n_conv, ids, n * sizeof *ids);
-    c->n_conv += n;
-    return DFLASH_OK;
-}
 
 /* The positions this turn may reach against the conversation's limit; the
  * message states exactly the sum it checks. */
@@ -197,17 +180,17 @@ static dflash_status chat_turn(const chat_args *a, chat_state *c, const char *ms
     go.n_new = a->n_new;
     go.on_tokens = cli_streamer_on_tokens;
     go.user = &c->sm;
-    go.history = c->conv;
-    go.n_history = (int)c->n_conv;
+    go.history = c->conv.ids;
+    go.n_history = (int)c->conv.n;
     dflash_gen_stats st = { 0 };
     int n_out = 0;
     dflash_detok_stream_reset(c->sm.ds);
     s = dflash_spec_generate(c->e.target, &c->e.seq, c->e.prop, c->e.pstate, ids, (int)n_ids, &go, c->out, &n_out,
                              &st);
     if (s == DFLASH_OK)
-        s = conv_add(c, ids, n_ids);
+        s = dflash_idbuf_push(&c->conv, ids, n_ids, "chat");
     if (s == DFLASH_OK)
-        s = conv_add(c, c->out, (size_t)n_out);
+        s = dflash_idbuf_push(&c->conv, c->out, (size_t)n_out, "chat");
     free(ids);
     if (s == DFLASH_OK && c->sm.status != DFLASH_OK)
         s = c->sm.status;
@@ -289,6 +272,6 @@ int dflash_cmd_chat(int argc, char **argv)
     dflash_detok_stream_free(c.sm.ds);
     cli_engine_close(&c.e);
     free(c.out);
-    free(c.conv);
+    dflash_idbuf_free(&c.conv);
     return s == DFLASH_OK ? 0 : 1;
 }

@@ -6,12 +6,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "backend/cuda/cuda_backend.h"
 #include "cli/args.h"
 #include "core/file.h"
 #include "core/log.h"
 #include "draft/dflash_head.h"
-#include "draft/ngram.h"
+#include "engine/open.h"
 #include "io/chat.h"
 #include "io/hf_config.h"
 
@@ -136,24 +135,6 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
     return 1;
 }
 
-static dflash_status make_proposer(const cli_engine_args *a, dflash_qwen3 *target, dflash_proposer **out)
-{
-    /* one proposer state per target sequence */
-    if (!strcmp(a->draft, "ngram"))
-        return dflash_ngram_create(a->block_size ? a->block_size : 16, 1, 3, out);
-    dflash_head_opts ho;
-    dflash_head_default_opts(&ho);
-    ho.max_ctx = target->opts.max_ctx;
-    ho.max_seqs = target->opts.max_seqs;
-    ho.ctx_cap = a->ctx_cap;
-    ho.block_size = a->block_size;
-    ho.quant = a->quant;
-    dflash_head *h;
-    DFLASH_TRY(dflash_head_load(a->draft, target, &ho, &h));
-    *out = &h->proposer;
-    return DFLASH_OK;
-}
-
 /* --block-size against the drafter's block (0: no drafter). */
 static dflash_status check_block_option(const cli_engine_args *a, int drafter_block)
 {
@@ -173,7 +154,7 @@ static dflash_status plan_block(const cli_engine_args *a, int *block)
     *block = 1;
     if (!a->draft)
         return check_block_option(a, 0);
-    int b = a->block_size ? a->block_size : 16; /* ngram: make_proposer's block */
+    int b = a->block_size ? a->block_size : 16; /* ngram: dflash_open_proposer's block */
     if (strcmp(a->draft, "ngram") != 0) {
         dflash_model_config dc;
         DFLASH_TRY(dflash_config_load(a->draft, &dc));
@@ -299,27 +280,11 @@ dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)
     return dflash_tokenizer_load(a->tokenizer ? a->tokenizer : a->model, &e->tok);
 }
 
-/* --device: cuda must work; auto falls back to the CPU and says why. */
-static dflash_status open_backend(cli_engine *e, const cli_engine_args *a)
-{
-    if (strcmp(a->device, "cpu") != 0) {
-        dflash_status s = dflash_backend_cuda_create(0, &e->be);
-        if (s == DFLASH_OK) {
-            dflash_log(DFLASH_LOG_INFO, "device: %s", dflash_cuda_device_desc(e->be));
-            return DFLASH_OK;
-        }
-        if (!strcmp(a->device, "cuda"))
-            return dflash_fail_prefix(s, "--device cuda: ");
-        dflash_log(DFLASH_LOG_INFO, "device: cpu (no usable GPU: %s)", dflash_last_error());
-    }
-    return dflash_backend_cpu_create(&e->be);
-}
-
 dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs)
 {
     /* Without a drafter, before loading anything; with one, once it is. */
     DFLASH_TRY(check_block_option(a, a->draft ? DFLASH_MAX_BLOCK : 0));
-    DFLASH_TRY(open_backend(e, a));
+    DFLASH_TRY(dflash_open_backend(a->device, "--device cuda: ", &e->be));
     dflash_qwen3_opts topts;
     dflash_qwen3_default_opts(&topts);
     topts.max_ctx = kv_positions;
@@ -327,7 +292,7 @@ dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_po
     DFLASH_TRY(dflash_qwen3_load(a->model, e->be, &topts, &e->target));
     DFLASH_TRY(dflash_qwen3_seq_init(e->target, &e->seq));
     if (a->draft) {
-        DFLASH_TRY(make_proposer(a, e->target, &e->prop));
+        DFLASH_TRY(dflash_open_proposer(a->draft, e->target, a->block_size, a->ctx_cap, a->quant, &e->prop));
         DFLASH_TRY(check_block_option(a, e->prop->ops->block_size(e->prop)));
         DFLASH_TRY(e->prop->ops->alloc_state(e->prop, topts.max_ctx, &e->pstate));
     }

@@ -106,6 +106,8 @@ dflash_status dflash_spec_batch_add(dflash_spec_batch *b, dflash_spec_item *it);
  * On an error every sequence leaves (their caches may hold rows of the
  * failed step). */
 dflash_status dflash_spec_batch_step(dflash_spec_batch *b, int *n_active);
+/* 1 while `it` takes part (added, not yet done or removed). */
+int dflash_spec_batch_has(const dflash_spec_batch *b, const dflash_spec_item *it);
 /* `it` leaves before it is done (a cancelled request); its cache and
  * proposer state hold the rows so far, consistent, for the caller to free
  * or continue. */

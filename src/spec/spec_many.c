@@ -335,6 +335,14 @@ dflash_status dflash_spec_batch_step(dflash_spec_batch *r, int *n_active)
     return s;
 }
 
+int dflash_spec_batch_has(const dflash_spec_batch *r, const dflash_spec_item *it)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->ms[i].it == it)
+            return 1;
+    return 0;
+}
+
 void dflash_spec_batch_remove(dflash_spec_batch *r, const dflash_spec_item *it)
 {
     for (int i = 0; i < r->n; i++)

@@ -1,0 +1,304 @@
+/* engine.c: the public engine and session API of include/dflash.h, on the
+ * batched loop (dflash_spec_batch in spec/spec.h). The engine owns the
+ * backend, the target with KV room for max_sessions sequences, the
+ * proposer, the tokenizer (when the model folder has one) and the
+ * end-of-sequence ids; a session owns its target sequence, its proposer
+ * state and what it has generated, and carries what its cache holds from
+ * one start to the next so a later start continues it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/idbuf.h"
+#include "core/status.h"
+#include "draft/dflash_head.h"
+#include "engine/open.h"
+#include "io/hf_config.h"
+#include "io/chat.h"
+#include "io/tokenizer.h"
+#include "spec/spec.h"
+
+#define ENGINE_MAX_STOP 16
+
+struct dflash_engine {
+    dflash_backend *be;
+    dflash_qwen3 *target;
+    dflash_proposer *prop;     /* NULL: plain decoding */
+    dflash_tokenizer *tok;     /* NULL when the model folder has none */
+    int32_t stop_ids[ENGINE_MAX_STOP];
+    int n_stop;
+    dflash_spec_batch *batch;
+    dflash_session **sessions; /* [max_sessions] */
+    int max_sessions, n_sessions;
+};
+
+struct dflash_session {
+    dflash_engine *e;
+    dflash_session_opts o;
+    dflash_kv_seq seq;
+    void *pstate;
+    dflash_spec_item item;
+    int running, started;
+    int32_t *prompt; /* this start's prompt: the unverified last token, then the new ids */
+    int32_t *out;    /* [max_tokens] */
+    /* every id the cache holds before this start's prompt: the history the
+     * repetition penalty counts */
+    dflash_idbuf held;
+};
+
+void dflash_engine_default_opts(dflash_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->device = "cpu";
+    o->max_sessions = 8;
+    o->max_ctx = 4096;
+}
+
+void dflash_session_default_opts(dflash_session_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 256;
+    o->top_p = 1.0;
+    o->rep_penalty = 1.0;
+}
+
+static void add_stop(dflash_engine *e, int32_t id)
+{
+    for (int i = 0; i < e->n_stop; i++)
+        if (e->stop_ids[i] == id)
+            return;
+    if (id >= 0 && e->n_stop < ENGINE_MAX_STOP)
+        e->stop_ids[e->n_stop++] = id;
+}
+
+static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
+{
+    DFLASH_TRY(dflash_open_backend(o->device, "engine: device cuda: ", &e->be));
+    dflash_model_config cfg;
+    DFLASH_TRY(dflash_config_load(o->model_dir, &cfg));
+    int block = DFLASH_MAX_BLOCK; /* KV room for the widest step a drafter may take */
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = (o->max_ctx < cfg.max_position_embeddings ? o->max_ctx : cfg.max_position_embeddings) + block;
+    to.max_seqs = o->max_sessions;
+    DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
+    if (o->draft)
+        DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, -1,
+                                        o->drafter_fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16, &e->prop));
+    /* text in and out, and the tokenizer's end-of-sequence ids, when the
+     * folder has a tokenizer; ids alone work without one */
+    if (dflash_tokenizer_load(o->model_dir, &e->tok) != DFLASH_OK)
+        e->tok = NULL;
+    for (int i = 0; i < e->target->cfg.n_eos; i++)
+        add_stop(e, e->target->cfg.eos_token_ids[i]);
+    if (e->tok) {
+        int32_t ids[DFLASH_CHAT_MAX_EOS];
+        size_t n = 0;
+        if (dflash_chat_eos_ids(o->model_dir, e->tok, ids, DFLASH_CHAT_MAX_EOS, &n) == DFLASH_OK)
+            for (size_t i = 0; i < n; i++)
+                add_stop(e, ids[i]);
+    }
+    e->max_sessions = o->max_sessions;
+    if (!(e->sessions = calloc((size_t)o->max_sessions, sizeof *e->sessions)))
+        return dflash_fail(DFLASH_ERR_OOM, "engine: out of memory for %d sessions", o->max_sessions);
+    return dflash_spec_batch_new(e->target, e->prop, o->block_size, o->max_sessions, &e->batch);
+}
+
+dflash_status dflash_engine_open(const dflash_engine_opts *o, dflash_engine **out)
+{
+    *out = NULL;
+    if (!o || !o->model_dir)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine: no model_dir given");
+    if (o->max_sessions <= 0 || o->max_ctx <= 0 || o->block_size < 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine: max_sessions %d, max_ctx %d, block_size %d (want > 0, > 0, "
+                           ">= 0)", o->max_sessions, o->max_ctx, o->block_size);
+    dflash_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return dflash_fail(DFLASH_ERR_OOM, "engine: out of memory");
+    dflash_status s = engine_load(e, o);
+    if (s != DFLASH_OK) {
+        dflash_engine_close(e);
+        return s;
+    }
+    *out = e;
+    return DFLASH_OK;
+}
+
+void dflash_engine_close(dflash_engine *e)
+{
+    if (!e)
+        return;
+    dflash_spec_batch_free(e->batch);
+    free(e->sessions);
+    dflash_proposer_destroy(e->prop);
+    dflash_qwen3_free(e->target);
+    dflash_tokenizer_free(e->tok);
+    dflash_backend_destroy(e->be);
+    free(e);
+}
+
+dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o, dflash_session **out)
+{
+    *out = NULL;
+    if (!e || !o || o->max_tokens < 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: no engine or options, or max_tokens < 0");
+    if (e->n_sessions == e->max_sessions)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: the engine already has its %d sessions (max_sessions)",
+                           e->max_sessions);
+    dflash_sampler_opts so = { .temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
+                               .min_p = o->min_p, .rep_penalty = o->rep_penalty, .seed = o->seed };
+    DFLASH_TRY(dflash_sampler_check_opts(&so));
+    dflash_session *s = calloc(1, sizeof *s);
+    if (!s || !(s->out = malloc(((size_t)o->max_tokens + 1) * sizeof *s->out))) {
+        free(s);
+        return dflash_fail(DFLASH_ERR_OOM, "session: out of memory for %d output ids", o->max_tokens);
+    }
+    s->e = e;
+    s->o = *o;
+    dflash_status st = dflash_qwen3_seq_init(e->target, &s->seq);
+    if (st == DFLASH_OK && e->prop)
+        st = e->prop->ops->alloc_state(e->prop, e->target->opts.max_ctx, &s->pstate);
+    if (st != DFLASH_OK) {
+        if (s->seq.table)
+            dflash_qwen3_seq_free(e->target, &s->seq);
+        free(s->out);
+        free(s);
+        return st;
+    }
+    e->sessions[e->n_sessions++] = s;
+    *out = s;
+    return DFLASH_OK;
+}
+
+void dflash_session_free(dflash_session *s)
+{
+    if (!s)
+        return;
+    dflash_engine *e = s->e;
+    if (s->running)
+        dflash_spec_batch_remove(e->batch, &s->item);
+    if (s->pstate)
+        e->prop->ops->free_state(e->prop, s->pstate);
+    dflash_qwen3_seq_free(e->target, &s->seq);
+    for (int i = 0; i < e->n_sessions; i++)
+        if (e->sessions[i] == s) {
+            e->sessions[i] = e->sessions[--e->n_sessions];
+            break;
+        }
+    free(s->prompt);
+    free(s->out);
+    dflash_idbuf_free(&s->held);
+    free(s);
+}
+
+dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, size_t n)
+{
+    if (!s || (!ids && n))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: no session or ids");
+    if (s->running)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: still generating; start it again once it is done");
+    const int V = s->e->target->cfg.vocab_size;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: id %d at %zu is not a token of the model (0..%d)",
+                               ids[i], i, V - 1);
+    /* what the last start left in the cache joins the history; its final
+     * token, emitted but never run, opens this prompt */
+    int carry = 0;
+    if (s->started) {
+        DFLASH_TRY(dflash_idbuf_push(&s->held, s->item.prompt, (size_t)s->item.n_prompt, "session"));
+        if (s->item.n_out > 0) {
+            DFLASH_TRY(dflash_idbuf_push(&s->held, s->out, (size_t)s->item.n_out - 1, "session"));
+            carry = 1;
+        }
+    }
+    if (n + (size_t)carry == 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: an empty prompt");
+    int32_t *p = malloc((n + 1) * sizeof *p);
+    if (!p)
+        return dflash_fail(DFLASH_ERR_OOM, "session: out of memory for %zu ids", n + 1);
+    if (carry)
+        p[0] = s->out[s->item.n_out - 1];
+    memcpy(p + carry, ids, n * sizeof *ids);
+    free(s->prompt);
+    s->prompt = p;
+    dflash_spec_item *it = &s->item;
+    memset(it, 0, sizeof *it);
+    it->seq = &s->seq;
+    it->pstate = s->pstate;
+    it->prompt = p;
+    it->n_prompt = (int)n + carry;
+    it->out = s->out;
+    dflash_gen_default_opts(&it->opts);
+    it->opts.n_new = s->o.max_tokens;
+    it->opts.sampler = (dflash_sampler_opts){ .temperature = s->o.temperature, .top_k = s->o.top_k,
+                                              .top_p = s->o.top_p, .min_p = s->o.min_p,
+                                              .rep_penalty = s->o.rep_penalty, .seed = s->o.seed };
+    it->opts.stop_ids = s->o.ignore_eos ? NULL : s->e->stop_ids;
+    it->opts.n_stop = s->o.ignore_eos ? 0 : s->e->n_stop;
+    it->opts.history = s->held.ids;
+    it->opts.n_history = (int)s->held.n;
+    it->opts.on_tokens = s->o.on_tokens;
+    it->opts.user = s->o.user;
+    s->started = 1;
+    DFLASH_TRY(dflash_spec_batch_add(s->e->batch, it));
+    s->running = dflash_spec_batch_has(s->e->batch, it);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_session_start_text(dflash_session *s, const char *text)
+{
+    if (!s || !text)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: no session or text");
+    if (!s->e->tok)
+        return dflash_fail(DFLASH_ERR_NOT_FOUND, "session: the engine's model folder has no tokenizer.json; start "
+                           "with ids");
+    int32_t *ids;
+    size_t n;
+    DFLASH_TRY(dflash_tokenizer_encode_special(s->e->tok, text, strlen(text), &ids, &n));
+    dflash_status st = dflash_session_start_ids(s, ids, n);
+    free(ids);
+    return st;
+}
+
+dflash_status dflash_engine_step(dflash_engine *e, int *n_active)
+{
+    *n_active = 0;
+    if (!e)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine step: no engine");
+    int n;
+    dflash_status s = dflash_spec_batch_step(e->batch, &n);
+    for (int i = 0; i < e->n_sessions; i++)
+        if (e->sessions[i]->running)
+            e->sessions[i]->running = dflash_spec_batch_has(e->batch, &e->sessions[i]->item);
+    *n_active = n;
+    return s;
+}
+
+int dflash_session_running(const dflash_session *s)
+{
+    return s && s->running;
+}
+
+void dflash_session_output(const dflash_session *s, const int32_t **ids, size_t *n)
+{
+    *ids = s->out;
+    *n = s->started ? (size_t)s->item.n_out : 0;
+}
+
+dflash_status dflash_session_text(const dflash_session *s, char **text)
+{
+    *text = NULL;
+    if (!s->e->tok)
+        return dflash_fail(DFLASH_ERR_NOT_FOUND, "session: the engine's model folder has no tokenizer.json");
+    size_t len;
+    return dflash_tokenizer_decode(s->e->tok, s->out, s->started ? (size_t)s->item.n_out : 0,
+                                   DFLASH_DECODE_SKIP_SPECIAL, text, &len);
+}
+
+void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out)
+{
+    const dflash_gen_stats *st = &s->item.stats;
+    *out = (dflash_session_stats){ .prompt_tokens = st->n_prompt, .generated_tokens = s->item.n_out,
+                                   .steps = st->n_steps, .mean_accept = st->mean_accept,
+                                   .total_ms = st->total_ms };
+}

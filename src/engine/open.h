@@ -1,0 +1,22 @@
+/* open.h: opening what a run needs by name, shared by the library engine
+ * (engine.c) and the CLI: the device's backend and the proposer a
+ * "drafter" argument names (a DFlash folder, or "ngram"). */
+#ifndef DFLASH_ENGINE_OPEN_H
+#define DFLASH_ENGINE_OPEN_H
+
+#include "backend/backend.h"
+#include "draft/proposer.h"
+#include "target/qwen3.h"
+
+/* device "cpu"; "cuda" (must work: its failure is the error, prefixed
+ * with `label`); "auto" (CUDA, else the CPU, logging why). */
+dflash_status dflash_open_backend(const char *device, const char *label, dflash_backend **out);
+
+/* The proposer `draft` names for `target`: "ngram" (prompt lookup, block
+ * block_size or 16, n-grams of 1..3), else a DFlash drafter folder loaded
+ * for the target's sequences and context (block_size 0: its own; ctx_cap
+ * and quant as in dflash_head_opts). */
+dflash_status dflash_open_proposer(const char *draft, dflash_qwen3 *target, int block_size, int ctx_cap, int quant,
+                                   dflash_proposer **out);
+
+#endif

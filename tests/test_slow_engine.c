@@ -1,0 +1,140 @@
+/* test_slow_engine.c: the public engine and session API (include/dflash.h)
+ * on the embedded pair. Three sessions started together (a text prompt, an
+ * id prompt, a seeded sampling one) and stepped with dflash_engine_step
+ * each give what plain decoding of their prompt gives alone (the library's
+ * one-sequence loop, no drafter); a second start continues a session as
+ * decoding the whole conversation does; a session cannot start while it
+ * runs, and an engine holds at most max_sessions. */
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dflash.h"
+#include "io/tokenizer.h"
+#include "spec/spec.h"
+
+#define TARGET "models/qwen3-pystd"
+#define N_NEW 40
+
+static dflash_backend *g_be;
+static dflash_qwen3 *g_plain; /* the oracle: the target alone */
+static dflash_tokenizer *g_tok;
+
+/* Plain decoding of ids alone, stopping at the model's end of text. */
+static int plain_run(const int32_t *ids, int n, const dflash_session_opts *so, int32_t *out)
+{
+    dflash_gen_opts go;
+    dflash_gen_default_opts(&go);
+    go.n_new = so->max_tokens;
+    go.sampler.temperature = so->temperature;
+    go.sampler.top_k = so->top_k;
+    go.sampler.seed = so->seed;
+    int32_t eos = 4094; /* <|endoftext|> of the embedded tokenizer */
+    go.stop_ids = &eos;
+    go.n_stop = 1;
+    dflash_kv_seq seq;
+    dflash_gen_stats st;
+    int n_out = 0;
+    CHECK_OK(dflash_qwen3_seq_init(g_plain, &seq));
+    CHECK_OK(dflash_spec_generate(g_plain, &seq, NULL, NULL, ids, n, &go, out, &n_out, &st));
+    dflash_qwen3_seq_free(g_plain, &seq);
+    return n_out;
+}
+
+static int same_output(const dflash_session *s, const int32_t *want, int n_want)
+{
+    const int32_t *ids;
+    size_t n;
+    dflash_session_output(s, &ids, &n);
+    return (int)n == n_want && !memcmp(ids, want, n * sizeof *ids);
+}
+
+static void test_sessions(void)
+{
+    dflash_engine_opts eo;
+    dflash_engine_default_opts(&eo);
+    eo.model_dir = TARGET;
+    eo.draft = "models/qwen3-pystd-dflash";
+    eo.max_sessions = 3;
+    eo.max_ctx = 512;
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        return;
+    const char *text = "def walk_files(root):\n    \"\"\"Yield the paths under root.\"\"\"\n";
+    int32_t ids2[] = { 1, 2, 3, 4, 5, 6, 7 }, *ids1 = NULL;
+    size_t n1 = 0;
+    CHECK_OK(dflash_tokenizer_encode_special(g_tok, text, strlen(text), &ids1, &n1));
+    dflash_session_opts so[3];
+    dflash_session *s[3] = { 0 };
+    for (int i = 0; i < 3; i++) {
+        dflash_session_default_opts(&so[i]);
+        so[i].max_tokens = N_NEW;
+        CHECK_OK(dflash_session_new(e, &so[i], &s[i]));
+    }
+    so[2].temperature = 0.8, so[2].top_k = 40, so[2].seed = 11;
+    dflash_session_free(s[2]);
+    CHECK_OK(dflash_session_new(e, &so[2], &s[2]));
+    dflash_session *extra = NULL;
+    CHECK_FAILS(dflash_session_new(e, &so[0], &extra), DFLASH_ERR_INVALID_ARG, "max_sessions");
+    if (!s[0] || !s[1] || !s[2])
+        goto done;
+    CHECK_OK(dflash_session_start_text(s[0], text));
+    CHECK_OK(dflash_session_start_ids(s[1], ids2, 7));
+    CHECK_OK(dflash_session_start_text(s[2], text));
+    CHECK_FAILS(dflash_session_start_ids(s[1], ids2, 7), DFLASH_ERR_INVALID_ARG, "still generating");
+    int active = 1, steps = 0;
+    while (active && steps++ < 200)
+        CHECK_OK(dflash_engine_step(e, &active));
+    int32_t want[N_NEW];
+    int nw = plain_run(ids1, (int)n1, &so[0], want);
+    CHECKF(!dflash_session_running(s[0]) && same_output(s[0], want, nw), "text session differs from plain");
+    nw = plain_run(ids2, 7, &so[1], want);
+    CHECK(same_output(s[1], want, nw));
+    nw = plain_run(ids1, (int)n1, &so[2], want);
+    CHECKF(same_output(s[2], want, nw), "sampled session differs from plain sampling");
+    char *out_text = NULL;
+    CHECK_OK(dflash_session_text(s[0], &out_text));
+    CHECK(out_text && strlen(out_text) > 0);
+    free(out_text);
+
+    /* a second start continues session 1: the whole conversation decoded plainly */
+    const int32_t *o1;
+    size_t no1;
+    dflash_session_output(s[1], &o1, &no1);
+    int32_t whole[7 + N_NEW + 5], more[] = { 9, 8, 7, 6, 5 };
+    memcpy(whole, ids2, sizeof ids2);
+    memcpy(whole + 7, o1, no1 * sizeof *o1);
+    memcpy(whole + 7 + no1, more, sizeof more);
+    int n_whole = 7 + (int)no1 + 5;
+    CHECK_OK(dflash_session_start_ids(s[1], more, 5));
+    for (active = 1, steps = 0; active && steps++ < 200;)
+        CHECK_OK(dflash_engine_step(e, &active));
+    nw = plain_run(whole, n_whole, &so[1], want);
+    CHECKF(same_output(s[1], want, nw), "continued session differs from the whole conversation decoded plainly");
+    dflash_session_stats st;
+    dflash_session_stats_get(s[1], &st);
+    CHECK(st.prompt_tokens == 6 && st.generated_tokens == nw && st.steps > 0 && st.mean_accept >= 1.0);
+done:
+    for (int i = 0; i < 3; i++)
+        dflash_session_free(s[i]);
+    free(ids1);
+    dflash_engine_close(e);
+}
+
+int main(void)
+{
+    CHECK_OK(dflash_backend_cpu_create(&g_be));
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 512;
+    CHECK_OK(dflash_qwen3_load(TARGET, g_be, &to, &g_plain));
+    CHECK_OK(dflash_tokenizer_load(TARGET, &g_tok));
+    if (g_plain && g_tok)
+        RUN(test_sessions);
+    dflash_tokenizer_free(g_tok);
+    dflash_qwen3_free(g_plain);
+    dflash_backend_destroy(g_be);
+    TEST_END();
+}
