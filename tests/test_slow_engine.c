@@ -3,8 +3,9 @@
  * id prompt, a seeded sampling one) and stepped with dflash_engine_step
  * each give what plain decoding of their prompt gives alone (the library's
  * one-sequence loop, no drafter); a second start continues a session as
- * decoding the whole conversation does; a session cannot start while it
- * runs, and an engine holds at most max_sessions. */
+ * decoding the whole conversation does, also after a start that did not
+ * fit failed; a session cannot start while it runs, and an engine holds at
+ * most max_sessions. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -108,6 +109,13 @@ static void test_sessions(void)
     memcpy(whole + 7, o1, no1 * sizeof *o1);
     memcpy(whole + 7 + no1, more, sizeof more);
     int n_whole = 7 + (int)no1 + 5;
+    /* a start that cannot fit fails and changes nothing: the next one
+     * still continues from the same place */
+    int32_t *too_long = calloc(600, sizeof *too_long);
+    CHECK(too_long != NULL);
+    if (too_long)
+        CHECK_FAILS(dflash_session_start_ids(s[1], too_long, 600), DFLASH_ERR_INVALID_ARG, "context limit");
+    free(too_long);
     CHECK_OK(dflash_session_start_ids(s[1], more, 5));
     for (active = 1, steps = 0; active && steps++ < 200;)
         CHECK_OK(dflash_engine_step(e, &active));

@@ -43,6 +43,10 @@ struct dflash_session {
     /* every id the cache holds before this start's prompt: the history the
      * repetition penalty counts */
     dflash_idbuf held;
+    /* after a start completed: its rows went into `held` (absorbed), and
+     * its last token (carry_tok, when carry) opens the next prompt */
+    int absorbed, carry;
+    int32_t carry_tok;
 };
 
 void dflash_engine_default_opts(dflash_engine_opts *o)
@@ -201,23 +205,26 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
         if (ids[i] < 0 || ids[i] >= V)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: id %d at %zu is not a token of the model (0..%d)",
                                ids[i], i, V - 1);
-    /* what the last start left in the cache joins the history; its final
-     * token, emitted but never run, opens this prompt */
-    int carry = 0;
-    if (s->started) {
+    /* what the last start left in the cache joins the history (once, even
+     * if this start fails and is retried); its final token, emitted but
+     * never run, opens this prompt */
+    if (s->started && !s->absorbed) {
         DFLASH_TRY(dflash_idbuf_push(&s->held, s->item.prompt, (size_t)s->item.n_prompt, "session"));
-        if (s->item.n_out > 0) {
+        s->carry = s->item.n_out > 0;
+        if (s->carry) {
             DFLASH_TRY(dflash_idbuf_push(&s->held, s->out, (size_t)s->item.n_out - 1, "session"));
-            carry = 1;
+            s->carry_tok = s->out[s->item.n_out - 1];
         }
+        s->absorbed = 1;
     }
+    const int carry = s->carry;
     if (n + (size_t)carry == 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: an empty prompt");
     int32_t *p = malloc((n + 1) * sizeof *p);
     if (!p)
         return dflash_fail(DFLASH_ERR_OOM, "session: out of memory for %zu ids", n + 1);
     if (carry)
-        p[0] = s->out[s->item.n_out - 1];
+        p[0] = s->carry_tok;
     memcpy(p + carry, ids, n * sizeof *ids);
     free(s->prompt);
     s->prompt = p;
@@ -239,8 +246,9 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
     it->opts.n_history = (int)s->held.n;
     it->opts.on_tokens = s->o.on_tokens;
     it->opts.user = s->o.user;
-    s->started = 1;
     DFLASH_TRY(dflash_spec_batch_add(s->e->batch, it));
+    s->started = 1;
+    s->absorbed = 0;
     s->running = dflash_spec_batch_has(s->e->batch, it);
     return DFLASH_OK;
 }
