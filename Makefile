@@ -1,11 +1,15 @@
-# dflash: plain Makefile. `make` builds $(B)/libdflash.a and $(B)/dflash;
-# `make test` runs the whole suite (unit, sanitizers, fuzz smoke, parity);
-# `make run` runs the main job on the embedded models.
+# dflash: plain Makefile. `make` builds $(B)/libdflash.a, $(B)/libdflash.so
+# and $(B)/dflash; `make test` runs the whole suite (unit, sanitizers, fuzz
+# smoke, parity, install); `make run` runs the main job on the embedded
+# models; `make install` (PREFIX, default /usr/local, and DESTDIR) installs
+# the libraries, include/dflash.h, dflash.pc for pkg-config and the CLI.
 B       ?= build
 CC      ?= gcc
 CLANG   ?= clang
 OPT     ?= -O2
 CFLAGS  := -std=c11 $(OPT) -g -fopenmp -Wall -Wextra -Werror -MMD -MP -Iinclude -Isrc -D_GNU_SOURCE $(EXTRA_CFLAGS)
+PREFIX  ?= /usr/local
+VERSION := 0.1.0
 LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -ldl -lm
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
@@ -15,6 +19,9 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
 LIB_OBJ := $(LIB_SRC:%.c=$(B)/obj/%.o)
+# libdflash.so is built from its own position-independent objects, so the
+# static library and the CLI keep the plain ones
+PIC_OBJ := $(LIB_SRC:%.c=$(B)/pic/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(B)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 ASAN_OBJ := $(LIB_SRC:%.c=$(B)/asan/%.o)
@@ -23,8 +30,8 @@ ASAN_CLI_OBJ := $(CLI_SRC:%.c=$(B)/asan/%.o)
 FUZZ_OBJ := $(LIB_SRC:%.c=$(B)/fuzz/%.o)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(B)/fuzz/bin/%)
 
-.PHONY: all deps test test-unit test-asan test-fuzz run clean format
-all: deps $(B)/dflash
+.PHONY: all deps test test-unit test-asan test-fuzz run clean format install
+all: deps $(B)/dflash $(B)/libdflash.so
 
 deps: $(B)/.deps-ok
 $(B)/.deps-ok: tools/deps.sh
@@ -38,6 +45,25 @@ $(B)/obj/%.o: %.c | $(B)/.deps-ok
 $(B)/libdflash.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(B)/pic/%.o: %.c | $(B)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+
+$(B)/libdflash.so: $(PIC_OBJ)
+	$(CC) -shared -fopenmp -o $@ $^ $(LDLIBS)
+
+# dflash.pc is written at install time: it names the PREFIX given then.
+install: all
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include' '' \
+	  'Name: dflash' 'Description: DFlash speculative decoding (block-diffusion drafter, Qwen3 and Llama targets)' \
+	  'Version: $(VERSION)' 'Requires.private: jansson libpcre2-8 libutf8proc' 'Libs: -L$${libdir} -ldflash' \
+	  'Libs.private: -fopenmp -ldl -lm' 'Cflags: -I$${includedir}' > $(B)/dflash.pc
+	install -D -m 644 include/dflash.h $(DESTDIR)$(PREFIX)/include/dflash.h
+	install -D -m 644 $(B)/libdflash.a $(DESTDIR)$(PREFIX)/lib/libdflash.a
+	install -D -m 755 $(B)/libdflash.so $(DESTDIR)$(PREFIX)/lib/libdflash.so
+	install -D -m 644 $(B)/dflash.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/dflash.pc
+	install -D -m 755 $(B)/dflash $(DESTDIR)$(PREFIX)/bin/dflash
 
 $(B)/dflash: $(CLI_OBJ) $(B)/libdflash.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(B)/libdflash.a $(LDLIBS)
@@ -96,7 +122,8 @@ format:
 	clang-format -i $$(find src include tests -name '*.[ch]')
 
 clean:
-	rm -rf $(B)/obj $(B)/asan $(B)/tsan $(B)/fuzz $(B)/tests $(B)/dflash $(B)/libdflash.a
+	rm -rf $(B)/obj $(B)/pic $(B)/asan $(B)/tsan $(B)/fuzz $(B)/tests $(B)/examples $(B)/dflash $(B)/libdflash.a \
+	  $(B)/libdflash.so $(B)/dflash.pc
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
 .SECONDARY:
@@ -104,3 +131,4 @@ clean:
 # The CPU reference ops are the hot loops: -O3 lets GCC vectorize the
 # fixed-order partial sums (results are identical; the order is in the code).
 $(B)/obj/src/backend/cpu/%.o: CFLAGS += -O3
+$(B)/pic/src/backend/cpu/%.o: CFLAGS += -O3

@@ -55,6 +55,8 @@ run_one "$B/tests/test_slow_cli_limits (asan dflash)" env DFLASH_BIN=$B/asan/dfl
 # The linear's thread pool under ThreadSanitizer, with more threads than
 # cores so hand-overs interleave.
 run_one "$B/tsan/test_cpu_gemm" env DFLASH_CPU_THREADS=4 TSAN_OPTIONS=halt_on_error=1 "$B/tsan/test_cpu_gemm"
+# make install into temporary prefixes; the example built with pkg-config.
+run_one "tests/install_check.sh" env B="$B" bash tests/install_check.sh
 fuzz_secs=${DFLASH_FUZZ_SECONDS:-20}
 for f in $B/fuzz/bin/fuzz_*; do
     [ -x "$f" ] || continue

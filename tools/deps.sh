@@ -11,6 +11,7 @@ have_header utf8proc.h || need+=(libutf8proc-dev)
 command -v clang >/dev/null || need+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 command -v npm >/dev/null || need+=(npm)
+command -v pkg-config >/dev/null || need+=(pkg-config)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "deps: installing ${need[*]}" >&2
