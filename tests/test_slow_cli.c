@@ -202,6 +202,7 @@ static void test_batch(void)
         { "{\"prompt\": \"x\", \"max_tokens\": 2.5}", ":2: \"max_tokens\" is 2.5; expected an integer" },
         { "{\"prompt\": \"x\", \"top_p\": \"0.9\"}", ":2: \"top_p\" must be a number, not a string" },
         { "[1, 2]", ":2: not a JSON object" },
+        { "{\"prompt_ids\": [1, 999999]}", ":2: prompt_ids[1] = 999999 is outside the model's vocabulary [0, 4096)" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         f = fopen(dir, "w");

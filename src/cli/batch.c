@@ -96,12 +96,11 @@ static dflash_status prompt_ids(const batch_run *r, batch_line *l, json_t *arr)
                            r->label, l->line_no);
     if (!(l->ids = malloc(n * sizeof *l->ids)))
         return dflash_fail(DFLASH_ERR_OOM, "%s:%d: out of memory for %zu ids", r->label, l->line_no, n);
-    const int V = r->e.target ? r->e.target->cfg.vocab_size : INT32_MAX;
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(arr, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= V)
-            return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: prompt_ids[%zu] is not a token id in [0, %d)",
-                               r->label, l->line_no, i, V);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: prompt_ids[%zu] is not a token id", r->label,
+                               l->line_no, i);
         l->ids[i] = (int32_t)json_integer_value(v);
     }
     l->n_ids = n;
@@ -230,7 +229,14 @@ static dflash_status run_lines(batch_run *r, double *secs)
     DFLASH_TRY(cli_engine_open(&r->e, a->e, (int)longest + plan.block, r->n + 1));
     if (a->chat)
         cli_engine_chat_prepare(&r->e, a->e, &r->co);
-    dflash_spec_item *items = calloc((size_t)r->n, sizeof *items);
+    const int V = r->e.target->cfg.vocab_size; /* known once the model is open */
+    const size_t n_lines = (size_t)r->n;       /* read_lines made it positive */
+    for (size_t i = 0; i < n_lines; i++)
+        for (size_t k = 0; k < r->lines[i].n_ids; k++)
+            if (r->lines[i].ids[k] >= V)
+                return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: prompt_ids[%zu] = %d is outside the model's "
+                                   "vocabulary [0, %d)", r->label, r->lines[i].line_no, k, r->lines[i].ids[k], V);
+    dflash_spec_item *items = calloc(n_lines, sizeof *items);
     if (!items)
         return dflash_fail(DFLASH_ERR_OOM, "out of memory for %d sequences", r->n);
     dflash_status s = DFLASH_OK;
