@@ -60,6 +60,11 @@ static void test_sessions(void)
     eo.max_sessions = 3;
     eo.max_ctx = 512;
     dflash_engine *e = NULL;
+    /* a folder that is not there is named */
+    eo.model_dir = "/nonexistent/model";
+    CHECK(dflash_engine_open(&eo, &e) != DFLASH_OK && e == NULL);
+    CHECKF(strstr(dflash_last_error(), "/nonexistent/model") != NULL, "message: %s", dflash_last_error());
+    eo.model_dir = TARGET;
     CHECK_OK(dflash_engine_open(&eo, &e));
     if (!e)
         return;

@@ -82,7 +82,8 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     int block = DFLASH_MAX_BLOCK; /* KV room for the widest step a drafter may take */
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
-    to.max_ctx = (o->max_ctx < cfg.max_position_embeddings ? o->max_ctx : cfg.max_position_embeddings) + block;
+    const int model_ctx = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : o->max_ctx;
+    to.max_ctx = (o->max_ctx < model_ctx ? o->max_ctx : model_ctx) + block;
     to.max_seqs = o->max_sessions;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)
