@@ -26,9 +26,8 @@ struct dflash_engine {
     dflash_tokenizer *tok;     /* NULL when the model folder has none */
     int32_t stop_ids[ENGINE_MAX_STOP];
     int n_stop;
-    dflash_spec_batch *batch;
-    dflash_session **sessions; /* [max_sessions] */
-    int max_sessions, n_sessions;
+    dflash_spec_batch *batch;     /* the sessions generating; a session runs while it is in it */
+    int max_sessions, n_sessions; /* sessions that exist */
 };
 
 struct dflash_session {
@@ -37,7 +36,7 @@ struct dflash_session {
     dflash_kv_seq seq;
     void *pstate;
     dflash_spec_item item;
-    int running, started;
+    int started;
     int32_t *prompt; /* this start's prompt: the unverified last token, then the new ids */
     int32_t *out;    /* [max_tokens] */
     /* every id the cache holds before this start's prompt: the history the
@@ -103,8 +102,6 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
                 add_stop(e, ids[i]);
     }
     e->max_sessions = o->max_sessions;
-    if (!(e->sessions = calloc((size_t)o->max_sessions, sizeof *e->sessions)))
-        return dflash_fail(DFLASH_ERR_OOM, "engine: out of memory for %d sessions", o->max_sessions);
     return dflash_spec_batch_new(e->target, e->prop, o->block_size, o->max_sessions, &e->batch);
 }
 
@@ -133,7 +130,6 @@ void dflash_engine_close(dflash_engine *e)
     if (!e)
         return;
     dflash_spec_batch_free(e->batch);
-    free(e->sessions);
     dflash_proposer_destroy(e->prop);
     dflash_qwen3_free(e->target);
     dflash_tokenizer_free(e->tok);
@@ -169,7 +165,7 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
         free(s);
         return st;
     }
-    e->sessions[e->n_sessions++] = s;
+    e->n_sessions++;
     *out = s;
     return DFLASH_OK;
 }
@@ -179,16 +175,11 @@ void dflash_session_free(dflash_session *s)
     if (!s)
         return;
     dflash_engine *e = s->e;
-    if (s->running)
-        dflash_spec_batch_remove(e->batch, &s->item);
+    dflash_spec_batch_remove(e->batch, &s->item); /* nothing when it is not generating */
     if (s->pstate)
         e->prop->ops->free_state(e->prop, s->pstate);
     dflash_qwen3_seq_free(e->target, &s->seq);
-    for (int i = 0; i < e->n_sessions; i++)
-        if (e->sessions[i] == s) {
-            e->sessions[i] = e->sessions[--e->n_sessions];
-            break;
-        }
+    e->n_sessions--;
     free(s->prompt);
     free(s->out);
     dflash_idbuf_free(&s->held);
@@ -199,7 +190,7 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
 {
     if (!s || (!ids && n))
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: no session or ids");
-    if (s->running)
+    if (dflash_session_running(s))
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: still generating; start it again once it is done");
     const int V = s->e->target->cfg.vocab_size;
     for (size_t i = 0; i < n; i++)
@@ -250,7 +241,6 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
     DFLASH_TRY(dflash_spec_batch_add(s->e->batch, it));
     s->started = 1;
     s->absorbed = 0;
-    s->running = dflash_spec_batch_has(s->e->batch, it);
     return DFLASH_OK;
 }
 
@@ -274,18 +264,12 @@ dflash_status dflash_engine_step(dflash_engine *e, int *n_active)
     *n_active = 0;
     if (!e)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine step: no engine");
-    int n;
-    dflash_status s = dflash_spec_batch_step(e->batch, &n);
-    for (int i = 0; i < e->n_sessions; i++)
-        if (e->sessions[i]->running)
-            e->sessions[i]->running = dflash_spec_batch_has(e->batch, &e->sessions[i]->item);
-    *n_active = n;
-    return s;
+    return dflash_spec_batch_step(e->batch, n_active);
 }
 
 int dflash_session_running(const dflash_session *s)
 {
-    return s && s->running;
+    return s && s->started && dflash_spec_batch_has(s->e->batch, &s->item);
 }
 
 void dflash_session_output(const dflash_session *s, const int32_t **ids, size_t *n)
