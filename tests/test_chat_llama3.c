@@ -90,7 +90,6 @@ static void test_options(void)
     CHECK(!strcmp(dflash_chat_end_of_turn(DFLASH_CHAT_LLAMA3), "<|eot_id|>"));
     CHECK(!strcmp(dflash_chat_turn_separator(DFLASH_CHAT_LLAMA3), ""));
     CHECK(!strcmp(dflash_chat_end_of_turn(DFLASH_CHAT_QWEN3), "<|im_end|>"));
-    CHECK(!strcmp(dflash_chat_format_name(DFLASH_CHAT_LLAMA3), "llama3"));
 }
 
 int main(void)

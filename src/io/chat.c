@@ -25,11 +25,6 @@ dflash_chat_opts dflash_chat_default_opts(void)
     return o;
 }
 
-const char *dflash_chat_format_name(dflash_chat_format f)
-{
-    return f == DFLASH_CHAT_LLAMA3 ? "llama3" : "qwen3";
-}
-
 const char *dflash_chat_end_of_turn(dflash_chat_format f)
 {
     return f == DFLASH_CHAT_LLAMA3 ? "<|eot_id|>" : "<|im_end|>";

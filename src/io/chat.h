@@ -62,8 +62,6 @@ typedef struct dflash_chat_opts {
 
 dflash_chat_opts dflash_chat_default_opts(void);
 
-/* "qwen3" or "llama3". */
-const char *dflash_chat_format_name(dflash_chat_format f);
 /* The marker that ends a turn ("<|im_end|>", "<|eot_id|>") and what the
  * format writes between a turn's end and the next turn ("\n", ""). */
 const char *dflash_chat_end_of_turn(dflash_chat_format f);
