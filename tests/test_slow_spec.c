@@ -21,6 +21,20 @@ static void run(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int 
     CHECK_OK(oracle_generate(t, p, prompt, n_prompt, n_new, block, 1.0, out, n_out, st));
 }
 
+/* The target in `dir` with room for 400 positions (max_rows 0: the
+ * default); NULL, with a failed check, if it does not load. */
+static dflash_qwen3 *load_target(const char *dir, int max_rows)
+{
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_ctx = 400;
+    if (max_rows)
+        to.max_rows = max_rows;
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(dir, be, &to, &t));
+    return t;
+}
+
 static void prompt_for(int V, int n, int seed, int32_t *out)
 {
     /* A prompt with repeats, so n-gram lookups find matches. */
@@ -39,12 +53,7 @@ static void test_dflash_equals_plain(void)
         if (!have)
             continue;
         fx_path(ddir, sizeof ddir, "dflash", drafters[k]);
-        dflash_qwen3_opts to;
-        dflash_qwen3_default_opts(&to);
-        to.max_ctx = 400;
-        to.max_rows = 32; /* prompts of 50 prefill in two chunks */
-        dflash_qwen3 *t = NULL;
-        CHECK_OK(dflash_qwen3_load(tdir, be, &to, &t));
+        dflash_qwen3 *t = load_target(tdir, 32); /* 32 rows: prompts of 50 prefill in two chunks */
         if (!t)
             continue;
         int32_t prompt[50], plain[80], out[80];
@@ -80,18 +89,33 @@ static void test_dflash_equals_plain(void)
     }
 }
 
+/* The n-gram proposer at `block` on prompt[40] (120 new tokens): its
+ * output must equal plain[] (label names the case); its stats in *st. */
+static void ngram_equals_plain(dflash_qwen3 *t, const int32_t *prompt, const int32_t *plain, int n_plain, int block,
+                               const char *label, dflash_gen_stats *st)
+{
+    int32_t out[120];
+    int n_out;
+    dflash_proposer *p = NULL;
+    memset(st, 0, sizeof *st);
+    CHECK_OK(dflash_ngram_create(block, 1, 3, &p));
+    if (!p)
+        return;
+    run(t, p, prompt, 40, 120, block, out, &n_out, st);
+    CHECKF(n_out == n_plain && memcmp(out, plain, (size_t)n_plain * sizeof *out) == 0, "%s ngram block %d differs",
+           label, block);
+    printf("  %s ngram block %d: tau %.2f over %d steps\n", label, block, st->mean_accept, st->n_steps);
+    dflash_proposer_destroy(p);
+}
+
 static void test_ngram_equals_plain_and_accepts(void)
 {
     char tdir[512];
-    dflash_qwen3 *t = NULL;
-    dflash_qwen3_opts to;
-    dflash_qwen3_default_opts(&to);
-    to.max_ctx = 400;
-    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &t));
+    dflash_qwen3 *t = load_target(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), 0);
     if (!t)
         return;
-    int32_t prompt[40], plain[120], out[120];
-    int n_plain, n_out;
+    int32_t prompt[40], plain[120];
+    int n_plain;
     dflash_gen_stats st;
     prompt_for(t->cfg.vocab_size, 40, 3, prompt);
     run(t, NULL, prompt, 40, 120, 0, plain, &n_plain, &st);
@@ -99,16 +123,9 @@ static void test_ngram_equals_plain_and_accepts(void)
      * floors just below, so a loop that accepts less fails here. */
     static const double floors[] = { 1.6, 2.3, 2.85, 3.05 };
     for (int block = 2, bi = 0; block <= 16; block *= 2, bi++) {
-        dflash_proposer *p = NULL;
-        CHECK_OK(dflash_ngram_create(block, 1, 3, &p));
-        if (!p)
-            continue;
-        run(t, p, prompt, 40, 120, block, out, &n_out, &st);
-        CHECKF(n_out == n_plain && memcmp(out, plain, sizeof plain) == 0, "ngram block %d differs", block);
-        printf("  ngram block %d: tau %.2f over %d steps\n", block, st.mean_accept, st.n_steps);
+        ngram_equals_plain(t, prompt, plain, n_plain, block, "gqa_tied", &st);
         CHECKF(st.mean_accept >= floors[bi], "ngram block %d: tau %.2f below %.2f", block, st.mean_accept,
                floors[bi]);
-        dflash_proposer_destroy(p);
     }
     dflash_qwen3_free(t);
 }
@@ -120,30 +137,16 @@ static void test_other_targets_equal_plain(void)
     static const char *const targets[][2] = { { "llama", "llama31_gqa" }, { "qwen3", "yarn_tied" } };
     for (size_t k = 0; k < sizeof targets / sizeof targets[0]; k++) {
         char tdir[512];
-        dflash_qwen3 *t = NULL;
-        dflash_qwen3_opts to;
-        dflash_qwen3_default_opts(&to);
-        to.max_ctx = 400;
-        CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, targets[k][0], targets[k][1]), be, &to, &t));
+        dflash_qwen3 *t = load_target(fx_path(tdir, sizeof tdir, targets[k][0], targets[k][1]), 0);
         if (!t)
             continue;
-        int32_t prompt[40], plain[120], out[120];
-        int n_plain, n_out;
+        int32_t prompt[40], plain[120];
+        int n_plain;
         dflash_gen_stats st;
         prompt_for(t->cfg.vocab_size, 40, 5, prompt);
         run(t, NULL, prompt, 40, 120, 0, plain, &n_plain, &st);
-        for (int block = 4; block <= 16; block *= 4) {
-            dflash_proposer *p = NULL;
-            CHECK_OK(dflash_ngram_create(block, 1, 3, &p));
-            if (!p)
-                continue;
-            run(t, p, prompt, 40, 120, block, out, &n_out, &st);
-            CHECKF(n_out == n_plain && memcmp(out, plain, sizeof plain) == 0, "%s ngram block %d differs",
-                   targets[k][1], block);
-            printf("  %s ngram block %d: tau %.2f over %d steps\n", targets[k][1], block, st.mean_accept,
-                   st.n_steps);
-            dflash_proposer_destroy(p);
-        }
+        for (int block = 4; block <= 16; block *= 4)
+            ngram_equals_plain(t, prompt, plain, n_plain, block, targets[k][1], &st);
         dflash_qwen3_free(t);
     }
 }
@@ -194,15 +197,11 @@ static void test_stop_tokens(void)
 static int load_tied_pair(const dflash_head_opts *ho, dflash_qwen3 **t, dflash_head **h)
 {
     char tdir[512], ddir[512];
-    dflash_qwen3_opts to;
-    dflash_qwen3_default_opts(&to);
-    to.max_ctx = 400;
     dflash_head_opts dho;
     dflash_head_default_opts(&dho);
     dho.max_ctx = 400;
-    *t = NULL;
     *h = NULL;
-    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, t));
+    *t = load_target(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), 0);
     if (*t)
         CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), *t, ho ? ho : &dho, h));
     if (!*h) {
@@ -342,11 +341,7 @@ static void test_auto_width_equals_plain(void)
             CHECKF(0, "%s: meta.json with a target", drafters[k]);
             continue;
         }
-        dflash_qwen3_opts to;
-        dflash_qwen3_default_opts(&to);
-        to.max_ctx = 400;
-        dflash_qwen3 *t = NULL;
-        CHECK_OK(dflash_qwen3_load(tdir, be, &to, &t));
+        dflash_qwen3 *t = load_target(tdir, 0);
         if (!t)
             continue;
         dflash_proposer *p = NULL;
