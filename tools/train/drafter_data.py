@@ -14,7 +14,7 @@ Owns:
   prompts drawn from the streams. In speculative decoding most of what the
   drafter conditions on is the target's own output, so most training
   sequences are such continuations. Generated with the target's KV cache,
-  cached in WORK/pool-<n>-<seed>.pt so concurrent runs share one.
+  cached in WORK/pool-<n>-<seq>-<seed>.pt so concurrent runs share one.
 """
 import json
 import os
