@@ -39,6 +39,10 @@
 # Knobs: GPU_TEST_ONLY=check (1-4, 6) | bench (5) | model (4) | all (default);
 # GPU_TEST_NCU=1 adds an Nsight Compute profile of one propose's kernels
 # (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches);
+# GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
+# bench (CSV in the logs); GPU_TEST_AB=FILE.tar (a `git archive` of another
+# commit) builds that tree's CLI too and alternates the two benches;
+# GPU_TEST_SPLITS="2 4 8" benches with DFLASH_CUDA_GEMM_SPLIT at each;
 # GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
 # libraries; MODEL_CHECK_ARGS are passed to cuda_model_check (e.g.
 # --cpu-as-gpu, to check this script on a machine without a GPU);
@@ -104,7 +108,7 @@ fi
 
 # ---- the full library (model check, CLI) ----
 LIBS="-ljansson -lpcre2-8 -lutf8proc"
-SR=$B/sysroot
+SR=$PWD/$B/sysroot # absolute: the baseline build (GPU_TEST_AB) runs in another folder
 system_libs_ok() { # the three headers compile and the libraries link
     printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <jansson.h>\n#include <pcre2.h>\n#include <utf8proc.h>\nint main(void){json_decref(json_object());return utf8proc_version()==0;}\n' >"$B/libs.c"
     gcc "$B/libs.c" -o "$B/libs" $LIBS 2>/dev/null
@@ -182,6 +186,46 @@ if want bench; then
     else
         names+=("bench"); rcs+=("no-libs"); secs+=(0)
     fi
+    # Same-run comparisons. GPU_TEST_AB=FILE.tar: a baseline tree (`git
+    # archive` of another commit, carried to the machine); its CLI is built
+    # like this one's and the two alternate, two rounds of the seed propose
+    # and the 8B verify + decode at ctx 4096. GPU_TEST_SPLITS="2 4 8": the
+    # seed propose and the 8B target with DFLASH_CUDA_GEMM_SPLIT at each.
+    if [ -n "${GPU_TEST_AB:-}" ] && [ -x "$B/dflash" ]; then
+        ab_build() {
+            rm -rf "$B/ab" && mkdir -p "$B/ab" && tar -xf "$GPU_TEST_AB" -C "$B/ab" &&
+                (cd "$B/ab" && gcc $CFLAGS $OMP $MFLAGS -o dflash $(ls src/cli/*.c) \
+                    $(find src -name '*.c' ! -path 'src/cli/*' | sort) $LIBS -ldl -lm)
+        }
+        ab_bench() {
+            local round who bin
+            for round in 1 2; do
+                for who in this baseline; do
+                    bin=$B/dflash
+                    [ "$who" = baseline ] && bin=$B/ab/dflash
+                    echo "### $who, round $round"
+                    "$bin" bench --device cuda --preset seed-drafter --ctx 4096 || return 1
+                    "$bin" bench --device cuda --preset qwen3-8b-target --ctx 4096 --rows 16 || return 1
+                done
+            done
+        }
+        step ab-build ab_build.txt 120 ab_build
+        if last_ok; then
+            step ab-bench ab_bench.txt 200 ab_bench
+        fi
+    fi
+    if [ -n "${GPU_TEST_SPLITS:-}" ] && [ -x "$B/dflash" ]; then
+        split_sweep() {
+            local S
+            for S in $GPU_TEST_SPLITS; do
+                echo "### DFLASH_CUDA_GEMM_SPLIT=$S"
+                DFLASH_CUDA_GEMM_SPLIT=$S "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 || return 1
+                DFLASH_CUDA_GEMM_SPLIT=$S "$B/dflash" bench --device cuda --preset qwen3-8b-target --ctx 4096 \
+                    --rows 16 || return 1
+            done
+        }
+        step split-sweep split_sweep.txt 200 split_sweep
+    fi
     # Nsight Compute on the kernels of one propose (GPU_TEST_NCU=1; clocks
     # left alone): why a kernel is slow, not guessed.
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
@@ -190,6 +234,14 @@ if want bench; then
             --launch-count "${GPU_TEST_NCU_COUNT:-10}" --section SpeedOfLight --section Occupancy --section LaunchStats \
             --section MemoryWorkloadAnalysis --section WarpStateStats \
             "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 --reps 1
+    fi
+    # GPU_TEST_NCU_TIMES=1: the duration of every kernel of a seed-drafter
+    # bench (one metric, one replay pass each: fast), as CSV; the last
+    # propose's kernels against its end-to-end time show what the gaps
+    # between kernels cost.
+    if [ "${GPU_TEST_NCU_TIMES:-0}" = 1 ] && [ -n "$NCU" ] && [ -x "$B/dflash" ]; then
+        step ncu-times-seed ncu_times_seed.txt 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
+            --csv --print-units base "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 --reps 1
     fi
     P="python3 tools/bench/torch_drafter_peer.py --device cuda"
     step peer-seed peer_seed.txt 150 $P --preset seed-drafter --ctx 512,4096
@@ -226,10 +278,10 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_pystd peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_pystd ab_bench split_sweep peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
-    grep -E '^(bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head)' "$LOG/$f.txt"
+    grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head)' "$LOG/$f.txt"
 done
 tar -czf "$OUT/gpu-test-logs.tgz" -C "$LOG" . && echo "logs: $OUT/gpu-test-logs.tgz"
 echo

@@ -1371,6 +1371,11 @@ int main(int argc, char **argv)
     case_qk_norm_rope(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 4, g_small ? 64 : 128, T);
     if (!g_small)
         case_qk_norm_rope(1, 32, 8, 128, 0);
+    /* the kernel's two paths: in registers (head_dim % 64 == 0, up to
+     * 256) and the general one */
+    case_qk_norm_rope(3, 4, 2, 256, 0);
+    case_qk_norm_rope(3, 4, 2, 32, 0);
+    case_qk_norm_rope(2, 3, 1, 96, 0);
 
     /* kv_write + attention, f32 pages (the general kernel) and bf16 pages
      * (the tensor-core kernel where head_dim allows) */

@@ -115,6 +115,7 @@ static void cuda_destroy(dflash_backend *be)
             c->cu.cuMemFree(c->owned[i]);
         for (int i = 0; i < c->n_rope; i++)
             c->cu.cuMemFree(c->rope[i].data);
+        free(c->rope);
         cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_bad };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cuda_buf_free(c, bufs[i]);
@@ -302,6 +303,8 @@ static dflash_status cuda_add_rmsnorm(dflash_backend *be, float *x, const float 
     if (w->rows * w->cols != dim)
         return dflash_fail(DFLASH_ERR_SHAPE, "rmsnorm: weight %s has %lld elements, rows have %d",
                            w->name ? w->name : "?", (long long)(w->rows * w->cols), dim);
+    if (dim > 16 * 1024) /* norm.cu AR_PER elements per thread, 1024 threads */
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda rmsnorm: rows of %d elements (at most 16384)", dim);
     if (n <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
@@ -334,7 +337,8 @@ static dflash_status cuda_add(dflash_backend *be, float *x, const float *delta, 
 
 /* The device copy of a RoPE table (computed on the host by core/rope.c,
  * the same table the CPU rotates with, so both see the same angles). Kept
- * per distinct table: target and drafter may differ. */
+ * per distinct table for the backend's life: target and drafter may
+ * differ, and one backend may serve many models in turn. */
 static dflash_status rope_table_get(cuda_ctx *c, const dflash_rope *rope, CUdeviceptr *out)
 {
     const size_t bytes = (size_t)rope->n_pairs * sizeof(float);
@@ -343,8 +347,14 @@ static dflash_status rope_table_get(cuda_ctx *c, const dflash_rope *rope, CUdevi
             *out = c->rope[i].data;
             return DFLASH_OK;
         }
-    if (c->n_rope == MAX_ROPE_TABLES)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda norm_rope: more than %d distinct RoPE tables", MAX_ROPE_TABLES);
+    if (c->n_rope == c->cap_rope) {
+        const int cap = c->cap_rope ? 2 * c->cap_rope : 4;
+        rope_table *grown = realloc(c->rope, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return dflash_fail(DFLASH_ERR_OOM, "cuda norm_rope: out of memory for %d RoPE tables", cap);
+        c->rope = grown;
+        c->cap_rope = cap;
+    }
     CUdeviceptr d = 0;
     DFLASH_TRY(DFLASH_CU(&c->cu, cuMemAlloc(&d, bytes)));
     rope_table *t = &c->rope[c->n_rope];
@@ -589,6 +599,7 @@ static dflash_status open_device(cuda_ctx *c, int device)
         DFLASH_TRY(DFLASH_CU(cu, cuEventCreate(&c->ev[i], DFLASH_CU_EVENT_DEFAULT)));
     /* A diagnosis switch: the kernels are correct either way. */
     c->pdl = major >= 9 && dflash_levers_get()->cuda_pdl;
+    c->gemm_split = dflash_levers_get()->cuda_gemm_split;
     snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s)", c->dev_name, c->arch, c->sm_count,
              c->pdl ? "" : ", PDL off");
     DFLASH_TRY(dflash_nvrtc_api_load(&c->nv));

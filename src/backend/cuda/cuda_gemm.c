@@ -76,26 +76,31 @@ static int gemm_ok(const float *x, const dflash_weight *w, int n_w)
 }
 
 /* Split-K factor for `rb` row blocks and K of k_steps 16-byte loads per
- * thread group. A block does 1/S of a row block's K; the run takes
- * waves(S) = ceil(blocks / resident blocks) rounds of that, so the time
- * goes as waves(S) / S. Slices also cost a round trip of partials
- * (~4 S M / K of the weight bytes, at a typical M of 16). The cheapest S
- * wins. (Measured: filling the GPU with more, shorter slices was slower;
- * a block needs a long enough K slice for its loads to stream.) A
- * function of the shape and the device only, never of the row count: a
- * row's sums do not depend on the batch it is in. */
-static int gemm_split(const cuda_ctx *c, int64_t rb, int64_t k_steps, int64_t K)
+ * thread group. A block of one slice streams its weights a chunk (L_REF
+ * loads per thread) ahead of use, so its time is about one memory round
+ * trip per chunk; every slice beyond the first adds a round trip for its
+ * partial sums (store, fence, arrival count) per wave and one for the
+ * last block's reduction, whose loads are all in flight at once. With
+ * waves(S) = ceil(rb S / resident blocks), the estimate is
+ *     waves(S) * (chunks(S) + [S > 1]) + [S > 1]
+ * round trips, and the smallest S of the lowest estimate wins (any S up
+ * to GEMM_MAX_SPLIT: filling the resident slots matters more than equal
+ * slices). A function of the shape and the device only, never of the row
+ * count: a row's sums do not depend on the batch it is in.
+ * DFLASH_CUDA_GEMM_SPLIT=S uses that S instead (or the most K allows),
+ * for measurements. */
+static int gemm_split(const cuda_ctx *c, int64_t rb, int64_t k_steps)
 {
+    enum { L_REF = 4 }; /* loads per chunk at 16 rows (gemm.cu GM_LOADS) */
     const int64_t slots = 2LL * c->sm_count; /* two blocks of 8 warps per SM (launch bounds) */
     int best = 1;
-    double best_cost = 0;
-    for (int S = 1; S <= GEMM_MAX_SPLIT; S *= 2) {
-        if (S > 1 && k_steps / S < 4)
+    int64_t best_cost = 0;
+    for (int S = 1; S <= GEMM_MAX_SPLIT; S++) {
+        if (S > 1 && k_steps / S < 1)
             break;
-        const int64_t blocks = rb * S;
-        const double waves = (double)((blocks + slots - 1) / slots);
-        const double cost = waves / S + (S > 1 ? 4.0 * S * 16 / (double)K : 0.0);
-        if (S == 1 || cost < best_cost * 0.97) {
+        const int64_t waves = (rb * S + slots - 1) / slots, per = (k_steps + S - 1) / S;
+        const int64_t cost = waves * ((per + L_REF - 1) / L_REF + (S > 1)) + (S > 1);
+        if (c->gemm_split > 0 ? S <= c->gemm_split : (S == 1 || cost < best_cost)) {
             best = S;
             best_cost = cost;
         }
@@ -131,7 +136,7 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     ga.mode = mode;
     ga.store = mode != GEMM_ARGMAX || out[0] != NULL;
     const int64_t k_steps = ga.k / (fp8 ? 64 : 32);
-    ga.split = gemm_split(c, rb, k_steps, ga.k);
+    ga.split = gemm_split(c, rb, k_steps);
     const int64_t blocks = rb * ga.split;
     if (blocks > 0x7fffffff || rb > 0x7fffffff / GEMM_MAX_M)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks", (long long)rb);

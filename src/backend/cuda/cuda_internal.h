@@ -12,7 +12,6 @@
 #include "backend/cuda/cuda_loader.h"
 
 #define MAX_MODULES 16
-#define MAX_ROPE_TABLES 4
 
 /* A RoPE table uploaded once: the host table it copies, its device copy. */
 typedef struct rope_table {
@@ -40,6 +39,7 @@ typedef struct cuda_ctx {
     char dev_name[128];
     int sm_count;
     int pdl; /* launch with programmatic stream serialization (sm_90+, DFLASH_CUDA_PDL=0 turns it off) */
+    int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
     /* Kernel error report: the device word decides which report wins, the
      * details land in mapped host memory [code, a, b, c]. */
     CUdeviceptr err_flag;
@@ -48,8 +48,8 @@ typedef struct cuda_ctx {
     /* Weights copied by weight_from_host, freed with the backend. */
     CUdeviceptr *owned;
     size_t n_owned, cap_owned;
-    rope_table rope[MAX_ROPE_TABLES];
-    int n_rope;
+    rope_table *rope; /* every distinct table seen (models come and go; each is a few hundred bytes) */
+    int n_rope, cap_rope;
     CUevent ev[2]; /* timer start, stop (tools only) */
     dflash_backend_counters count; /* launches, waits, copies (benchmarks) */
     /* Workspaces: attention partials of key splits (attention_tc.cu);

@@ -356,6 +356,8 @@ ATTN_TC_KERNEL(128)
  * exact zeros, so one split or several give the same bits. */
 #define AT_MAX_SPLITS 2048
 #define AC_WARPS 8
+#define AC_ML_REGS 2 /* (m, l) pairs a thread keeps in registers */
+#define AC_UNROLL 4  /* splits a warp requests together */
 extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(const float *part_o,
                                                                                const float *part_ml, float *out,
                                                                                const int *row_seq,
@@ -376,29 +378,61 @@ extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(
         return; /* the attention kernel wrote this row */
     const float NEG = -__int_as_float(0x7f800000);
     const i64 stride = (i64)n_rows * n_heads, unit = (i64)row * n_heads + h;
-    float mx = NEG;
-    for (int s = tid; s < n_splits; s += blockDim.x) {
-        w[s] = part_ml[(s * stride + unit) * 2];
-        mx = fmaxf(mx, w[s]);
+    /* Each thread's (m, l) are read once: the first AC_ML_REGS splits
+     * of the thread from registers, any beyond from the partials again. */
+    float mx = NEG, ml_m[AC_ML_REGS], ml_l[AC_ML_REGS];
+#pragma unroll
+    for (int r = 0; r < AC_ML_REGS; r++) {
+        const int s = tid + r * (int)blockDim.x;
+        const float2 v = s < n_splits ? *(const float2 *)(part_ml + (s * stride + unit) * 2) : make_float2(NEG, 0.0f);
+        ml_m[r] = v.x;
+        ml_l[r] = v.y;
+        mx = fmaxf(mx, v.x);
     }
+    for (int s = tid + AC_ML_REGS * (int)blockDim.x; s < n_splits; s += blockDim.x)
+        mx = fmaxf(mx, part_ml[(s * stride + unit) * 2]);
     mx = block_max(mx, scratch);
     float den = 0.0f;
-    for (int s = tid; s < n_splits; s += blockDim.x) {
-        const float ws = w[s] == NEG ? 0.0f : expf(w[s] - mx);
+#pragma unroll
+    for (int r = 0; r < AC_ML_REGS; r++) {
+        const int s = tid + r * (int)blockDim.x;
+        if (s < n_splits) {
+            const float ws = ml_m[r] == NEG ? 0.0f : expf(ml_m[r] - mx);
+            w[s] = ws;
+            den += ws * ml_l[r];
+        }
+    }
+    for (int s = tid + AC_ML_REGS * (int)blockDim.x; s < n_splits; s += blockDim.x) {
+        const float m_s = part_ml[(s * stride + unit) * 2];
+        const float ws = m_s == NEG ? 0.0f : expf(m_s - mx);
         w[s] = ws;
         den += ws * part_ml[(s * stride + unit) * 2 + 1];
     }
     den = block_sum(den, scratch); /* also orders the w[] writes before the reads below */
-    /* dims lane, lane + 32, ... (D <= 128) */
+    /* dims lane, lane + 32, ... (D <= 128); AC_UNROLL of the warp's splits
+     * requested together, added in split order */
     const int nw = blockDim.x >> 5; /* at most AC_WARPS */
     float num[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-    for (int s = warp; s < n_splits; s += nw) {
-        const float *o = part_o + (s * stride + unit) * D;
-        const float ws = w[s];
+    for (int s0 = warp; s0 < n_splits; s0 += nw * AC_UNROLL) {
+        float o[AC_UNROLL][4];
 #pragma unroll
-        for (int q = 0; q < 4; q++)
-            if (lane + 32 * q < D)
-                num[q] += ws * o[lane + 32 * q];
+        for (int u = 0; u < AC_UNROLL; u++) {
+            const int s = s0 + u * nw;
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                o[u][q] = s < n_splits && lane + 32 * q < D ? part_o[(s * stride + unit) * D + lane + 32 * q] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < AC_UNROLL; u++) {
+            const int s = s0 + u * nw;
+            if (s >= n_splits)
+                break;
+            const float ws = w[s];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (lane + 32 * q < D)
+                    num[q] += ws * o[u][q];
+        }
     }
 #pragma unroll
     for (int q = 0; q < 4; q++)

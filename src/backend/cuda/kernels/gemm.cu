@@ -45,6 +45,7 @@
 #define GM_WARPS 8
 #define GM_RB 128 /* weight rows per block (SwiGLU: 64 of gate and 64 of up) */
 #define GM_MAX_W 3
+#define GM_SPLIT_BATCH 4 /* split-K partials requested together per column */
 /* 16-byte weight loads per weight row per thread per chunk (a chunk is
  * loaded while the previous one is multiplied). */
 #define GM_LOADS(FP8, NT) ((NT) >= 8 ? ((FP8) ? 1 : 2) : (NT) >= 4 || (FP8) ? 2 : 4)
@@ -146,8 +147,6 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
     constexpr int XS_BYTES = MP * XW * 16, RED_BYTES = GM_WARPS * 16 * MP * 4;
     constexpr int XV = MP * (KC / 4) / GM_THREADS; /* float4 of a chunk each thread stages */
     __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
-    __shared__ float am_v[64][4];
-    __shared__ int am_i[64][4];
     __shared__ int is_last;
     uint4 *xs = (uint4 *)smem;
     float(*red)[16][MP] = (float(*)[16][MP])smem;
@@ -290,63 +289,94 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
             return;
         __threadfence();
     }
-    /* Final values: the block's own sums (one slice) or every slice's, in
-     * slice order. */
-    const int n_out = swiglu ? GM_RB / 2 : GM_RB;
-    int items = M * n_out;
+    /* Final values, four adjacent columns c4..c4+3 of one activation row
+     * per thread: the block's own sums (one slice) or every slice's,
+     * added in slice order. A thread requests the partials of
+     * GM_SPLIT_BATCH slices (16 values) before adding the first, so a pass
+     * costs ceil(S / GM_SPLIT_BATCH) round trips to L2, not one per
+     * (slice, column). Without SwiGLU a
+     * row's 128 columns are one warp's 32 quads, so its argmax candidate
+     * comes out of one warp reduction. */
+    const int n_out = swiglu ? GM_RB / 2 : GM_RB, quads = n_out / 4;
+    const int items = M * quads; /* without SwiGLU a multiple of 32: whole warps are in or out */
+    const i64 nseg_out = a.n[swiglu ? 0 : seg];
     for (int e0 = 0; e0 < (items + GM_THREADS - 1) / GM_THREADS * GM_THREADS; e0 += GM_THREADS) {
         const int e = e0 + threadIdx.x;
-        const int m = e / n_out, c = e % n_out;
-        const i64 col = rbl * rows_per_block + c;
-        const bool live = e < items && col < a.n[swiglu ? 0 : seg];
-        float y0 = 0.0f, y1 = 0.0f;
-        if (live) {
-            if (S == 1) {
-                y0 = red[c / 16][c % 16][m];
+        const bool in = e < items;
+        const int m = in ? e / quads : 0, c4 = (e % quads) * 4;
+        const i64 col4 = rbl * rows_per_block + c4;
+        bool live[4];
+        float y0[4], y1[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            live[j] = in && col4 + j < nseg_out;
+            y0[j] = y1[j] = 0.0f;
+        }
+        if (S == 1) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = c4 + j;
+                y0[j] = red[c / 16][c % 16][m];
                 if (swiglu)
-                    y1 = red[4 + c / 16][c % 16][m];
-            } else {
-                for (int si = 0; si < S; si++) {
-                    const float *p = a.ws + ((i64)si * M + m) * n_all;
-                    y0 += __ldcg(p + (swiglu ? 0 : col0_all) + col);
-                    if (swiglu)
-                        y1 += __ldcg(p + a.n[0] + col);
+                    y1[j] = red[4 + c / 16][c % 16][m];
+            }
+        } else {
+            for (int half = 0; half < (swiglu ? 2 : 1); half++) {
+                const float *p = a.ws + (i64)m * n_all + (swiglu ? (half ? a.n[0] : 0) : col0_all) + col4;
+                const i64 stride = (i64)M * n_all;
+                float y[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+                /* more slices at a time would spill registers */
+                for (int s0 = 0; s0 < S; s0 += GM_SPLIT_BATCH) {
+                    float part[GM_SPLIT_BATCH][4];
+#pragma unroll
+                    for (int si = 0; si < GM_SPLIT_BATCH; si++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            part[si][j] = s0 + si < S && live[j] ? __ldcg(p + (s0 + si) * stride + j) : 0.0f;
+#pragma unroll
+                    for (int si = 0; si < GM_SPLIT_BATCH; si++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            if (s0 + si < S)
+                                y[j] += part[si][j];
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (half)
+                        y1[j] = y[j];
+                    else
+                        y0[j] = y[j];
                 }
             }
+        }
+        float bv = __int_as_float(0x7fc00000);
+        int bi = AM_NONE_IDX;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (!live[j])
+                continue;
+            const i64 col = col4 + j;
             if (FP8) {
-                y0 *= a.scales[swiglu ? 0 : seg][col];
+                y0[j] *= a.scales[swiglu ? 0 : seg][col];
                 if (swiglu)
-                    y1 *= a.scales[1][col];
+                    y1[j] *= a.scales[1][col];
             }
             if (swiglu)
-                a.out[0][(i64)m * a.n[0] + col] = gm_silu_mul(y0, y1);
+                a.out[0][(i64)m * a.n[0] + col] = gm_silu_mul(y0[j], y1[j]);
             else if (a.store)
-                a.out[seg][(i64)m * a.n[seg] + col] = y0;
+                a.out[seg][(i64)m * a.n[seg] + col] = y0[j];
+            if (a.mode == GM_ARGMAX) {
+                am_take(bv, bi, y0[j], (int)col);
+                if (am_unusable(y0[j]))
+                    a.am_bad[m] = 1;
+            }
         }
         if (a.mode == GM_ARGMAX) {
-            /* best (value, column) of this row over the block: a warp's 32
-             * columns, then the block's four warps of the row (a row's
-             * 128 columns are four whole warps of one pass) */
-            float bv = live ? y0 : __int_as_float(0x7fc00000);
-            int bi = live ? (int)col : AM_NONE_IDX;
             warp_argmax(bv, bi);
-            if (lane == 0 && m < 64) {
-                am_v[m][(threadIdx.x / 32) % 4] = bv;
-                am_i[m][(threadIdx.x / 32) % 4] = bi;
+            if (in && (threadIdx.x & 31) == 0) {
+                a.am_val[(i64)m * a.blocks[0] + rb] = bv;
+                a.am_idx[(i64)m * a.blocks[0] + rb] = bi;
             }
-            if (live && am_unusable(y0))
-                a.am_bad[m] = 1;
-        }
-    }
-    if (a.mode == GM_ARGMAX) {
-        __syncthreads();
-        for (int m = threadIdx.x; m < M; m += GM_THREADS) {
-            float bv = am_v[m][0];
-            int bi = am_i[m][0];
-            for (int q = 1; q < 4; q++)
-                am_take(bv, bi, am_v[m][q], am_i[m][q]);
-            a.am_val[(i64)m * a.blocks[0] + rb] = bv;
-            a.am_idx[(i64)m * a.blocks[0] + rb] = bi;
         }
     }
 }

@@ -4,30 +4,57 @@
  * the sum of squares differs (a tree instead of a running sum). */
 #include "common.cuh"
 
-/* grid n, block 256..1024: if delta, x += delta (written back); then
- * out = w * (x * inv), inv = 1 / sqrt(mean(x^2) + eps). */
+/* grid n, block 32..1024 with dim <= AR_PER * blockDim: if delta,
+ * x += delta (written back); then out = w * (x * inv),
+ * inv = 1 / sqrt(mean(x^2) + eps). A thread holds its AR_PER elements
+ * j = threadIdx.x + i * blockDim.x in registers and requests all of them
+ * (the weights before waiting on the previous kernel: they are never
+ * written) before using any, so the kernel costs a few memory round trips,
+ * not one per element. The sum of squares runs in the same order as a
+ * strided loop would. */
+#define AR_PER 16
 extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
                                               float eps, float *out)
 {
-    pdl_trigger();
-    pdl_wait();
     __shared__ float scratch[32];
+    const int bd = blockDim.x;
+    pdl_trigger();
+    float wv[AR_PER], v[AR_PER], d[AR_PER];
+#pragma unroll
+    for (int i = 0; i < AR_PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        wv[i] = j < dim ? load_elem(w, wdt, j) : 0.0f;
+    }
+    pdl_wait();
     float *xr = x + (i64)blockIdx.x * dim;
     const float *dr = delta ? delta + (i64)blockIdx.x * dim : 0;
+#pragma unroll
+    for (int i = 0; i < AR_PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        v[i] = j < dim ? xr[j] : 0.0f;
+        d[i] = j < dim && dr ? dr[j] : 0.0f;
+    }
     float ss = 0.0f;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-        float v = xr[j];
+#pragma unroll
+    for (int i = 0; i < AR_PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        if (j >= dim)
+            continue;
         if (dr) {
-            v += dr[j];
-            xr[j] = v;
+            v[i] += d[i];
+            xr[j] = v[i];
         }
-        ss += v * v;
+        ss += v[i] * v[i];
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     float *o = out + (i64)blockIdx.x * dim;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x)
-        o[j] = load_elem(w, wdt, j) * (xr[j] * inv);
+#pragma unroll
+    for (int i = 0; i < AR_PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        if (j < dim)
+            o[j] = wv[i] * (v[i] * inv);
+    }
 }
 
 /* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
@@ -58,16 +85,78 @@ __forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p
     }
 }
 
-/* block 128 = 4 warps, one (row, head) per warp. */
+/* The same for head_dim = 32 PER, PER even (64, 128, 192, 256), with the
+ * vector in registers: lane holds elements j = lane + 32 i, and the RoPE
+ * partner j + head_dim / 2 of each of its first PER / 2 is its own element
+ * i + PER / 2, so the rotation needs no exchange between lanes and the
+ * vector is read once and written once. The norm weights and the
+ * frequencies are requested before waiting on the previous kernel (they
+ * are never written). Same operations in the same order as
+ * norm_rope_warp: the same bits. */
+template <int PER>
+__forceinline__ void norm_rope_regs(float *v, const void *norm, int ndt, const int *pos_of_row, float eps,
+                                    const float *inv_freq, float attn)
+{
+    const int lane = threadIdx.x & 31;
+    float nw[PER], fr[PER / 2], x[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        nw[i] = norm ? load_elem(norm, ndt, lane + 32 * i) : 1.0f;
+#pragma unroll
+    for (int i = 0; i < PER / 2; i++)
+        fr[i] = inv_freq[lane + 32 * i];
+    pdl_wait();
+    const float p = (float)*pos_of_row;
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        x[i] = v[lane + 32 * i];
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            ss += x[i] * x[i];
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)(32 * PER) + eps);
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            x[i] = nw[i] * (x[i] * inv);
+    }
+#pragma unroll
+    for (int i = 0; i < PER / 2; i++) {
+        const float ang = p * fr[i];
+        const float c = cosf(ang) * attn, s = sinf(ang) * attn;
+        const float a = x[i], b = x[i + PER / 2];
+        v[lane + 32 * i] = a * c - b * s;
+        v[lane + 32 * (i + PER / 2)] = b * c + a * s;
+    }
+}
+
+/* norm_rope_regs for this head_dim; false when it has no register form. */
+__forceinline__ bool norm_rope_fast(float *v, const void *norm, int ndt, const int *pos_of_row, int head_dim,
+                                    float eps, const float *inv_freq, float attn)
+{
+    switch (head_dim) {
+    case 64: norm_rope_regs<2>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    case 128: norm_rope_regs<4>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    case 192: norm_rope_regs<6>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    case 256: norm_rope_regs<8>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    default: return false;
+    }
+}
+
+/* block 128 = 4 warps, one (row, head) per warp (the register form where
+ * head_dim has one). */
 extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt, const int *pos, int n, int n_heads,
                                             int head_dim, float eps, const float *inv_freq, float attn)
 {
     pdl_trigger();
-    pdl_wait();
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (unit >= (i64)n * n_heads)
-        return;
+        return; /* touches nothing */
     const int i = (int)(unit / n_heads);
+    if (norm_rope_fast(x + unit * head_dim, norm, ndt, pos + i, head_dim, eps, inv_freq, attn))
+        return;
+    pdl_wait();
     norm_rope_warp(x + unit * head_dim, norm, ndt, (float)pos[i], head_dim, eps, inv_freq, attn);
 }
 
@@ -78,14 +167,13 @@ extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, floa
                                                const float *inv_freq, float attn)
 {
     pdl_trigger();
-    pdl_wait();
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (unit >= (i64)n * (hq + hkv))
-        return;
+        return; /* touches nothing */
     const int i = (int)(unit / (hq + hkv)), h = (int)(unit % (hq + hkv));
-    const float p = (float)pos[i];
-    if (h < hq)
-        norm_rope_warp(q + ((i64)i * hq + h) * head_dim, qnorm, ndt, p, head_dim, eps, inv_freq, attn);
-    else
-        norm_rope_warp(k + ((i64)i * hkv + h - hq) * head_dim, knorm, ndt, p, head_dim, eps, inv_freq, attn);
+    float *v = h < hq ? q + ((i64)i * hq + h) * head_dim : k + ((i64)i * hkv + h - hq) * head_dim;
+    if (norm_rope_fast(v, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, eps, inv_freq, attn))
+        return;
+    pdl_wait();
+    norm_rope_warp(v, h < hq ? qnorm : knorm, ndt, (float)pos[i], head_dim, eps, inv_freq, attn);
 }
