@@ -96,12 +96,19 @@ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;");
 
 __forceinline__ void cp_async_wait_0() { asm volatile("cp.async.wait_group 0;"); }
 
+/* Block-table entries a split can touch: AT_SPLIT keys span at most
+ * AT_SPLIT / DFLASH_KV_BLOCK + 1 pages. */
+#define AT_PAGES (AT_SPLIT / DFLASH_KV_BLOCK + 1)
+
 /* Stage AT_TILE keys [u0, u0 + AT_TILE) of the sequence into ks/vs: paged
- * keys by cp.async, extra keys converted from f32, keys past `u_end` as
- * zeros (their scores are masked; zero V keeps 0 * V exact). */
+ * keys by cp.async from the pages the split's table entries `pages` name
+ * (page p_first + i in pages[i], read once per block, so the copies issue
+ * back to back instead of each waiting on a table read), extra keys
+ * converted from f32, keys past `u_end` as zeros (their scores are
+ * masked; zero V keeps 0 * V exact). */
 template <int D>
-__forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, int seq, int kvh, int lo, int n_paged,
-                                  int extra_off, int u0, int u_end)
+__forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const int *pages, int p_first, int kvh,
+                                  int lo, int n_paged, int extra_off, int u0, int u_end)
 {
     constexpr int CH = D / 8; /* 16-byte chunks per key row */
     const i64 kv_row = (i64)a.n_kv_heads * D;
@@ -111,7 +118,7 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, int s
         const int u = u0 + key;
         if (u < u_end && u < n_paged) {
             const int pos = lo + u;
-            const int blk = a.block_tables[(i64)seq * a.bt_len + (pos / DFLASH_KV_BLOCK) % a.bt_len];
+            const int blk = pages[pos / DFLASH_KV_BLOCK - p_first];
             if (blk >= 0 && blk < a.n_blocks) {
                 const u16 *src = a.pool +
                                  ((((i64)blk * a.n_layers + a.layer) * 2 + which) * a.n_kv_heads + kvh) *
@@ -143,6 +150,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
     constexpr int ND = D / 8;                   /* dim n-tiles of O */
     __shared__ __align__(16) u32 ks[2][AT_TILE * at_geom<D>::KW];
     __shared__ __align__(16) u32 vs[2][AT_TILE * at_geom<D>::VW];
+    __shared__ int pages[AT_PAGES];
 
     const int G = a.n_heads / a.n_kv_heads;
     const int seq = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads, split = blockIdx.y;
@@ -191,14 +199,25 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
     const int n_tiles = u_end > u_begin ? (u_end - u_begin + AT_TILE - 1) / AT_TILE : 0;
+    /* the table entries of the split's paged keys, read once */
+    const int p_first = (lo + u_begin) / DFLASH_KV_BLOCK;
+    if (threadIdx.x < AT_PAGES) {
+        const int last_u = (u_end < n_paged ? u_end : n_paged) - 1; /* the split's last paged key */
+        const int pg = p_first + threadIdx.x;
+        pages[threadIdx.x] = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_BLOCK
+                                 ? a.block_tables[(i64)seq * a.bt_len + pg % a.bt_len]
+                                 : -1;
+    }
+    __syncthreads();
     if (n_tiles > 0) {
-        at_load_tile<D>(a, ks[0], vs[0], seq, kvh, lo, n_paged, extra_off, u_begin, u_end);
+        at_load_tile<D>(a, ks[0], vs[0], pages, p_first, kvh, lo, n_paged, extra_off, u_begin, u_end);
         cp_async_commit();
     }
     for (int ti = 0; ti < n_tiles; ti++) {
         const int cur = ti & 1, u0 = u_begin + ti * AT_TILE;
         if (ti + 1 < n_tiles) {
-            at_load_tile<D>(a, ks[cur ^ 1], vs[cur ^ 1], seq, kvh, lo, n_paged, extra_off, u0 + AT_TILE, u_end);
+            at_load_tile<D>(a, ks[cur ^ 1], vs[cur ^ 1], pages, p_first, kvh, lo, n_paged, extra_off, u0 + AT_TILE,
+                            u_end);
             cp_async_commit();
             cp_async_wait_1();
         } else {
