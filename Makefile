@@ -11,6 +11,8 @@ CFLAGS  := -std=c11 $(OPT) -g -fopenmp -Wall -Wextra -Werror -MMD -MP -Iinclude 
 PREFIX  ?= /usr/local
 VERSION := 0.1.0
 LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -ldl -lm
+# the CLI's HTTP server (dflash serve)
+CLI_LIBS := -lmicrohttpd -lpthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 LIB_SRC := $(sort $(shell find src -name '*.c' ! -path 'src/cli/*'))
@@ -66,7 +68,7 @@ install: all
 	install -D -m 755 $(B)/dflash $(DESTDIR)$(PREFIX)/bin/dflash
 
 $(B)/dflash: $(CLI_OBJ) $(B)/libdflash.a
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(B)/libdflash.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(B)/libdflash.a $(LDLIBS) $(CLI_LIBS)
 
 # The example, built as a user builds against the library: the public
 # header only (no -Isrc), so it proves include/dflash.h is enough.
@@ -89,7 +91,7 @@ $(B)/asan/libdflash.a: $(ASAN_OBJ)
 
 # The CLI under the sanitizers, for the command-line regression tests.
 $(B)/asan/dflash: $(ASAN_CLI_OBJ) $(B)/asan/libdflash.a
-	$(CC) $(CFLAGS) $(SAN) -o $@ $(ASAN_CLI_OBJ) $(B)/asan/libdflash.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(SAN) -o $@ $(ASAN_CLI_OBJ) $(B)/asan/libdflash.a $(LDLIBS) $(CLI_LIBS)
 
 $(B)/asan/tests/%: tests/%.c $(B)/asan/libdflash.a tests/harness.h
 	@mkdir -p $(dir $@)

@@ -5,7 +5,8 @@
  * one-sequence loop, no drafter); a second start continues a session as
  * decoding the whole conversation does, also after a start that did not
  * fit failed; a session cannot start while it runs, and an engine holds at
- * most max_sessions. */
+ * most max_sessions; a session whose token callback refuses more stops
+ * alone, keeping its tokens, while the others run to the end. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -22,7 +23,8 @@ static dflash_backend *g_be;
 static dflash_qwen3 *g_plain; /* the oracle: the target alone */
 static dflash_tokenizer *g_tok;
 
-/* Plain decoding of ids alone, stopping at the model's end of text. */
+/* Plain decoding of ids alone, stopping at the model's end of text unless
+ * the options ignore it. */
 static int plain_run(const int32_t *ids, int n, const dflash_session_opts *so, int32_t *out)
 {
     dflash_gen_opts go;
@@ -33,7 +35,7 @@ static int plain_run(const int32_t *ids, int n, const dflash_session_opts *so, i
     go.sampler.seed = so->seed;
     int32_t eos = 4094; /* <|endoftext|> of the embedded tokenizer */
     go.stop_ids = &eos;
-    go.n_stop = 1;
+    go.n_stop = so->ignore_eos ? 0 : 1;
     dflash_kv_seq seq;
     dflash_gen_stats st;
     int n_out = 0;
@@ -136,6 +138,68 @@ done:
     dflash_engine_close(e);
 }
 
+/* on_tokens that takes tokens until it holds at least `limit`, then
+ * refuses more. */
+typedef struct take_some {
+    int limit, got;
+} take_some;
+
+static dflash_status take_until(void *user, const int32_t *ids, int n)
+{
+    (void)ids;
+    take_some *t = user;
+    t->got += n;
+    return t->got >= t->limit ? DFLASH_ERR_IO : DFLASH_OK;
+}
+
+static void test_callback_stops_one(void)
+{
+    dflash_engine_opts eo;
+    dflash_engine_default_opts(&eo);
+    eo.model_dir = TARGET;
+    eo.draft = "models/qwen3-pystd-dflash";
+    eo.max_sessions = 2;
+    eo.max_ctx = 512;
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        return;
+    const char *text = "import os\n\n\ndef main():\n";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(dflash_tokenizer_encode_special(g_tok, text, strlen(text), &ids, &n));
+    take_some t = { .limit = 3 };
+    dflash_session_opts so[2];
+    dflash_session *s[2] = { 0 };
+    for (int i = 0; i < 2; i++) {
+        dflash_session_default_opts(&so[i]);
+        so[i].max_tokens = N_NEW;
+        so[i].ignore_eos = 1;
+    }
+    so[0].on_tokens = take_until;
+    so[0].user = &t;
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(dflash_session_new(e, &so[i], &s[i]));
+        if (s[i])
+            CHECK_OK(dflash_session_start_ids(s[i], ids, n));
+    }
+    int active = 1, steps = 0;
+    while (active && steps++ < 200)
+        CHECK_OK(dflash_engine_step(e, &active));
+    int32_t want[N_NEW];
+    int nw = plain_run(ids, (int)n, &so[1], want);
+    CHECKF(nw == N_NEW && same_output(s[1], want, nw), "the other session did not run to its end (%d tokens)", nw);
+    const int32_t *o0;
+    size_t n0;
+    dflash_session_output(s[0], &o0, &n0);
+    CHECKF(n0 >= 3 && n0 < N_NEW && (int)n0 == t.got && !memcmp(o0, want, n0 * sizeof *o0),
+           "the refusing session holds %zu tokens (callback saw %d), want a prefix of at least 3", n0, t.got);
+    for (int i = 0; i < 2; i++)
+        dflash_session_free(s[i]);
+    free(ids);
+    dflash_engine_close(e);
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&g_be));
@@ -144,8 +208,10 @@ int main(void)
     to.max_ctx = 512;
     CHECK_OK(dflash_qwen3_load(TARGET, g_be, &to, &g_plain));
     CHECK_OK(dflash_tokenizer_load(TARGET, &g_tok));
-    if (g_plain && g_tok)
+    if (g_plain && g_tok) {
         RUN(test_sessions);
+        RUN(test_callback_stops_one);
+    }
     dflash_tokenizer_free(g_tok);
     dflash_qwen3_free(g_plain);
     dflash_backend_destroy(g_be);

@@ -8,6 +8,7 @@ have_header() { [ -e "/usr/include/$1" ] || [ -e "/usr/include/x86_64-linux-gnu/
 have_header jansson.h || need+=(libjansson-dev)
 have_header pcre2.h || need+=(libpcre2-dev)
 have_header utf8proc.h || need+=(libutf8proc-dev)
+have_header microhttpd.h || need+=(libmicrohttpd-dev)
 command -v clang >/dev/null || need+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 command -v npm >/dev/null || need+=(npm)

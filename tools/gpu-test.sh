@@ -108,10 +108,11 @@ fi
 
 # ---- the full library (model check, CLI) ----
 LIBS="-ljansson -lpcre2-8 -lutf8proc"
+CLI_LIBS="-lmicrohttpd -lpthread" # dflash serve
 SR=$PWD/$B/sysroot # absolute: the baseline build (GPU_TEST_AB) runs in another folder
-system_libs_ok() { # the three headers compile and the libraries link
-    printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <jansson.h>\n#include <pcre2.h>\n#include <utf8proc.h>\nint main(void){json_decref(json_object());return utf8proc_version()==0;}\n' >"$B/libs.c"
-    gcc "$B/libs.c" -o "$B/libs" $LIBS 2>/dev/null
+system_libs_ok() { # the four headers compile and the libraries link
+    printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <jansson.h>\n#include <pcre2.h>\n#include <utf8proc.h>\n#include <microhttpd.h>\nint main(void){json_decref(json_object());return utf8proc_version()==0 || MHD_get_version()==0;}\n' >"$B/libs.c"
+    gcc "$B/libs.c" -o "$B/libs" $LIBS $CLI_LIBS 2>/dev/null
 }
 make_sysroot() { # unpack every .deb of .debs/ into $SR
     rm -rf "$SR" && mkdir -p "$SR" || return 1
@@ -130,7 +131,7 @@ make_sysroot() { # unpack every .deb of .debs/ into $SR
         fi
     done
     echo "arch: machine $(uname -m), debs $(dpkg-deb -f "$(ls .debs/*.deb | head -n 1)" Architecture 2>/dev/null || echo '?')"
-    ls "$SR/usr/include/jansson.h" "$SR/usr/include/pcre2.h" "$SR/usr/include/utf8proc.h" &&
+    ls "$SR/usr/include/jansson.h" "$SR/usr/include/pcre2.h" "$SR/usr/include/utf8proc.h" "$SR/usr/include/microhttpd.h" &&
         find "$SR" -name 'libjansson.so' -o -name 'libpcre2-8.so' -o -name 'libutf8proc.so'
 }
 MFLAGS=""
@@ -170,7 +171,7 @@ fi
 if want bench; then
     if [ "$lib_ready" = 1 ]; then
         build_cli() {
-            gcc $CFLAGS $OMP $MFLAGS -o "$B/dflash" $(ls src/cli/*.c) $MSRC $LIBS -ldl -lm
+            gcc $CFLAGS $OMP $MFLAGS -o "$B/dflash" $(ls src/cli/*.c) $MSRC $LIBS $CLI_LIBS -ldl -lm
         }
         step build-cli build4.txt 120 build_cli
         if last_ok; then
@@ -195,7 +196,7 @@ if want bench; then
         ab_build() {
             rm -rf "$B/ab" && mkdir -p "$B/ab" && tar -xf "$GPU_TEST_AB" -C "$B/ab" &&
                 (cd "$B/ab" && gcc $CFLAGS $OMP $MFLAGS -o dflash $(ls src/cli/*.c) \
-                    $(find src -name '*.c' ! -path 'src/cli/*' | sort) $LIBS -ldl -lm)
+                    $(find src -name '*.c' ! -path 'src/cli/*' | sort) $LIBS $CLI_LIBS -ldl -lm)
         }
         ab_bench() {
             local round who bin

@@ -47,8 +47,9 @@ struct dflash_spec_batch {
     many_seq *ms;  /* [cap] */
 };
 
-/* Emitted tokens: stored, streamed; a stop token or the budget ends the
- * sequence. */
+/* Emitted tokens: stored, streamed; a stop token, the budget or a
+ * consumer that takes no more (on_tokens not DFLASH_OK) ends the sequence,
+ * not the step: the others go on. */
 static dflash_status emit(many_seq *m, const int32_t *toks, int n)
 {
     dflash_spec_item *it = m->it;
@@ -60,7 +61,9 @@ static dflash_status emit(many_seq *m, const int32_t *toks, int n)
     if (it->n_out >= it->opts.n_new)
         m->done = 1;
     m->cur = toks[n - 1];
-    return it->opts.on_tokens ? it->opts.on_tokens(it->opts.user, toks, n) : DFLASH_OK;
+    if (it->opts.on_tokens && it->opts.on_tokens(it->opts.user, toks, n) != DFLASH_OK)
+        it->stats.stopped = m->done = 1;
+    return DFLASH_OK;
 }
 
 /* 2 PROPOSE for the group g[0..ng): one call per distinct k. */

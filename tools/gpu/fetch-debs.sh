@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fetch-debs.sh: owns .debs/ at the repo root, the Debian packages that let
-# tools/gpu-test.sh build the full library (jansson, pcre2 8-bit, utf8proc:
-# runtime + dev) on a GPU machine that has no network and may lack them.
+# tools/gpu-test.sh build the full library and CLI (jansson, pcre2 8-bit,
+# utf8proc, libmicrohttpd: runtime + dev) on a GPU machine that has no network and may lack them.
 # Run HERE (a Debian machine with apt), before the device call, from anywhere:
 #     bash tools/gpu/fetch-debs.sh
 # then give the device tool carry: [".debs"]. gpu-test.sh unpacks them with
@@ -10,7 +10,7 @@
 # Also adds /.debs/ to .git/info/exclude (untracked, local to this clone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PKGS=(libjansson4 libjansson-dev libpcre2-8-0 libpcre2-dev libutf8proc2 libutf8proc-dev)
+PKGS=(libjansson4 libjansson-dev libpcre2-8-0 libpcre2-dev libutf8proc2 libutf8proc-dev libmicrohttpd12 libmicrohttpd-dev)
 mkdir -p .debs
 if [ -d .git ]; then
     mkdir -p .git/info
