@@ -55,6 +55,11 @@ run_one "$B/tests/test_slow_cli_limits (asan dflash)" env DFLASH_BIN=$B/asan/dfl
 # The linear's thread pool under ThreadSanitizer, with more threads than
 # cores so hand-overs interleave.
 run_one "$B/tsan/test_cpu_gemm" env DFLASH_CPU_THREADS=4 TSAN_OPTIONS=halt_on_error=1 "$B/tsan/test_cpu_gemm"
+# dflash serve driven by the openai npm client, plain and under the
+# sanitizers (threads, streams, clients that leave).
+run_one "tests/serve_check.sh" env B="$B" bash tests/serve_check.sh
+run_one "tests/serve_check.sh (asan dflash)" env B="$B" DFLASH_BIN="$B/asan/dflash" DFLASH_BIN_ASAN=1 \
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 bash tests/serve_check.sh
 # make install into temporary prefixes; the example built with pkg-config.
 run_one "tests/install_check.sh" env B="$B" bash tests/install_check.sh
 fuzz_secs=${DFLASH_FUZZ_SECONDS:-20}

@@ -9,5 +9,6 @@ int dflash_cmd_chat(int argc, char **argv);
 int dflash_cmd_tokenize(int argc, char **argv);
 int dflash_cmd_detokenize(int argc, char **argv);
 int dflash_cmd_bench(int argc, char **argv);
+int dflash_cmd_serve(int argc, char **argv);
 
 #endif

@@ -17,6 +17,7 @@ static const struct {
     { "info", dflash_cmd_info, "describe a checkpoint folder" },
     { "tokenize", dflash_cmd_tokenize, "encode text to token ids" },
     { "detokenize", dflash_cmd_detokenize, "decode token ids to text" },
+    { "serve", dflash_cmd_serve, "OpenAI-compatible HTTP server, requests stepped together" },
     { "bench", dflash_cmd_bench, "time propose / verify / decode at real geometries against a bandwidth floor" },
 };
 

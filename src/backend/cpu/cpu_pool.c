@@ -188,9 +188,15 @@ void dflash_cpu_pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int n_chun
 }
 
 /* Per-thread scratch, grown on demand and kept for the thread's life:
- * chunks run on every forward, so they must not allocate each time. */
+ * chunks run on every forward, so they must not allocate each time. A
+ * thread-specific key frees it when a thread that used it exits (a
+ * server's scheduler thread, say). */
 static _Thread_local float *tl_scratch;
 static _Thread_local size_t tl_scratch_cap;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, free); }
 
 float *dflash_cpu_scratch(size_t count)
 {
@@ -198,6 +204,8 @@ float *dflash_cpu_scratch(size_t count)
         float *p = realloc(tl_scratch, count * sizeof(float));
         if (!p)
             return NULL;
+        pthread_once(&scratch_once, scratch_key_make);
+        pthread_setspecific(scratch_key, p);
         tl_scratch = p;
         tl_scratch_cap = count;
     }

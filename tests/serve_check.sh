@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# serve_check.sh: `dflash serve` on the embedded pair (CPU), driven by the
+# official openai npm client (tests/serve_client.mjs, installed here at a
+# pinned version into $B/npm-openai). Starts two servers (one with an API
+# key and a 64 KiB body limit, one with one session and a queue of one),
+# runs the client, then sends SIGTERM to both and checks they exit 0.
+# DFLASH_BIN (default $B/dflash) picks the CLI; DFLASH_BIN_ASAN=1 says it is
+# the sanitizer build (its exit status then also reports leaks).
+# Prints the client's lines and a RESULT line (tests/run.sh adds it up).
+set -u
+B=${B:-build}
+DFLASH=${DFLASH_BIN:-$B/dflash}
+OPENAI_VERSION=7.59.0
+cd "$(dirname "$0")/.."
+pass=0 fail=0
+result() { echo "RESULT $pass $fail"; }
+note() { if [ "$1" = ok ]; then pass=$((pass + 1)); echo "ok $2"; else fail=$((fail + 1)); echo "FAIL $2"; fi; }
+if [ ! -f "$B/npm-openai/node_modules/openai/package.json" ] ||
+    ! grep -q "\"version\": \"$OPENAI_VERSION\"" "$B/npm-openai/node_modules/openai/package.json"; then
+    npm install --prefix "$B/npm-openai" --no-audit --no-fund --no-save --loglevel=error "openai@$OPENAI_VERSION" ||
+        { note fail "npm install openai@$OPENAI_VERSION"; result; exit 1; }
+fi
+M=models/qwen3-pystd D=models/qwen3-pystd-dflash
+PROMPT='def read_config(path):'
+EXPECT=$(mktemp)
+LOG1=$(mktemp) LOG2=$(mktemp)
+trap 'rm -f "$EXPECT" "$LOG1" "$LOG2"; kill $P1 $P2 2>/dev/null' EXIT
+"$DFLASH" generate -m $M -d $D -p "$PROMPT" -n 32 --json 2>/dev/null |
+    node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.parse(s).text))' \
+        >"$EXPECT" ||
+    { note fail "dflash generate for the expected text"; result; exit 1; }
+# Free ports: let the kernel pick, then hand them to the servers.
+read -r PORT1 PORT2 < <(node -e 'const net=require("net");const a=net.createServer(),b=net.createServer();
+a.listen(0,"127.0.0.1",()=>b.listen(0,"127.0.0.1",()=>{console.log(a.address().port,b.address().port);a.close();b.close();}))')
+"$DFLASH" serve -m $M -d $D --port "$PORT1" --api-key test-key --max-body-bytes 65536 --max-sessions 16 \
+    >"$LOG1" 2>&1 &
+P1=$!
+"$DFLASH" serve -m $M -d $D --port "$PORT2" --max-sessions 1 --max-queue 1 >"$LOG2" 2>&1 &
+P2=$!
+up() { node -e 'fetch(process.argv[1]).then(r=>process.exit(r.ok?0:1),()=>process.exit(1))' \
+    "http://127.0.0.1:$1/health" 2>/dev/null; }
+for _ in $(seq 1 300); do up "$PORT1" && up "$PORT2" && break; sleep 0.1; done
+if ! up "$PORT1" || ! up "$PORT2"; then
+    note fail "servers up"; cat "$LOG1" "$LOG2"; result; exit 1
+fi
+NPM_DIR=$PWD/$B/npm-openai BASE=http://127.0.0.1:$PORT1 BASE_SMALL=http://127.0.0.1:$PORT2 EXPECT=$EXPECT \
+    PROMPT=$PROMPT SERVER_PID=$P1 RSS_CHECK=$([ -n "${DFLASH_BIN_ASAN:-}" ] && echo 0 || echo 1) \
+    node tests/serve_client.mjs >"$EXPECT.out" 2>&1
+cat "$EXPECT.out"
+read -r _ p f < <(grep '^RESULT ' "$EXPECT.out" | tail -n 1 || echo "RESULT 0 1")
+pass=$((pass + ${p:-0})) fail=$((fail + ${f:-1}))
+rm -f "$EXPECT.out"
+for pid in $P1 $P2; do
+    kill -TERM "$pid"
+    for _ in $(seq 1 350); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+        note fail "SIGTERM: server $pid still running after 35 s"
+    else
+        wait "$pid"
+        rc=$?
+        [ $rc = 0 ] && note ok "SIGTERM: server exits 0" || note fail "SIGTERM: server exit status $rc"
+    fi
+done
+# the servers' own complaints (a client that left mid-stream is expected once)
+grep -iE 'error|sanitizer' "$LOG1" "$LOG2" | grep -v 'socket is no longer available' | head -n 20
+result
+[ "$fail" = 0 ]

@@ -1,0 +1,200 @@
+// serve_client.mjs: drives a running `dflash serve` (the embedded pair) with
+// the official openai npm client and plain fetch; run by tests/serve_check.sh,
+// which starts the servers and passes, in the environment:
+//   NPM_DIR   folder whose node_modules holds openai
+//   BASE      http://127.0.0.1:PORT of the main server (API key KEY,
+//             --max-body-bytes 65536)
+//   BASE_SMALL a second server with --max-sessions 1 --max-queue 1 (no key)
+//   EXPECT    file with the text `dflash generate` gives PROMPT (32 tokens)
+//   PROMPT    that prompt;  SERVER_PID  the main server's pid
+//   RSS_CHECK 0: leave out the resident-memory bound (sanitizer builds)
+// Prints "ok NAME" or "FAIL NAME: why" per check and "RESULT passed failed".
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+
+const require = createRequire(process.env.NPM_DIR + '/');
+const OpenAI = require('openai');
+const BASE = process.env.BASE, KEY = 'test-key', MODEL = 'qwen3-pystd';
+const client = new OpenAI({ apiKey: KEY, baseURL: BASE + '/v1', maxRetries: 0 });
+let passed = 0, failed = 0;
+function check(name, ok, why) {
+  if (ok) { passed++; console.log(`ok ${name}`); } else { failed++; console.log(`FAIL ${name}: ${why}`); }
+}
+async function attempt(name, fn) {
+  try { await fn(); } catch (e) { check(name, false, String(e && e.stack || e)); }
+}
+const chatMsgs = (i) => [{ role: 'user', content: `Write a Python function number ${i} that sorts a list.` }];
+
+async function chatOnce(i, extra = {}) {
+  const r = await client.chat.completions.create({ model: MODEL, messages: chatMsgs(i), max_tokens: 40, ...extra });
+  return r;
+}
+async function chatStream(i, extra = {}) {
+  const s = await client.chat.completions.create({ model: MODEL, messages: chatMsgs(i), max_tokens: 40, stream: true,
+    stream_options: { include_usage: true }, ...extra });
+  let text = '', finish = null, usage = null, role = null;
+  for await (const ch of s) {
+    if (ch.usage) usage = ch.usage;
+    for (const c of ch.choices) {
+      if (c.delta && c.delta.role) role = c.delta.role;
+      if (c.delta && c.delta.content) text += c.delta.content;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  return { text, finish, usage, role };
+}
+async function raw(path, init = {}, base = BASE) {
+  const r = await fetch(base + path, init);
+  let body = null;
+  try { body = await r.json(); } catch { body = null; }
+  return { status: r.status, body };
+}
+const post = (body, headers = {}) => ({ method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body),
+  headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, ...headers } });
+function rssKiB(pid) {
+  const m = /VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) : NaN;
+}
+
+await attempt('models list', async () => {
+  const page = await client.models.list();
+  const ids = page.data.map((m) => m.id);
+  check('models list', ids.length === 1 && ids[0] === MODEL, JSON.stringify(ids));
+});
+
+const expect = readFileSync(process.env.EXPECT, 'utf8');
+await attempt('greedy completion equals dflash generate', async () => {
+  const r = await client.completions.create({ model: MODEL, prompt: process.env.PROMPT, max_tokens: 32, temperature: 0 });
+  check('greedy completion equals dflash generate', r.choices[0].text === expect,
+    `got ${JSON.stringify(r.choices[0].text)}, want ${JSON.stringify(expect)}`);
+  const u = r.usage;
+  check('usage fields', u && u.completion_tokens === 32 && u.prompt_tokens > 0 &&
+    u.total_tokens === u.prompt_tokens + u.completion_tokens && r.dflash && r.dflash.mean_accept >= 1,
+    JSON.stringify({ usage: u, dflash: r.dflash }));
+  check('finish_reason length', r.choices[0].finish_reason === 'length', r.choices[0].finish_reason);
+});
+
+await attempt('stop strings', async () => {
+  const cut = expect.indexOf('\n');
+  const r = await client.completions.create({ model: MODEL, prompt: process.env.PROMPT, max_tokens: 32, stop: ['\n'] });
+  const want = cut >= 0 ? expect.slice(0, cut) : expect;
+  check('stop string cuts the text', r.choices[0].text === want && (cut < 0 || r.choices[0].finish_reason === 'stop'),
+    `got ${JSON.stringify(r.choices[0].text)} (${r.choices[0].finish_reason}), want ${JSON.stringify(want)}`);
+  const s = await client.completions.create({ model: MODEL, prompt: process.env.PROMPT, max_tokens: 32, stop: ['\n'],
+    stream: true });
+  let text = '';
+  for await (const ch of s) for (const c of ch.choices) text += c.text || '';
+  check('streamed stop string never leaks', text === want, `streamed ${JSON.stringify(text)}`);
+});
+
+await attempt('chat streamed equals not streamed', async () => {
+  const a = await chatOnce(0);
+  const b = await chatStream(0);
+  check('chat streamed equals not streamed', a.choices[0].message.content === b.text && b.role === 'assistant' &&
+    b.finish === a.choices[0].finish_reason && b.usage && b.usage.completion_tokens === a.usage.completion_tokens,
+    `${JSON.stringify(a.choices[0].message.content)} vs ${JSON.stringify(b.text)}; ${JSON.stringify(b.usage)}`);
+});
+
+await attempt('16 concurrent streams', async () => {
+  const alone = [];
+  for (let i = 1; i <= 16; i++) alone.push((await chatOnce(i)).choices[0].message.content);
+  const together = await Promise.all(Array.from({ length: 16 }, (_, k) => chatStream(k + 1)));
+  const bad = together.map((t, k) => (t.text === alone[k] ? -1 : k)).filter((k) => k >= 0);
+  check('16 concurrent streams each equal their request alone', bad.length === 0,
+    `differ: ${bad.join(',')}: ${bad.length ? JSON.stringify(together[bad[0]].text) + ' vs ' + JSON.stringify(alone[bad[0]]) : ''}`);
+  const seeded = { temperature: 0.8, top_k: 40, seed: 7 };
+  const s1 = await chatOnce(3, seeded), s2 = await chatStream(3, seeded);
+  check('seeded sampling: streamed equals not streamed', s1.choices[0].message.content === s2.text,
+    `${JSON.stringify(s1.choices[0].message.content)} vs ${JSON.stringify(s2.text)}`);
+});
+
+await attempt('error statuses', async () => {
+  const noKey = await raw('/v1/completions', { method: 'POST', body: JSON.stringify({ prompt: 'x' }) });
+  check('no API key: 401', noKey.status === 401 && noKey.body && noKey.body.error, JSON.stringify(noKey));
+  const badJson = await raw('/v1/completions', post('{"prompt": '));
+  check('malformed JSON: 400', badJson.status === 400 && badJson.body.error.type === 'invalid_request_error',
+    JSON.stringify(badJson));
+  const n2 = await raw('/v1/chat/completions', post({ messages: chatMsgs(0), n: 2 }));
+  check('n = 2: 400 naming n', n2.status === 400 && n2.body.error.param === 'n', JSON.stringify(n2));
+  const noMsgs = await raw('/v1/chat/completions', post({ model: MODEL }));
+  check('no messages: 400 naming messages', noMsgs.status === 400 && noMsgs.body.error.param === 'messages',
+    JSON.stringify(noMsgs));
+  const temp = await raw('/v1/completions', post({ prompt: 'x', temperature: -1 }));
+  check('temperature -1: 400 naming it', temp.status === 400 && temp.body.error.param === 'temperature',
+    JSON.stringify(temp));
+  const model = await raw('/v1/completions', post({ model: 'gpt-4', prompt: 'x' }));
+  check('unknown model: 404', model.status === 404 && model.body.error.param === 'model', JSON.stringify(model));
+  const long = await raw('/v1/completions', post({ prompt: 'x', max_tokens: 100000 }));
+  check('past the context: 400', long.status === 400 && /context length/.test(long.body.error.message),
+    JSON.stringify(long));
+  const big = await raw('/v1/completions', post({ prompt: 'y'.repeat(100000) }));
+  check('body over the limit: 413', big.status === 413, JSON.stringify(big));
+  const method = await raw('/v1/chat/completions', { headers: { authorization: `Bearer ${KEY}` } });
+  check('GET on a POST route: 405', method.status === 405, JSON.stringify(method));
+  const route = await raw('/v2/nothing');
+  check('unknown route: 404', route.status === 404, JSON.stringify(route));
+  try {
+    await client.completions.create({ model: MODEL, prompt: 'x', presence_penalty: 1 });
+    check('the client sees 400 as an error', false, 'no error thrown');
+  } catch (e) {
+    check('the client sees 400 as an error', e.status === 400, String(e));
+  }
+});
+
+await attempt('full queue: 429', async () => {
+  const small = process.env.BASE_SMALL;
+  const body = { prompt: 'import os', max_tokens: 300, ignore_eos: true };
+  const rs = await Promise.all(Array.from({ length: 4 }, () => raw('/v1/completions', post(body), small)));
+  const codes = rs.map((r) => r.status).sort();
+  check('full queue: 429 with an error object', codes.filter((c) => c === 200).length >= 1 &&
+    codes.filter((c) => c === 429).length >= 1 && rs.every((r) => r.status !== 429 || r.body.error),
+    JSON.stringify(codes));
+});
+
+async function metric(name) {
+  const t = await (await fetch(BASE + '/metrics')).text();
+  const m = new RegExp('^' + name.replace(/[{}"=]/g, (c) => '\\' + c) + ' (\\S+)$', 'm').exec(t);
+  return m ? Number(m[1]) : NaN;
+}
+
+await attempt('client leaving mid-stream', async () => {
+  const before = await metric('dflash_requests_total{outcome="cancelled"}');
+  const ac = new AbortController();
+  const r = await fetch(BASE + '/v1/completions', { ...post({ prompt: 'import os', max_tokens: 1500, ignore_eos: true,
+    stream: true }), signal: ac.signal });
+  const reader = r.body.getReader();
+  await reader.read();
+  ac.abort();
+  let running = NaN, cancelled = NaN;
+  for (let t = 0; t < 100; t++) {
+    running = await metric('dflash_running_sessions');
+    cancelled = await metric('dflash_requests_total{outcome="cancelled"}');
+    if (running === 0 && cancelled === before + 1) break;
+    await new Promise((res) => setTimeout(res, 100));
+  }
+  check('a client leaving mid-stream frees its session', running === 0 && cancelled === before + 1,
+    `running ${running}, cancelled ${before} -> ${cancelled}`);
+});
+
+await attempt('200 requests in a row', async () => {
+  const pid = Number(process.env.SERVER_PID);
+  const req = { model: MODEL, prompt: process.env.PROMPT, max_tokens: 8, temperature: 0 };
+  const first = (await client.completions.create(req)).choices[0].text;
+  for (let i = 0; i < 20; i++) await client.completions.create(req); // warm the allocator
+  const rss0 = rssKiB(pid);
+  let bad = 0;
+  for (let i = 0; i < 200; i++) {
+    const r = await client.completions.create({ ...req, stream: i % 2 === 1 });
+    let text = '';
+    if (i % 2 === 1) { for await (const ch of r) for (const c of ch.choices) text += c.text || ''; }
+    else text = r.choices[0].text;
+    if (text !== first) bad++;
+  }
+  const rss1 = rssKiB(pid);
+  check('200 requests: none lost, mixed or truncated', bad === 0, `${bad} differ`);
+  // (not under AddressSanitizer, whose quarantine keeps freed memory)
+  if (process.env.RSS_CHECK !== '0')
+    check('200 requests: resident memory grows less than 16 MiB', rss1 - rss0 < 16384, `${rss0} -> ${rss1} KiB`);
+});
+
+console.log(`RESULT ${passed} ${failed}`);
