@@ -53,14 +53,21 @@ static int same_output(const dflash_session *s, const int32_t *want, int n_want)
     return (int)n == n_want && !memcmp(ids, want, n * sizeof *ids);
 }
 
-static void test_sessions(void)
+/* The embedded pair's engine options, with room for n sessions. */
+static dflash_engine_opts pair_opts(int n)
 {
     dflash_engine_opts eo;
     dflash_engine_default_opts(&eo);
     eo.model_dir = TARGET;
     eo.draft = "models/qwen3-pystd-dflash";
-    eo.max_sessions = 3;
+    eo.max_sessions = n;
     eo.max_ctx = 512;
+    return eo;
+}
+
+static void test_sessions(void)
+{
+    dflash_engine_opts eo = pair_opts(3);
     dflash_engine *e = NULL;
     /* a folder that is not there is named */
     eo.model_dir = "/nonexistent/model";
@@ -154,12 +161,7 @@ static dflash_status take_until(void *user, const int32_t *ids, int n)
 
 static void test_callback_stops_one(void)
 {
-    dflash_engine_opts eo;
-    dflash_engine_default_opts(&eo);
-    eo.model_dir = TARGET;
-    eo.draft = "models/qwen3-pystd-dflash";
-    eo.max_sessions = 2;
-    eo.max_ctx = 512;
+    dflash_engine_opts eo = pair_opts(2);
     dflash_engine *e = NULL;
     CHECK_OK(dflash_engine_open(&eo, &e));
     if (!e)

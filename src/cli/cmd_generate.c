@@ -74,15 +74,12 @@ static int parse(int argc, char **argv, gen_args *a)
     a->n_new = 64;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
-        int r = cli_engine_parse(argc, argv, &i, &a->e, "generate");
+        int r = cli_engine_parse_or_help(argc, argv, &i, &a->e, "generate", usage);
         if (r < 0)
             return 0;
         if (r > 0)
             continue;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            exit(cli_finish_stdout(0));
-        } else if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
+        if (!strcmp(o, "-p") || !strcmp(o, "--prompt")) {
             if (!(a->text = cli_value(argc, argv, &i)))
                 return 0;
         } else if (!strcmp(o, "--system")) {

@@ -74,15 +74,12 @@ static int parse(int argc, char **argv, serve_args *a)
     a->max_body = 1 << 20;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
-        int r = cli_engine_parse(argc, argv, &i, &a->e, "serve");
+        int r = cli_engine_parse_or_help(argc, argv, &i, &a->e, "serve", usage);
         if (r < 0)
             return 0;
         if (r > 0)
             continue;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            exit(cli_finish_stdout(0));
-        } else if (!strcmp(o, "--host")) {
+        if (!strcmp(o, "--host")) {
             if (!(a->host = cli_value(argc, argv, &i)))
                 return 0;
         } else if (!strcmp(o, "--api-key")) {

@@ -135,6 +135,16 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
     return 1;
 }
 
+int cli_engine_parse_or_help(int argc, char **argv, int *i, cli_engine_args *a, const char *cmd,
+                             void (*usage)(FILE *))
+{
+    if (!strcmp(argv[*i], "-h") || !strcmp(argv[*i], "--help")) {
+        usage(stdout);
+        exit(cli_finish_stdout(0));
+    }
+    return cli_engine_parse(argc, argv, i, a, cmd);
+}
+
 /* --block-size against the drafter's block (0: no drafter). */
 static dflash_status check_block_option(const cli_engine_args *a, int drafter_block)
 {

@@ -50,6 +50,9 @@ void cli_engine_args_init(cli_engine_args *a);
 /* If argv[*i] is an engine option, consume it (and its value): returns 1;
  * 0 if it is not one; -1 after printing an error. */
 int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const char *cmd);
+/* cli_engine_parse, and -h / --help: print usage to stdout and exit 0. */
+int cli_engine_parse_or_help(int argc, char **argv, int *i, cli_engine_args *a, const char *cmd,
+                             void (*usage)(FILE *));
 void cli_engine_usage(FILE *f);
 
 /* Start an engine with only its tokenizer (--tokenizer, else the model
