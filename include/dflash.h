@@ -64,6 +64,11 @@ typedef struct dflash_engine_opts {
     int max_sessions;      /* sessions started at once (default 8) */
     int max_ctx;           /* positions per session, prompt + output (default 4096; at most the model's) */
     int block_size;        /* tokens per step, last token + drafts (0: the drafter's) */
+    /* 1: each step drafts the cost-aware width instead of the whole block:
+     * the draft count (up to block_size - 1) with the most expected tokens
+     * per second per session at the current number of sessions, learned
+     * from the steps' own times and acceptance. Outputs are the same. */
+    int width_auto;
     int drafter_fp8;       /* 1: drafter weights in fp8 e4m3 with per-row scales */
 } dflash_engine_opts;
 

@@ -6,7 +6,8 @@
  * decoding the whole conversation does, also after a start that did not
  * fit failed; a session cannot start while it runs, and an engine holds at
  * most max_sessions; a session whose token callback refuses more stops
- * alone, keeping its tokens, while the others run to the end. */
+ * alone, keeping its tokens, while the others run to the end; with the
+ * cost-aware width every session still gives its plain output. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -202,6 +203,43 @@ static void test_callback_stops_one(void)
     dflash_engine_close(e);
 }
 
+static void test_width_auto(void)
+{
+    dflash_engine_opts eo = pair_opts(3);
+    eo.width_auto = 1;
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        return;
+    const char *texts[3] = { "class Node:\n    def __init__(self):\n", "import json\n\n\ndef load(path):\n",
+                             "def parse_args(argv):\n" };
+    int32_t *ids[3] = { 0 };
+    size_t n[3] = { 0 };
+    dflash_session_opts so[3];
+    dflash_session *s[3] = { 0 };
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(dflash_tokenizer_encode_special(g_tok, texts[i], strlen(texts[i]), &ids[i], &n[i]));
+        dflash_session_default_opts(&so[i]);
+        so[i].max_tokens = N_NEW;
+        if (i == 2)
+            so[i].temperature = 0.7, so[i].top_k = 20, so[i].seed = 5;
+        CHECK_OK(dflash_session_new(e, &so[i], &s[i]));
+        if (s[i])
+            CHECK_OK(dflash_session_start_ids(s[i], ids[i], n[i]));
+    }
+    int active = 1, steps = 0;
+    while (active && steps++ < 400)
+        CHECK_OK(dflash_engine_step(e, &active));
+    for (int i = 0; i < 3; i++) {
+        int32_t want[N_NEW];
+        int nw = plain_run(ids[i], (int)n[i], &so[i], want);
+        CHECKF(s[i] && same_output(s[i], want, nw), "session %d with the auto width differs from plain", i);
+        dflash_session_free(s[i]);
+        free(ids[i]);
+    }
+    dflash_engine_close(e);
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&g_be));
@@ -213,6 +251,7 @@ int main(void)
     if (g_plain && g_tok) {
         RUN(test_sessions);
         RUN(test_callback_stops_one);
+        RUN(test_width_auto);
     }
     dflash_tokenizer_free(g_tok);
     dflash_qwen3_free(g_plain);

@@ -51,10 +51,13 @@ static void usage(FILE *f)
             "\n"
             "Context: --max-ctx (default 4096, at most the model's) bounds prompt +\n"
             "max_tokens of every request; without max_tokens a request may use all of it.\n"
-            "Drafting uses a fixed width: every step drafts --block-size - 1 (default: the\n"
-            "drafter's block). The drafter's context window is DFLASH_CTX_CAP (--ctx-cap is\n"
-            "not used here). SIGTERM or SIGINT: no new requests, running ones get up to 30 s\n"
-            "to finish, exit 0.\n");
+            "Drafting: by default each step drafts the cost-aware width, the number of\n"
+            "drafts with the most expected tokens per second per request at the current\n"
+            "number of requests (0 when speculation does not pay); --block-size B drafts\n"
+            "B - 1 every step. The drafter's context window is DFLASH_CTX_CAP (--ctx-cap\n"
+            "is not used here).\n"
+            "SIGTERM or SIGINT: no new requests, running ones get up to 30 s to finish,\n"
+            "exit 0.\n");
 }
 
 typedef struct serve_args {
@@ -136,6 +139,7 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
     eo.max_sessions = a->max_sessions;
     eo.max_ctx = a->e.max_ctx ? a->e.max_ctx : 4096;
     eo.block_size = a->e.block_fixed ? a->e.block_size : 0;
+    eo.width_auto = !a->e.block_fixed; /* as generate: the cost-aware width unless --block-size */
     eo.drafter_fp8 = a->e.quant == DFLASH_QUANT_FP8_WEIGHTS;
     const char *tdir = a->e.tokenizer ? a->e.tokenizer : a->e.model;
     if (dflash_engine_open(&eo, &c->engine) != DFLASH_OK || dflash_tokenizer_load(tdir, &c->tok) != DFLASH_OK) {

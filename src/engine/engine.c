@@ -102,7 +102,9 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
                 add_stop(e, ids[i]);
     }
     e->max_sessions = o->max_sessions;
-    return dflash_spec_batch_new(e->target, e->prop, o->block_size, o->max_sessions, &e->batch);
+    DFLASH_TRY(dflash_spec_batch_new(e->target, e->prop, o->block_size, o->max_sessions, &e->batch));
+    dflash_spec_batch_set_width_auto(e->batch, o->width_auto);
+    return DFLASH_OK;
 }
 
 dflash_status dflash_engine_open(const dflash_engine_opts *o, dflash_engine **out)

@@ -103,6 +103,11 @@ dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, in
  * (budget, stop token: its stats are then final), or removed. A sequence
  * done by its first token leaves at once. */
 dflash_status dflash_spec_batch_add(dflash_spec_batch *b, dflash_spec_item *it);
+/* on: every step drafts the batch's cost-aware width (width.h: the most
+ * expected tokens per second per sequence at this batch size, learned as
+ * the steps run; a sequence near its budget drafts fewer), else the full
+ * block. The output is the same either way. Starts a new width model. */
+void dflash_spec_batch_set_width_auto(dflash_spec_batch *b, int on);
 /* One step of every sequence taking part; *n_active: how many still are.
  * On an error every sequence leaves (their caches may hold rows of the
  * failed step). */

@@ -21,6 +21,7 @@
 
 #include "spec/spec.h"
 #include "spec/spec_internal.h"
+#include "spec/width.h"
 
 /* The loop's own state of one item. */
 typedef struct many_seq {
@@ -31,6 +32,8 @@ typedef struct many_seq {
     int done;
     int32_t s;         /* position of cur in this step */
     int k;             /* drafts this step */
+    int a;             /* of them accepted */
+    int in_step;       /* took part in this step */
     int row0;          /* its first row in the group's forward */
     double t_join;
     int32_t block[DFLASH_MAX_BLOCK];
@@ -45,6 +48,8 @@ struct dflash_spec_batch {
     int32_t *best; /* host [max_rows] */
     int n, cap;    /* sequences joined and generating */
     many_seq *ms;  /* [cap] */
+    int width_auto; /* each step's width from wm, else B - 1 */
+    dflash_width wm;
 };
 
 /* Emitted tokens: stored, streamed; a stop token, the budget or a
@@ -148,6 +153,7 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
                 a++;
             bonus = gr[a];
         }
+        m->a = a;
         /* 5 COMMIT: d_1..d_a, bonus, cut by a stop token or the budget */
         int32_t emitted[DFLASH_MAX_BLOCK];
         int n_emit = 0, stopped = 0;
@@ -188,11 +194,18 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
     return DFLASH_OK;
 }
 
-/* One step of every sequence, group by group. */
+/* One step of every sequence, group by group, at one width: B - 1 drafts,
+ * or the cost-aware width's choice for the whole batch (fewer for a
+ * sequence near its budget). With the width model, what the step did
+ * feeds it back. */
 static dflash_status step_groups(dflash_spec_batch *r)
 {
     const int n = r->n, max_rows = r->t->opts.max_rows, max_seqs = r->t->opts.max_seqs;
     int g[n > 0 ? n : 1];
+    const int width = !r->p ? 0 : r->width_auto ? dflash_width_choose(&r->wm, r->B - 1) : r->B - 1;
+    double propose_ms = 0, verify_ms = 0;
+    for (int i = 0; i < n; i++)
+        r->ms[i].in_step = 0;
     for (int sampled = 0; sampled < 2; sampled++) {
         int ng = 0, rows = 0;
         for (int i = 0; i <= n; i++) {
@@ -201,9 +214,11 @@ static dflash_status step_groups(dflash_spec_batch *r)
             int need = 0;
             if (take) {
                 int left = m->it->opts.n_new - m->it->n_out;
-                m->k = !r->p ? 0 : r->B - 1 < left ? r->B - 1 : left;
+                m->k = width < left ? width : left;
                 m->s = m->it->seq->len;
                 m->block[0] = m->cur;
+                m->a = 0;
+                m->in_step = 1;
                 need = m->k + 1;
             }
             /* run the group when the next sequence would not fit, or at the end */
@@ -216,6 +231,8 @@ static dflash_status step_groups(dflash_spec_batch *r)
                 DFLASH_TRY(verify_group(r, g, ng, sampled, &tap_rows));
                 double t2 = dflash_spec_now_ms();
                 DFLASH_TRY(accept_group(r, g, ng, tap_rows, t1 - t0, t2 - t1));
+                propose_ms += t1 - t0;
+                verify_ms += t2 - t1;
                 ng = rows = 0;
             }
             if (take) {
@@ -223,6 +240,16 @@ static dflash_status step_groups(dflash_spec_batch *r)
                 rows += need;
             }
         }
+    }
+    if (r->width_auto && r->p) {
+        int ks[n > 0 ? n : 1], as[n > 0 ? n : 1], m = 0;
+        for (int i = 0; i < n; i++)
+            if (r->ms[i].in_step) {
+                ks[m] = r->ms[i].k;
+                as[m++] = r->ms[i].a;
+            }
+        if (m > 0)
+            dflash_width_observe_many(&r->wm, ks, as, m, width, verify_ms, propose_ms);
     }
     return DFLASH_OK;
 }
@@ -292,6 +319,12 @@ dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, in
     r->tap_cols = (int64_t)r->n_taps * target->cfg.hidden_size;
     *out = r;
     return DFLASH_OK;
+}
+
+void dflash_spec_batch_set_width_auto(dflash_spec_batch *r, int on)
+{
+    r->width_auto = on;
+    dflash_width_init(&r->wm, r->B - 1);
 }
 
 dflash_status dflash_spec_batch_add(dflash_spec_batch *r, dflash_spec_item *it)

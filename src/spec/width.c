@@ -120,24 +120,35 @@ int dflash_width_choose(dflash_width *m, int limit)
     return k;
 }
 
-void dflash_width_observe(dflash_width *m, int k, int a, double verify_ms, double propose_ms)
+void dflash_width_observe_many(dflash_width *m, const int *k, const int *a, int n, int width, double verify_ms,
+                               double propose_ms)
 {
     /* Old counts fade as new ones come; a step that drafted nothing brings
      * none and fades none (else a run of plain steps would wash the
      * estimates out to the prior). */
-    if (k > 0)
+    int drafted = 0;
+    for (int i = 0; i < n; i++)
+        drafted |= k[i] > 0;
+    if (drafted)
         for (int j = 0; j < m->max_drafts; j++) {
             m->reached[j] *= ACCEPT_DECAY;
             m->accepted[j] *= ACCEPT_DECAY;
         }
-    for (int j = 1; j <= k && j <= m->max_drafts; j++) {
-        if (j - 1 > a)
-            break; /* draft j - 1 was rejected: j was not reached */
-        m->reached[j - 1] += 1.0;
-        m->accepted[j - 1] += j <= a;
-    }
-    line_add(&m->verify, k + 1.0, verify_ms);
-    if (k > 0)
-        line_add(&m->propose, (double)k, propose_ms);
+    for (int i = 0; i < n; i++)
+        for (int j = 1; j <= k[i] && j <= m->max_drafts; j++) {
+            if (j - 1 > a[i])
+                break; /* draft j - 1 was rejected: j was not reached */
+            m->reached[j - 1] += 1.0;
+            m->accepted[j - 1] += j <= a[i];
+        }
+    const double per = n > 0 ? 1.0 / n : 1.0;
+    line_add(&m->verify, width + 1.0, verify_ms * per);
+    if (width > 0)
+        line_add(&m->propose, (double)width, propose_ms * per);
     m->steps++;
+}
+
+void dflash_width_observe(dflash_width *m, int k, int a, double verify_ms, double propose_ms)
+{
+    dflash_width_observe_many(m, &k, &a, 1, k, verify_ms, propose_ms);
 }

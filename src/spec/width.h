@@ -44,6 +44,14 @@ void dflash_width_init(dflash_width *m, int max_drafts);
 int dflash_width_choose(dflash_width *m, int limit);
 /* What a step did: k drafts, a of them accepted, and its times (ms). */
 void dflash_width_observe(dflash_width *m, int k, int a, double verify_ms, double propose_ms);
+/* What a step of n sequences stepped together did: sequence i drafted k[i]
+ * (the chosen width, or fewer near its budget) and had a[i] accepted; the
+ * step chose `width` and took verify_ms and propose_ms for all of them.
+ * The acceptance counts take every sequence; the time lines take one
+ * point, the step's time per sequence at the chosen width, so the rate
+ * compared is tokens per second per sequence at this batch size. */
+void dflash_width_observe_many(dflash_width *m, const int *k, const int *a, int n, int width, double verify_ms,
+                               double propose_ms);
 
 /* The model's current estimates (for stats and tests). */
 double dflash_width_expected_tokens(const dflash_width *m, int k);
