@@ -83,7 +83,7 @@ typedef struct dflash_spec_item {
     int n_prompt;
     /* n_new, stop ids, sampler, history, on_tokens / user; block_size,
      * width_auto and trace are not read (the call's block size applies, at
-     * a fixed width). Here on_tokens returning other than DFLASH_OK ends
+     * the batch's width: the full block, or its cost-aware width). Here on_tokens returning other than DFLASH_OK ends
      * this sequence (done, stats.stopped) and the others go on. */
     dflash_gen_opts opts;
     int32_t *out;           /* [opts.n_new] */
