@@ -113,10 +113,17 @@ void dflash_session_output(const dflash_session *s, const int32_t **ids, size_t 
 /* Those tokens as text (special tokens left out); *text is malloc'd. */
 dflash_status dflash_session_text(const dflash_session *s, char **text);
 
+#define DFLASH_STATS_POSITIONS 16 /* draft positions the per-position counts cover */
 typedef struct dflash_session_stats {
     int prompt_tokens, generated_tokens, steps;
     double mean_accept; /* tau: tokens committed per step */
     double total_ms;
+    int64_t drafted, accepted; /* draft tokens proposed, and accepted by the target */
+    /* [k]: steps that committed k tokens (k >= DFLASH_STATS_POSITIONS
+     * counted in the last entry) */
+    int64_t commit_hist[DFLASH_STATS_POSITIONS + 1];
+    /* [i]: steps that drafted position i + 1, and that accepted it */
+    int64_t pos_tried[DFLASH_STATS_POSITIONS], pos_accepted[DFLASH_STATS_POSITIONS];
 } dflash_session_stats;
 /* Statistics of the last start (tau and the total time once it is done). */
 void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out);

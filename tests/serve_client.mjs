@@ -176,6 +176,21 @@ await attempt('client leaving mid-stream', async () => {
     `running ${running}, cancelled ${before} -> ${cancelled}`);
 });
 
+await attempt('speculative metrics', async () => {
+  const drafted = await metric('dflash_spec_drafted_tokens_total');
+  const accepted = await metric('dflash_spec_accepted_tokens_total');
+  const steps = await metric('dflash_spec_steps_total');
+  const count = await metric('dflash_spec_acceptance_length_count');
+  const sum = await metric('dflash_spec_acceptance_length_sum');
+  const gen = await metric('dflash_generated_tokens_total');
+  const p1 = await metric('dflash_spec_position_drafted_total{position="1"}');
+  const a1 = await metric('dflash_spec_position_accepted_total{position="1"}');
+  const p2 = await metric('dflash_spec_position_drafted_total{position="2"}');
+  check('speculative metrics agree with each other', drafted > 0 && accepted <= drafted && count === steps &&
+    sum <= gen && sum >= steps && p1 >= p2 && a1 <= p1 && p1 > 0,
+    JSON.stringify({ drafted, accepted, steps, count, sum, gen, p1, a1, p2 }));
+});
+
 await attempt('200 requests in a row', async () => {
   const pid = Number(process.env.SERVER_PID);
   const req = { model: MODEL, prompt: process.env.PROMPT, max_tokens: 8, temperature: 0 };

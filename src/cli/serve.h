@@ -66,6 +66,10 @@ typedef struct serve_job {
 typedef struct serve_metrics {
     unsigned long long req_ok, req_error, req_cancelled, req_rejected;
     unsigned long long prompt_tokens, generated_tokens, steps;
+    /* the speculative counters of finished requests (dflash_session_stats) */
+    unsigned long long drafted, accepted;
+    unsigned long long commit_hist[DFLASH_STATS_POSITIONS + 1];
+    unsigned long long pos_tried[DFLASH_STATS_POSITIONS], pos_accepted[DFLASH_STATS_POSITIONS];
     unsigned long long ttft_hist[SERVE_TTFT_BUCKETS + 1]; /* cumulative at render time; last = +Inf */
     double ttft_sum;
     unsigned long long ttft_count;

@@ -248,7 +248,7 @@ static char *metrics_text(serve_ctx *c)
 {
     static const char *const le[SERVE_TTFT_BUCKETS] = { "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
                                                        "1",    "2.5",   "5",    "10",  "30",   "60" };
-    size_t cap = 8192;
+    size_t cap = 16384;
     char *t = malloc(cap);
     if (!t)
         return NULL;
@@ -276,16 +276,43 @@ static char *metrics_text(serve_ctx *c)
                      "# TYPE dflash_time_to_first_token_seconds histogram\n",
                      m->req_ok, m->req_error, m->req_cancelled, m->req_rejected, c->n_queued, c->n_running,
                      m->prompt_tokens, m->generated_tokens, m->steps);
+/* append while there is room (the text is far below cap) */
+#define PUT(...) (n > 0 && (size_t)n < cap ? n += snprintf(t + n, cap - (size_t)n, __VA_ARGS__) : 0)
     unsigned long long cum = 0;
-    for (int b = 0; b <= SERVE_TTFT_BUCKETS && n > 0 && (size_t)n < cap; b++) {
+    for (int b = 0; b <= SERVE_TTFT_BUCKETS; b++) {
         cum += m->ttft_hist[b];
-        n += snprintf(t + n, cap - (size_t)n, "dflash_time_to_first_token_seconds_bucket{le=\"%s\"} %llu\n",
-                      b < SERVE_TTFT_BUCKETS ? le[b] : "+Inf", cum);
+        PUT("dflash_time_to_first_token_seconds_bucket{le=\"%s\"} %llu\n", b < SERVE_TTFT_BUCKETS ? le[b] : "+Inf",
+            cum);
     }
-    if (n > 0 && (size_t)n < cap)
-        snprintf(t + n, cap - (size_t)n,
-                 "dflash_time_to_first_token_seconds_sum %.6f\ndflash_time_to_first_token_seconds_count %llu\n",
-                 m->ttft_sum, m->ttft_count);
+    PUT("dflash_time_to_first_token_seconds_sum %.6f\ndflash_time_to_first_token_seconds_count %llu\n",
+        m->ttft_sum, m->ttft_count);
+    /* the speculative counters users ask for */
+    PUT("# HELP dflash_spec_drafted_tokens_total Draft tokens proposed (finished requests).\n"
+        "# TYPE dflash_spec_drafted_tokens_total counter\ndflash_spec_drafted_tokens_total %llu\n"
+        "# HELP dflash_spec_accepted_tokens_total Draft tokens the target accepted.\n"
+        "# TYPE dflash_spec_accepted_tokens_total counter\ndflash_spec_accepted_tokens_total %llu\n"
+        "# HELP dflash_spec_acceptance_length Tokens a step committed (accepted drafts + 1).\n"
+        "# TYPE dflash_spec_acceptance_length histogram\n",
+        m->drafted, m->accepted);
+    unsigned long long steps = 0, committed = 0;
+    for (int k = 0; k <= DFLASH_STATS_POSITIONS; k++) {
+        steps += m->commit_hist[k];
+        committed += m->commit_hist[k] * (unsigned long long)k;
+        if (k < DFLASH_STATS_POSITIONS)
+            PUT("dflash_spec_acceptance_length_bucket{le=\"%d\"} %llu\n", k, steps);
+    }
+    PUT("dflash_spec_acceptance_length_bucket{le=\"+Inf\"} %llu\ndflash_spec_acceptance_length_sum %llu\n"
+        "dflash_spec_acceptance_length_count %llu\n"
+        "# HELP dflash_spec_position_drafted_total Steps that drafted position N.\n"
+        "# TYPE dflash_spec_position_drafted_total counter\n",
+        steps, committed, steps);
+    for (int i = 0; i < DFLASH_STATS_POSITIONS; i++)
+        PUT("dflash_spec_position_drafted_total{position=\"%d\"} %llu\n", i + 1, m->pos_tried[i]);
+    PUT("# HELP dflash_spec_position_accepted_total Steps that accepted the draft at position N.\n"
+        "# TYPE dflash_spec_position_accepted_total counter\n");
+    for (int i = 0; i < DFLASH_STATS_POSITIONS; i++)
+        PUT("dflash_spec_position_accepted_total{position=\"%d\"} %llu\n", i + 1, m->pos_accepted[i]);
+#undef PUT
     pthread_mutex_unlock(&c->mu);
     return t;
 }

@@ -247,6 +247,14 @@ static void finish(serve_ctx *c, serve_job *j)
     j->state = JOB_DONE;
     c->m.generated_tokens += j->n_ids;
     c->m.steps += (unsigned long long)st.steps;
+    c->m.drafted += (unsigned long long)st.drafted;
+    c->m.accepted += (unsigned long long)st.accepted;
+    for (int k = 0; k <= DFLASH_STATS_POSITIONS; k++)
+        c->m.commit_hist[k] += (unsigned long long)st.commit_hist[k];
+    for (int i = 0; i < DFLASH_STATS_POSITIONS; i++) {
+        c->m.pos_tried[i] += (unsigned long long)st.pos_tried[i];
+        c->m.pos_accepted[i] += (unsigned long long)st.pos_accepted[i];
+    }
     if (j->cancelled)
         c->m.req_cancelled++;
     else

@@ -296,4 +296,15 @@ void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out
     *out = (dflash_session_stats){ .prompt_tokens = st->n_prompt, .generated_tokens = s->item.n_out,
                                    .steps = st->n_steps, .mean_accept = st->mean_accept,
                                    .total_ms = st->total_ms };
+    const int P = DFLASH_STATS_POSITIONS;
+    for (int k = 0; k <= DFLASH_MAX_BLOCK; k++)
+        out->commit_hist[k < P ? k : P] += st->accept_hist[k];
+    for (int i = 0; i < DFLASH_MAX_BLOCK; i++) {
+        out->drafted += st->pos_tried[i];
+        out->accepted += st->pos_accepted[i];
+        if (i < P) {
+            out->pos_tried[i] = st->pos_tried[i];
+            out->pos_accepted[i] = st->pos_accepted[i];
+        }
+    }
 }
