@@ -153,7 +153,7 @@ await attempt('full queue: 429', async () => {
 
 async function metric(name) {
   const t = await (await fetch(BASE + '/metrics')).text();
-  const m = new RegExp('^' + name.replace(/[{}"=]/g, (c) => '\\' + c) + ' (\\S+)$', 'm').exec(t);
+  const m = new RegExp('^' + name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&') + ' (\\S+)$', 'm').exec(t);
   return m ? Number(m[1]) : NaN;
 }
 
@@ -186,6 +186,11 @@ await attempt('speculative metrics', async () => {
   const p1 = await metric('dflash_spec_position_drafted_total{position="1"}');
   const a1 = await metric('dflash_spec_position_accepted_total{position="1"}');
   const p2 = await metric('dflash_spec_position_drafted_total{position="2"}');
+  const tpot = await metric('dflash_time_per_output_token_seconds_count');
+  const ttftInf = await metric('dflash_time_to_first_token_seconds_bucket{le="+Inf"}');
+  const ttftCount = await metric('dflash_time_to_first_token_seconds_count');
+  check('latency histograms filled', tpot > 0 && ttftCount > 0 && ttftInf === ttftCount,
+    JSON.stringify({ tpot, ttftInf, ttftCount }));
   check('speculative metrics agree with each other', drafted > 0 && accepted <= drafted && count === steps &&
     sum <= gen && sum >= steps && p1 >= p2 && a1 <= p1 && p1 > 0,
     JSON.stringify({ drafted, accepted, steps, count, sum, gen, p1, a1, p2 }));

@@ -20,6 +20,7 @@
 
 #define SERVE_MAX_STOP_STRINGS 8
 #define SERVE_TTFT_BUCKETS 12
+#define SERVE_TPOT_BUCKETS 10
 
 typedef enum serve_state {
     JOB_QUEUED,  /* waiting for a session */
@@ -58,6 +59,7 @@ typedef struct serve_job {
     const char *finish;       /* "stop" or "length" once done */
     int prompt_tokens, steps;
     double mean_accept, t_first; /* t_first: when the first token came (0: none yet) */
+    double t_last;            /* when the latest token came */
     dflash_session *session;
     int refs;                 /* connection + scheduler; freed at 0 */
     struct serve_job *next;   /* queue link */
@@ -73,6 +75,10 @@ typedef struct serve_metrics {
     unsigned long long ttft_hist[SERVE_TTFT_BUCKETS + 1]; /* cumulative at render time; last = +Inf */
     double ttft_sum;
     unsigned long long ttft_count;
+    /* per request: (last token - first token) / (tokens - 1) */
+    unsigned long long tpot_hist[SERVE_TPOT_BUCKETS + 1];
+    double tpot_sum;
+    unsigned long long tpot_count;
 } serve_metrics;
 
 typedef struct serve_ctx {
@@ -115,6 +121,8 @@ char *serve_chunk_sse(const serve_ctx *c, const serve_job *j, const char *delta,
 char *serve_error_json(const char *message, const char *type, const char *param, const char *code);
 
 /* serve_sched.c */
+/* The upper bounds (seconds) of the latency histograms' buckets. */
+extern const double serve_ttft_bounds[SERVE_TTFT_BUCKETS], serve_tpot_bounds[SERVE_TPOT_BUCKETS];
 dflash_status serve_sched_start(serve_ctx *c);
 /* Queue a job (takes a reference); 0, or 429 when the queue is full. */
 int serve_submit(serve_ctx *c, serve_job *j);

@@ -244,10 +244,26 @@ static enum MHD_Result generate(serve_ctx *c, struct MHD_Connection *conn, int c
 
 /* ---- the other endpoints ------------------------------------------------ */
 
+/* One Prometheus histogram from per-bucket counts (the last: +Inf). */
+static void put_histogram(char *t, size_t cap, int *n, const char *name, const double *bounds, int nb,
+                          const unsigned long long *hist, double sum, unsigned long long count)
+{
+    unsigned long long cum = 0;
+    for (int b = 0; b <= nb && *n > 0 && (size_t)*n < cap; b++) {
+        cum += hist[b];
+        char le[32];
+        if (b < nb)
+            snprintf(le, sizeof le, "%g", bounds[b]);
+        else
+            snprintf(le, sizeof le, "+Inf");
+        *n += snprintf(t + *n, cap - (size_t)*n, "%s_bucket{le=\"%s\"} %llu\n", name, le, cum);
+    }
+    if (*n > 0 && (size_t)*n < cap)
+        *n += snprintf(t + *n, cap - (size_t)*n, "%s_sum %.6f\n%s_count %llu\n", name, sum, name, count);
+}
+
 static char *metrics_text(serve_ctx *c)
 {
-    static const char *const le[SERVE_TTFT_BUCKETS] = { "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
-                                                       "1",    "2.5",   "5",    "10",  "30",   "60" };
     size_t cap = 16384;
     char *t = malloc(cap);
     if (!t)
@@ -278,14 +294,12 @@ static char *metrics_text(serve_ctx *c)
                      m->prompt_tokens, m->generated_tokens, m->steps);
 /* append while there is room (the text is far below cap) */
 #define PUT(...) (n > 0 && (size_t)n < cap ? n += snprintf(t + n, cap - (size_t)n, __VA_ARGS__) : 0)
-    unsigned long long cum = 0;
-    for (int b = 0; b <= SERVE_TTFT_BUCKETS; b++) {
-        cum += m->ttft_hist[b];
-        PUT("dflash_time_to_first_token_seconds_bucket{le=\"%s\"} %llu\n", b < SERVE_TTFT_BUCKETS ? le[b] : "+Inf",
-            cum);
-    }
-    PUT("dflash_time_to_first_token_seconds_sum %.6f\ndflash_time_to_first_token_seconds_count %llu\n",
-        m->ttft_sum, m->ttft_count);
+    put_histogram(t, cap, &n, "dflash_time_to_first_token_seconds", serve_ttft_bounds, SERVE_TTFT_BUCKETS,
+                  m->ttft_hist, m->ttft_sum, m->ttft_count);
+    PUT("# HELP dflash_time_per_output_token_seconds Per request: from the first token to the last, over the "
+        "tokens after the first.\n# TYPE dflash_time_per_output_token_seconds histogram\n");
+    put_histogram(t, cap, &n, "dflash_time_per_output_token_seconds", serve_tpot_bounds, SERVE_TPOT_BUCKETS,
+                  m->tpot_hist, m->tpot_sum, m->tpot_count);
     /* the speculative counters users ask for */
     PUT("# HELP dflash_spec_drafted_tokens_total Draft tokens proposed (finished requests).\n"
         "# TYPE dflash_spec_drafted_tokens_total counter\ndflash_spec_drafted_tokens_total %llu\n"

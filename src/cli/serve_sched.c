@@ -114,6 +114,19 @@ static void update_text(serve_ctx *c, serve_job *j)
         j->safe_len = len - hold;
 }
 
+const double serve_ttft_bounds[SERVE_TTFT_BUCKETS] = { 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60 };
+const double serve_tpot_bounds[SERVE_TPOT_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                        0.05,  0.1,    0.25,  0.5,  1 };
+
+/* The histogram bucket of v: the first bound at or above it, else n (+Inf). */
+static int bucket(const double *bounds, int n, double v)
+{
+    int b = 0;
+    while (b < n && v > bounds[b])
+        b++;
+    return b;
+}
+
 /* The callback's context: the job and the server. */
 typedef struct tok_ctx {
     serve_ctx *c;
@@ -129,15 +142,12 @@ static dflash_status job_on_tokens(void *user, const int32_t *ids, int n)
     serve_ctx *c = t->c;
     serve_job *j = t->j;
     pthread_mutex_lock(&c->mu);
+    if (n > 0)
+        j->t_last = serve_now();
     if (!j->t_first && n > 0) {
-        j->t_first = serve_now();
+        j->t_first = j->t_last;
         const double ttft = j->t_first - j->t_arrive;
-        static const double bounds[SERVE_TTFT_BUCKETS] = { 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                                           1, 2.5, 5, 10, 30, 60 };
-        int b = 0;
-        while (b < SERVE_TTFT_BUCKETS && ttft > bounds[b])
-            b++;
-        c->m.ttft_hist[b]++;
+        c->m.ttft_hist[bucket(serve_ttft_bounds, SERVE_TTFT_BUCKETS, ttft)]++;
         c->m.ttft_sum += ttft;
         c->m.ttft_count++;
     }
@@ -247,6 +257,12 @@ static void finish(serve_ctx *c, serve_job *j)
     j->state = JOB_DONE;
     c->m.generated_tokens += j->n_ids;
     c->m.steps += (unsigned long long)st.steps;
+    if (j->n_ids > 1) {
+        const double tpot = (j->t_last - j->t_first) / (double)(j->n_ids - 1);
+        c->m.tpot_hist[bucket(serve_tpot_bounds, SERVE_TPOT_BUCKETS, tpot)]++;
+        c->m.tpot_sum += tpot;
+        c->m.tpot_count++;
+    }
     c->m.drafted += (unsigned long long)st.drafted;
     c->m.accepted += (unsigned long long)st.accepted;
     for (int k = 0; k <= DFLASH_STATS_POSITIONS; k++)
