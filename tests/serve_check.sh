@@ -2,7 +2,7 @@
 # serve_check.sh: `dflash serve` on the embedded pair (CPU), driven by the
 # official openai npm client (tests/serve_client.mjs, installed here at a
 # pinned version into $B/npm-openai). Starts two servers (one with an API
-# key and a 64 KiB body limit, one with one session and a queue of one),
+# key and a 64 KiB body limit, one with one session and no queue),
 # runs the client, then sends SIGTERM to both and checks they exit 0.
 # DFLASH_BIN (default $B/dflash) picks the CLI; DFLASH_BIN_ASAN=1 says it is
 # the sanitizer build (its exit status then also reports leaks).
@@ -35,7 +35,7 @@ a.listen(0,"127.0.0.1",()=>b.listen(0,"127.0.0.1",()=>{console.log(a.address().p
 "$DFLASH" serve -m $M -d $D --port "$PORT1" --api-key test-key --max-body-bytes 65536 --max-sessions 16 \
     >"$LOG1" 2>&1 &
 P1=$!
-"$DFLASH" serve -m $M -d $D --port "$PORT2" --max-sessions 1 --max-queue 1 >"$LOG2" 2>&1 &
+"$DFLASH" serve -m $M -d $D --port "$PORT2" --max-sessions 1 --max-queue 0 >"$LOG2" 2>&1 &
 P2=$!
 up() { node -e 'fetch(process.argv[1]).then(r=>process.exit(r.ok?0:1),()=>process.exit(1))' \
     "http://127.0.0.1:$1/health" 2>/dev/null; }

@@ -4,7 +4,7 @@
 //   NPM_DIR   folder whose node_modules holds openai
 //   BASE      http://127.0.0.1:PORT of the main server (API key KEY,
 //             --max-body-bytes 65536)
-//   BASE_SMALL a second server with --max-sessions 1 --max-queue 1 (no key)
+//   BASE_SMALL a second server with --max-sessions 1 --max-queue 0 (no key)
 //   EXPECT    file with the text `dflash generate` gives PROMPT (32 tokens)
 //   PROMPT    that prompt;  SERVER_PID  the main server's pid
 //   RSS_CHECK 0: leave out the resident-memory bound (sanitizer builds)

@@ -30,7 +30,9 @@ void serve_job_release(serve_ctx *c, serve_job *j)
 int serve_submit(serve_ctx *c, serve_job *j)
 {
     pthread_mutex_lock(&c->mu);
-    if (c->shutting_down || c->n_queued >= c->max_queue) {
+    /* room: max_sessions generating plus max_queue waiting (a job passes
+     * through the queue even when a session is free) */
+    if (c->shutting_down || c->n_queued + c->n_running >= c->max_sessions + c->max_queue) {
         int status = c->shutting_down ? 503 : 429;
         c->m.req_rejected++;
         pthread_mutex_unlock(&c->mu);
