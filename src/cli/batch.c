@@ -255,7 +255,7 @@ static dflash_status run_lines(batch_run *r, double *secs)
     }
     double t0 = now_s();
     if (s == DFLASH_OK)
-        s = dflash_spec_generate_many(r->e.target, r->e.prop, items, r->n, a->e->block_size);
+        s = dflash_spec_generate_many(r->e.target, r->e.prop, items, r->n, a->e->block_size, !a->e->block_fixed);
     *secs = now_s() - t0;
     for (int i = 0; i < r->n && s == DFLASH_OK; i++) {
         batch_line *l = &r->lines[i];

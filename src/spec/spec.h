@@ -125,14 +125,15 @@ void dflash_spec_batch_free(dflash_spec_batch *b);
  * the rows of all sequences still generating (in groups within the
  * target's max_rows and max_seqs; greedy and sampling sequences in
  * separate groups), and each sequence accepts, stops and streams on its
- * own. Every step drafts min(block - 1, tokens left). block_size: 0 = the
- * proposer's (capped by it); p == NULL decodes plainly. The proposer must
+ * own. Every step drafts min(width, tokens left), width = block - 1, or
+ * with width_auto the batch's cost-aware width (dflash_spec_batch_set_width_auto).
+ * block_size: 0 = the proposer's (capped by it); p == NULL decodes plainly. The proposer must
  * take as many sequences per call as the target's max_seqs.
  * Each sequence's output equals what dflash_spec_generate gives it alone
  * (greedy, and sampling with its seed): the target's and the drafter's
  * forwards compute every row independently of the others in the batch.
  * On an error the sequences may hold rows of the failed step: free them. */
 dflash_status dflash_spec_generate_many(dflash_qwen3 *target, dflash_proposer *p, dflash_spec_item *items, int n,
-                                        int block_size);
+                                        int block_size, int width_auto);
 
 #endif

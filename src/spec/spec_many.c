@@ -400,12 +400,13 @@ void dflash_spec_batch_free(dflash_spec_batch *r)
 }
 
 dflash_status dflash_spec_generate_many(dflash_qwen3 *target, dflash_proposer *p, dflash_spec_item *items, int n,
-                                        int block_size)
+                                        int block_size, int width_auto)
 {
     if (n <= 0 || !items)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate many: %d sequences", n);
     dflash_spec_batch *r;
     DFLASH_TRY(dflash_spec_batch_new(target, p, block_size, n, &r));
+    dflash_spec_batch_set_width_auto(r, width_auto);
     dflash_status s = DFLASH_OK;
     for (int i = 0; i < n && s == DFLASH_OK; i++)
         s = dflash_spec_batch_add(r, &items[i]);

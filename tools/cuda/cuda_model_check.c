@@ -817,7 +817,7 @@ static void check_pystd_batch(const char *tdir, const char *ddir, int32_t **ids,
         items[i].out = out[i];
     }
     double t0 = now_s();
-    if (!step(dflash_spec_generate_many(t, &h->proposer, items, (int)n, 0), "batch: generate many"))
+    if (!step(dflash_spec_generate_many(t, &h->proposer, items, (int)n, 0, 0), "batch: generate many"))
         goto done;
     double dt = now_s() - t0;
     int same = 0, first_bad = -1;
