@@ -331,6 +331,16 @@ static char *metrics_text(serve_ctx *c)
     return t;
 }
 
+/* a == b, in a time that does not depend on where they differ */
+static int same_secret(const char *a, const char *b)
+{
+    const size_t na = strlen(a), nb = strlen(b);
+    unsigned char diff = na != nb;
+    for (size_t i = 0; i < nb; i++)
+        diff |= (unsigned char)(b[i] ^ (i < na ? a[i] : 0));
+    return diff == 0;
+}
+
 static enum MHD_Result route(serve_ctx *c, struct MHD_Connection *conn, const char *url, const char *method,
                              const req *rq)
 {
@@ -358,7 +368,7 @@ static enum MHD_Result route(serve_ctx *c, struct MHD_Connection *conn, const ch
     }
     if (routes[k].v1 && c->api_key) {
         const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-        if (!auth || strncmp(auth, "Bearer ", 7) != 0 || strcmp(auth + 7, c->api_key) != 0)
+        if (!auth || strncmp(auth, "Bearer ", 7) != 0 || !same_secret(auth + 7, c->api_key))
             return send_error(conn, 401, "a valid API key is required (Authorization: Bearer KEY)", NULL);
     }
     if (rq->too_large) {
