@@ -326,12 +326,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens and budget
          * (handed out after 7, so a failure there emits nothing) */
         int32_t *emit = out + *n_out;
-        int n_emit = 0, stopped = 0;
-        for (int i = 1; i <= a + 1 && *n_out + n_emit < o->n_new && !stopped; i++) {
-            int32_t tok = i <= a ? block[i] : bonus;
-            emit[n_emit++] = tok;
-            stopped = dflash_spec_is_stop(o, tok);
-        }
+        int stopped;
+        const int n_emit = dflash_spec_commit(o, *n_out, block, a, bonus, emit, &stopped);
 
         /* 6 ROLLBACK: the cache keeps t_s and every emitted token but the
          * last, which becomes the next unverified token. Normally that is
@@ -385,27 +381,88 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
     return DFLASH_OK;
 }
 
+/* ---- what both loops share (spec_internal.h) ---------------------------- */
+
+dflash_status dflash_spec_block(const dflash_qwen3 *t, const dflash_proposer *p, int block_size, const char *who,
+                                int *B)
+{
+    int b = p ? p->ops->block_size(p) : 1;
+    if (p && block_size > 0 && block_size < b)
+        b = block_size;
+    if (b > DFLASH_MAX_BLOCK || b > t->opts.max_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: block size %d exceeds the limit %d", who, b,
+                           b > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : t->opts.max_rows);
+    *B = b;
+    return DFLASH_OK;
+}
+
+dflash_status dflash_spec_check_start(const dflash_qwen3 *t, const dflash_kv_seq *seq, int n_prompt,
+                                      const dflash_gen_opts *o, int B, const char *who)
+{
+    if (n_prompt <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: the prompt is empty", who);
+    if (o->n_history < 0 || (o->n_history > 0 && !o->history))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: history of %d ids at %p", who, o->n_history,
+                           (const void *)o->history);
+    if (seq->len + n_prompt + o->n_new + B > t->opts.max_ctx)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "%s: %d cached + %d prompt + %d new tokens + block %d exceed the context limit %d", who,
+                           seq->len, n_prompt, o->n_new, B, t->opts.max_ctx);
+    return dflash_sampler_check_opts(&o->sampler);
+}
+
+dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t, const dflash_sampler_opts *so,
+                                        int B, const char *who)
+{
+    const int V = t->cfg.vocab_size;
+    DFLASH_TRY(dflash_sampler_init(&ss->smp, V, so));
+    ss->logits = malloc((size_t)B * (size_t)V * sizeof(float));
+    if (!ss->logits) {
+        dflash_sampler_free(&ss->smp);
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d logits rows of %d", who, B, V);
+    }
+    return DFLASH_OK;
+}
+
+void dflash_spec_sampling_free(spec_sampling *ss)
+{
+    free(ss->logits);
+    ss->logits = NULL;
+    dflash_sampler_free(&ss->smp);
+}
+
+int dflash_spec_commit(const dflash_gen_opts *o, int n_out, const int32_t *block, int a, int32_t bonus,
+                       int32_t *emit, int *stopped)
+{
+    int n_emit = 0;
+    *stopped = 0;
+    for (int i = 1; i <= a + 1 && n_out + n_emit < o->n_new && !*stopped; i++) {
+        emit[n_emit] = i <= a ? block[i] : bonus;
+        *stopped = dflash_spec_is_stop(o, emit[n_emit++]);
+    }
+    return n_emit;
+}
+
+void dflash_spec_final_stats(dflash_gen_stats *st, int n_out)
+{
+    st->n_generated = n_out;
+    int64_t committed = 0;
+    for (int i = 0; i <= DFLASH_MAX_BLOCK; i++)
+        committed += st->accept_hist[i] * i;
+    st->mean_accept = st->n_steps ? (double)committed / st->n_steps : 0.0;
+    const double decode_ms = st->total_ms - st->prefill_ms;
+    st->tokens_per_s = decode_ms > 0 ? n_out / (decode_ms / 1e3) : 0.0;
+}
+
+/* ---- the one-sequence loop ----------------------------------------------- */
+
 dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
                                    const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, int32_t *out,
                                    int *n_out, dflash_gen_stats *st)
 {
-    const int max_rows = target->opts.max_rows;
-    int B = p ? p->ops->block_size(p) : 1;
-    if (p && o->block_size > 0 && o->block_size < B)
-        B = o->block_size;
-    if (B > DFLASH_MAX_BLOCK || B > max_rows)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: block size %d exceeds the limit %d", B,
-                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : max_rows);
-    if (n_prompt <= 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: the prompt is empty");
-    if (o->n_history < 0 || (o->n_history > 0 && !o->history))
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "generate: history of %d ids at %p", o->n_history,
-                           (const void *)o->history);
-    if (seq->len + n_prompt + o->n_new + B > target->opts.max_ctx)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG,
-                           "generate: %d cached + %d prompt + %d new tokens + block %d exceed the context limit %d",
-                           seq->len, n_prompt, o->n_new, B, target->opts.max_ctx);
-    DFLASH_TRY(dflash_sampler_check_opts(&o->sampler));
+    int B;
+    DFLASH_TRY(dflash_spec_block(target, p, o->block_size, "generate", &B));
+    DFLASH_TRY(dflash_spec_check_start(target, seq, n_prompt, o, B, "generate"));
     memset(st, 0, sizeof *st);
     st->n_prompt = n_prompt;
     *n_out = 0;
@@ -416,13 +473,7 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
     spec_sampling ss_store, *ss = NULL;
     if (!dflash_sampler_is_greedy(&o->sampler)) {
         ss = &ss_store;
-        const int V = target->cfg.vocab_size;
-        DFLASH_TRY(dflash_sampler_init(&ss->smp, V, &o->sampler));
-        ss->logits = malloc((size_t)B * (size_t)V * sizeof(float));
-        if (!ss->logits) {
-            dflash_sampler_free(&ss->smp);
-            return dflash_fail(DFLASH_ERR_OOM, "generate: out of memory for %d logits rows of %d", B, V);
-        }
+        DFLASH_TRY(dflash_spec_sampling_init(ss, target, &o->sampler, B, "generate"));
     }
     spec_pending pd = { .cap = B, .cut = -1 };
     if (p) {
@@ -431,10 +482,8 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
         dflash_status as = pd.tap_cols ? dflash_be_alloc_f32(target->be, (size_t)B * (size_t)pd.tap_cols, &pd.taps)
                                        : DFLASH_OK;
         if (as != DFLASH_OK) {
-            if (ss) {
-                free(ss->logits);
-                dflash_sampler_free(&ss->smp);
-            }
+            if (ss)
+                dflash_spec_sampling_free(ss);
             return as;
         }
     }
@@ -456,20 +505,12 @@ dflash_status dflash_spec_generate(dflash_qwen3 *target, dflash_kv_seq *seq, dfl
         s = fs;
     if (pd.taps)
         target->be->ops->free(target->be, pd.taps);
-    if (ss) {
-        free(ss->logits);
-        dflash_sampler_free(&ss->smp);
-    }
+    if (ss)
+        dflash_spec_sampling_free(ss);
     DFLASH_TRY(s);
 
     DFLASH_TRY(target->be->ops->sync(target->be));
     st->total_ms = dflash_spec_now_ms() - t0;
-    st->n_generated = *n_out;
-    int64_t committed = 0;
-    for (int i = 0; i <= DFLASH_MAX_BLOCK; i++)
-        committed += st->accept_hist[i] * i;
-    st->mean_accept = st->n_steps ? (double)committed / st->n_steps : 0.0;
-    double decode_ms = st->total_ms - st->prefill_ms;
-    st->tokens_per_s = decode_ms > 0 ? *n_out / (decode_ms / 1e3) : 0.0;
+    dflash_spec_final_stats(st, *n_out);
     return DFLASH_OK;
 }

@@ -26,6 +26,27 @@ dflash_status dflash_spec_sampled_probs(dflash_sampler *smp, const dflash_qwen3 
  * logits rows ss->logits [k+1, V]: the accepted count and the bonus. */
 dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
                                         const int32_t *block, int k, int V, int *a_out, int32_t *bonus);
+/* The block a loop runs: the proposer's (1 without one), capped by
+ * block_size > 0; beyond DFLASH_MAX_BLOCK or the target's rows is an
+ * error naming `who`. */
+dflash_status dflash_spec_block(const dflash_qwen3 *t, const dflash_proposer *p, int block_size, const char *who,
+                                int *B);
+/* A sequence may start: a prompt, a valid history and sampler, room in the
+ * context for cached + prompt + n_new + B rows (errors name `who`). */
+dflash_status dflash_spec_check_start(const dflash_qwen3 *t, const dflash_kv_seq *seq, int n_prompt,
+                                      const dflash_gen_opts *o, int B, const char *who);
+/* Sampling state for verifies of up to B rows (the sampler, host logits);
+ * freed by dflash_spec_sampling_free. */
+dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t, const dflash_sampler_opts *so,
+                                        int B, const char *who);
+void dflash_spec_sampling_free(spec_sampling *ss);
+/* 5 COMMIT of one step: d_1..d_a then the bonus into emit[], cut by a stop
+ * token (*stopped) or the budget (n_out tokens already out). Returns the
+ * count. */
+int dflash_spec_commit(const dflash_gen_opts *o, int n_out, const int32_t *block, int a, int32_t bonus,
+                       int32_t *emit, int *stopped);
+/* n_generated, tau and tokens/s from the step counts and the times. */
+void dflash_spec_final_stats(dflash_gen_stats *st, int n_out);
 dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
                                   const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, spec_sampling *ss,
                                   int32_t *first);

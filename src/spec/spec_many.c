@@ -156,11 +156,8 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
         m->a = a;
         /* 5 COMMIT: d_1..d_a, bonus, cut by a stop token or the budget */
         int32_t emitted[DFLASH_MAX_BLOCK];
-        int n_emit = 0, stopped = 0;
-        for (int i = 1; i <= a + 1 && it->n_out + n_emit < it->opts.n_new && !stopped; i++) {
-            emitted[n_emit] = i <= a ? m->block[i] : bonus;
-            stopped = dflash_spec_is_stop(&it->opts, emitted[n_emit++]);
-        }
+        int stopped;
+        const int n_emit = dflash_spec_commit(&it->opts, it->n_out, m->block, a, bonus, emitted, &stopped);
         /* 6 ROLLBACK to t_s and every emitted token but the last */
         dflash_kv_seq_truncate(it->seq, m->s + n_emit);
         acc[j] = (dflash_ctx_rows){ m->block, n_emit, m->s, tap_rows ? tap_rows + m->row0 * r->tap_cols : NULL,
@@ -256,17 +253,9 @@ static dflash_status step_groups(dflash_spec_batch *r)
 
 static dflash_status check_item(const dflash_spec_batch *r, const dflash_spec_item *it)
 {
-    const dflash_qwen3 *t = r->t;
-    if (!it->seq || !it->prompt || it->n_prompt <= 0 || !it->out || it->opts.n_new < 0 || (r->p && !it->pstate))
+    if (!it->seq || !it->prompt || !it->out || it->opts.n_new < 0 || (r->p && !it->pstate))
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: a sequence without cache, proposer state, prompt or output");
-    if (it->seq->len + it->n_prompt + it->opts.n_new + r->B > t->opts.max_ctx)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG,
-                           "batch: %d cached + %d prompt + %d new tokens + block %d exceed the context limit %d",
-                           it->seq->len, it->n_prompt, it->opts.n_new, r->B, t->opts.max_ctx);
-    if (it->opts.n_history < 0 || (it->opts.n_history > 0 && !it->opts.history))
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: history of %d ids at %p", it->opts.n_history,
-                           (const void *)it->opts.history);
-    return dflash_sampler_check_opts(&it->opts.sampler);
+    return dflash_spec_check_start(r->t, it->seq, it->n_prompt, &it->opts, r->B, "batch");
 }
 
 /* The sequence at index i leaves: final statistics, buffers freed, the
@@ -276,17 +265,9 @@ static void leave(dflash_spec_batch *r, int i)
     many_seq *m = &r->ms[i];
     dflash_gen_stats *st = &m->it->stats;
     st->total_ms = dflash_spec_now_ms() - m->t_join;
-    st->n_generated = m->it->n_out;
-    int64_t committed = 0;
-    for (int k = 0; k <= DFLASH_MAX_BLOCK; k++)
-        committed += st->accept_hist[k] * k;
-    st->mean_accept = st->n_steps ? (double)committed / st->n_steps : 0.0;
-    double decode_ms = st->total_ms - st->prefill_ms;
-    st->tokens_per_s = decode_ms > 0 ? m->it->n_out / (decode_ms / 1e3) : 0.0;
-    if (m->sampled) {
-        free(m->ss.logits);
-        dflash_sampler_free(&m->ss.smp);
-    }
+    dflash_spec_final_stats(st, m->it->n_out);
+    if (m->sampled)
+        dflash_spec_sampling_free(&m->ss);
     r->ms[i] = r->ms[--r->n];
 }
 
@@ -294,12 +275,8 @@ dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, in
                                     dflash_spec_batch **out)
 {
     *out = NULL;
-    int B = p ? p->ops->block_size(p) : 1;
-    if (p && block_size > 0 && block_size < B)
-        B = block_size;
-    if (B > DFLASH_MAX_BLOCK || B > target->opts.max_rows)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: block size %d exceeds the limit %d", B,
-                           B > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : target->opts.max_rows);
+    int B;
+    DFLASH_TRY(dflash_spec_block(target, p, block_size, "batch", &B));
     if (max_seqs <= 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "batch: room for %d sequences", max_seqs);
     dflash_spec_batch *r = calloc(1, sizeof *r);
@@ -340,13 +317,8 @@ dflash_status dflash_spec_batch_add(dflash_spec_batch *r, dflash_spec_item *it)
     m->it = it;
     m->t_join = dflash_spec_now_ms();
     if (!dflash_sampler_is_greedy(&it->opts.sampler)) {
-        const int V = r->t->cfg.vocab_size;
-        DFLASH_TRY(dflash_sampler_init(&m->ss.smp, V, &it->opts.sampler));
+        DFLASH_TRY(dflash_spec_sampling_init(&m->ss, r->t, &it->opts.sampler, r->B, "batch"));
         m->sampled = 1;
-        if (!(m->ss.logits = malloc((size_t)r->B * (size_t)V * sizeof(float)))) {
-            dflash_sampler_free(&m->ss.smp);
-            return dflash_fail(DFLASH_ERR_OOM, "batch: out of memory for %d logits rows of %d", r->B, V);
-        }
     }
     r->n++; /* from here on the slot is ours: leave() frees it */
     dflash_status s = dflash_spec_prefill(r->t, it->seq, r->p, it->pstate, it->prompt, it->n_prompt, &it->opts,
