@@ -238,29 +238,6 @@ void cli_engine_warn_long(const cli_engine_args *a, const cli_engine_plan *p, lo
             "degrade\n", cli_command() ? cli_command() : "", positions, p->model_ctx, cfg);
 }
 
-static void add_stop(cli_engine *e, int32_t id)
-{
-    for (int i = 0; i < e->n_stop; i++)
-        if (e->stop_ids[i] == id)
-            return;
-    if (id >= 0 && e->n_stop < (int)(sizeof e->stop_ids / sizeof e->stop_ids[0]))
-        e->stop_ids[e->n_stop++] = id;
-}
-
-static dflash_status collect_stops(cli_engine *e, const cli_engine_args *a)
-{
-    for (int i = 0; i < e->target->cfg.n_eos; i++)
-        add_stop(e, e->target->cfg.eos_token_ids[i]);
-    if (e->tok) {
-        int32_t ids[DFLASH_CHAT_MAX_EOS];
-        size_t n = 0;
-        DFLASH_TRY(dflash_chat_eos_ids(a->model, e->tok, ids, DFLASH_CHAT_MAX_EOS, &n));
-        for (size_t i = 0; i < n; i++)
-            add_stop(e, ids[i]);
-    }
-    return DFLASH_OK;
-}
-
 dflash_status cli_engine_chat_opts(const cli_engine_args *a, const dflash_tokenizer *tok, int think,
                                    dflash_chat_opts *co)
 {
@@ -280,8 +257,8 @@ void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, const dfla
      * ends at the format's end-of-turn marker: stop there too (the check
      * above made it one added token). */
     int32_t id = dflash_tokenizer_token_id(e->tok, dflash_chat_end_of_turn(co->format));
-    if (!a->ignore_eos && id >= 0)
-        add_stop(e, id);
+    if (!a->ignore_eos)
+        dflash_stop_ids_add(e->stop_ids, (int)(sizeof e->stop_ids / sizeof e->stop_ids[0]), &e->n_stop, id);
 }
 
 dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)
@@ -307,7 +284,8 @@ dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_po
         DFLASH_TRY(e->prop->ops->alloc_state(e->prop, topts.max_ctx, &e->pstate));
     }
     if (!a->ignore_eos)
-        DFLASH_TRY(collect_stops(e, a));
+        DFLASH_TRY(dflash_open_stop_ids(e->target, a->model, e->tok, e->stop_ids,
+                                        (int)(sizeof e->stop_ids / sizeof e->stop_ids[0]), &e->n_stop));
     return DFLASH_OK;
 }
 

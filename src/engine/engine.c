@@ -13,7 +13,6 @@
 #include "draft/dflash_head.h"
 #include "engine/open.h"
 #include "io/hf_config.h"
-#include "io/chat.h"
 #include "io/tokenizer.h"
 #include "spec/spec.h"
 
@@ -64,15 +63,6 @@ void dflash_session_default_opts(dflash_session_opts *o)
     o->rep_penalty = 1.0;
 }
 
-static void add_stop(dflash_engine *e, int32_t id)
-{
-    for (int i = 0; i < e->n_stop; i++)
-        if (e->stop_ids[i] == id)
-            return;
-    if (id >= 0 && e->n_stop < ENGINE_MAX_STOP)
-        e->stop_ids[e->n_stop++] = id;
-}
-
 static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
 {
     DFLASH_TRY(dflash_open_backend(o->device, "engine: device cuda: ", &e->be));
@@ -92,15 +82,9 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
      * folder has a tokenizer; ids alone work without one */
     if (dflash_tokenizer_load(o->model_dir, &e->tok) != DFLASH_OK)
         e->tok = NULL;
-    for (int i = 0; i < e->target->cfg.n_eos; i++)
-        add_stop(e, e->target->cfg.eos_token_ids[i]);
-    if (e->tok) {
-        int32_t ids[DFLASH_CHAT_MAX_EOS];
-        size_t n = 0;
-        if (dflash_chat_eos_ids(o->model_dir, e->tok, ids, DFLASH_CHAT_MAX_EOS, &n) == DFLASH_OK)
-            for (size_t i = 0; i < n; i++)
-                add_stop(e, ids[i]);
-    }
+    /* a folder whose tokenizer files name no end of sequence still has
+     * the config's ids */
+    (void)dflash_open_stop_ids(e->target, o->model_dir, e->tok, e->stop_ids, ENGINE_MAX_STOP, &e->n_stop);
     e->max_sessions = o->max_sessions;
     DFLASH_TRY(dflash_spec_batch_new(e->target, e->prop, o->block_size, o->max_sessions, &e->batch));
     dflash_spec_batch_set_width_auto(e->batch, o->width_auto);

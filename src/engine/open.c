@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
+#include "io/chat.h"
 
 dflash_status dflash_open_backend(const char *device, const char *label, dflash_backend **out)
 {
@@ -39,5 +40,29 @@ dflash_status dflash_open_proposer(const char *draft, dflash_qwen3 *target, int 
     dflash_head *h;
     DFLASH_TRY(dflash_head_load(draft, target, &ho, &h));
     *out = &h->proposer;
+    return DFLASH_OK;
+}
+
+void dflash_stop_ids_add(int32_t *ids, int cap, int *n, int32_t id)
+{
+    for (int i = 0; i < *n; i++)
+        if (ids[i] == id)
+            return;
+    if (id >= 0 && *n < cap)
+        ids[(*n)++] = id;
+}
+
+dflash_status dflash_open_stop_ids(const dflash_qwen3 *target, const char *model_dir, const dflash_tokenizer *tok,
+                                   int32_t *ids, int cap, int *n)
+{
+    for (int i = 0; i < target->cfg.n_eos; i++)
+        dflash_stop_ids_add(ids, cap, n, target->cfg.eos_token_ids[i]);
+    if (!tok)
+        return DFLASH_OK;
+    int32_t found[DFLASH_CHAT_MAX_EOS];
+    size_t nf = 0;
+    DFLASH_TRY(dflash_chat_eos_ids(model_dir, tok, found, DFLASH_CHAT_MAX_EOS, &nf));
+    for (size_t i = 0; i < nf; i++)
+        dflash_stop_ids_add(ids, cap, n, found[i]);
     return DFLASH_OK;
 }

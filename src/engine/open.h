@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "draft/proposer.h"
+#include "io/tokenizer.h"
 #include "target/qwen3.h"
 
 /* device "cpu"; "cuda" (must work: its failure is the error, prefixed
@@ -18,5 +19,16 @@ dflash_status dflash_open_backend(const char *device, const char *label, dflash_
  * and quant as in dflash_head_opts). */
 dflash_status dflash_open_proposer(const char *draft, dflash_qwen3 *target, int block_size, int ctx_cap, int quant,
                                    dflash_proposer **out);
+
+/* Append id to ids[0..*n) (room for cap) unless it is there already or
+ * negative. */
+void dflash_stop_ids_add(int32_t *ids, int cap, int *n, int32_t id);
+
+/* The model's end-of-sequence ids, without duplicates: its config.json's
+ * (parsed into the target), then, with a tokenizer, those its
+ * tokenizer_config / generation_config name (dflash_chat_eos_ids, whose
+ * failure is returned: the config's ids are in place either way). */
+dflash_status dflash_open_stop_ids(const dflash_qwen3 *target, const char *model_dir, const dflash_tokenizer *tok,
+                                   int32_t *ids, int cap, int *n);
 
 #endif
