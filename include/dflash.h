@@ -76,6 +76,9 @@ void dflash_engine_default_opts(dflash_engine_opts *o);
 dflash_status dflash_engine_open(const dflash_engine_opts *o, dflash_engine **out);
 /* Frees the engine; its sessions must have been freed. */
 void dflash_engine_close(dflash_engine *e);
+/* Positions one session may hold, prompt and output together: max_ctx,
+ * or the model's context length where that is smaller. */
+int dflash_engine_max_ctx(const dflash_engine *e);
 
 /* Called with the tokens each step commits, in order; a status other than
  * DFLASH_OK stops that session (the tokens so far are kept). */

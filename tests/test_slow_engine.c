@@ -78,6 +78,7 @@ static void test_sessions(void)
     CHECK_OK(dflash_engine_open(&eo, &e));
     if (!e)
         return;
+    CHECK(dflash_engine_max_ctx(e) == 512);
     const char *text = "def walk_files(root):\n    \"\"\"Yield the paths under root.\"\"\"\n";
     int32_t ids2[] = { 1, 2, 3, 4, 5, 6, 7 }, *ids1 = NULL;
     size_t n1 = 0;
@@ -207,10 +208,12 @@ static void test_width_auto(void)
 {
     dflash_engine_opts eo = pair_opts(3);
     eo.width_auto = 1;
+    eo.max_ctx = 1 << 20; /* past the model's: the model's context length bounds it */
     dflash_engine *e = NULL;
     CHECK_OK(dflash_engine_open(&eo, &e));
     if (!e)
         return;
+    CHECK(dflash_engine_max_ctx(e) == g_plain->cfg.max_position_embeddings);
     const char *texts[3] = { "class Node:\n    def __init__(self):\n", "import json\n\n\ndef load(path):\n",
                              "def parse_args(argv):\n" };
     int32_t *ids[3] = { 0 };

@@ -13,7 +13,6 @@
 #include "cli/commands.h"
 #include "cli/serve.h"
 #include "draft/dflash_head.h"
-#include "io/hf_config.h"
 
 static void usage(FILE *f)
 {
@@ -146,14 +145,7 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
         fprintf(stderr, "dflash serve: %s\n", dflash_last_error());
         return 1;
     }
-    /* the engine holds min(max_ctx, the model's context length) per session */
-    dflash_model_config cfg;
-    if (dflash_config_load(a->e.model, &cfg) != DFLASH_OK) {
-        fprintf(stderr, "dflash serve: %s\n", dflash_last_error());
-        return 1;
-    }
-    c->max_ctx = cfg.max_position_embeddings > 0 && cfg.max_position_embeddings < eo.max_ctx
-                     ? cfg.max_position_embeddings : eo.max_ctx;
+    c->max_ctx = dflash_engine_max_ctx(c->engine);
     c->chat_ok = dflash_chat_format_detect(tdir, c->tok, &c->chat_format) == DFLASH_OK;
     if (!c->chat_ok)
         snprintf(c->chat_err, sizeof c->chat_err, "/v1/chat/completions is not available: %s", dflash_last_error());

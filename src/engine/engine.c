@@ -27,6 +27,7 @@ struct dflash_engine {
     int n_stop;
     dflash_spec_batch *batch;     /* the sessions generating; a session runs while it is in it */
     int max_sessions, n_sessions; /* sessions that exist */
+    int max_ctx;                  /* positions a session may hold: min(max_ctx, the model's) */
 };
 
 struct dflash_session {
@@ -72,7 +73,8 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
     const int model_ctx = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : o->max_ctx;
-    to.max_ctx = (o->max_ctx < model_ctx ? o->max_ctx : model_ctx) + block;
+    e->max_ctx = o->max_ctx < model_ctx ? o->max_ctx : model_ctx;
+    to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)
@@ -123,6 +125,13 @@ void dflash_engine_close(dflash_engine *e)
     free(e);
 }
 
+/* The loop's sampler options from a session's. */
+static dflash_sampler_opts session_sampler(const dflash_session_opts *o)
+{
+    return (dflash_sampler_opts){ .temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
+                                  .min_p = o->min_p, .rep_penalty = o->rep_penalty, .seed = o->seed };
+}
+
 dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o, dflash_session **out)
 {
     *out = NULL;
@@ -131,8 +140,7 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
     if (e->n_sessions == e->max_sessions)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: the engine already has its %d sessions (max_sessions)",
                            e->max_sessions);
-    dflash_sampler_opts so = { .temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
-                               .min_p = o->min_p, .rep_penalty = o->rep_penalty, .seed = o->seed };
+    const dflash_sampler_opts so = session_sampler(o);
     DFLASH_TRY(dflash_sampler_check_opts(&so));
     dflash_session *s = calloc(1, sizeof *s);
     if (!s || !(s->out = malloc(((size_t)o->max_tokens + 1) * sizeof *s->out))) {
@@ -215,9 +223,7 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
     it->out = s->out;
     dflash_gen_default_opts(&it->opts);
     it->opts.n_new = s->o.max_tokens;
-    it->opts.sampler = (dflash_sampler_opts){ .temperature = s->o.temperature, .top_k = s->o.top_k,
-                                              .top_p = s->o.top_p, .min_p = s->o.min_p,
-                                              .rep_penalty = s->o.rep_penalty, .seed = s->o.seed };
+    it->opts.sampler = session_sampler(&s->o);
     it->opts.stop_ids = s->o.ignore_eos ? NULL : s->e->stop_ids;
     it->opts.n_stop = s->o.ignore_eos ? 0 : s->e->n_stop;
     it->opts.history = s->held.ids;
@@ -243,6 +249,11 @@ dflash_status dflash_session_start_text(dflash_session *s, const char *text)
     dflash_status st = dflash_session_start_ids(s, ids, n);
     free(ids);
     return st;
+}
+
+int dflash_engine_max_ctx(const dflash_engine *e)
+{
+    return e->max_ctx;
 }
 
 dflash_status dflash_engine_step(dflash_engine *e, int *n_active)
