@@ -113,14 +113,8 @@ static dflash_status prompt_text(batch_run *r, batch_line *l, const char *text)
     if (!r->e.tok)
         DFLASH_TRY(cli_engine_load_tokenizer(&r->e, a->e));
     l->text = 1;
-    if (!a->chat)
-        return dflash_tokenizer_encode_special(r->e.tok, text, strlen(text), &l->ids, &l->n_ids);
-    dflash_chat_msg msgs[2];
-    size_t nm = 0;
-    if (a->system)
-        msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_SYSTEM, a->system };
-    msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_USER, text };
-    return dflash_chat_encode(r->e.tok, msgs, nm, &r->co, &l->ids, &l->n_ids);
+    return cli_engine_encode_prompt(r->e.tok, text, strlen(text), a->system, a->chat ? &r->co : NULL, &l->ids,
+                                    &l->n_ids);
 }
 
 /* One line's object into l (options start from the command line's). */

@@ -141,21 +141,9 @@ static dflash_status encode_prompt(gen_args *a, dflash_tokenizer *tok)
     } else {
         len = strlen(text);
     }
-    dflash_status s;
-    if (a->chat) {
-        dflash_chat_msg msgs[2];
-        size_t nm = 0;
-        if (a->system)
-            msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_SYSTEM, a->system };
-        msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_USER, text };
-        s = cli_engine_chat_opts(&a->e, tok, a->think, &a->chat_opts);
-        if (s == DFLASH_OK)
-            s = dflash_chat_encode(tok, msgs, nm, &a->chat_opts, &a->prompt, &n);
-    } else {
-        /* as HF's tokenizer(text): with the post-processor's special tokens
-         * (Llama 3's <|begin_of_text|>; none for Qwen3) */
-        s = dflash_tokenizer_encode_special(tok, text, len, &a->prompt, &n);
-    }
+    dflash_status s = a->chat ? cli_engine_chat_opts(&a->e, tok, a->think, &a->chat_opts) : DFLASH_OK;
+    if (s == DFLASH_OK)
+        s = cli_engine_encode_prompt(tok, text, len, a->system, a->chat ? &a->chat_opts : NULL, &a->prompt, &n);
     free(owned);
     a->n_prompt = (int)n;
     if (s == DFLASH_OK && n == 0)

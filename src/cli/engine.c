@@ -246,6 +246,19 @@ dflash_status cli_engine_chat_opts(const cli_engine_args *a, const dflash_tokeni
     return dflash_chat_format_detect(a->tokenizer ? a->tokenizer : a->model, tok, &co->format);
 }
 
+dflash_status cli_engine_encode_prompt(dflash_tokenizer *tok, const char *text, size_t len, const char *system,
+                                       const dflash_chat_opts *co, int32_t **ids, size_t *n)
+{
+    if (!co)
+        return dflash_tokenizer_encode_special(tok, text, len, ids, n);
+    dflash_chat_msg msgs[2];
+    size_t nm = 0;
+    if (system)
+        msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_SYSTEM, system };
+    msgs[nm++] = (dflash_chat_msg){ DFLASH_CHAT_USER, text };
+    return dflash_chat_encode(tok, msgs, nm, co, ids, n);
+}
+
 void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co)
 {
     if (dflash_chat_check_tokenizer(e->tok, co) != DFLASH_OK) {

@@ -80,6 +80,12 @@ void cli_engine_close(cli_engine *e);
  * folder: --tokenizer, else the model's; chat.h) and --think. */
 dflash_status cli_engine_chat_opts(const cli_engine_args *a, const dflash_tokenizer *tok, int think,
                                    dflash_chat_opts *co);
+/* A -p style prompt as ids: with co, a user message (after `system` when
+ * given) rendered in co's chat format; without, as HF's tokenizer(text)
+ * encodes it, with the post-processor's special tokens (Llama 3's
+ * <|begin_of_text|>; none for Qwen3). *ids is malloc'd. */
+dflash_status cli_engine_encode_prompt(dflash_tokenizer *tok, const char *text, size_t len, const char *system,
+                                       const dflash_chat_opts *co, int32_t **ids, size_t *n);
 /* For a chat prompt, once the engine is open: warn (stderr) when the
  * tokenizer lacks the format's markup as added tokens, else add its
  * end-of-turn marker (<|im_end|>, <|eot_id|>) to the stop ids (unless
