@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "core/file.h"
 #include "core/status.h"
@@ -91,21 +92,14 @@ static bool py_space(uint32_t c)
  * length; a malformed byte is itself (never white space). */
 static uint32_t utf8_at(const unsigned char *s, size_t n, size_t *len)
 {
-    int k = s[0] < 0x80 ? 1 : (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3 : (s[0] & 0xf8) == 0xf0 ? 4 : 0;
-    if (k == 0 || (size_t)k > n) {
+    utf8proc_int32_t c;
+    utf8proc_ssize_t k = utf8proc_iterate(s, (utf8proc_ssize_t)n, &c);
+    if (k <= 0) {
         *len = 1;
         return 0xfffd;
     }
-    uint32_t c = k == 1 ? s[0] : s[0] & (0x7f >> k);
-    for (int i = 1; i < k; i++) {
-        if ((s[i] & 0xc0) != 0x80) {
-            *len = 1;
-            return 0xfffd;
-        }
-        c = (c << 6) | (s[i] & 0x3f);
-    }
     *len = (size_t)k;
-    return c;
+    return (uint32_t)c;
 }
 
 /* content without leading and trailing white space: [*b, *b + *n) */
