@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *g_cmd;
@@ -247,4 +248,11 @@ void cli_print_json_string(FILE *f, const char *s, size_t n)
     fputs(out ? out : "\"\"", f);
     free(out);
     json_decref(j);
+}
+
+double cli_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

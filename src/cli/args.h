@@ -2,7 +2,8 @@
  * standard streams: the one strict number syntax (decimal only: no spaces,
  * no '+', no 0x or octal, a '-' only where negatives are allowed), lists of
  * integers, checked output (write and close errors name the stream),
- * closed standard streams, and JSON-ish printing of id lists. Parse
+ * closed standard streams, JSON-ish printing of id lists, the clock for
+ * elapsed times. Parse
  * errors are printed as "dflash <command>: ..." and return 0. */
 #ifndef DFLASH_CLI_ARGS_H
 #define DFLASH_CLI_ARGS_H
@@ -57,6 +58,9 @@ dflash_status cli_close_output(FILE *f, const char *label);
 /* The end of a command that wrote to stdout: close it; on failure print
  * "dflash <command>: standard output: ..." and return 1, else `rc`. */
 int cli_finish_stdout(int rc);
+
+/* Monotonic seconds (for elapsed times). */
+double cli_now_s(void);
 
 /* Print s[0..n) as a JSON string literal (quoted, escaped). */
 void cli_print_json_string(FILE *f, const char *s, size_t n);

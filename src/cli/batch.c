@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/args.h"
 #include "cli/batch.h"
@@ -36,13 +35,6 @@ typedef struct batch_run {
     batch_line *lines;
     int n;
 } batch_run;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* A number field in [lo, hi]; integer fields must be whole. */
 static dflash_status num_field(const batch_run *r, const batch_line *l, json_t *v, const char *key, double lo,
@@ -247,10 +239,10 @@ static dflash_status run_lines(batch_run *r, double *secs)
         items[i] = (dflash_spec_item){ .seq = &l->seq, .pstate = l->pstate, .prompt = l->ids,
                                        .n_prompt = (int)l->n_ids, .opts = l->go, .out = l->out };
     }
-    double t0 = now_s();
+    double t0 = cli_now_s();
     if (s == DFLASH_OK)
         s = dflash_spec_generate_many(r->e.target, r->e.prop, items, r->n, a->e->block_size, !a->e->block_fixed);
-    *secs = now_s() - t0;
+    *secs = cli_now_s() - t0;
     for (int i = 0; i < r->n && s == DFLASH_OK; i++) {
         batch_line *l = &r->lines[i];
         printf("{\"line\":%d,\"prompt_ids\":", l->line_no);

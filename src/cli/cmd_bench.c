@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cli/args.h"
@@ -500,13 +499,6 @@ static dflash_status open_backend(bench_run *r)
     return dflash_backend_cpu_create(&r->be);
 }
 
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
 /* One timed region: device events on CUDA (they bracket exactly the work
  * queued in between); on the CPU the clock around the call and a sync. */
 static dflash_status clock_start(bench_run *r, double *t0)
@@ -514,7 +506,7 @@ static dflash_status clock_start(bench_run *r, double *t0)
     if (r->cuda)
         return dflash_cuda_timer_start(r->be);
     DFLASH_TRY(r->be->ops->sync(r->be));
-    *t0 = now_us();
+    *t0 = (cli_now_s() * 1e6);
     return DFLASH_OK;
 }
 
@@ -527,7 +519,7 @@ static dflash_status clock_stop(bench_run *r, double t0, double *us)
         return DFLASH_OK;
     }
     DFLASH_TRY(r->be->ops->sync(r->be));
-    *us = now_us() - t0;
+    *us = (cli_now_s() * 1e6) - t0;
     return DFLASH_OK;
 }
 
@@ -563,9 +555,9 @@ static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double 
             o->counters(r->be, &c0);
         double t0 = 0, t;
         DFLASH_TRY(clock_start(r, &t0));
-        double h0 = now_us();
+        double h0 = (cli_now_s() * 1e6);
         DFLASH_TRY(op->run(op->self));
-        double h = now_us() - h0;
+        double h = (cli_now_s() * 1e6) - h0;
         DFLASH_TRY(clock_stop(r, t0, &t));
         if (op->after)
             DFLASH_TRY(op->after(op->self));

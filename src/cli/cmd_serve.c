@@ -148,7 +148,9 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
     c->max_ctx = dflash_engine_max_ctx(c->engine);
     c->chat_ok = dflash_chat_format_detect(tdir, c->tok, &c->chat_format) == DFLASH_OK;
     if (!c->chat_ok)
-        snprintf(c->chat_err, sizeof c->chat_err, "/v1/chat/completions is not available: %s", dflash_last_error());
+        snprintf(c->chat_err, sizeof c->chat_err,
+                 "/v1/chat/completions is not available (send prompts already rendered to /v1/completions): %s",
+                 dflash_last_error());
     dflash_chat_opts co = dflash_chat_default_opts();
     co.format = c->chat_format;
     c->end_of_turn = -1;

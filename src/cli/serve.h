@@ -87,7 +87,7 @@ typedef struct serve_ctx {
     dflash_tokenizer *tok;
     dflash_chat_format chat_format;
     int chat_ok;         /* the tokenizer's chat format is one dflash renders */
-    char chat_err[400];  /* else why /v1/chat/completions is refused */
+    char chat_err[700];  /* else why /v1/chat/completions is refused */
     int32_t end_of_turn; /* the chat format's end-of-turn id, or -1 */
     const char *model_name;
     const char *api_key; /* NULL: none required */
@@ -127,10 +127,9 @@ dflash_status serve_sched_start(serve_ctx *c);
 /* Queue a job (takes a reference); 0, or 429 when the queue is full. */
 int serve_submit(serve_ctx *c, serve_job *j);
 /* Drop a reference (lock held); frees the job at 0. */
-void serve_job_release(serve_ctx *c, serve_job *j);
+void serve_job_release(serve_job *j);
 /* Stop accepting; the scheduler finishes what runs and exits. */
 void serve_sched_stop(serve_ctx *c);
-double serve_now(void);
 
 /* serve_http.c */
 typedef struct serve_http serve_http;

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "cli/args.h"
 #include "cli/serve.h"
 #include "core/status.h"
 
@@ -168,7 +169,7 @@ static void stream_free(void *cls)
         s->j->cancelled = 1;
         pthread_cond_signal(&s->c->work);
     }
-    serve_job_release(s->c, s->j);
+    serve_job_release(s->j);
     pthread_mutex_unlock(&s->c->mu);
     free(s->pending);
     free(s);
@@ -191,7 +192,7 @@ static enum MHD_Result generate(serve_ctx *c, struct MHD_Connection *conn, int c
     snprintf(j->id, sizeof j->id, "%s-%llx%llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)time(NULL),
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     j->created = (long long)time(NULL);
-    j->t_arrive = serve_now();
+    j->t_arrive = cli_now_s();
     if (chat && !c->chat_ok) {
         serve_job_free(j);
         return send_error(conn, 400, c->chat_err, "messages");
@@ -205,7 +206,7 @@ static enum MHD_Result generate(serve_ctx *c, struct MHD_Connection *conn, int c
     pthread_mutex_lock(&c->mu);
     /* the stream's headers go out once the job has a session (or failed) */
     if (!wait_past(c, j, JOB_QUEUED, conn) || (!j->stream && !wait_past(c, j, JOB_RUNNING, conn))) {
-        serve_job_release(c, j);
+        serve_job_release(j);
         pthread_mutex_unlock(&c->mu);
         return MHD_NO; /* the client left */
     }
@@ -213,13 +214,13 @@ static enum MHD_Result generate(serve_ctx *c, struct MHD_Connection *conn, int c
         char msg[sizeof j->error];
         const int st = j->http_status;
         snprintf(msg, sizeof msg, "%s", j->error);
-        serve_job_release(c, j);
+        serve_job_release(j);
         pthread_mutex_unlock(&c->mu);
         return send_error(conn, (unsigned)st, msg, st == 400 ? (chat ? "messages" : "prompt") : NULL);
     }
     if (!j->stream) {
         char *body = serve_response_json(c, j);
-        serve_job_release(c, j);
+        serve_job_release(j);
         pthread_mutex_unlock(&c->mu);
         return send_text(conn, 200, "application/json", body);
     }
@@ -228,7 +229,7 @@ static enum MHD_Result generate(serve_ctx *c, struct MHD_Connection *conn, int c
     if (!s) {
         pthread_mutex_lock(&c->mu);
         j->cancelled = 1;
-        serve_job_release(c, j);
+        serve_job_release(j);
         pthread_mutex_unlock(&c->mu);
         return MHD_NO;
     }

@@ -8,21 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "cli/args.h"
 #include "cli/serve.h"
 #include "core/status.h"
 
-double serve_now(void)
+void serve_job_release(serve_job *j)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-void serve_job_release(serve_ctx *c, serve_job *j)
-{
-    (void)c;
     if (--j->refs == 0)
         serve_job_free(j);
 }
@@ -145,7 +137,7 @@ static dflash_status job_on_tokens(void *user, const int32_t *ids, int n)
     serve_job *j = t->j;
     pthread_mutex_lock(&c->mu);
     if (n > 0)
-        j->t_last = serve_now();
+        j->t_last = cli_now_s();
     if (!j->t_first && n > 0) {
         j->t_first = j->t_last;
         const double ttft = j->t_first - j->t_arrive;
@@ -303,7 +295,7 @@ static void *sched_main(void *arg)
             if (j->state == JOB_DONE) {
                 c->running[slot] = NULL;
                 c->n_running--;
-                serve_job_release(c, j);
+                serve_job_release(j);
             }
             pthread_cond_broadcast(&c->progress);
         }
@@ -334,7 +326,7 @@ static void *sched_main(void *arg)
             }
             c->running[i] = NULL;
             c->n_running--;
-            serve_job_release(c, j);
+            serve_job_release(j);
         }
         pthread_cond_broadcast(&c->progress);
     }
