@@ -36,6 +36,9 @@ static void test_help_lists_every_option(void)
                         "--max-ctx", "--ignore-eos", "--device", "--temp", "--top-k", "--top-p", "--min-p", "--rep-penalty",
                         "--seed", NULL } },
         { "chat", { "-m", "--draft", "--system", "--think", "--n-new", "--quiet", "--block-size", "--temp", NULL } },
+        { "serve", { "-m", "--draft", "--host", "--port", "--api-key", "--served-model-name", "--max-sessions",
+                     "--max-queue", "--max-body-bytes", "--block-size", "--device", "--temp", "--seed",
+                     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", NULL } },
         { "tokenize", { "--tokenizer", "--json", "--special", NULL } },
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
@@ -50,7 +53,8 @@ static void test_help_lists_every_option(void)
             CHECKF(strstr(out, cases[k].opts[i]) != NULL, "%s --help lacks %s", cases[k].sub, cases[k].opts[i]);
     }
     snprintf(cmd, sizeof cmd, "%s --help", g_bin);
-    CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "generate") && strstr(out, "chat") && strstr(out, "bench"));
+    CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "generate") && strstr(out, "chat") && strstr(out, "bench") &&
+          strstr(out, "serve"));
 }
 
 static void test_errors_are_clear(void)
