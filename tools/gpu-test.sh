@@ -38,7 +38,11 @@
 # skipped and listed as such, so the run ends inside a 600 s device call.
 # Knobs: GPU_TEST_ONLY=check (1-4, 6) | bench (5) | model (4) | all (default);
 # GPU_TEST_NCU=1 adds an Nsight Compute profile of one propose's kernels
-# (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches);
+# (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches,
+# GPU_TEST_NCU_SKIP: matching launches skipped first, to land past the
+# warm-up; stall reasons and the hottest instructions included);
+# GPU_TEST_SKIP: a regex of step names not to run (e.g.
+# "memcheck|racecheck|synccheck|peer-.*" for a profiling run);
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
 # bench (CSV in the logs); GPU_TEST_AB=FILE.tar (a `git archive` of another
 # commit) builds that tree's CLI too and alternates the two benches;
@@ -62,6 +66,11 @@ DEADLINE=${GPU_TEST_DEADLINE:-540}
 names=() rcs=() secs=()
 step() { # name, log file, timeout seconds, command...
     local name=$1 log=$2 limit=$3; shift 3
+    if [ -n "${GPU_TEST_SKIP:-}" ] && [[ "$name" =~ ^(${GPU_TEST_SKIP})$ ]]; then
+        echo "=== $name: skipped (GPU_TEST_SKIP)"
+        names+=("$name"); rcs+=("not-asked"); secs+=(0)
+        return
+    fi
     if [ "$SECONDS" -ge "$DEADLINE" ]; then
         echo "=== $name: skipped (${SECONDS}s >= deadline ${DEADLINE}s)"
         names+=("$name"); rcs+=("skipped"); secs+=(0)
@@ -232,8 +241,10 @@ if want bench; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
     if [ "${GPU_TEST_NCU:-0}" = 1 ] && [ -n "$NCU" ] && [ -x "$B/dflash" ]; then
         step ncu ncu.txt 200 "$NCU" --clock-control none -k "regex:${GPU_TEST_NCU_KERNELS:-attention_tc|attn_combine|gemm_bf16_2}" \
-            --launch-count "${GPU_TEST_NCU_COUNT:-10}" --section SpeedOfLight --section Occupancy --section LaunchStats \
-            --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --launch-skip "${GPU_TEST_NCU_SKIP:-0}" --launch-count "${GPU_TEST_NCU_COUNT:-10}" \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+            --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+            --section SourceCounters --section InstructionStats \
             "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 --reps 1
     fi
     # GPU_TEST_NCU_TIMES=1: the duration of every kernel of a seed-drafter
@@ -290,7 +301,7 @@ printf '%-18s %-6s %s\n' step secs result
 fail=0
 for i in "${!names[@]}"; do
     r=${rcs[$i]}
-    if [ "$r" = 0 ]; then s=ok; else s="FAIL (rc=$r)"; fail=1; fi
+    if [ "$r" = 0 ]; then s=ok; elif [ "$r" = not-asked ]; then s="skipped (GPU_TEST_SKIP)"; else s="FAIL (rc=$r)"; fail=1; fi
     printf '%-18s %-6s %s\n' "${names[$i]}" "${secs[$i]}" "$s"
 done
 exit $fail

@@ -120,14 +120,14 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     const int fp8 = w[0].dtype == DFLASH_DTYPE_F8_E4M3;
     gemm_args ga;
     memset(&ga, 0, sizeof ga);
-    int64_t rb = 0, n_all = 0;
+    int64_t rb = 0, n_ws = 0; /* n_ws: a workspace row, each weight's columns from a multiple of 4 */
     for (int i = 0; i < n_w; i++) {
         ga.w[i] = w[i].data;
         ga.scales[i] = w[i].scales;
         ga.n[i] = w[i].rows;
         ga.blocks[i] = (w[i].rows + GEMM_RB - 1) / GEMM_RB;
         rb += ga.blocks[i];
-        n_all += w[i].rows;
+        n_ws += (w[i].rows + 3) / 4 * 4;
     }
     if (mode == GEMM_SWIGLU)
         rb = (w[0].rows + GEMM_RB / 2 - 1) / (GEMM_RB / 2); /* 64 gate + 64 up rows a block */
@@ -142,7 +142,7 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks", (long long)rb);
     const int m_max = n < GEMM_MAX_M ? n : GEMM_MAX_M;
     if (ga.split > 1) {
-        DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_ws, (size_t)ga.split * m_max * n_all * sizeof(float), 0));
+        DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_ws, (size_t)ga.split * m_max * n_ws * sizeof(float), 0));
         DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_cnt, (size_t)rb * sizeof(int), 1));
         ga.ws = HPTR(c->gemm_ws.p);
         ga.counters = HPTR(c->gemm_cnt.p);

@@ -45,7 +45,7 @@
 #define GM_WARPS 8
 #define GM_RB 128 /* weight rows per block (SwiGLU: 64 of gate and 64 of up) */
 #define GM_MAX_W 3
-#define GM_SPLIT_BATCH 4 /* split-K partials requested together per column */
+#define GM_SPLIT_BATCH 16 /* split-K partials (a float4 each) a thread requests together */
 /* 16-byte weight loads per weight row per thread per chunk (a chunk is
  * loaded while the previous one is multiplied). */
 #define GM_LOADS(FP8, NT) ((NT) >= 8 ? ((FP8) ? 1 : 2) : (NT) >= 4 || (FP8) ? 2 : 4)
@@ -63,7 +63,7 @@ struct gemm_args {
     i64 blocks[GM_MAX_W];          /* row blocks of each weight */
     const float *x;                /* [m, k] */
     i64 k;
-    float *ws;                     /* split > 1: partials [split][m][n_all] */
+    float *ws;                     /* split > 1: partials [split][m][columns, see gm_ws_off] */
     int *counters;                 /* split > 1: [row blocks], zero between calls */
     float *am_val;                 /* argmax: [m][row blocks] best value */
     int *am_idx;                   /* argmax: [m][row blocks] its column */
@@ -136,6 +136,16 @@ __forceinline__ void mma_step(float (*acc)[4], u32 a0, u32 a1, u32 a2, u32 a3, c
 
 __forceinline__ float gm_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* Where weight `seg`'s columns start in a workspace row: every weight
+ * before it rounded up to 4 columns (n_w: the row's length). */
+__forceinline__ i64 gm_ws_off(const gemm_args &a, int seg)
+{
+    i64 off = 0;
+    for (int i = 0; i < seg; i++)
+        off += (a.n[i] + 3) & ~(i64)3;
+    return off;
+}
+
 template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
 {
     constexpr int KSTEP = FP8 ? 64 : 32; /* k covered by one 16-byte load across a thread group */
@@ -159,10 +169,9 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
 
     /* This block's weight (segment) and first row; this warp's rows. */
     int seg = 0;
-    i64 rbl = rb, col0_all = 0; /* row block within its segment; its first column over all segments */
+    i64 rbl = rb; /* row block within its segment */
     if (!swiglu)
         while (seg < a.n_w - 1 && rbl >= a.blocks[seg]) {
-            col0_all += a.n[seg];
             rbl -= a.blocks[seg];
             seg++;
         }
@@ -266,15 +275,16 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
     /* The block's outputs: column c of the block (0..127; SwiGLU: 0..63 for
      * gate, 64..127 for up), activation row m; its column over all
      * weights and within its own. */
-    const i64 n_all = a.n[0] + a.n[1] + a.n[2];
+    /* Workspace row: each weight's columns from a multiple of 4, so the
+     * last block reads four adjacent columns as one float4. */
+    const i64 n_ws = gm_ws_off(a, a.n_w);
     if (S > 1) {
         for (int e = threadIdx.x; e < M * GM_RB; e += GM_THREADS) {
             const int m = e / GM_RB, c = e % GM_RB;
             const int sg = swiglu ? c / 64 : seg;
             const i64 col = rbl * rows_per_block + (swiglu ? c % 64 : c);
             if (col < a.n[sg])
-                __stcg(a.ws + ((i64)s * M + m) * n_all + (swiglu && sg ? a.n[0] : col0_all) + col,
-                       red[c / 16][c % 16][m]);
+                __stcg(a.ws + ((i64)s * M + m) * n_ws + gm_ws_off(a, sg) + col, red[c / 16][c % 16][m]);
         }
         __threadfence();
         __syncthreads();
@@ -291,12 +301,11 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
     }
     /* Final values, four adjacent columns c4..c4+3 of one activation row
      * per thread: the block's own sums (one slice) or every slice's,
-     * added in slice order. A thread requests the partials of
-     * GM_SPLIT_BATCH slices (16 values) before adding the first, so a pass
-     * costs ceil(S / GM_SPLIT_BATCH) round trips to L2, not one per
-     * (slice, column). Without SwiGLU a
-     * row's 128 columns are one warp's 32 quads, so its argmax candidate
-     * comes out of one warp reduction. */
+     * added in slice order; the partials are requested together (below),
+     * so a pass costs ceil(H S / GM_SPLIT_BATCH) round trips to L2, not
+     * one per (slice, column). Without SwiGLU a row's 128 columns are one
+     * warp's 32 quads, so its argmax candidate comes out of one warp
+     * reduction. */
     const int n_out = swiglu ? GM_RB / 2 : GM_RB, quads = n_out / 4;
     const int items = M * quads; /* without SwiGLU a multiple of 32: whole warps are in or out */
     const i64 nseg_out = a.n[swiglu ? 0 : seg];
@@ -321,31 +330,38 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
                     y1[j] = red[4 + c / 16][c % 16][m];
             }
         } else {
-            for (int half = 0; half < (swiglu ? 2 : 1); half++) {
-                const float *p = a.ws + (i64)m * n_all + (swiglu ? (half ? a.n[0] : 0) : col0_all) + col4;
-                const i64 stride = (i64)M * n_all;
-                float y[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-                /* more slices at a time would spill registers */
-                for (int s0 = 0; s0 < S; s0 += GM_SPLIT_BATCH) {
-                    float part[GM_SPLIT_BATCH][4];
+            /* Load l of the H * S this thread needs (SwiGLU: gate and
+             * up, H = 2) is slice l % S of half l / S; a batch requests
+             * GM_SPLIT_BATCH of them (more would spill registers), and each
+             * half's slices are added in slice order. Columns past the
+             * weight's end are padding, loaded and unused. */
+            const int H = swiglu ? 2 : 1, n_loads = H * S;
+            const i64 stride = (i64)M * n_ws, row_off = (i64)m * n_ws + col4;
+            const float *p0 = a.ws + row_off + gm_ws_off(a, swiglu ? 0 : seg), *p1 = a.ws + row_off + gm_ws_off(a, 1);
+            for (int l0 = 0; l0 < n_loads; l0 += GM_SPLIT_BATCH) {
+                float4 part[GM_SPLIT_BATCH];
 #pragma unroll
-                    for (int si = 0; si < GM_SPLIT_BATCH; si++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            part[si][j] = s0 + si < S && live[j] ? __ldcg(p + (s0 + si) * stride + j) : 0.0f;
-#pragma unroll
-                    for (int si = 0; si < GM_SPLIT_BATCH; si++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            if (s0 + si < S)
-                                y[j] += part[si][j];
+                for (int b = 0; b < GM_SPLIT_BATCH; b++) {
+                    const int l = l0 + b, h = l >= S, sl = l - h * S;
+                    part[b] = l < n_loads && in ? __ldcg((const float4 *)((h ? p1 : p0) + sl * stride))
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    if (half)
-                        y1[j] = y[j];
-                    else
-                        y0[j] = y[j];
+                for (int b = 0; b < GM_SPLIT_BATCH; b++) {
+                    const int l = l0 + b;
+                    if (l >= n_loads)
+                        break;
+                    if (l < S) {
+                        y0[0] += part[b].x;
+                        y0[1] += part[b].y;
+                        y0[2] += part[b].z;
+                        y0[3] += part[b].w;
+                    } else {
+                        y1[0] += part[b].x;
+                        y1[1] += part[b].y;
+                        y1[2] += part[b].z;
+                        y1[3] += part[b].w;
+                    }
                 }
             }
         }
