@@ -16,21 +16,29 @@ static double urand(void)
 }
 
 /* A device: verify(r rows) = v0 + v1 * r, propose(k) = p0 + p1 * k (ms);
- * every draft accepted with probability `alpha` given the ones before. */
+ * every draft accepted with probability `alpha` given the ones before,
+ * except in a step of a predictable stretch (probability `burst`), where
+ * every draft is accepted: real text alternates such stretches with hard
+ * ones, so a deep position is accepted more often than the first one
+ * once it is reached. */
 typedef struct device {
-    double v0, v1, p0, p1, alpha;
+    double v0, v1, p0, p1, alpha, burst;
 } device;
 
-static double true_rate(const device *d, int k)
+static double true_cost(const device *d, int k);
+
+/* Expected tokens a step of k drafts commits on the device. */
+static double true_tokens(const device *d, int k)
 {
     double e = 1, run = 1;
     for (int j = 1; j <= k; j++) {
         run *= d->alpha;
         e += run;
     }
-    double cost = d->v0 + d->v1 * (k + 1) + (k ? d->p0 + d->p1 * k : 0);
-    return e / cost;
+    return d->burst * (k + 1) + (1 - d->burst) * e;
 }
+
+static double true_rate(const device *d, int k) { return true_tokens(d, k) / true_cost(d, k); }
 
 static int best_width(const device *d, int max_k)
 {
@@ -41,38 +49,56 @@ static int best_width(const device *d, int max_k)
     return best;
 }
 
-/* Run `steps` steps; return the most frequent width of the last half. */
-static int settle(const device *d, int max_k, int steps, double noise)
+static double true_cost(const device *d, int k)
+{
+    return d->v0 + d->v1 * (k + 1) + (k ? d->p0 + d->p1 * k : 0);
+}
+
+/* Run `steps` steps; return the tokens per ms the widths chosen in the
+ * last half are worth (every step counted, tries of other widths
+ * included; each step's expected tokens, so the luck of the draws does
+ * not blur the comparison) and the most frequent width there. */
+static double settle(const device *d, int max_k, int steps, double noise, int *mode_out)
 {
     dflash_width m;
     dflash_width_init(&m, max_k);
     int hist[DFLASH_WIDTH_MAX] = { 0 };
+    double tokens = 0, ms = 0;
     for (int s = 0; s < steps; s++) {
         int k = dflash_width_choose(&m, max_k);
         CHECK(k >= 0 && k <= max_k);
         int a = 0;
+        if (urand() < d->burst)
+            a = k;
         while (a < k && urand() < d->alpha)
             a++;
         double jitter = 1.0 + noise * (urand() - 0.5);
         dflash_width_observe(&m, k, a, (d->v0 + d->v1 * (k + 1)) * jitter, k ? (d->p0 + d->p1 * k) * jitter : 0);
-        if (s >= steps / 2)
+        if (s >= steps / 2) {
             hist[k]++;
+            tokens += true_tokens(d, k);
+            ms += true_cost(d, k);
+        }
     }
     int mode = 0;
     for (int k = 1; k <= max_k; k++)
         if (hist[k] > hist[mode])
             mode = k;
-    return mode;
+    *mode_out = mode;
+    return tokens / ms;
 }
 
 static void check_device(const char *name, device d, int max_k)
 {
-    int want = best_width(&d, max_k), got = settle(&d, max_k, 400, 0.2);
-    /* A neighbour of the optimum is within a few percent of it; accept it
-     * only if its true rate is within 5%. */
-    double loss = 1.0 - true_rate(&d, got) / true_rate(&d, want);
-    printf("  %-40s best %2d, chosen %2d (rate %.1f%% below the best)\n", name, want, got, 100 * loss);
-    CHECKF(loss < 0.05, "%s: chose %d, best %d (%.1f%% slower)", name, got, want, 100 * loss);
+    int want = best_width(&d, max_k), got;
+    double rate = settle(&d, max_k, 2000, 0.2, &got);
+    /* What the widths the loop chose are worth, tries included, against
+     * the best fixed width. */
+    double loss = 1.0 - rate / true_rate(&d, want);
+    printf("  %-40s best %2d, chosen most %2d, tokens/ms %.3f (%.1f%% below the best)\n", name, want, got, rate,
+           100 * loss);
+    CHECKF(loss < 0.05, "%s: %.1f%% below the best width's rate (chose %d most, best %d)", name, 100 * loss, got,
+           want);
 }
 
 static void test_widths_follow_the_device(void)
@@ -80,13 +106,18 @@ static void test_widths_follow_the_device(void)
     /* A GPU at published geometries: verify nearly flat in rows, propose a
      * fraction of a verify (the measured H200 numbers: decode 5.85 ms,
      * 16-row verify 7.65 ms, propose 1.2 ms), paper-like acceptance. */
-    check_device("flat verify, high acceptance", (device){ 5.73, 0.12, 1.1, 0.01, 0.85 }, 15);
+    check_device("flat verify, high acceptance", (device){ 5.73, 0.12, 1.1, 0.01, 0.85, 0 }, 15);
     /* A CPU where rows cost nearly in proportion: plain decoding wins. */
-    check_device("proportional verify, low acceptance", (device){ 0.05, 0.5, 0.1, 0.3, 0.5 }, 15);
+    check_device("proportional verify, low acceptance", (device){ 0.05, 0.5, 0.1, 0.3, 0.5, 0 }, 15);
     /* In between: a few drafts. */
-    check_device("mid cost, mid acceptance", (device){ 0.5, 0.1, 0.3, 0.05, 0.7 }, 15);
+    check_device("mid cost, mid acceptance", (device){ 0.5, 0.1, 0.3, 0.05, 0.7, 0 }, 15);
     /* No drafts pay at all when every draft is rejected. */
-    check_device("acceptance 0", (device){ 1.0, 0.01, 0.1, 0.01, 0.0 }, 7);
+    check_device("acceptance 0", (device){ 1.0, 0.01, 0.1, 0.01, 0.0, 0 }, 7);
+    /* The embedded pair on the H200 (launch-bound: verify of 1..16 rows
+     * 0.21-0.33 ms, propose ~0.25 ms whatever the width, tau ~3 at 15
+     * drafts): a propose costs more than a decode, and only the long
+     * accepted stretches of code pay for it, so the full block wins. */
+    check_device("launch-bound, bursty acceptance", (device){ 0.2, 0.007, 0.25, 0.001, 0.4, 0.12 }, 15);
 }
 
 static void test_first_steps_and_limits(void)

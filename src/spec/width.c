@@ -1,14 +1,15 @@
 /* width.c: the cost-aware block width (the model is described in width.h). */
 #include "spec/width.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Per-step decay of the acceptance counts and of the time lines: about the
  * last 30 steps count. */
 #define ACCEPT_DECAY 0.97
 #define TIME_DECAY 0.95
-/* Every this many steps, one tries a width next to the chosen one; less
- * often while plain decoding wins (each try costs a propose). */
+/* Every this many steps, one tries another width than the chosen one;
+ * less often while plain decoding wins (each try costs a propose). */
 #define EXPLORE_EVERY 8
 #define EXPLORE_EVERY_PLAIN 32
 
@@ -70,6 +71,33 @@ double dflash_width_expected_tokens(const dflash_width *m, int k)
     return e;
 }
 
+/* The same with each alpha_j raised by one standard deviation of its
+ * Beta posterior: optimism where little was seen, so a width that might
+ * pay gets tried and measured (where counts are many the bonus vanishes).
+ * Acceptance in real text comes in stretches: deep in an accepted run a
+ * draft is accepted more often than the first one is, which a model that
+ * lends the last reached rate to deeper positions never finds out from
+ * the narrow widths it chose. A position not reached lately although
+ * drafts before it were accepted (the block stopped short of it) takes
+ * the optimistic prior; one that could not be reached (the draft before it
+ * is always rejected) lends as before. The bonus cannot make a width win
+ * whose cost outweighs even an optimistic gain, so a device where rows
+ * are dear still decodes plain. */
+static double expected_tokens_optimistic(const dflash_width *m, int k)
+{
+    double e = 1.0, run = 1.0, prev = 0.5;
+    for (int j = 1; j <= k && j <= m->max_drafts; j++) {
+        const double r = m->reached[j - 1];
+        if (r >= 0.5 || j == 1 || m->accepted[j - 2] >= 0.5) {
+            const double p = (m->accepted[j - 1] + 1.0) / (r + 2.0), up = p + sqrt(p * (1.0 - p) / (r + 2.0));
+            prev = up < 1.0 ? up : 1.0;
+        }
+        run *= prev;
+        e += run;
+    }
+    return e;
+}
+
 double dflash_width_cost_ms(const dflash_width *m, int k)
 {
     double v = line_at(&m->verify, k + 1.0);
@@ -99,18 +127,31 @@ int dflash_width_choose(dflash_width *m, int limit)
         double best = -1;
         k = 0;
         for (int c = 0; c <= hi; c++) {
-            double rate = dflash_width_expected_tokens(m, c) / dflash_width_cost_ms(m, c);
+            double rate = expected_tokens_optimistic(m, c) / dflash_width_cost_ms(m, c);
             if (rate > best) {
                 best = rate;
                 k = c;
             }
         }
         /* Now and then a neighbour, alternating sides, so the acceptance
-         * of the next position and the time lines stay current. */
+         * of the next position and the time lines stay current. While
+         * plain decoding wins, the try is the widest block that costs at
+         * most three plain steps: where rows are cheap a wide block may
+         * pay although a narrow one does not (acceptance comes in
+         * stretches), and one-draft tries would never show it; where rows
+         * are dear the bound keeps the try small. */
         const int every = k == 0 ? EXPLORE_EVERY_PLAIN : EXPLORE_EVERY;
         if (m->steps % every == 0) {
-            int up = (m->steps / every) % 2 == 0 || k == 0;
-            k = up ? (k < hi ? k + 1 : k - 1) : k - 1;
+            if (k == 0) {
+                const double plain = dflash_width_cost_ms(m, 0);
+                k = 1;
+                for (int c = 2; c <= hi; c++)
+                    if (dflash_width_cost_ms(m, c) <= 3.0 * plain)
+                        k = c;
+            } else {
+                const int up = (m->steps / every) % 2 == 0;
+                k = up ? (k < hi ? k + 1 : k - 1) : k - 1;
+            }
         }
     }
     if (k < 0)

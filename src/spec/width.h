@@ -13,9 +13,14 @@
  * estimate follows the text; positions never reached borrow the last
  * reached one's rate (a Beta(1, 1) prior before any). verify and propose
  * times: decayed least-squares lines in the row count, fed by the loop's
- * own clock. The first two steps try two drafts and one so both lines
- * have points; later, a step now and then tries a width next to the chosen
- * one (rarely while plain decoding wins) so neither estimate goes stale.
+ * own clock. The choice is optimistic: each alpha_j counts one standard
+ * deviation of its estimate above it, so widths whose deep positions were
+ * rarely reached get tried until the counts say otherwise (acceptance
+ * comes in stretches, and deep drafts of an accepted stretch are accepted
+ * more often than the first draft is). The first two steps try two drafts
+ * and one so both lines have points; later, a step now and then tries a
+ * width next to the chosen one, or while plain decoding wins the widest
+ * block that costs at most three plain steps, so no estimate goes stale.
  *
  * The width never changes what is generated: greedy output is the
  * target's argmax sequence and sampled output depends only on the seed
