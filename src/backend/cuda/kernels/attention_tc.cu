@@ -248,31 +248,19 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
                     s[n][e] += sl[n][e];
             }
             /* Scale and mask: element e of tile n is (query r = e / 2, key
-             * u0 + 8n + 2t + e % 2). A tile of paged keys that every query
-             * of the warp sees whole (the common case: all but the last
-             * tiles of a long context) skips the per-key tests. */
-            const int kmin = lo + u0, kmax = kmin + AT_TILE - 1;
-            bool whole = u0 + AT_TILE <= u_end && u0 + AT_TILE <= n_paged;
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                whole = whole && qok[r] && !(a.causal && kmax > qpos[r]) &&
-                        !(a.window > 0 && qpos[r] - kmin >= a.window);
-            whole = __all_sync(0xffffffffu, whole);
+             * u0 + 8n + 2t + e % 2). */
             float mx[2] = { NEG, NEG };
 #pragma unroll
             for (int n = 0; n < NK; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = e >> 1, u = u0 + 8 * n + 2 * t + (e & 1);
-                    bool vis = true;
-                    if (!whole) {
-                        const int kp = u < n_paged ? lo + u : pos0 + (u - n_paged);
-                        vis = qok[r] && u < u_end;
-                        if (a.causal && kp > qpos[r])
-                            vis = false;
-                        if (a.window > 0 && qpos[r] - kp >= a.window)
-                            vis = false;
-                    }
+                    const int kp = u < n_paged ? lo + u : pos0 + (u - n_paged);
+                    bool vis = qok[r] && u < u_end;
+                    if (a.causal && kp > qpos[r])
+                        vis = false;
+                    if (a.window > 0 && qpos[r] - kp >= a.window)
+                        vis = false;
                     s[n][e] = vis ? s[n][e] * a.scale : NEG;
                     mx[r] = fmaxf(mx[r], s[n][e]);
                 }
@@ -379,19 +367,16 @@ ATTN_TC_KERNEL(128)
 
 /* Merge the partials of rows whose sequence has more than one split:
  * out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m) (0 for a
- * split the row cannot see). grid (n_rows, n_heads), 256 threads. Warp w
- * owns splits s = w, w + 8, ...; a lane owns dims lane, lane + 32, ...
- * (D <= 128). The O partials do not depend on the weights, so each warp
- * requests its first AC_PRE splits' O in the same round trip as the
- * (m, l) pairs, before the block agrees on max m; splits beyond those
- * (contexts over 8 AC_PRE splits) are read after. Each warp adds its
- * splits in split order, then the eight warp sums and the denominator
- * are added in a fixed order. Splits a row cannot see add exact zeros,
- * so one split or several give the same bits. */
+ * split the row cannot see). grid (n_rows, n_heads), 256 threads: the
+ * split weights go to shared memory in one pass; then warp w sums the
+ * splits s = w, w + 8, ... (blockDim.x = 256) of every dimension (a lane owns D / 32 of them,
+ * independent loads in flight), and the eight warp sums and the
+ * denominator are added in a fixed order. Splits a row cannot see add
+ * exact zeros, so one split or several give the same bits. */
 #define AT_MAX_SPLITS 2048
 #define AC_WARPS 8
 #define AC_ML_REGS 2 /* (m, l) pairs a thread keeps in registers */
-#define AC_PRE 8     /* splits per warp whose O is requested up front */
+#define AC_UNROLL 4  /* splits a warp requests together */
 extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(const float *part_o,
                                                                                const float *part_ml, float *out,
                                                                                const int *row_seq,
@@ -412,31 +397,8 @@ extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(
         return; /* the attention kernel wrote this row */
     const float NEG = -__int_as_float(0x7f800000);
     const i64 stride = (i64)n_rows * n_heads, unit = (i64)row * n_heads + h;
-    const int nw = blockDim.x >> 5; /* at most AC_WARPS */
-    /* AC_PRE of this warp's splits from s0 on: their O, then their share */
-    float o[AC_PRE][4], num[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-    auto load_o = [&](int s0) {
-#pragma unroll
-        for (int u = 0; u < AC_PRE; u++) {
-            const int s = s0 + u * nw;
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                o[u][q] = s < n_splits && lane + 32 * q < D ? part_o[(s * stride + unit) * D + lane + 32 * q] : 0.0f;
-        }
-    };
-    auto add_o = [&](int s0) {
-#pragma unroll
-        for (int u = 0; u < AC_PRE; u++) {
-            const int s = s0 + u * nw;
-            if (s >= n_splits)
-                break;
-            const float ws = w[s];
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                num[q] += ws * o[u][q];
-        }
-    };
-    load_o(warp); /* in flight with the (m, l) loads below */
+    /* Each thread's (m, l) are read once: the first AC_ML_REGS splits
+     * of the thread from registers, any beyond from the partials again. */
     float mx = NEG, ml_m[AC_ML_REGS], ml_l[AC_ML_REGS];
 #pragma unroll
     for (int r = 0; r < AC_ML_REGS; r++) {
@@ -466,10 +428,30 @@ extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(
         den += ws * part_ml[(s * stride + unit) * 2 + 1];
     }
     den = block_sum(den, scratch); /* also orders the w[] writes before the reads below */
-    add_o(warp);
-    for (int s0 = warp + AC_PRE * nw; s0 < n_splits; s0 += AC_PRE * nw) {
-        load_o(s0);
-        add_o(s0);
+    /* dims lane, lane + 32, ... (D <= 128); AC_UNROLL of the warp's splits
+     * requested together, added in split order */
+    const int nw = blockDim.x >> 5; /* at most AC_WARPS */
+    float num[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int s0 = warp; s0 < n_splits; s0 += nw * AC_UNROLL) {
+        float o[AC_UNROLL][4];
+#pragma unroll
+        for (int u = 0; u < AC_UNROLL; u++) {
+            const int s = s0 + u * nw;
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                o[u][q] = s < n_splits && lane + 32 * q < D ? part_o[(s * stride + unit) * D + lane + 32 * q] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < AC_UNROLL; u++) {
+            const int s = s0 + u * nw;
+            if (s >= n_splits)
+                break;
+            const float ws = w[s];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (lane + 32 * q < D)
+                    num[q] += ws * o[u][q];
+        }
     }
 #pragma unroll
     for (int q = 0; q < 4; q++)
