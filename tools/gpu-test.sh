@@ -41,6 +41,8 @@
 # (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches,
 # GPU_TEST_NCU_SKIP: matching launches skipped first, to land past the
 # warm-up; stall reasons and the hottest instructions included);
+# GPU_TEST_PROBE=1 builds and runs tools/cuda/stream_probe.cu (GB/s of
+# register, cp.async and bulk-copy load disciplines);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
 # "memcheck|racecheck|synccheck|peer-.*" for a profiling run);
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
@@ -236,6 +238,12 @@ if want bench; then
         }
         step split-sweep split_sweep.txt 200 split_sweep
     fi
+    # GPU_TEST_PROBE=1: tools/cuda/stream_probe.cu (nvcc), how loads must
+    # be issued to stream a buffer at the DRAM rate.
+    if [ "${GPU_TEST_PROBE:-0}" = 1 ]; then
+        step stream-probe-build build5.txt 120 nvcc -O3 -arch=sm_90a -std=c++17 -o "$B/stream_probe" tools/cuda/stream_probe.cu
+        last_ok && step stream-probe stream_probe.txt 120 "$B/stream_probe"
+    fi
     # Nsight Compute on the kernels of one propose (GPU_TEST_NCU=1; clocks
     # left alone): why a kernel is slow, not guessed.
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
@@ -290,10 +298,10 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_pystd ab_bench split_sweep peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
-    grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head)' "$LOG/$f.txt"
+    grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"
 done
 tar -czf "$OUT/gpu-test-logs.tgz" -C "$LOG" . && echo "logs: $OUT/gpu-test-logs.tgz"
 echo
