@@ -78,11 +78,6 @@ typedef struct dflash_attn_args {
      * memory): sequences in the batch, the most rows of one sequence, and
      * at least the most keys one sequence has (hi - lo + n_extra). */
     int n_seqs, max_seq_rows, max_keys;
-    /* A hint, NULL for none: weights the op after this one reads (the
-     * attention output projection). Attention moves few bytes for its
-     * time, so a device backend may have its cache fetch these meanwhile;
-     * results never depend on it. */
-    const dflash_weight *prefetch;
 } dflash_attn_args;
 
 /* Activation applied by linear_group to its two outputs. */

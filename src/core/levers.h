@@ -10,7 +10,6 @@ typedef struct dflash_levers {
     int log_level;    /* DFLASH_LOG: 0 quiet, 1 info (default), 2 debug */
     int cuda_pdl;     /* DFLASH_CUDA_PDL: 1 (default) programmatic dependent launch on sm_90+, 0 off (diagnosis) */
     int cuda_gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0 (default) split-K from the cost model, else this many slices (tuning) */
-    int cuda_prefetch; /* DFLASH_CUDA_PREFETCH: 1 (default) attention has L2 fetch the next weights, 0 off (diagnosis) */
     int cpu_isa;      /* DFLASH_CPU_ISA: portable 0, avx2 1, avx512 2: the most the CPU linear may use; -1 = the best */
     int cpu_threads;  /* DFLASH_CPU_THREADS: threads of the CPU backend's pool; 0 = OMP_NUM_THREADS, else the cores */
 } dflash_levers;

@@ -377,7 +377,6 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
         a.n_seqs = n_seqs;
         a.max_seq_rows = B;
         a.max_keys = max_keys;
-        a.prefetch = &lin[QWEN3_LIN_O];
         DFLASH_TRY(o->attention(h->be, &a));
         DFLASH_TRY(qwen3_layer_attn_out_mlp(h->be, c, &l->w, lin, &s->b, n));
     }

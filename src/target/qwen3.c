@@ -255,7 +255,6 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     a.n_seqs = bounds->n_seqs;
     a.max_seq_rows = bounds->max_seq_rows;
     a.max_keys = bounds->max_keys;
-    a.prefetch = &l->lin[QWEN3_LIN_O];
     DFLASH_TRY(m->be->ops->attention(m->be, &a));
     return qwen3_layer_attn_out_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
 }

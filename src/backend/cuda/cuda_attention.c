@@ -18,10 +18,8 @@ typedef struct attn_tc_args {
     float scale;
     int n_blocks, n_layers, layer, bt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
-    const void *prefetch;
-    int64_t prefetch_bytes;
 } attn_tc_args;
-_Static_assert(sizeof(attn_tc_args) == 160, "attn_tc_args must match kernels/attention_tc.cu");
+_Static_assert(sizeof(attn_tc_args) == 144, "attn_tc_args must match kernels/attention_tc.cu");
 
 /* Keys per split and query vectors per block of attention_tc.cu. */
 #define ATTN_TC_SPLIT 128
@@ -109,10 +107,6 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
         .bt_len = a->bt_len > 0 ? a->bt_len : 1, .n_rows = a->n_rows, .n_heads = a->n_heads,
         .n_kv_heads = a->n_kv_heads, .causal = a->causal, .window = a->window, .compute_warps = cw,
     };
-    if (c->prefetch && a->prefetch && a->prefetch->data) {
-        t.prefetch = a->prefetch->data;
-        t.prefetch_bytes = a->prefetch->rows * a->prefetch->cols * (int64_t)dflash_dtype_size(a->prefetch->dtype);
-    }
     void *args[] = { &t };
     const unsigned threads = 32u * (unsigned)(cw > 4 ? cw : 4);
     DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)splits, (unsigned)chunks, threads,

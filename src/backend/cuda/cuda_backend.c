@@ -600,7 +600,6 @@ static dflash_status open_device(cuda_ctx *c, int device)
     /* A diagnosis switch: the kernels are correct either way. */
     c->pdl = major >= 9 && dflash_levers_get()->cuda_pdl;
     c->gemm_split = dflash_levers_get()->cuda_gemm_split;
-    c->prefetch = dflash_levers_get()->cuda_prefetch;
     snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s)", c->dev_name, c->arch, c->sm_count,
              c->pdl ? "" : ", PDL off");
     DFLASH_TRY(dflash_nvrtc_api_load(&c->nv));

@@ -40,7 +40,6 @@ typedef struct cuda_ctx {
     int sm_count;
     int pdl; /* launch with programmatic stream serialization (sm_90+, DFLASH_CUDA_PDL=0 turns it off) */
     int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
-    int prefetch;   /* DFLASH_CUDA_PREFETCH: attention asks L2 for the next op's weights (the hint) */
     /* Kernel error report: the device word decides which report wins, the
      * details land in mapped host memory [code, a, b, c]. */
     CUdeviceptr err_flag;

@@ -49,10 +49,8 @@ struct attn_tc_args {
     float scale;
     int n_blocks, n_layers, layer, bt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
-    const char *prefetch; /* weights the next op reads, or null (a hint) */
-    i64 prefetch_bytes;
 };
-static_assert(sizeof(attn_tc_args) == 160, "mirrored by attn_tc_args in cuda_attention.c");
+static_assert(sizeof(attn_tc_args) == 144, "mirrored by attn_tc_args in cuda_backend.c");
 
 /* Shared-memory row strides in 32-bit words. K rows are read 16 bytes per
  * lane (8 keys x 4 lanes per phase): a stride of 16 words mod 32 keeps the
@@ -143,31 +141,9 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const
     }
 }
 
-/* Ask L2 for this block's share of the next op's weights, 4 KB per
- * request: attention moves few bytes for its time (its time is latency),
- * so the bytes arrive while it runs and the GEMM after it reads them
- * from L2. Weights are never written: no need to wait for the previous
- * kernel first. */
-__forceinline__ void at_prefetch(const attn_tc_args &a)
-{
-    if (!a.prefetch || a.prefetch_bytes <= 0)
-        return;
-    const i64 n_blk = (i64)gridDim.x * gridDim.y * gridDim.z;
-    const i64 blk = blockIdx.x + (i64)gridDim.x * (blockIdx.y + (i64)gridDim.y * blockIdx.z);
-    const i64 share = ((a.prefetch_bytes + n_blk - 1) / n_blk + 4095) & ~(i64)4095;
-    const i64 hi = (blk + 1) * share < a.prefetch_bytes ? (blk + 1) * share : a.prefetch_bytes;
-    for (i64 off = blk * share + (i64)threadIdx.x * 4096; off < hi; off += (i64)blockDim.x * 4096) {
-        const i64 len = (hi - off < 4096 ? hi - off : 4096) & ~(i64)15;
-        if (len > 0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.prefetch + off), "r"((unsigned)len)
-                         : "memory");
-    }
-}
-
 template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 {
     pdl_trigger();
-    at_prefetch(a);
     pdl_wait();
     constexpr int DC = D / 32 > 0 ? D / 32 : 1; /* 32-dim chunks of a query row (D = 16: one half chunk) */
     constexpr int NK = AT_TILE / 8;             /* key n-tiles of S */
