@@ -113,7 +113,15 @@ $(B)/tsan/test_cpu_gemm: $(TSAN_SRC) tests/harness.h | $(B)/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE -o $@ $(TSAN_SRC) -ljansson -lm -lpthread
 
-test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm $(B)/examples/simple
+# The GPU machine's check programs (tools/gpu-test.sh builds and runs them
+# there); built here too, so a change that breaks them fails the tests,
+# not a device call.
+GPU_TOOLS := $(B)/tools/cuda_ops_check $(B)/tools/cuda_model_check
+$(B)/tools/%: tools/cuda/%.c $(B)/libdflash.a tests/harness.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(B)/libdflash.a $(LDLIBS)
+
+test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm $(B)/examples/simple $(GPU_TOOLS)
 	@B=$(B) bash tools/fetch-tokenizers.sh
 	@B=$(B) bash tests/run.sh
 
@@ -124,7 +132,7 @@ format:
 	clang-format -i $$(find src include tests -name '*.[ch]')
 
 clean:
-	rm -rf $(B)/obj $(B)/pic $(B)/asan $(B)/tsan $(B)/fuzz $(B)/tests $(B)/examples $(B)/dflash $(B)/libdflash.a \
+	rm -rf $(B)/obj $(B)/pic $(B)/asan $(B)/tsan $(B)/fuzz $(B)/tests $(B)/tools $(B)/examples $(B)/dflash $(B)/libdflash.a \
 	  $(B)/libdflash.so $(B)/dflash.pc
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
