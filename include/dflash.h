@@ -70,6 +70,17 @@ typedef struct dflash_engine_opts {
      * from the steps' own times and acceptance. Outputs are the same. */
     int width_auto;
     int drafter_fp8;       /* 1: drafter weights in fp8 e4m3 with per-row scales */
+    /* KV pages (16 positions each, every layer) the target's pool holds for
+     * all sessions together; 0 (default): room for max_sessions sessions of
+     * max_ctx positions. A start reserves what its session can reach (its
+     * cache, prompt, max_tokens and one block) and fails with
+     * DFLASH_ERR_KV_FULL only if that is more than the whole pool; if it is
+     * more than is free, the session waits (dflash_session_running says 1,
+     * it has no tokens yet) and joins at a later dflash_engine_step, oldest
+     * first, as others finish or are freed. A finished session's cache is
+     * kept for its next start until a waiting one needs the pages; its next
+     * start then runs its whole history again, with the same result. */
+    int kv_pages;
 } dflash_engine_opts;
 
 void dflash_engine_default_opts(dflash_engine_opts *o);
@@ -107,8 +118,16 @@ void dflash_session_free(dflash_session *s);
  * has generated before continues after its output. */
 dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, size_t n);
 dflash_status dflash_session_start_text(dflash_session *s, const char *text);
-/* One step of every started session; *n_active: sessions still generating. */
+/* One step of every started session, after admitting waiting ones that
+ * now fit; *n_active: sessions generating or waiting. A failure of the
+ * step itself stops every session; a waiting session that fails to join
+ * stops alone (dflash_session_error says why). */
 dflash_status dflash_engine_step(dflash_engine *e, int *n_active);
+/* Why the last start of a session that waited for pages stopped without
+ * joining (its prefill failed, or DFLASH_ERR_KV_FULL: the pages it needs
+ * are held by the caches of sessions waiting behind it), and its message;
+ * DFLASH_OK and "" otherwise. */
+dflash_status dflash_session_error(const dflash_session *s, const char **message);
 /* 1 while the session is generating. */
 int dflash_session_running(const dflash_session *s);
 /* The tokens generated since the last start (valid until the next start). */

@@ -5,6 +5,7 @@
 //   BASE      http://127.0.0.1:PORT of the main server (API key KEY,
 //             --max-body-bytes 65536)
 //   BASE_SMALL a second server with --max-sessions 1 --max-queue 0 (no key)
+//   BASE_KV   a third with --max-sessions 4 --kv-pages 6 (no key)
 //   EXPECT    file with the text `dflash generate` gives PROMPT (32 tokens)
 //   PROMPT    that prompt;  SERVER_PID  the main server's pid
 //   RSS_CHECK 0: leave out the resident-memory bound (sanitizer builds)
@@ -194,6 +195,19 @@ await attempt('speculative metrics', async () => {
   check('speculative metrics agree with each other', drafted > 0 && accepted <= drafted && count === steps &&
     sum <= gen && sum >= steps && p1 >= p2 && a1 <= p1 && p1 > 0,
     JSON.stringify({ drafted, accepted, steps, count, sum, gen, p1, a1, p2 }));
+});
+
+await attempt('a KV page budget', async () => {
+  // 6 pages of 16 positions; each request reaches its prompt + 32 + a
+  // block of 16 (4 pages): one runs, the others wait for its pages
+  const kv = new OpenAI({ apiKey: 'none', baseURL: process.env.BASE_KV + '/v1', maxRetries: 0 });
+  const req = { model: MODEL, prompt: process.env.PROMPT, max_tokens: 32, temperature: 0 };
+  const rs = await Promise.all([1, 2, 3].map(() => kv.completions.create(req)));
+  check('kv pages: requests that wait for pages get what one alone gets', rs.every((r) => r.choices[0].text === expect),
+    JSON.stringify(rs.map((r) => r.choices[0].text)));
+  const over = await raw('/v1/completions', post({ prompt: process.env.PROMPT, max_tokens: 400 }), process.env.BASE_KV);
+  check('kv pages: a request needing more than all of them: 400', over.status === 400 &&
+    /KV pages/.test(over.body.error.message), JSON.stringify(over));
 });
 
 await attempt('200 requests in a row', async () => {

@@ -37,7 +37,7 @@ static void test_help_lists_every_option(void)
                         "--seed", NULL } },
         { "chat", { "-m", "--draft", "--system", "--think", "--n-new", "--quiet", "--block-size", "--temp", NULL } },
         { "serve", { "-m", "--draft", "--host", "--port", "--api-key", "--served-model-name", "--max-sessions",
-                     "--max-queue", "--max-body-bytes", "--block-size", "--device", "--temp", "--seed",
+                     "--max-queue", "--kv-pages", "--max-body-bytes", "--block-size", "--device", "--temp", "--seed",
                      "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", NULL } },
         { "tokenize", { "--tokenizer", "--json", "--special", NULL } },
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },

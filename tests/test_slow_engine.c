@@ -7,7 +7,11 @@
  * fit failed; a session cannot start while it runs, and an engine holds at
  * most max_sessions; a session whose token callback refuses more stops
  * alone, keeping its tokens, while the others run to the end; with the
- * cost-aware width every session still gives its plain output. */
+ * cost-aware width every session still gives its plain output; with a
+ * small KV pool sessions wait for pages and join as others finish or are
+ * freed, idle caches give way and their sessions still continue exactly,
+ * a start that could never fit fails at once, and one whose pages are held
+ * by a session waiting behind it stops with its reason. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -243,6 +247,209 @@ static void test_width_auto(void)
     dflash_engine_close(e);
 }
 
+/* Output so far of a session. */
+static size_t n_output(const dflash_session *s)
+{
+    const int32_t *ids;
+    size_t n;
+    dflash_session_output(s, &ids, &n);
+    return n;
+}
+
+/* One session's whole conversation (history, then the carried last
+ * token and `more`) decoded plainly must equal what it generated. */
+static void check_continued(const dflash_session *s, const int32_t *hist, int n_hist, const int32_t *more, int n_more,
+                            const dflash_session_opts *so, const char *what)
+{
+    int32_t whole[256], want[N_NEW];
+    memcpy(whole, hist, (size_t)n_hist * sizeof *hist);
+    memcpy(whole + n_hist, more, (size_t)n_more * sizeof *more);
+    int nw = plain_run(whole, n_hist + n_more, so, want);
+    CHECKF(same_output(s, want, nw), "%s differs from its whole conversation decoded plainly", what);
+}
+
+/* Pages a start reaching `positions` needs. */
+static int pages(int positions) { return (positions + 15) / 16; }
+
+/* KV admission with a pool that holds the first two starts and one page
+ * more (a start reaches prompt + 40 new + 16 positions): the third waits
+ * and joins when an idle cache is given up; sessions continue exactly,
+ * also one whose cache was given up; a start waits behind a running one
+ * and joins when that one is freed mid-run; one that could never fit
+ * fails at once. Every output equals plain decoding's. */
+static void test_kv_admission(void)
+{
+    const char *texts[4] = { "def add(a, b):\n", "import sys\n", "class Stack:\n", "def main():\n" };
+    int32_t *ids[4] = { 0 };
+    size_t n[4] = { 0 };
+    int need[4];
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(dflash_tokenizer_encode_special(g_tok, texts[i], strlen(texts[i]), &ids[i], &n[i]));
+        need[i] = pages((int)n[i] + N_NEW + 16);
+    }
+    const int pool = need[0] + need[1] + 1;
+    /* a continuation reaches the history (prompt + 39 tokens), the
+     * carried last token, 5 more ids, 40 new and a block */
+    for (int i = 0; i < 3; i++)
+        CHECK(pages((int)n[i] + N_NEW + 5 + N_NEW + 16) <= pool);
+    CHECK(need[2] > 1 && need[3] > 1);
+    dflash_engine_opts eo = pair_opts(5);
+    eo.kv_pages = pool;
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    dflash_session_opts so;
+    dflash_session_default_opts(&so);
+    so.max_tokens = N_NEW;
+    so.ignore_eos = 1;
+    dflash_session *s[4] = { 0 };
+    for (int i = 0; i < 4 && e; i++)
+        CHECK_OK(dflash_session_new(e, &so, &s[i]));
+    for (int i = 0; i < 4; i++)
+        if (!s[i] || !ids[i])
+            goto done;
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dflash_session_start_ids(s[i], ids[i], n[i]));
+    CHECKF(n_output(s[0]) == 1 && n_output(s[1]) == 1, "the first two start at once (their first token)");
+    CHECKF(dflash_session_running(s[2]) && n_output(s[2]) == 0, "the third waits for pages");
+    int active = 1, steps = 0, waited = 0;
+    while (active && steps++ < 400) {
+        const int room = !dflash_session_running(s[0]) || !dflash_session_running(s[1]);
+        const size_t before = n_output(s[2]);
+        CHECK_OK(dflash_engine_step(e, &active));
+        if (before == 0 && n_output(s[2]) > 0)
+            CHECKF(room, "the third joined while both others still ran");
+        waited += n_output(s[2]) == 0;
+    }
+    CHECKF(waited >= 1, "the third never waited");
+    for (int i = 0; i < 3; i++) {
+        int32_t want[N_NEW];
+        int nw = plain_run(ids[i], (int)n[i], &so, want);
+        CHECKF(nw == N_NEW && same_output(s[i], want, nw), "session %d differs from plain decoding", i);
+    }
+
+    /* each continues in turn: admitting the third gave up an idle cache,
+     * so at least one continuation runs its whole history again (its
+     * prompt counts it), and every one continues exactly */
+    int evicted = 0;
+    for (int i = 0; i < 3; i++) {
+        int32_t hist[128], more[] = { 9, 8, 7, 6, 5 };
+        const int32_t *o;
+        size_t no;
+        dflash_session_output(s[i], &o, &no);
+        memcpy(hist, ids[i], n[i] * sizeof *hist);
+        memcpy(hist + n[i], o, no * sizeof *o);
+        const int n_hist = (int)(n[i] + no);
+        CHECK_OK(dflash_session_start_ids(s[i], more, 5));
+        for (active = 1, steps = 0; active && steps++ < 400;)
+            CHECK_OK(dflash_engine_step(e, &active));
+        check_continued(s[i], hist, n_hist, more, 5, &so, "a continued session");
+        dflash_session_stats st;
+        dflash_session_stats_get(s[i], &st);
+        CHECK(st.prompt_tokens == 6 || st.prompt_tokens == n_hist + 5);
+        evicted += st.prompt_tokens == n_hist + 5;
+    }
+    CHECKF(evicted >= 1, "no continuation ran from a cache that was given up");
+
+    /* a start that leaves one page free holds the pool: a fresh start
+     * waits behind it and joins once it is freed mid-run */
+    dflash_session_opts hold = so;
+    hold.max_tokens = 16 * (pool - 1) - 16 - (int)n[0];
+    dflash_session *h = NULL;
+    CHECK_OK(dflash_session_new(e, &hold, &h));
+    if (!h)
+        goto done;
+    CHECK_OK(dflash_session_start_ids(h, ids[0], n[0]));
+    CHECK_OK(dflash_session_start_ids(s[3], ids[3], n[3]));
+    CHECKF(dflash_session_running(h) && n_output(h) == 1, "the large start runs at once");
+    CHECKF(dflash_session_running(s[3]) && n_output(s[3]) == 0, "the fresh start waits behind it");
+    CHECK_OK(dflash_engine_step(e, &active));
+    CHECK_OK(dflash_engine_step(e, &active));
+    CHECKF(n_output(s[3]) == 0 && n_output(h) > 1, "still waiting while the large one runs");
+    dflash_session_free(h);
+    for (active = 1, steps = 0; active && steps++ < 400;)
+        CHECK_OK(dflash_engine_step(e, &active));
+    int32_t want[N_NEW];
+    int nw = plain_run(ids[3], (int)n[3], &so, want);
+    CHECKF(same_output(s[3], want, nw), "the session that waited for a freed one differs from plain decoding");
+    /* more than the whole pool: at once, naming the pages */
+    dflash_session_opts big = so;
+    big.max_tokens = 200;
+    dflash_session *b = NULL;
+    CHECK_OK(dflash_session_new(e, &big, &b));
+    if (b)
+        CHECK_FAILS(dflash_session_start_ids(b, ids[1], n[1]), DFLASH_ERR_KV_FULL, "kv_pages");
+    dflash_session_free(b);
+done:
+    for (int i = 0; i < 4; i++) {
+        dflash_session_free(s[i]);
+        free(ids[i]);
+    }
+    dflash_engine_close(e);
+}
+
+/* A start that needs the whole pool waits behind a running one; a
+ * session that finished meanwhile continues and queues behind it, keeping
+ * its cache for that start. When the running one is done, the pages the
+ * first needs are held by the one waiting behind it: the first stops
+ * with DFLASH_ERR_KV_FULL (dflash_session_error says why) and the second
+ * joins and continues exactly. */
+static void test_kv_blocked_behind(void)
+{
+    const char *texts[3] = { "def add(a, b):\n", "import sys\n", "class Stack:\n" };
+    int32_t *ids[3] = { 0 };
+    size_t n[3] = { 0 };
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dflash_tokenizer_encode_special(g_tok, texts[i], strlen(texts[i]), &ids[i], &n[i]));
+    dflash_session_opts so[3];
+    for (int i = 0; i < 3; i++) {
+        dflash_session_default_opts(&so[i]);
+        so[i].ignore_eos = 1;
+    }
+    so[0].max_tokens = N_NEW; /* runs long */
+    so[1].max_tokens = 8;     /* done soon, then continues */
+    const int pool = pages((int)n[0] + N_NEW + 16) + pages((int)n[1] + 8 + 5 + 8 + 16);
+    so[2].max_tokens = 16 * pool - 16 - (int)n[2]; /* the whole pool */
+    dflash_engine_opts eo = pair_opts(3);
+    eo.kv_pages = pool;
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    dflash_session *s[3] = { 0 };
+    for (int i = 0; i < 3 && e; i++)
+        CHECK_OK(dflash_session_new(e, &so[i], &s[i]));
+    if (!s[0] || !s[1] || !s[2])
+        goto done;
+    CHECK_OK(dflash_session_start_ids(s[0], ids[0], n[0]));
+    CHECK_OK(dflash_session_start_ids(s[1], ids[1], n[1]));
+    CHECK_OK(dflash_session_start_ids(s[2], ids[2], n[2]));
+    CHECKF(n_output(s[2]) == 0 && dflash_session_running(s[2]), "the start needing the whole pool waits");
+    int active = 1, steps = 0;
+    while (dflash_session_running(s[1]) && steps++ < 100)
+        CHECK_OK(dflash_engine_step(e, &active));
+    CHECKF(dflash_session_running(s[0]), "the long one still runs when the short one is done");
+    int32_t hist[64], more[] = { 9, 8, 7, 6, 5 };
+    const int32_t *o;
+    size_t no;
+    dflash_session_output(s[1], &o, &no);
+    memcpy(hist, ids[1], n[1] * sizeof *hist);
+    memcpy(hist + n[1], o, no * sizeof *o);
+    CHECK_OK(dflash_session_start_ids(s[1], more, 5));
+    CHECKF(n_output(s[1]) == 0, "the continuation queues behind the waiting start");
+    for (active = 1, steps = 0; active && steps++ < 400;)
+        CHECK_OK(dflash_engine_step(e, &active));
+    const char *msg = NULL;
+    CHECK(dflash_session_error(s[2], &msg) == DFLASH_ERR_KV_FULL && !dflash_session_running(s[2]));
+    CHECKF(msg && strstr(msg, "waiting behind"), "message: %s", msg ? msg : "(none)");
+    CHECK(n_output(s[2]) == 0);
+    check_continued(s[1], hist, (int)(n[1] + no), more, 5, &so[1], "the continuation that waited");
+    CHECK(dflash_session_error(s[1], &msg) == DFLASH_OK && msg && !*msg);
+done:
+    for (int i = 0; i < 3; i++) {
+        dflash_session_free(s[i]);
+        free(ids[i]);
+    }
+    dflash_engine_close(e);
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&g_be));
@@ -255,6 +462,8 @@ int main(void)
         RUN(test_sessions);
         RUN(test_callback_stops_one);
         RUN(test_width_auto);
+        RUN(test_kv_admission);
+        RUN(test_kv_blocked_behind);
     }
     dflash_tokenizer_free(g_tok);
     dflash_qwen3_free(g_plain);

@@ -39,6 +39,10 @@ static void usage(FILE *f)
             "                         name)\n"
             "  --max-sessions N       requests generating at once (default 8)\n"
             "  --max-queue N          requests waiting beyond those (default 64); more get 429\n"
+            "  --kv-pages N           KV pages of 16 positions the running requests share\n"
+            "                         (default: room for --max-sessions requests of --max-ctx\n"
+            "                         positions); a request that does not fit yet waits, one\n"
+            "                         larger than all of them gets 400\n"
             "  --max-body-bytes N     largest request body (default 1048576); larger get 413\n"
             "  -h, --help             this text\n"
             "\n"
@@ -62,7 +66,7 @@ static void usage(FILE *f)
 typedef struct serve_args {
     cli_engine_args e;
     const char *host, *api_key, *name;
-    int port, max_sessions, max_queue, max_body;
+    int port, max_sessions, max_queue, max_body, kv_pages;
 } serve_args;
 
 static int parse(int argc, char **argv, serve_args *a)
@@ -98,6 +102,9 @@ static int parse(int argc, char **argv, serve_args *a)
                 return 0;
         } else if (!strcmp(o, "--max-queue")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 0, 1 << 20, &a->max_queue))
+                return 0;
+        } else if (!strcmp(o, "--kv-pages")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1, 1 << 30, &a->kv_pages))
                 return 0;
         } else if (!strcmp(o, "--max-body-bytes")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1024, 1 << 30, &a->max_body))
@@ -136,6 +143,7 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
     eo.draft = a->e.draft;
     eo.device = a->e.device ? a->e.device : "cpu";
     eo.max_sessions = a->max_sessions;
+    eo.kv_pages = a->kv_pages;
     eo.max_ctx = a->e.max_ctx ? a->e.max_ctx : 4096;
     eo.block_size = a->e.block_fixed ? a->e.block_size : 0;
     eo.width_auto = !a->e.block_fixed; /* as generate: the cost-aware width unless --block-size */

@@ -219,7 +219,7 @@ static void admit(serve_ctx *c, serve_job *j, tok_ctx *tc)
         if (s == DFLASH_OK)
             s = dflash_session_start_ids(j->session, j->prompt_ids, j->n_prompt);
         if (s != DFLASH_OK) {
-            status = s == DFLASH_ERR_INVALID_ARG ? 400 : 500;
+            status = s == DFLASH_ERR_INVALID_ARG || s == DFLASH_ERR_KV_FULL ? 400 : 500;
             snprintf(msg, sizeof msg, "%s", dflash_last_error());
         }
     }
@@ -309,6 +309,7 @@ static void *sched_main(void *arg)
         int active = 0;
         dflash_status s = dflash_engine_step(c->engine, &active);
         char msg[512];
+        const char *join_msg = NULL;
         snprintf(msg, sizeof msg, "generation failed: %s", s == DFLASH_OK ? "" : dflash_last_error());
         pthread_mutex_lock(&c->mu);
         for (int i = 0; i < c->max_sessions; i++) {
@@ -319,6 +320,12 @@ static void *sched_main(void *arg)
                 dflash_session_free(j->session);
                 j->session = NULL;
                 fail_job(c, j, 500, msg);
+            } else if (!dflash_session_running(j->session) &&
+                       dflash_session_error(j->session, &join_msg) != DFLASH_OK) {
+                snprintf(msg, sizeof msg, "generation failed: %s", join_msg);
+                dflash_session_free(j->session);
+                j->session = NULL;
+                fail_job(c, j, 503, msg);
             } else if (!dflash_session_running(j->session) || j->stop_hit || j->cancelled) {
                 finish(c, j);
             } else {

@@ -1,10 +1,22 @@
 /* engine.c: the public engine and session API of include/dflash.h, on the
  * batched loop (dflash_spec_batch in spec/spec.h). The engine owns the
- * backend, the target with KV room for max_sessions sequences, the
- * proposer, the tokenizer (when the model folder has one) and the
- * end-of-sequence ids; a session owns its target sequence, its proposer
- * state and what it has generated, and carries what its cache holds from
- * one start to the next so a later start continues it. */
+ * backend, the target and its KV page pool, the proposer, the tokenizer
+ * (when the model folder has one) and the end-of-sequence ids; a session
+ * owns its target sequence, its proposer state and what it has generated,
+ * and carries what its cache holds from one start to the next so a later
+ * start continues it.
+ *
+ * KV admission. A start reserves the pages its sequence can reach (what
+ * the cache holds, the prompt, max_tokens and one block past them): a
+ * session that runs never runs out of pages, and never takes any from
+ * another. A start that does not fit waits in a queue (oldest first) and
+ * joins at a later dflash_engine_step, once sessions that finished or
+ * were freed left room. A finished session keeps its cache for its next
+ * start while nobody waits; when someone does, idle caches are given up,
+ * least recently used first, and such a session's next start runs its
+ * whole history through the target again (the same tokens: results do not
+ * depend on how rows are grouped). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +40,11 @@ struct dflash_engine {
     dflash_spec_batch *batch;     /* the sessions generating; a session runs while it is in it */
     int max_sessions, n_sessions; /* sessions that exist */
     int max_ctx;                  /* positions a session may hold: min(max_ctx, the model's) */
+    int kv_pages, reserved;       /* the target's pool, and the pages sessions have reserved or hold */
+    dflash_session **all;         /* [max_sessions]: every session */
+    dflash_session **queue;       /* [max_sessions]: started sessions waiting for pages, oldest first */
+    int n_queue;
+    long clock;                   /* steps and starts, for least-recently-used order */
 };
 
 struct dflash_session {
@@ -46,6 +63,15 @@ struct dflash_session {
      * its last token (carry_tok, when carry) opens the next prompt */
     int absorbed, carry;
     int32_t carry_tok;
+    /* pages: reserved while it runs or waits to (need: what the waiting
+     * start reserves), else held by its cache; in_batch: admitted and not
+     * yet seen to leave; evicted: the cache was given up, `held` is the
+     * whole history */
+    int pages, need, waiting, in_batch, evicted;
+    long used;
+    /* a waiting start that could not join: why (dflash_session_error) */
+    dflash_status join_status;
+    char join_error[256];
 };
 
 void dflash_engine_default_opts(dflash_engine_opts *o)
@@ -76,6 +102,7 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     e->max_ctx = o->max_ctx < model_ctx ? o->max_ctx : model_ctx;
     to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
+    to.kv_blocks = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)
         DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, -1,
@@ -88,6 +115,11 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
      * the config's ids */
     (void)dflash_open_stop_ids(e->target, o->model_dir, e->tok, e->stop_ids, ENGINE_MAX_STOP, &e->n_stop);
     e->max_sessions = o->max_sessions;
+    e->kv_pages = e->target->kv.layout.n_blocks;
+    e->all = calloc((size_t)o->max_sessions, sizeof *e->all);
+    e->queue = calloc((size_t)o->max_sessions, sizeof *e->queue);
+    if (!e->all || !e->queue)
+        return dflash_fail(DFLASH_ERR_OOM, "engine: out of memory for %d sessions", o->max_sessions);
     DFLASH_TRY(dflash_spec_batch_new(e->target, e->prop, o->block_size, o->max_sessions, &e->batch));
     dflash_spec_batch_set_width_auto(e->batch, o->width_auto);
     return DFLASH_OK;
@@ -98,9 +130,10 @@ dflash_status dflash_engine_open(const dflash_engine_opts *o, dflash_engine **ou
     *out = NULL;
     if (!o || !o->model_dir)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine: no model_dir given");
-    if (o->max_sessions <= 0 || o->max_ctx <= 0 || o->block_size < 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine: max_sessions %d, max_ctx %d, block_size %d (want > 0, > 0, "
-                           ">= 0)", o->max_sessions, o->max_ctx, o->block_size);
+    if (o->max_sessions <= 0 || o->max_ctx <= 0 || o->block_size < 0 || o->kv_pages < 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "engine: max_sessions %d, max_ctx %d, block_size %d, kv_pages %d (want > 0, > 0, >= 0, >= 0)",
+                           o->max_sessions, o->max_ctx, o->block_size, o->kv_pages);
     dflash_engine *e = calloc(1, sizeof *e);
     if (!e)
         return dflash_fail(DFLASH_ERR_OOM, "engine: out of memory");
@@ -122,6 +155,8 @@ void dflash_engine_close(dflash_engine *e)
     dflash_qwen3_free(e->target);
     dflash_tokenizer_free(e->tok);
     dflash_backend_destroy(e->be);
+    free(e->all);
+    free(e->queue);
     free(e);
 }
 
@@ -159,6 +194,11 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
         free(s);
         return st;
     }
+    for (int i = 0; i < e->max_sessions; i++)
+        if (!e->all[i]) {
+            e->all[i] = s;
+            break;
+        }
     e->n_sessions++;
     *out = s;
     return DFLASH_OK;
@@ -170,6 +210,16 @@ void dflash_session_free(dflash_session *s)
         return;
     dflash_engine *e = s->e;
     dflash_spec_batch_remove(e->batch, &s->item); /* nothing when it is not generating */
+    for (int i = 0; i < e->n_queue; i++)
+        if (e->queue[i] == s) {
+            memmove(e->queue + i, e->queue + i + 1, (size_t)(e->n_queue - i - 1) * sizeof *e->queue);
+            e->n_queue--;
+            break;
+        }
+    for (int i = 0; i < e->max_sessions; i++)
+        if (e->all[i] == s)
+            e->all[i] = NULL;
+    e->reserved -= s->pages;
     if (s->pstate)
         e->prop->ops->free_state(e->prop, s->pstate);
     dflash_qwen3_seq_free(e->target, &s->seq);
@@ -180,38 +230,126 @@ void dflash_session_free(dflash_session *s)
     free(s);
 }
 
+/* What the last start left in the cache joins the history (once, even if
+ * the next start fails and is retried); its final token, emitted but never
+ * run, opens the next prompt. */
+static dflash_status absorb(dflash_session *s)
+{
+    if (!s->started || s->absorbed)
+        return DFLASH_OK;
+    DFLASH_TRY(dflash_idbuf_push(&s->held, s->item.prompt, (size_t)s->item.n_prompt, "session"));
+    s->carry = s->item.n_out > 0;
+    if (s->carry) {
+        DFLASH_TRY(dflash_idbuf_push(&s->held, s->out, (size_t)s->item.n_out - 1, "session"));
+        s->carry_tok = s->out[s->item.n_out - 1];
+    }
+    s->absorbed = 1;
+    return DFLASH_OK;
+}
+
+/* Pages a sequence needs to reach `end` positions (its table's length at
+ * most: the context limit is checked elsewhere). */
+static int pages_for(const dflash_engine *e, int64_t end)
+{
+    const int64_t p = (end + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
+    return p < e->target->bt_len ? (int)p : e->target->bt_len;
+}
+
+/* Give up an idle session's cache: its history stays in `held` and its
+ * next start runs it through the target again. */
+static dflash_status evict(dflash_session *s)
+{
+    dflash_engine *e = s->e;
+    DFLASH_TRY(absorb(s));
+    if (s->pstate)
+        DFLASH_TRY(e->prop->ops->reset(e->prop, s->pstate));
+    dflash_kv_seq_release(&e->target->kv, &s->seq);
+    e->reserved -= s->pages;
+    s->pages = 0;
+    s->evicted = 1;
+    return DFLASH_OK;
+}
+
+/* Evict idle caches, least recently used first, until `s` fits with
+ * `need` pages or none is left. */
+static dflash_status evict_until_fits(dflash_engine *e, const dflash_session *s, int need)
+{
+    while (e->reserved - s->pages + need > e->kv_pages) {
+        dflash_session *lru = NULL;
+        for (int i = 0; i < e->max_sessions; i++) {
+            dflash_session *o = e->all[i];
+            if (o && o != s && !o->in_batch && !o->waiting && o->pages > 0 && (!lru || o->used < lru->used))
+                lru = o;
+        }
+        if (!lru)
+            return DFLASH_OK;
+        DFLASH_TRY(evict(lru));
+    }
+    return DFLASH_OK;
+}
+
+/* The session's prepared start joins the batch (prefilled now) with its
+ * reservation; on failure it is as it was before the start. */
+static dflash_status admit(dflash_session *s)
+{
+    dflash_engine *e = s->e;
+    s->waiting = 0;
+    DFLASH_TRY(dflash_spec_batch_add(e->batch, &s->item));
+    e->reserved += s->need - s->pages;
+    s->pages = s->need;
+    s->in_batch = 1;
+    s->used = ++e->clock;
+    s->started = 1;
+    s->absorbed = 0;
+    if (s->evicted) { /* the prompt carried the whole history */
+        s->held.n = 0;
+        s->evicted = 0;
+    }
+    return DFLASH_OK;
+}
+
+/* Sessions that left the batch keep only the pages their caches hold. */
+static void settle(dflash_engine *e)
+{
+    for (int i = 0; i < e->max_sessions; i++) {
+        dflash_session *s = e->all[i];
+        if (s && s->in_batch && !dflash_spec_batch_has(e->batch, &s->item)) {
+            s->in_batch = 0;
+            e->reserved -= s->pages;
+            s->pages = dflash_kv_seq_blocks(&s->seq);
+            e->reserved += s->pages;
+            s->used = ++e->clock;
+        }
+    }
+}
+
 dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, size_t n)
 {
     if (!s || (!ids && n))
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: no session or ids");
     if (dflash_session_running(s))
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: still generating; start it again once it is done");
-    const int V = s->e->target->cfg.vocab_size;
+    dflash_engine *e = s->e;
+    const int V = e->target->cfg.vocab_size;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: id %d at %zu is not a token of the model (0..%d)",
                                ids[i], i, V - 1);
-    /* what the last start left in the cache joins the history (once, even
-     * if this start fails and is retried); its final token, emitted but
-     * never run, opens this prompt */
-    if (s->started && !s->absorbed) {
-        DFLASH_TRY(dflash_idbuf_push(&s->held, s->item.prompt, (size_t)s->item.n_prompt, "session"));
-        s->carry = s->item.n_out > 0;
-        if (s->carry) {
-            DFLASH_TRY(dflash_idbuf_push(&s->held, s->out, (size_t)s->item.n_out - 1, "session"));
-            s->carry_tok = s->out[s->item.n_out - 1];
-        }
-        s->absorbed = 1;
-    }
+    DFLASH_TRY(absorb(s));
+    s->join_status = DFLASH_OK;
     const int carry = s->carry;
     if (n + (size_t)carry == 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: an empty prompt");
-    int32_t *p = malloc((n + 1) * sizeof *p);
+    /* after an eviction the prompt is the whole history again */
+    const size_t n_hist = s->evicted ? s->held.n : 0;
+    int32_t *p = malloc((n_hist + n + 1) * sizeof *p);
     if (!p)
-        return dflash_fail(DFLASH_ERR_OOM, "session: out of memory for %zu ids", n + 1);
+        return dflash_fail(DFLASH_ERR_OOM, "session: out of memory for %zu ids", n_hist + n + 1);
+    if (n_hist)
+        memcpy(p, s->held.ids, n_hist * sizeof *p);
     if (carry)
-        p[0] = s->carry_tok;
-    memcpy(p + carry, ids, n * sizeof *ids);
+        p[n_hist] = s->carry_tok;
+    memcpy(p + n_hist + carry, ids, n * sizeof *ids);
     free(s->prompt);
     s->prompt = p;
     dflash_spec_item *it = &s->item;
@@ -219,20 +357,31 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
     it->seq = &s->seq;
     it->pstate = s->pstate;
     it->prompt = p;
-    it->n_prompt = (int)n + carry;
+    it->n_prompt = (int)(n_hist + n) + carry;
     it->out = s->out;
     dflash_gen_default_opts(&it->opts);
     it->opts.n_new = s->o.max_tokens;
     it->opts.sampler = session_sampler(&s->o);
-    it->opts.stop_ids = s->o.ignore_eos ? NULL : s->e->stop_ids;
-    it->opts.n_stop = s->o.ignore_eos ? 0 : s->e->n_stop;
-    it->opts.history = s->held.ids;
-    it->opts.n_history = (int)s->held.n;
+    it->opts.stop_ids = s->o.ignore_eos ? NULL : e->stop_ids;
+    it->opts.n_stop = s->o.ignore_eos ? 0 : e->n_stop;
+    it->opts.history = n_hist ? NULL : s->held.ids;
+    it->opts.n_history = n_hist ? 0 : (int)s->held.n;
     it->opts.on_tokens = s->o.on_tokens;
     it->opts.user = s->o.user;
-    DFLASH_TRY(dflash_spec_batch_add(s->e->batch, it));
-    s->started = 1;
-    s->absorbed = 0;
+    DFLASH_TRY(dflash_spec_batch_check(e->batch, it));
+    s->need = pages_for(e, (int64_t)s->seq.len + it->n_prompt + it->opts.n_new + dflash_spec_batch_block(e->batch));
+    if (s->need > e->kv_pages)
+        return dflash_fail(DFLASH_ERR_KV_FULL,
+                           "session: %d cached + %d prompt + %d new tokens need %d KV pages of %d positions; the "
+                           "engine has %d (kv_pages)",
+                           s->seq.len, it->n_prompt, it->opts.n_new, s->need, DFLASH_KV_BLOCK, e->kv_pages);
+    if (e->n_queue == 0) {
+        DFLASH_TRY(evict_until_fits(e, s, s->need));
+        if (e->reserved - s->pages + s->need <= e->kv_pages)
+            return admit(s);
+    }
+    s->waiting = 1; /* joins at a later step, after the ones queued before it */
+    e->queue[e->n_queue++] = s;
     return DFLASH_OK;
 }
 
@@ -256,17 +405,66 @@ int dflash_engine_max_ctx(const dflash_engine *e)
     return e->max_ctx;
 }
 
+/* A waiting start that cannot join leaves the queue with its reason. */
+static void join_failed(dflash_session *s, dflash_status st)
+{
+    s->waiting = 0;
+    s->join_status = st;
+    snprintf(s->join_error, sizeof s->join_error, "%s", dflash_last_error());
+}
+
+/* Waiting sessions join, oldest first, while they fit (idle caches given
+ * up for them). A start that fails to join is that session's failure
+ * (dflash_session_error); the others go on. */
+static void admit_waiting(dflash_engine *e)
+{
+    while (e->n_queue > 0) {
+        dflash_session *h = e->queue[0];
+        dflash_status st = evict_until_fits(e, h, h->need);
+        if (st == DFLASH_OK && e->reserved - h->pages + h->need > e->kv_pages) {
+            int running = 0;
+            for (int i = 0; i < e->max_sessions; i++)
+                running += e->all[i] && e->all[i]->in_batch;
+            if (running)
+                return; /* room comes as they finish */
+            /* nothing will free pages: the rest is held by sessions
+             * waiting behind it, whose caches stay for their starts */
+            st = dflash_fail(DFLASH_ERR_KV_FULL,
+                             "session: its start needs %d KV pages and %d of the engine's %d are held by the caches of "
+                             "sessions waiting behind it; free some sessions (dflash_session_free)",
+                             h->need, e->reserved - h->pages, e->kv_pages);
+        }
+        memmove(e->queue, e->queue + 1, (size_t)(--e->n_queue) * sizeof *e->queue);
+        if (st == DFLASH_OK)
+            st = admit(h);
+        if (st != DFLASH_OK)
+            join_failed(h, st);
+    }
+}
+
 dflash_status dflash_engine_step(dflash_engine *e, int *n_active)
 {
     *n_active = 0;
     if (!e)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine step: no engine");
-    return dflash_spec_batch_step(e->batch, n_active);
+    settle(e);
+    admit_waiting(e);
+    int running = 0;
+    dflash_status s = dflash_spec_batch_step(e->batch, &running);
+    settle(e);
+    *n_active = running + e->n_queue;
+    return s;
+}
+
+dflash_status dflash_session_error(const dflash_session *s, const char **message)
+{
+    *message = s->join_status == DFLASH_OK ? "" : s->join_error;
+    return s->join_status;
 }
 
 int dflash_session_running(const dflash_session *s)
 {
-    return s && s->started && dflash_spec_batch_has(s->e->batch, &s->item);
+    return s && (s->waiting || (s->started && dflash_spec_batch_has(s->e->batch, &s->item)));
 }
 
 void dflash_session_output(const dflash_session *s, const int32_t **ids, size_t *n)

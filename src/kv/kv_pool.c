@@ -59,11 +59,27 @@ void dflash_kv_seq_free(dflash_kv_pool *pool, dflash_kv_seq *seq)
 {
     if (!seq->table)
         return;
-    for (int i = 0; i < seq->bt_len; i++)
-        if (seq->table[i] >= 0)
-            pool->free_list[pool->n_free++] = seq->table[i];
+    dflash_kv_seq_release(pool, seq);
     free(seq->table);
     *seq = (dflash_kv_seq){ 0 };
+}
+
+void dflash_kv_seq_release(dflash_kv_pool *pool, dflash_kv_seq *seq)
+{
+    for (int i = 0; i < seq->bt_len; i++)
+        if (seq->table[i] >= 0) {
+            pool->free_list[pool->n_free++] = seq->table[i];
+            seq->table[i] = -1;
+        }
+    seq->lo = seq->len = seq->alloc_end = 0;
+}
+
+int dflash_kv_seq_blocks(const dflash_kv_seq *seq)
+{
+    int n = 0;
+    for (int i = 0; i < seq->bt_len; i++)
+        n += seq->table[i] >= 0;
+    return n;
 }
 
 dflash_status dflash_kv_seq_reserve(dflash_kv_pool *pool, dflash_kv_seq *seq, int32_t new_end)

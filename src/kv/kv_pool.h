@@ -36,6 +36,10 @@ void dflash_kv_pool_free(dflash_kv_pool *pool);
 dflash_status dflash_kv_seq_init(dflash_kv_seq *seq, int bt_len);
 /* Return every block to the pool and free the table. */
 void dflash_kv_seq_free(dflash_kv_pool *pool, dflash_kv_seq *seq);
+/* Return every block to the pool; the sequence stays, empty. */
+void dflash_kv_seq_release(dflash_kv_pool *pool, dflash_kv_seq *seq);
+/* Blocks the sequence holds. */
+int dflash_kv_seq_blocks(const dflash_kv_seq *seq);
 /* Allocate blocks so positions up to new_end - 1 can be written. Fails with
  * DFLASH_ERR_KV_FULL (pool empty) or DFLASH_ERR_INVALID_ARG (the live range
  * would not fit the ring); the sequence is unchanged on failure. */

@@ -103,6 +103,12 @@ dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, in
  * (budget, stop token: its stats are then final), or removed. A sequence
  * done by its first token leaves at once. */
 dflash_status dflash_spec_batch_add(dflash_spec_batch *b, dflash_spec_item *it);
+/* What dflash_spec_batch_add checks before it prefills (the context limit
+ * among them), without adding. */
+dflash_status dflash_spec_batch_check(const dflash_spec_batch *b, const dflash_spec_item *it);
+/* The batch's block size (last token + drafts): a step writes K/V up to
+ * this many positions past a sequence's committed tokens. */
+int dflash_spec_batch_block(const dflash_spec_batch *b);
 /* on: every step drafts the batch's cost-aware width (width.h: the most
  * expected tokens per second per sequence at this batch size, learned as
  * the steps run; a sequence near its budget drafts fewer), else the full

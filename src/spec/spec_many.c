@@ -258,6 +258,16 @@ static dflash_status check_item(const dflash_spec_batch *r, const dflash_spec_it
     return dflash_spec_check_start(r->t, it->seq, it->n_prompt, &it->opts, r->B, "batch");
 }
 
+dflash_status dflash_spec_batch_check(const dflash_spec_batch *r, const dflash_spec_item *it)
+{
+    return check_item(r, it);
+}
+
+int dflash_spec_batch_block(const dflash_spec_batch *r)
+{
+    return r->B;
+}
+
 /* The sequence at index i leaves: final statistics, buffers freed, the
  * slot filled by the last one. */
 static void leave(dflash_spec_batch *r, int i)
