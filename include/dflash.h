@@ -113,19 +113,24 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
 /* Stops the session if it runs; its KV pages return to the engine. */
 void dflash_session_free(dflash_session *s);
 /* Start generating after `ids` (or `text`, tokenized as Hugging Face's
- * tokenizer(text) does); the session joins the next step. A session that
+ * tokenizer(text) does); the session joins at the next step (its prompt
+ * runs in the steps, see dflash_engine_step). A session that
  * is still generating cannot be started (DFLASH_ERR_INVALID_ARG); one that
  * has generated before continues after its output. */
 dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, size_t n);
 dflash_status dflash_session_start_text(dflash_session *s, const char *text);
 /* One step of every started session, after admitting waiting ones that
- * now fit; *n_active: sessions generating or waiting. A failure of the
- * step itself stops every session; a waiting session that fails to join
- * stops alone (dflash_session_error says why). */
+ * now fit: prompt rows of sessions that joined (at most a forward's rows
+ * per step over all of them, oldest first, so a long prompt does not
+ * stall the others; a session's first token comes in the step that runs
+ * its last prompt rows), then one speculative step of the others.
+ * *n_active: sessions generating, joining or waiting. A failure of the
+ * step itself stops every session; a session that fails to join or whose
+ * prompt fails stops alone (dflash_session_error says why). */
 dflash_status dflash_engine_step(dflash_engine *e, int *n_active);
-/* Why the last start of a session that waited for pages stopped without
- * joining (its prefill failed, or DFLASH_ERR_KV_FULL: the pages it needs
- * are held by the caches of sessions waiting behind it), and its message;
+/* Why the last start of a session stopped before generating (its prompt
+ * failed in a step, or DFLASH_ERR_KV_FULL: the pages it waited for are
+ * held by the caches of sessions waiting behind it), and its message;
  * DFLASH_OK and "" otherwise. */
 dflash_status dflash_session_error(const dflash_session *s, const char **message);
 /* 1 while the session is generating. */

@@ -178,8 +178,8 @@ static void fail_job(serve_ctx *c, serve_job *j, int status, const char *msg)
 }
 
 /* Lock held; the job holds a session on success. The lock is released
- * around the prompt's encoding and the session's start (the start runs
- * the prefill, whose first token comes through the callback). */
+ * around the prompt's encoding and the session's start (its prompt runs
+ * in the following engine steps, its tokens come through the callback). */
 static void admit(serve_ctx *c, serve_job *j, tok_ctx *tc)
 {
     if (j->cancelled) {

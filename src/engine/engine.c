@@ -69,7 +69,8 @@ struct dflash_session {
      * whole history */
     int pages, need, waiting, in_batch, evicted;
     long used;
-    /* a waiting start that could not join: why (dflash_session_error) */
+    /* a start that stopped before generating (it could not join, or its
+     * prefill failed): why (dflash_session_error) */
     dflash_status join_status;
     char join_error[256];
 };
@@ -315,6 +316,10 @@ static void settle(dflash_engine *e)
         dflash_session *s = e->all[i];
         if (s && s->in_batch && !dflash_spec_batch_has(e->batch, &s->item)) {
             s->in_batch = 0;
+            if (s->item.status != DFLASH_OK) { /* its prefill failed */
+                s->join_status = s->item.status;
+                snprintf(s->join_error, sizeof s->join_error, "%s", s->item.error);
+            }
             e->reserved -= s->pages;
             s->pages = dflash_kv_seq_blocks(&s->seq);
             e->reserved += s->pages;

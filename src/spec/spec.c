@@ -203,49 +203,64 @@ dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *
  * each chunk handed to the proposer as context; *first = the token after
  * the prompt (greedy, or drawn with its position's uniform) when
  * o->n_new > 0. On failure both caches stop at the same row. */
-dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
-                                  const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, spec_sampling *ss,
-                                  int32_t *first)
+void dflash_spec_prefill_begin(const dflash_gen_opts *o, spec_sampling *ss, const int32_t *prompt, int n_prompt)
 {
-    const int max_rows = target->opts.max_rows;
-    const int *taps = NULL;
-    int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
-    float *hl = ss ? ss->logits : NULL;
-    int32_t cur = -1;
     if (ss) {
         if (o->history)
             dflash_sampler_observe(&ss->smp, o->history, o->n_history);
         dflash_sampler_observe(&ss->smp, prompt, n_prompt);
     }
+}
+
+dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                        const int32_t *rows, int n, int last, spec_sampling *ss, int32_t *cur)
+{
+    const int *taps = NULL;
+    int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
+    int32_t last_row = n - 1;
+    float *tap_rows = NULL;
+    const int32_t pos0 = seq->len;
+    dflash_status s = target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss ? ss->logits : NULL,
+                                  &tap_rows);
+    if (s != DFLASH_OK) {
+        dflash_kv_seq_truncate(seq, pos0); /* the forward may have advanced it before failing */
+        return s;
+    }
+    if (p) {
+        dflash_ctx_rows ctx = { rows, n, pos0, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
+        s = p->ops->begin(p, pstate, &ctx);
+        if (s != DFLASH_OK)
+            dflash_kv_seq_truncate(seq, pos0); /* both caches stop at the same row */
+    }
+    return s;
+}
+
+dflash_status dflash_spec_prefill_finish(dflash_qwen3 *target, const dflash_kv_seq *seq, const dflash_gen_opts *o,
+                                         spec_sampling *ss, int32_t *cur)
+{
+    if (!ss && o->n_new > 0)
+        DFLASH_TRY(dflash_spec_check_greedy(target, cur, 1, seq->len, 0));
+    if (ss && o->n_new > 0) {
+        DFLASH_TRY(dflash_spec_sampled_probs(&ss->smp, target, ss->logits, ss->smp.probs, seq->len, 0));
+        *cur = dflash_sampler_sample_at(&ss->smp, ss->smp.probs, seq->len);
+        dflash_sampler_observe(&ss->smp, cur, 1);
+    }
+    return DFLASH_OK;
+}
+
+dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                  const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, spec_sampling *ss,
+                                  int32_t *first)
+{
+    const int max_rows = target->opts.max_rows;
+    int32_t cur = -1;
+    dflash_spec_prefill_begin(o, ss, prompt, n_prompt);
     for (int done = 0; done < n_prompt;) {
-        int n = n_prompt - done < max_rows ? n_prompt - done : max_rows;
-        int32_t last_row = n - 1;
-        int last_chunk = done + n == n_prompt;
-        float *tap_rows = NULL;
-        int32_t pos0 = seq->len;
-        dflash_status fs0 = target_rows(target, seq, prompt + done, n, taps, n_taps, last_chunk, &last_row, &cur, hl,
-                                        &tap_rows);
-        if (fs0 != DFLASH_OK) {
-            dflash_kv_seq_truncate(seq, pos0); /* the forward may have advanced it before failing */
-            return fs0;
-        }
-        if (p) {
-            dflash_ctx_rows rows = { prompt + done, n, pos0, tap_rows, (int64_t)n_taps * target->cfg.hidden_size };
-            dflash_status bs = p->ops->begin(p, pstate, &rows);
-            if (bs != DFLASH_OK) {
-                dflash_kv_seq_truncate(seq, pos0); /* both caches stop at the same row */
-                return bs;
-            }
-        }
+        const int n = n_prompt - done < max_rows ? n_prompt - done : max_rows;
+        DFLASH_TRY(dflash_spec_prefill_chunk(target, seq, p, pstate, prompt + done, n, done + n == n_prompt, ss, &cur));
         done += n;
     }
-    if (!ss && o->n_new > 0)
-        DFLASH_TRY(dflash_spec_check_greedy(target, &cur, 1, seq->len, 0));
-    if (ss && o->n_new > 0) {
-        DFLASH_TRY(dflash_spec_sampled_probs(&ss->smp, target, hl, ss->smp.probs, seq->len, 0));
-        cur = dflash_sampler_sample_at(&ss->smp, ss->smp.probs, seq->len);
-        dflash_sampler_observe(&ss->smp, &cur, 1);
-    }
+    DFLASH_TRY(dflash_spec_prefill_finish(target, seq, o, ss, &cur));
     *first = cur;
     return DFLASH_OK;
 }

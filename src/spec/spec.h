@@ -89,6 +89,10 @@ typedef struct dflash_spec_item {
     int32_t *out;           /* [opts.n_new] */
     int n_out;              /* written: tokens generated */
     dflash_gen_stats stats; /* written; draft and verify times are the shared steps' */
+    /* written: why the sequence left before its end (its prefill failed
+     * in a step), DFLASH_OK otherwise, and the message */
+    dflash_status status;
+    char error[256];
 } dflash_spec_item;
 
 /* Many sequences stepped together, joining and leaving between steps
@@ -98,10 +102,13 @@ typedef struct dflash_spec_item {
 typedef struct dflash_spec_batch dflash_spec_batch;
 dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, int block_size, int max_seqs,
                                     dflash_spec_batch **out);
-/* Prefill `it` (its first token is emitted) and let it take part in the
- * following steps; it must stay valid until it leaves: when it is done
- * (budget, stop token: its stats are then final), or removed. A sequence
- * done by its first token leaves at once. */
+/* `it` joins: its prompt runs through the target in the following steps,
+ * at most the target's max_rows rows per step over all joining sequences
+ * (oldest first), so a long prompt does not stall the others; the step
+ * that runs its last rows emits its first token, and later steps
+ * generate. It must stay valid until it leaves: when it is done (budget,
+ * stop token: its stats are then final), removed, or its prefill failed
+ * (it->status). A sequence done by its first token leaves at once. */
 dflash_status dflash_spec_batch_add(dflash_spec_batch *b, dflash_spec_item *it);
 /* What dflash_spec_batch_add checks before it prefills (the context limit
  * among them), without adding. */
@@ -114,9 +121,10 @@ int dflash_spec_batch_block(const dflash_spec_batch *b);
  * the steps run; a sequence near its budget drafts fewer), else the full
  * block. The output is the same either way. Starts a new width model. */
 void dflash_spec_batch_set_width_auto(dflash_spec_batch *b, int on);
-/* One step of every sequence taking part; *n_active: how many still are.
- * On an error every sequence leaves (their caches may hold rows of the
- * failed step). */
+/* One step: prompt rows of joining sequences, then one speculative step
+ * of every generating one; *n_active: how many still take part. A failed
+ * prefill ends that sequence alone (it->status); any other error makes
+ * every sequence leave (their caches may hold rows of the failed step). */
 dflash_status dflash_spec_batch_step(dflash_spec_batch *b, int *n_active);
 /* 1 while `it` takes part (added, not yet done or removed). */
 int dflash_spec_batch_has(const dflash_spec_batch *b, const dflash_spec_item *it);

@@ -47,8 +47,20 @@ int dflash_spec_commit(const dflash_gen_opts *o, int n_out, const int32_t *block
                        int32_t *emit, int *stopped);
 /* n_generated, tau and tokens/s from the step counts and the times. */
 void dflash_spec_final_stats(dflash_gen_stats *st, int n_out);
+/* 1 PREFILL of a prompt, whole (dflash_spec_prefill: chunks of the
+ * target's max_rows, then the first token into *first) or in pieces a
+ * caller spreads over its steps: begin (the sampler sees the history and
+ * the prompt), chunk (rows through the target and the proposer; the last
+ * one's final row gives *cur its logits or argmax; a failed chunk leaves
+ * both caches where it began), finish (the first token after the prompt
+ * into *cur, when the budget wants one). */
 dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
                                   const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, spec_sampling *ss,
                                   int32_t *first);
+void dflash_spec_prefill_begin(const dflash_gen_opts *o, spec_sampling *ss, const int32_t *prompt, int n_prompt);
+dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
+                                        const int32_t *rows, int n, int last, spec_sampling *ss, int32_t *cur);
+dflash_status dflash_spec_prefill_finish(dflash_qwen3 *target, const dflash_kv_seq *seq, const dflash_gen_opts *o,
+                                         spec_sampling *ss, int32_t *cur);
 
 #endif

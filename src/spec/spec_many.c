@@ -5,8 +5,9 @@
  * the same; what changes is that PROPOSE and VERIFY run once for a group
  * of sequences and ACCEPT .. OBSERVE once per sequence of the group:
  *
- *   1 PREFILL   each sequence alone (spec.c's prefill)
- *   then per step, per group of sequences still generating:
+ *   1 PREFILL   each sequence alone, in chunks spread over the steps
+ *               after it joins (a row budget per step, oldest first)
+ *   then per step, per group of sequences generating:
  *   2 PROPOSE   one call per distinct draft count k (all sequences share
  *               it unless some are near their budget)
  *   3 VERIFY    one target forward over every sequence's block
@@ -16,6 +17,7 @@
  * A group holds sequences of one kind (greedy: argmax rows only;
  * sampling: logits rows to the host) whose blocks fit the target's rows
  * and sequence slots. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +31,7 @@ typedef struct many_seq {
     int sampled;
     spec_sampling ss;  /* when sampled */
     int32_t cur;       /* the unverified last token */
+    int prefilled;     /* prompt rows run so far; the sequence generates once all have */
     int done;
     int32_t s;         /* position of cur in this step */
     int k;             /* drafts this step */
@@ -207,7 +210,7 @@ static dflash_status step_groups(dflash_spec_batch *r)
         int ng = 0, rows = 0;
         for (int i = 0; i <= n; i++) {
             many_seq *m = i < n ? &r->ms[i] : NULL;
-            int take = m && !m->done && m->sampled == sampled;
+            int take = m && !m->done && m->prefilled == m->it->n_prompt && m->sampled == sampled;
             int need = 0;
             if (take) {
                 int left = m->it->opts.n_new - m->it->n_out;
@@ -331,18 +334,50 @@ dflash_status dflash_spec_batch_add(dflash_spec_batch *r, dflash_spec_item *it)
         m->sampled = 1;
     }
     r->n++; /* from here on the slot is ours: leave() frees it */
-    dflash_status s = dflash_spec_prefill(r->t, it->seq, r->p, it->pstate, it->prompt, it->n_prompt, &it->opts,
-                                          m->sampled ? &m->ss : NULL, &m->cur);
-    it->stats.prefill_ms = dflash_spec_now_ms() - m->t_join;
-    if (s == DFLASH_OK && it->opts.n_new > 0)
-        s = emit(m, &m->cur, 1);
-    if (s != DFLASH_OK || it->opts.n_new <= 0 || m->done)
-        leave(r, r->n - 1);
-    return s;
+    it->status = DFLASH_OK;
+    it->error[0] = 0;
+    m->cur = -1;
+    dflash_spec_prefill_begin(&it->opts, m->sampled ? &m->ss : NULL, it->prompt, it->n_prompt);
+    return DFLASH_OK;
+}
+
+/* 1 PREFILL in this step: up to max_rows prompt rows over the joining
+ * sequences, oldest first; a sequence whose last rows ran emits its
+ * first token. A failure ends that sequence alone. */
+static void prefill_step(dflash_spec_batch *r)
+{
+    int budget = r->t->opts.max_rows;
+    for (int i = 0; i < r->n && budget > 0; i++) {
+        many_seq *m = &r->ms[i];
+        dflash_spec_item *it = m->it;
+        const int left = it->n_prompt - m->prefilled;
+        if (left == 0 || m->done)
+            continue;
+        const int n = left < budget ? left : budget, last = n == left;
+        const double t0 = dflash_spec_now_ms();
+        dflash_status s = dflash_spec_prefill_chunk(r->t, it->seq, r->p, it->pstate, it->prompt + m->prefilled, n, last,
+                                                    m->sampled ? &m->ss : NULL, &m->cur);
+        budget -= n;
+        if (s == DFLASH_OK) {
+            m->prefilled += n;
+            if (last)
+                s = dflash_spec_prefill_finish(r->t, it->seq, &it->opts, m->sampled ? &m->ss : NULL, &m->cur);
+        }
+        it->stats.prefill_ms += dflash_spec_now_ms() - t0;
+        if (s == DFLASH_OK && last && it->opts.n_new > 0)
+            s = emit(m, &m->cur, 1);
+        if (s != DFLASH_OK) {
+            it->status = s;
+            snprintf(it->error, sizeof it->error, "%s", dflash_last_error());
+        }
+        if (s != DFLASH_OK || (last && it->opts.n_new <= 0))
+            m->done = 1;
+    }
 }
 
 dflash_status dflash_spec_batch_step(dflash_spec_batch *r, int *n_active)
 {
+    prefill_step(r);
     dflash_status s = r->n ? step_groups(r) : DFLASH_OK;
     for (int i = r->n - 1; i >= 0; i--)
         if (r->ms[i].done || s != DFLASH_OK)
@@ -395,5 +430,8 @@ dflash_status dflash_spec_generate_many(dflash_qwen3 *target, dflash_proposer *p
     for (int active = r->n; s == DFLASH_OK && active > 0;)
         s = dflash_spec_batch_step(r, &active);
     dflash_spec_batch_free(r);
+    for (int i = 0; i < n && s == DFLASH_OK; i++)
+        if (items[i].status != DFLASH_OK)
+            s = dflash_fail(items[i].status, "%s", items[i].error);
     return s;
 }
