@@ -134,7 +134,9 @@ int dflash_spec_batch_has(const dflash_spec_batch *b, const dflash_spec_item *it
 void dflash_spec_batch_remove(dflash_spec_batch *b, const dflash_spec_item *it);
 void dflash_spec_batch_free(dflash_spec_batch *b);
 
-/* Generate for n sequences together: each prefills alone, then every step
+/* Generate for n sequences together: their prompts run in the first
+ * steps (a forward's rows per step, oldest first; a sequence generates
+ * once its prompt has run), and every step
  * runs one propose per distinct draft count and one target verify over
  * the rows of all sequences still generating (in groups within the
  * target's max_rows and max_seqs; greedy and sampling sequences in
