@@ -24,7 +24,7 @@ typedef enum dflash_status {
     DFLASH_ERR_NOT_FOUND = 5,   /* missing tensor, field or file */
     DFLASH_ERR_SHAPE = 6,       /* shape or dtype mismatch */
     DFLASH_ERR_OOM = 7,         /* host allocation failed */
-    DFLASH_ERR_KV_FULL = 8,     /* KV block pool exhausted */
+    DFLASH_ERR_KV_FULL = 8,     /* KV page pool exhausted */
     DFLASH_ERR_BACKEND = 9,     /* backend (driver, compiler) failure */
     DFLASH_ERR_NUMERIC = 10,    /* a model produced no usable numbers (NaN, inf) */
 } dflash_status;

@@ -9,7 +9,7 @@ static dflash_backend *be;
 static int live_blocks(const dflash_kv_seq *s)
 {
     int n = 0;
-    for (int i = 0; i < s->bt_len; i++)
+    for (int i = 0; i < s->pt_len; i++)
         n += s->table[i] >= 0;
     return n;
 }
@@ -79,7 +79,7 @@ static void test_truncate_moves_length(void)
 
 /* A window of 20 positions over a ring of 3 slots and a pool of 3 blocks,
  * slid 140 times. The table is read only through its contract (a
- * position's block is table[(pos / BLOCK) % bt_len]); what must hold is
+ * position's block is table[(pos / BLOCK) % pt_len]); what must hold is
  * checked against a shadow of what the test saw, not against a restated
  * formula: every position of the window has a pool block; different
  * blocks of the window have different pool blocks; a block keeps its pool
@@ -88,7 +88,7 @@ static void test_truncate_moves_length(void)
  * the pool is free. */
 static void test_window_ring(void)
 {
-    enum { N_BLOCKS = 3, MAX_B = 1100 / DFLASH_KV_BLOCK + 1 };
+    enum { N_BLOCKS = 3, MAX_B = 1100 / DFLASH_KV_PAGE + 1 };
     dflash_kv_pool pool;
     dflash_kv_seq a;
     CHECK_OK(dflash_kv_pool_init(&pool, be, N_BLOCKS, 1, 1, 2, DFLASH_DTYPE_F32));
@@ -102,10 +102,10 @@ static void test_window_ring(void)
         dflash_kv_seq_drop_before(&pool, &a, lo);
         CHECK_OK(dflash_kv_seq_reserve(&pool, &a, end));
         a.len = end;
-        const int b0 = a.lo / DFLASH_KV_BLOCK, b1 = (end - 1) / DFLASH_KV_BLOCK;
+        const int b0 = a.lo / DFLASH_KV_PAGE, b1 = (end - 1) / DFLASH_KV_PAGE;
         int32_t used[N_BLOCKS] = { 0 };
         for (int b = b0; b <= b1; b++) {
-            int32_t pb = a.table[b % a.bt_len];
+            int32_t pb = a.table[b % a.pt_len];
             if (pb < 0 || pb >= N_BLOCKS) {
                 CHECKF(0, "window [%d, %d): block %d has pool block %d", a.lo, end, b, pb);
                 bad = 1;
@@ -133,7 +133,7 @@ static void test_ring_overflow_is_error(void)
     dflash_kv_seq a;
     CHECK_OK(dflash_kv_pool_init(&pool, be, 8, 1, 1, 2, DFLASH_DTYPE_F32));
     CHECK_OK(dflash_kv_seq_init(&a, 2));
-    CHECK_FAILS(dflash_kv_seq_reserve(&pool, &a, 33), DFLASH_ERR_INVALID_ARG, "block table holds 2");
+    CHECK_FAILS(dflash_kv_seq_reserve(&pool, &a, 33), DFLASH_ERR_INVALID_ARG, "page table holds 2");
     CHECK(pool.n_free == 8);
     dflash_kv_seq_free(&pool, &a);
     dflash_kv_pool_free(&pool);

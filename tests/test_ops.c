@@ -141,7 +141,7 @@ static void check_attention(int causal, int window, int lo, dflash_dtype kv_dt, 
     enum { D = 8, CTX = 37, NB = 5, B = 6, BT = 4 };
     const int row = HKV * D;
     dflash_kv_layout kv = { 8, 2, HKV, D, kv_dt, NULL };
-    CHECK_OK(be->ops->alloc(be, (size_t)8 * 2 * 2 * DFLASH_KV_BLOCK * row * dflash_dtype_size(kv_dt), &kv.data));
+    CHECK_OK(be->ops->alloc(be, (size_t)8 * 2 * 2 * DFLASH_KV_PAGE * row * dflash_dtype_size(kv_dt), &kv.data));
     /* Ring table of 4 slots over blocks 0..2 of positions (ctx 37 -> 3 blocks). */
     int32_t table[BT] = { 5, 2, 7, -1 };
     float kc[CTX * row], vc[CTX * row], kb[B * row], vb[B * row], q[B * HQ * D], out[B * HQ * D];
@@ -166,7 +166,7 @@ static void check_attention(int causal, int window, int lo, dflash_dtype kv_dt, 
     int32_t info[DFLASH_SEQ_INFO_LEN] = { lo, CTX, 0, B, CTX, 0, B };
     dflash_attn_args a = { .n_rows = B, .n_heads = HQ, .n_kv_heads = HKV, .head_dim = D,
                            .scale = 1.0f / sqrtf(D), .q = q, .out = out, .q_pos = qpos, .row_seq = row_seq,
-                           .seq_info = info, .kv = &kv, .layer = 1, .block_tables = table, .bt_len = BT,
+                           .seq_info = info, .kv = &kv, .layer = 1, .page_tables = table, .pt_len = BT,
                            .k_extra = kb, .v_extra = vb, .causal = causal, .window = window };
     for (int i = 0; i < B * HQ * D; i++)
         out[i] = NAN;

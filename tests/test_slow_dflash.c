@@ -83,10 +83,10 @@ static const float *kv_row(const dflash_head *h, const dflash_proposer_state *st
 {
     const dflash_kv_layout *kv = &h->kv.layout;
     const int D = kv->head_dim;
-    int blk = st->kv.table[(pos / DFLASH_KV_BLOCK) % st->kv.bt_len];
+    int blk = st->kv.table[(pos / DFLASH_KV_PAGE) % st->kv.pt_len];
     for (int hd = 0; hd < kv->n_kv_heads; hd++) {
         int64_t page = (((int64_t)blk * kv->n_layers + layer) * 2 + which) * kv->n_kv_heads + hd;
-        memcpy(out + hd * D, (const float *)kv->data + (page * DFLASH_KV_BLOCK + pos % DFLASH_KV_BLOCK) * D,
+        memcpy(out + hd * D, (const float *)kv->data + (page * DFLASH_KV_PAGE + pos % DFLASH_KV_PAGE) * D,
                (size_t)D * sizeof(float));
     }
     return out;

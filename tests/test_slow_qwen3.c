@@ -221,7 +221,7 @@ static void test_pool_exhaustion_isolated(void)
     dflash_qwen3_default_opts(&o);
     o.max_ctx = 256;
     o.max_seqs = 2;
-    o.kv_blocks = 3;
+    o.kv_pages = 3;
     dflash_qwen3 *m = NULL;
     CHECK_OK(dflash_qwen3_load(fx_path(dir, sizeof dir, "qwen3", "gqa_tied"), be, &o, &m));
     if (!m)

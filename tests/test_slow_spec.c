@@ -285,7 +285,7 @@ static void test_deferred_rows_keep_caches_in_step(void)
     for (int blocks = 0; blocks < 2; blocks++) {
         dflash_head_opts ho;
         dflash_head_default_opts(&ho);
-        ho.kv_blocks = blocks ? 4 : 0; /* 4 pages = 64 positions: runs dry mid-generation */
+        ho.kv_pages = blocks ? 4 : 0; /* 4 pages = 64 positions: runs dry mid-generation */
         dflash_qwen3 *t;
         dflash_head *h;
         if (!load_tied_pair(&ho, &t, &h))
@@ -313,12 +313,12 @@ static void test_deferred_rows_keep_caches_in_step(void)
             CHECKF(st.width_hist[0] > 0, "no step drafted nothing, so no row waited (widths: 0 x %lld)",
                    (long long)st.width_hist[0]);
         }
-        CHECKF(seq.len == ps->kv.len, "pages %d: target holds %d rows, drafter %d", ho.kv_blocks, seq.len,
+        CHECKF(seq.len == ps->kv.len, "pages %d: target holds %d rows, drafter %d", ho.kv_pages, seq.len,
                ps->kv.len);
         /* and they hold the prompt and every emitted token but the last, so
          * the sequence could be continued from out[n_out - 1] */
         CHECKF(n_out >= 1 && seq.len == 20 + n_out - 1, "pages %d: %d tokens out, caches hold %d rows",
-               ho.kv_blocks, n_out, seq.len);
+               ho.kv_pages, n_out, seq.len);
         h->proposer.ops->free_state(&h->proposer, state);
         dflash_qwen3_seq_free(t, &seq);
         dflash_head_free(h);
@@ -448,7 +448,7 @@ static void test_drafter_pool_exhaustion(void)
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
     ho.ctx_cap = 16;
-    ho.kv_blocks = 1;
+    ho.kv_pages = 1;
     if (!load_tied_pair(&ho, &t, &h))
         return;
     int32_t prompt[20], out[8];

@@ -31,16 +31,16 @@ typedef struct dflash_weight {
     const char *name;     /* tensor name, for messages */
 } dflash_weight;
 
-/* A paged KV pool: n_blocks pages of DFLASH_KV_BLOCK positions; each page
+/* A paged KV pool: n_pages pages of DFLASH_KV_PAGE positions; each page
  * holds K and V of every layer, head-major so that one head's positions of
  * a page are contiguous:
- *   [n_blocks][n_layers][2 (K, V)][n_kv_heads][DFLASH_KV_BLOCK][head_dim]
+ *   [n_pages][n_layers][2 (K, V)][n_kv_heads][DFLASH_KV_PAGE][head_dim]
  * elements of `dtype`: F32, or BF16 (rounded to nearest even when written;
  * what the GPU uses, and what the CPU can use to be its bit-level
  * reference). K is stored after RoPE. */
-#define DFLASH_KV_BLOCK 16
+#define DFLASH_KV_PAGE 16
 typedef struct dflash_kv_layout {
-    int n_blocks, n_layers, n_kv_heads, head_dim;
+    int n_pages, n_layers, n_kv_heads, head_dim;
     dflash_dtype dtype;
     void *data; /* backend memory */
 } dflash_kv_layout;
@@ -52,9 +52,9 @@ typedef struct dflash_kv_layout {
  *   [4] extra_pos0: absolute position of its first extra row
  *   [5] row0, [6] n_rows: its query rows in the batch (rows are
  *       sequence-major)
- * Block tables: `block_tables + seq * bt_len` maps logical block
- * (pos / BLOCK) % bt_len to a pool block; the modulo makes a bounded window a
- * ring (a sequence that sees at most (bt_len - 1) * BLOCK positions). */
+ * Page tables: `page_tables + seq * pt_len` maps logical page
+ * (pos / PAGE) % pt_len to a pool page; the modulo makes a bounded window a
+ * ring (a sequence that sees at most (pt_len - 1) * PAGE positions). */
 #define DFLASH_SEQ_INFO_LEN 7
 
 /* Attention over each row's visible keys: its sequence's paged positions
@@ -70,7 +70,7 @@ typedef struct dflash_attn_args {
     const int32_t *row_seq;   /* [n_rows] sequence index in the batch */
     const int32_t *seq_info;  /* [n_seqs * DFLASH_SEQ_INFO_LEN] */
     const dflash_kv_layout *kv; int layer;
-    const int32_t *block_tables; int bt_len;
+    const int32_t *page_tables; int pt_len;
     const float *k_extra, *v_extra; /* [*, n_kv_heads * head_dim] or NULL */
     int causal;               /* key visible only if key_pos <= q_pos */
     int window;               /* > 0: also q_pos - key_pos < window */
@@ -135,7 +135,7 @@ typedef struct dflash_backend_ops {
     /* Store rows' K and V [n, n_kv_heads * head_dim] at (row_seq, pos), in
      * the pool's dtype. */
     dflash_status (*kv_write)(dflash_backend *be, const dflash_kv_layout *kv, int layer,
-                              const int32_t *block_tables, int bt_len, const int32_t *row_seq,
+                              const int32_t *page_tables, int pt_len, const int32_t *row_seq,
                               const int32_t *pos, const float *k, const float *v, int n);
     dflash_status (*attention)(dflash_backend *be, const dflash_attn_args *a);
     /* dst[i * dst_stride + c] = src[idx[i] * src_stride + c] for c < cols;

@@ -729,7 +729,7 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     DFLASH_TRY(img_open(&d->timg, json, label, &cfg, &st));
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
-    to.max_ctx = DFLASH_KV_BLOCK; /* never runs: the smallest pool */
+    to.max_ctx = DFLASH_KV_PAGE; /* never runs: the smallest pool */
     if (r->cuda && d->timg.len > BENCH_PROGRESS_BYTES)
         fprintf(stderr, "dflash bench: %s: copying to the GPU\n", label);
     DFLASH_TRY(dflash_qwen3_load_st(&cfg, st, r->be, &to, &d->target));

@@ -18,7 +18,7 @@ void dflash_head_default_opts(dflash_head_opts *o)
     o->max_seqs = 1;
     o->max_ctx = 4096;
     o->ctx_cap = -1;
-    o->kv_blocks = 0;
+    o->kv_pages = 0;
     o->block_size = 0;
     o->quant = -1;
     o->kv_dtype = DFLASH_DTYPE_INVALID;
@@ -156,14 +156,14 @@ static dflash_status alloc_scratch(dflash_head *h)
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         DFLASH_TRY(dflash_be_alloc_i32(h->be, R, ints[i]));
     DFLASH_TRY(dflash_be_alloc_i32(h->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
-    return dflash_be_alloc_i32(h->be, S * (size_t)h->bt_len, &s->block_tables);
+    return dflash_be_alloc_i32(h->be, S * (size_t)h->pt_len, &s->page_tables);
 }
 
 static void free_scratch(dflash_head *h)
 {
     dflash_scratch *s = &h->s;
     qwen3_bufs_free(h->be, &s->b);
-    void *p[] = { s->z, s->hsel, s->logits, s->ids, s->row_seq, s->sel, s->argmax, s->seq_info, s->block_tables };
+    void *p[] = { s->z, s->hsel, s->logits, s->ids, s->row_seq, s->sel, s->argmax, s->seq_info, s->page_tables };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             h->be->ops->free(h->be, p[i]);
@@ -190,9 +190,9 @@ dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st,
     h->proposer = (dflash_proposer){ &k_dflash_ops, h };
     h->kernels = (dflash_kernels){ h->be->ops->name, 0, NULL }; /* generic ops: nothing to resolve */
     dflash_status s = DFLASH_OK;
-    if (h->opts.max_seqs <= 0 || h->opts.max_ctx <= 0 || h->opts.kv_blocks < 0)
-        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: drafter options max_seqs %d, max_ctx %d, kv_blocks %d", label,
-                        h->opts.max_seqs, h->opts.max_ctx, h->opts.kv_blocks);
+    if (h->opts.max_seqs <= 0 || h->opts.max_ctx <= 0 || h->opts.kv_pages < 0)
+        s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: drafter options max_seqs %d, max_ctx %d, kv_pages %d", label,
+                        h->opts.max_seqs, h->opts.max_ctx, h->opts.kv_pages);
     if (s == DFLASH_OK && !h->cfg.is_dflash)
         s = dflash_fail(DFLASH_ERR_FORMAT, "%s: not a DFlash drafter (architectures[0] is '%s' and there is no "
                         "dflash_config)", label, h->cfg.architecture);
@@ -205,9 +205,9 @@ dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st,
         int quant = h->opts.quant >= 0 ? h->opts.quant : dflash_levers_get()->drafter_fp8;
         h->quant = quant ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16;
         /* With a cap the ring holds the window plus the block it straddles. */
-        int full = (h->opts.max_ctx + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
-        int ring = (h->ctx_cap + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK + 1;
-        h->bt_len = h->ctx_cap > 0 && ring < full ? ring : full;
+        int full = (h->opts.max_ctx + DFLASH_KV_PAGE - 1) / DFLASH_KV_PAGE;
+        int ring = (h->ctx_cap + DFLASH_KV_PAGE - 1) / DFLASH_KV_PAGE + 1;
+        h->pt_len = h->ctx_cap > 0 && ring < full ? ring : full;
         h->max_rows = h->opts.max_seqs * h->block_size;
         if (h->max_rows < target->opts.max_rows)
             h->max_rows = target->opts.max_rows;
@@ -218,8 +218,8 @@ dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st,
     if (s == DFLASH_OK && h->quant == DFLASH_QUANT_FP8_WEIGHTS)
         s = quantize_layers(h);
     if (s == DFLASH_OK) {
-        int blocks = h->opts.kv_blocks > 0 ? h->opts.kv_blocks : h->opts.max_seqs * h->bt_len;
-        s = dflash_kv_pool_init(&h->kv, h->be, blocks, h->cfg.num_hidden_layers, h->cfg.num_key_value_heads,
+        int pages = h->opts.kv_pages > 0 ? h->opts.kv_pages : h->opts.max_seqs * h->pt_len;
+        s = dflash_kv_pool_init(&h->kv, h->be, pages, h->cfg.num_hidden_layers, h->cfg.num_key_value_heads,
                                 h->cfg.head_dim, h->opts.kv_dtype);
     }
     if (s == DFLASH_OK)
@@ -269,7 +269,7 @@ const float *dflash_head_last_logits(const dflash_head *h) { return h->keep_logi
 /* ---- the context path ------------------------------------------------- */
 
 /* Append committed rows [pos0, pos0 + n) of one sequence: only the rows the
- * window keeps are projected, and whole blocks that fall out of the window
+ * window keeps are projected, and whole pages that fall out of the window
  * go back to the pool first. */
 static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const dflash_ctx_rows *r)
 {
@@ -304,7 +304,7 @@ static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const
     }
     DFLASH_TRY(o->upload(h->be, s->b.pos, pos, sizeof pos));
     DFLASH_TRY(o->upload(h->be, s->row_seq, zeros, sizeof zeros));
-    DFLASH_TRY(o->upload(h->be, s->block_tables, st->kv.table, (size_t)h->bt_len * sizeof(int32_t)));
+    DFLASH_TRY(o->upload(h->be, s->page_tables, st->kv.table, (size_t)h->pt_len * sizeof(int32_t)));
     /* z = hidden_norm(fc(taps)); input_layernorm is NOT applied to z. */
     DFLASH_TRY(o->linear(h->be, r->taps + (int64_t)first * r->taps_stride, m, &h->fc, s->z));
     DFLASH_TRY(o->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps, s->b.xn));
@@ -315,7 +315,7 @@ static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const
         DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_V], s->b.v));
         DFLASH_TRY(o->norm_rope(h->be, s->b.k, &l->w.k_norm, s->b.pos, m, c->num_key_value_heads, c->head_dim,
                                 c->rms_norm_eps, &c->rope_freq));
-        DFLASH_TRY(o->kv_write(h->be, &h->kv.layout, li, s->block_tables, h->bt_len, s->row_seq, s->b.pos, s->b.k,
+        DFLASH_TRY(o->kv_write(h->be, &h->kv.layout, li, s->page_tables, h->pt_len, s->row_seq, s->b.pos, s->b.k,
                                s->b.v, m));
     }
     st->kv.len = end;
@@ -351,8 +351,8 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
         if (st->kv.len - st->kv.lo + B > max_keys)
             max_keys = st->kv.len - st->kv.lo + B;
         DFLASH_TRY(o->upload(h->be, s->seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
-        DFLASH_TRY(o->upload(h->be, s->block_tables + (size_t)q * h->bt_len, st->kv.table,
-                             (size_t)h->bt_len * sizeof(int32_t)));
+        DFLASH_TRY(o->upload(h->be, s->page_tables + (size_t)q * h->pt_len, st->kv.table,
+                             (size_t)h->pt_len * sizeof(int32_t)));
     }
     DFLASH_TRY(o->upload(h->be, s->ids, ids, sizeof ids));
     DFLASH_TRY(o->upload(h->be, s->b.pos, pos, sizeof pos));
@@ -368,8 +368,8 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
         a.seq_info = s->seq_info;
         a.kv = &h->kv.layout;
         a.layer = li;
-        a.block_tables = s->block_tables;
-        a.bt_len = h->bt_len;
+        a.page_tables = s->page_tables;
+        a.pt_len = h->pt_len;
         a.k_extra = s->b.k;
         a.v_extra = s->b.v;
         a.causal = l->sliding || c->drafter_causal; /* full layers: no mask at all, unless the config says causal */
@@ -426,7 +426,7 @@ static dflash_status head_alloc_state(dflash_proposer *p, int budget_tokens, voi
     dflash_proposer_state *st = calloc(1, sizeof *st);
     if (!st)
         return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory");
-    dflash_status s = dflash_kv_seq_init(&st->kv, h->bt_len);
+    dflash_status s = dflash_kv_seq_init(&st->kv, h->pt_len);
     if (s != DFLASH_OK) {
         free(st);
         return s;
@@ -450,9 +450,9 @@ static dflash_status head_reset(dflash_proposer *p, void *state)
 {
     dflash_head *h = p->self;
     dflash_proposer_state *st = state;
-    int bt_len = st->kv.bt_len;
+    int pt_len = st->kv.pt_len;
     dflash_kv_seq_free(&h->kv, &st->kv);
-    return dflash_kv_seq_init(&st->kv, bt_len);
+    return dflash_kv_seq_init(&st->kv, pt_len);
 }
 
 static dflash_status head_begin(dflash_proposer *p, void *state, const dflash_ctx_rows *rows)

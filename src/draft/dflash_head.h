@@ -33,7 +33,7 @@ typedef struct dflash_layer {
 } dflash_layer;
 
 /* Per-sequence state: the drafter's context K/V of every layer in one paged
- * cache with ONE block table shared by all layers (same shape per layer). */
+ * cache with ONE page table shared by all layers (same shape per layer). */
 typedef struct dflash_proposer_state {
     dflash_kv_seq kv;  /* kv.len = committed positions s; kv.lo = first visible */
     int budget;
@@ -49,7 +49,7 @@ typedef struct dflash_scratch {
     float *logits;        /* [R, V] */
     int32_t *ids, *row_seq, *sel, *argmax; /* [R] */
     int32_t *seq_info;    /* [S * DFLASH_SEQ_INFO_LEN] */
-    int32_t *block_tables;/* [S * bt_len] */
+    int32_t *page_tables;/* [S * pt_len] */
 } dflash_scratch;
 
 /* Backend kernels resolved once when the head is built. The CPU backend
@@ -64,7 +64,7 @@ typedef struct dflash_head_opts {
     int max_seqs;        /* sequences per propose */
     int max_ctx;         /* longest sequence (positions) */
     int ctx_cap;         /* -1: dflash_ctx_cap(); 0: unbounded; else positions */
-    int kv_blocks;       /* 0: enough for max_seqs sequences */
+    int kv_pages;       /* 0: enough for max_seqs sequences */
     int block_size;      /* 0: the checkpoint's */
     int quant;           /* -1: from the levers; else enum dflash_quantization */
     dflash_dtype kv_dtype; /* KV pool dtype; DFLASH_DTYPE_INVALID: the backend's (f32 CPU, bf16 GPU) */
@@ -86,7 +86,7 @@ typedef struct dflash_head {
     dflash_weight lm_head;     /* the target's [V, H] (shared) */
     int block_size;
     int ctx_cap;               /* 0 = unbounded */
-    int bt_len;                /* block table (ring) length per sequence */
+    int pt_len;                /* page table (ring) length per sequence */
     int max_rows;
     int last_rows;             /* rows of logits from the last propose */
     int keep_logits;           /* materialize the block's logits (tests, tools); else LM head + argmax fused */
@@ -98,7 +98,7 @@ typedef struct dflash_head {
 
 /* The drafter context window bound, in positions: DFLASH_CTX_CAP (default
  * 4096; 0 = no cap). The drafter keeps and attends to the most recent cap
- * committed positions; older blocks go back to the pool. */
+ * committed positions; older pages go back to the pool. */
 int dflash_ctx_cap(void);
 
 /* Load a DFlash drafter folder and bind it to `target` (whose embedding and

@@ -103,7 +103,7 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     e->max_ctx = o->max_ctx < model_ctx ? o->max_ctx : model_ctx;
     to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
-    to.kv_blocks = o->kv_pages;
+    to.kv_pages = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)
         DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, -1,
@@ -116,7 +116,7 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
      * the config's ids */
     (void)dflash_open_stop_ids(e->target, o->model_dir, e->tok, e->stop_ids, ENGINE_MAX_STOP, &e->n_stop);
     e->max_sessions = o->max_sessions;
-    e->kv_pages = e->target->kv.layout.n_blocks;
+    e->kv_pages = e->target->kv.layout.n_pages;
     e->all = calloc((size_t)o->max_sessions, sizeof *e->all);
     e->queue = calloc((size_t)o->max_sessions, sizeof *e->queue);
     if (!e->all || !e->queue)
@@ -252,8 +252,8 @@ static dflash_status absorb(dflash_session *s)
  * most: the context limit is checked elsewhere). */
 static int pages_for(const dflash_engine *e, int64_t end)
 {
-    const int64_t p = (end + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
-    return p < e->target->bt_len ? (int)p : e->target->bt_len;
+    const int64_t p = (end + DFLASH_KV_PAGE - 1) / DFLASH_KV_PAGE;
+    return p < e->target->pt_len ? (int)p : e->target->pt_len;
 }
 
 /* Give up an idle session's cache: its history stays in `held` and its
@@ -321,7 +321,7 @@ static void settle(dflash_engine *e)
                 snprintf(s->join_error, sizeof s->join_error, "%s", s->item.error);
             }
             e->reserved -= s->pages;
-            s->pages = dflash_kv_seq_blocks(&s->seq);
+            s->pages = dflash_kv_seq_pages(&s->seq);
             e->reserved += s->pages;
             s->used = ++e->clock;
         }
@@ -379,7 +379,7 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
         return dflash_fail(DFLASH_ERR_KV_FULL,
                            "session: %d cached + %d prompt + %d new tokens need %d KV pages of %d positions; the "
                            "engine has %d (kv_pages)",
-                           s->seq.len, it->n_prompt, it->opts.n_new, s->need, DFLASH_KV_BLOCK, e->kv_pages);
+                           s->seq.len, it->n_prompt, it->opts.n_new, s->need, DFLASH_KV_PAGE, e->kv_pages);
     if (e->n_queue == 0) {
         DFLASH_TRY(evict_until_fits(e, s, s->need));
         if (e->reserved - s->pages + s->need <= e->kv_pages)

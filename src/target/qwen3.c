@@ -11,7 +11,7 @@ void dflash_qwen3_default_opts(dflash_qwen3_opts *o)
 {
     o->max_rows = 64;
     o->max_seqs = 1;
-    o->kv_blocks = 0; /* 0: max_seqs * blocks of max_ctx */
+    o->kv_pages = 0; /* 0: max_seqs * pages of max_ctx */
     o->max_ctx = 4096;
     o->kv_dtype = DFLASH_DTYPE_INVALID;
 }
@@ -49,14 +49,14 @@ static dflash_status alloc_scratch(dflash_qwen3 *m)
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->sel));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->best));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
-    return dflash_be_alloc_i32(m->be, S * (size_t)m->bt_len, &s->block_tables);
+    return dflash_be_alloc_i32(m->be, S * (size_t)m->pt_len, &s->page_tables);
 }
 
 static void free_scratch(dflash_qwen3 *m)
 {
     qwen3_scratch *s = &m->s;
     qwen3_bufs_free(m->be, &s->b);
-    void *p[] = { s->logits, s->taps, s->hsel, s->ids, s->row_seq, s->sel, s->best, s->seq_info, s->block_tables };
+    void *p[] = { s->logits, s->taps, s->hsel, s->ids, s->row_seq, s->sel, s->best, s->seq_info, s->page_tables };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             m->be->ops->free(m->be, p[i]);
@@ -88,9 +88,9 @@ dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st
     if (s == DFLASH_OK)
         s = bind_weights(m);
     if (s == DFLASH_OK) {
-        m->bt_len = (m->opts.max_ctx + DFLASH_KV_BLOCK - 1) / DFLASH_KV_BLOCK;
-        int blocks = m->opts.kv_blocks > 0 ? m->opts.kv_blocks : m->opts.max_seqs * m->bt_len;
-        s = dflash_kv_pool_init(&m->kv, be, blocks, m->cfg.num_hidden_layers, m->cfg.num_key_value_heads,
+        m->pt_len = (m->opts.max_ctx + DFLASH_KV_PAGE - 1) / DFLASH_KV_PAGE;
+        int pages = m->opts.kv_pages > 0 ? m->opts.kv_pages : m->opts.max_seqs * m->pt_len;
+        s = dflash_kv_pool_init(&m->kv, be, pages, m->cfg.num_hidden_layers, m->cfg.num_key_value_heads,
                                 m->cfg.head_dim, m->opts.kv_dtype);
     }
     if (s == DFLASH_OK)
@@ -129,14 +129,14 @@ void dflash_qwen3_free(dflash_qwen3 *m)
 
 dflash_status dflash_qwen3_seq_init(dflash_qwen3 *m, dflash_kv_seq *seq)
 {
-    return dflash_kv_seq_init(seq, m->bt_len);
+    return dflash_kv_seq_init(seq, m->pt_len);
 }
 
 void dflash_qwen3_seq_free(dflash_qwen3 *m, dflash_kv_seq *seq) { dflash_kv_seq_free(&m->kv, seq); }
 
 /* Check the batch and reserve KV for its rows: every sequence's rows are
  * consecutive positions that start at its current length. A failed forward
- * leaves every sequence's length as it was (blocks already reserved for a
+ * leaves every sequence's length as it was (pages already reserved for a
  * sequence stay with it for its next rows). */
 static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, int32_t *new_len)
 {
@@ -205,8 +205,8 @@ static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, 
          * what each row sees. */
         int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, new_len[q], 0, 0, 0, row0, rows };
         DFLASH_TRY(o->upload(m->be, m->s.seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
-        DFLASH_TRY(o->upload(m->be, m->s.block_tables + (size_t)q * m->bt_len, b->seqs[q]->table,
-                             (size_t)m->bt_len * sizeof(int32_t)));
+        DFLASH_TRY(o->upload(m->be, m->s.page_tables + (size_t)q * m->pt_len, b->seqs[q]->table,
+                             (size_t)m->pt_len * sizeof(int32_t)));
         if (rows > bounds->max_seq_rows)
             bounds->max_seq_rows = rows;
         if (new_len[q] > bounds->max_keys)
@@ -242,15 +242,15 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, li > 0));
     if (li)
         DFLASH_TRY(capture_taps(m, b, li - 1));
-    DFLASH_TRY(m->be->ops->kv_write(m->be, &m->kv.layout, li, m->s.block_tables, m->bt_len, m->s.row_seq, bufs->pos,
+    DFLASH_TRY(m->be->ops->kv_write(m->be, &m->kv.layout, li, m->s.page_tables, m->pt_len, m->s.row_seq, bufs->pos,
                                     bufs->k, bufs->v, n));
     dflash_attn_args a = qwen3_attn_args(&m->cfg, bufs, n);
     a.row_seq = m->s.row_seq;
     a.seq_info = m->s.seq_info;
     a.kv = &m->kv.layout;
     a.layer = li;
-    a.block_tables = m->s.block_tables;
-    a.bt_len = m->bt_len;
+    a.page_tables = m->s.page_tables;
+    a.pt_len = m->pt_len;
     a.causal = 1;
     a.n_seqs = bounds->n_seqs;
     a.max_seq_rows = bounds->max_seq_rows;

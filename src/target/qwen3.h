@@ -20,7 +20,7 @@
 typedef struct dflash_qwen3_opts {
     int max_rows;      /* rows per forward call (prefill is chunked by the caller) */
     int max_seqs;      /* sequences per batch */
-    int kv_blocks;     /* pool size in blocks of DFLASH_KV_BLOCK positions */
+    int kv_pages;     /* pool size in pages of DFLASH_KV_PAGE positions */
     int max_ctx;       /* longest sequence, in positions */
     dflash_dtype kv_dtype; /* KV pool dtype; DFLASH_DTYPE_INVALID: the backend's (f32 CPU, bf16 GPU) */
 } dflash_qwen3_opts;
@@ -36,7 +36,7 @@ typedef struct qwen3_scratch {
     int32_t *ids, *row_seq, *sel;   /* [R] */
     int32_t *best;                  /* [R] argmax of the logit rows (greedy) */
     int32_t *seq_info;              /* [S * DFLASH_SEQ_INFO_LEN] */
-    int32_t *block_tables;          /* [S * bt_len] */
+    int32_t *page_tables;          /* [S * pt_len] */
 } qwen3_scratch;
 
 typedef struct dflash_qwen3 {
@@ -49,7 +49,7 @@ typedef struct dflash_qwen3 {
     dflash_weight lm_head;  /* [V, H], the embedding when tied */
     qwen3_layer *layers;    /* [L] */
     dflash_kv_pool kv;
-    int bt_len;             /* block table length of every sequence */
+    int pt_len;             /* page table length of every sequence */
     qwen3_scratch s;
     int64_t n_params;
 } dflash_qwen3;

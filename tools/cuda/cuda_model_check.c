@@ -463,8 +463,8 @@ static int open_pair(const char *drafter, dflash_backend *be, int cap, pair *p, 
 typedef struct block_out {
     float *taps;    /* [T, n_taps * H] */
     float *kv;      /* the drafter's whole KV pool (f32) */
-    int32_t *table; /* the state's block table */
-    int bt_len;
+    int32_t *table; /* the state's page table */
+    int pt_len;
     float *logits;  /* [nd, V] */
     int32_t drafts[DFLASH_MAX_BLOCK];
     int nd;
@@ -483,7 +483,7 @@ static int run_block(pair *p, const int32_t *prompt, int T, int32_t last, block_
     const int *taps;
     const int n_taps = pr->ops->tap_layers(pr, &taps), H = p->t->cfg.hidden_size, V = p->t->cfg.vocab_size;
     const dflash_kv_layout *kv = &p->h->kv.layout;
-    const size_t kv_n = (size_t)kv->n_blocks * kv->n_layers * 2 * DFLASH_KV_BLOCK * kv->n_kv_heads * kv->head_dim;
+    const size_t kv_n = (size_t)kv->n_pages * kv->n_layers * 2 * DFLASH_KV_PAGE * kv->n_kv_heads * kv->head_dim;
     int32_t pos[MAX_FX], rs[MAX_FX];
     dflash_kv_seq seq;
     void *state = NULL;
@@ -506,9 +506,9 @@ static int run_block(pair *p, const int32_t *prompt, int T, int32_t last, block_
             (o->taps = dl_f32(be, tap_rows, (size_t)T * n_taps * H, what)) != NULL) {
             dflash_ctx_rows rows = { prompt, T, 0, tap_rows, (int64_t)n_taps * H };
             if (step(pr->ops->begin(pr, state, &rows), what)) {
-                if (kv->dtype == DFLASH_DTYPE_F32 && (o->table = malloc((size_t)ps->kv.bt_len * sizeof(int32_t)))) {
-                    memcpy(o->table, ps->kv.table, (size_t)ps->kv.bt_len * sizeof(int32_t));
-                    o->bt_len = ps->kv.bt_len;
+                if (kv->dtype == DFLASH_DTYPE_F32 && (o->table = malloc((size_t)ps->kv.pt_len * sizeof(int32_t)))) {
+                    memcpy(o->table, ps->kv.table, (size_t)ps->kv.pt_len * sizeof(int32_t));
+                    o->pt_len = ps->kv.pt_len;
                     o->kv = dl_f32(be, kv->data, kv_n, what);
                 }
                 /* the decode loop's fused LM head + argmax, then again with logits kept */
@@ -535,12 +535,12 @@ static void kv_rows(const dflash_head *h, const block_out *o, int l, int which, 
     const dflash_kv_layout *kv = &h->kv.layout;
     const int D = kv->head_dim;
     const int64_t row = (int64_t)kv->n_kv_heads * D;
-    const int bt_len = o->bt_len;
+    const int pt_len = o->pt_len;
     for (int t = 0; t < T; t++) {
-        int blk = o->table[(t / DFLASH_KV_BLOCK) % bt_len];
+        int blk = o->table[(t / DFLASH_KV_PAGE) % pt_len];
         for (int hd = 0; hd < kv->n_kv_heads; hd++) {
             int64_t page = (((int64_t)blk * kv->n_layers + l) * 2 + which) * kv->n_kv_heads + hd;
-            memcpy(out + (size_t)t * row + hd * D, o->kv + (page * DFLASH_KV_BLOCK + t % DFLASH_KV_BLOCK) * D,
+            memcpy(out + (size_t)t * row + hd * D, o->kv + (page * DFLASH_KV_PAGE + t % DFLASH_KV_PAGE) * D,
                    (size_t)D * sizeof(float));
         }
     }

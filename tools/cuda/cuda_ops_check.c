@@ -7,7 +7,7 @@
  * over the output (NaN never passes). Shapes include the real ones (rows 1,
  * 16, 64; H 2048/4096; I 6144/12288; vocab 151936; head_dim 128 with 32:4
  * and 32:8 heads; contexts 1..4097 with causal/window/none masks and ring
- * block tables). Then each op is timed at the real shapes with CUDA events
+ * page tables). Then each op is timed at the real shapes with CUDA events
  * (median of 20 after warm-up, L2 flushed between samples) and the achieved
  * GB/s = bytes that must move / time is printed.
  *
@@ -943,7 +943,7 @@ typedef struct attn_case {
     int n_heads, n_kv_heads, hd;
     attn_mode mode;
     int window;   /* MODE_WINDOW */
-    int ring;     /* bt_len shorter than the context: only the last (bt_len - 1) blocks are kept */
+    int ring;     /* pt_len shorter than the context: only the last (pt_len - 1) blocks are kept */
     int timed;
     dflash_dtype kv_dt; /* pool dtype (0: F32) */
 } attn_case;
@@ -956,7 +956,7 @@ static dflash_status run_attn(void *p) { return g_gpu->ops->attention(g_gpu, &((
 typedef struct kvw_arg {
     const dflash_kv_layout *kv;
     const int32_t *bt;
-    int bt_len;
+    int pt_len;
     const int32_t *rs, *pos;
     const float *k, *v;
     int n;
@@ -964,7 +964,7 @@ typedef struct kvw_arg {
 static dflash_status run_kvw(void *p)
 {
     kvw_arg *a = p;
-    return g_gpu->ops->kv_write(g_gpu, a->kv, 1, a->bt, a->bt_len, a->rs, a->pos, a->k, a->v, a->n);
+    return g_gpu->ops->kv_write(g_gpu, a->kv, 1, a->bt, a->pt_len, a->rs, a->pos, a->k, a->v, a->n);
 }
 
 /* Random pool content of dtype dt (bf16: random bf16 values). */
@@ -984,9 +984,9 @@ static void case_attention(const attn_case *c)
     const int row = KVH * D;
     const dflash_dtype kdt = c->kv_dt ? c->kv_dt : DFLASH_DTYPE_F32;
     const size_t es = dflash_dtype_size(kdt);
-    const int need_blocks = (L + 15) / 16 + 1;
-    const int bt_len = c->ring ? (c->ring < need_blocks ? c->ring : need_blocks) : need_blocks;
-    const int lo = c->ring ? (L - (bt_len - 1) * 16 > 0 ? L - (bt_len - 1) * 16 : 0) : 0;
+    const int need_pages = (L + 15) / 16 + 1;
+    const int pt_len = c->ring ? (c->ring < need_pages ? c->ring : need_pages) : need_pages;
+    const int lo = c->ring ? (L - (pt_len - 1) * 16 > 0 ? L - (pt_len - 1) * 16 : 0) : 0;
     const int n_layers = 2;
     char shape[112];
     snprintf(shape, sizeof shape, "%s %dx%d rows, ctx %d [%d..), %d:%d x %d, %s%s", kdt == DFLASH_DTYPE_BF16 ? "bf16" : "f32",
@@ -996,20 +996,20 @@ static void case_attention(const attn_case *c)
         snprintf(shape + l, sizeof shape - l, " (w=%d)", c->window);
     }
     /* Pool: every sequence's blocks, shuffled, plus spare blocks. */
-    const int n_blocks = S * bt_len + 3;
-    int32_t *perm = xmalloc((size_t)n_blocks * sizeof(int32_t));
-    for (int i = 0; i < n_blocks; i++)
+    const int n_pages = S * pt_len + 3;
+    int32_t *perm = xmalloc((size_t)n_pages * sizeof(int32_t));
+    for (int i = 0; i < n_pages; i++)
         perm[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
+    for (int i = n_pages - 1; i > 0; i--) {
         int j = irand(i + 1);
         int32_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
     }
-    int32_t *bt = xmalloc((size_t)S * bt_len * sizeof(int32_t));
-    for (int i = 0; i < S * bt_len; i++)
+    int32_t *bt = xmalloc((size_t)S * pt_len * sizeof(int32_t));
+    for (int i = 0; i < S * pt_len; i++)
         bt[i] = perm[i];
-    const size_t pool_n = (size_t)n_blocks * n_layers * 2 * 16 * row;
+    const size_t pool_n = (size_t)n_pages * n_layers * 2 * 16 * row;
     void *pool = rand_pool(pool_n, kdt); /* same garbage on both sides */
     /* Paged K/V for positions [lo, L) of every sequence, written by kv_write. */
     const int per_seq = L - lo, nw = S * per_seq, nwa = nw > 0 ? nw : 1; /* nwa: never a 0-byte buffer */
@@ -1020,24 +1020,24 @@ static void case_attention(const attn_case *c)
             rs[s * per_seq + t] = s;
             pos[s * per_seq + t] = lo + t;
         }
-    dflash_kv_layout hkv = { n_blocks, n_layers, KVH, D, kdt, pool };
+    dflash_kv_layout hkv = { n_pages, n_layers, KVH, D, kdt, pool };
     dflash_kv_layout dkv = hkv;
     dkv.data = gpu_copy(pool, pool_n * es);
-    int32_t *dbt = gpu_copy(bt, (size_t)S * bt_len * sizeof(int32_t));
+    int32_t *dbt = gpu_copy(bt, (size_t)S * pt_len * sizeof(int32_t));
     int32_t *drs = gpu_copy(rs, (size_t)nwa * sizeof(int32_t));
     int32_t *dpos = gpu_copy(pos, (size_t)nwa * sizeof(int32_t));
     float *dk = gpu_copy(k, (size_t)nwa * row * sizeof(float));
     float *dv = gpu_copy(v, (size_t)nwa * row * sizeof(float));
-    MUST(g_cpu->ops->kv_write(g_cpu, &hkv, 1, bt, bt_len, rs, pos, k, v, nw));
-    MUST(g_gpu->ops->kv_write(g_gpu, &dkv, 1, dbt, bt_len, drs, dpos, dk, dv, nw));
+    MUST(g_cpu->ops->kv_write(g_cpu, &hkv, 1, bt, pt_len, rs, pos, k, v, nw));
+    MUST(g_gpu->ops->kv_write(g_gpu, &dkv, 1, dbt, pt_len, drs, dpos, dk, dv, nw));
     char kshape[112];
-    snprintf(kshape, sizeof kshape, "%d rows x %d, %d blocks%s", nw, row, n_blocks, c->ring ? ", ring" : "");
+    snprintf(kshape, sizeof kshape, "%d rows x %d, %d blocks%s", nw, row, n_pages, c->ring ? ", ring" : "");
     check_exact("kv_write", kshape, dkv.data, pool, pool_n * es);
     if (c->timed && nw >= 16) {
         /* The last 16 rows rewritten with their own values: the pool the
          * attention check reads stays as it was. */
         int n16 = 16;
-        kvw_arg a = { &dkv,          dbt, bt_len, drs + nw - n16, dpos + nw - n16, dk + (size_t)(nw - n16) * row,
+        kvw_arg a = { &dkv,          dbt, pt_len, drs + nw - n16, dpos + nw - n16, dk + (size_t)(nw - n16) * row,
                       dv + (size_t)(nw - n16) * row, n16 };
         snprintf(kshape, sizeof kshape, "%s 16 rows x %d", dflash_dtype_name(kdt), row);
         time_op("kv_write", kshape, run_kvw, &a, 16.0 * row * (8 + 2 * es));
@@ -1065,7 +1065,7 @@ static void case_attention(const attn_case *c)
         }
     }
     float *ref = xmalloc((size_t)NR * H * D * sizeof(float));
-    dflash_attn_args ha = { NR, H, KVH, D, 1.0f / sqrtf((float)D), q, ref, qpos, qseq, info, &hkv, 1, bt, bt_len,
+    dflash_attn_args ha = { NR, H, KVH, D, 1.0f / sqrtf((float)D), q, ref, qpos, qseq, info, &hkv, 1, bt, pt_len,
                             use_extra ? ke : NULL, use_extra ? ve : NULL, c->mode != MODE_NONE,
                             c->mode == MODE_WINDOW ? c->window : 0, S, R, L - lo + (use_extra ? R : 0) };
     MUST(g_cpu->ops->attention(g_cpu, &ha));
@@ -1076,7 +1076,7 @@ static void case_attention(const attn_case *c)
     da.row_seq = gpu_copy(qseq, (size_t)NR * sizeof(int32_t));
     da.seq_info = gpu_copy(info, (size_t)S * DFLASH_SEQ_INFO_LEN * sizeof(int32_t));
     da.kv = &dkv;
-    da.block_tables = dbt;
+    da.page_tables = dbt;
     da.k_extra = use_extra ? gpu_copy(ke, (size_t)NR * row * sizeof(float)) : NULL;
     da.v_extra = use_extra ? gpu_copy(ve, (size_t)NR * row * sizeof(float)) : NULL;
     MUST(g_gpu->ops->attention(g_gpu, &da));
@@ -1118,14 +1118,14 @@ static void case_attention(const attn_case *c)
 static void case_attention_invariance(int L, int H, int KVH, int D)
 {
     enum { R = 16 };
-    const int row = KVH * D, n_pos = L + R, bt_len = (n_pos + 15) / 16, n_blocks = bt_len + 2;
+    const int row = KVH * D, n_pos = L + R, pt_len = (n_pos + 15) / 16, n_pages = pt_len + 2;
     char shape[112];
     snprintf(shape, sizeof shape, "bf16 ctx %d + %d rows, %d:%d x %d: verify vs decode", L, R, H, KVH, D);
-    const size_t pool_n = (size_t)n_blocks * 2 * 16 * row;
+    const size_t pool_n = (size_t)n_pages * 2 * 16 * row;
     void *pool = rand_pool(pool_n, DFLASH_DTYPE_BF16);
-    int32_t *bt = xmalloc((size_t)bt_len * sizeof(int32_t));
-    for (int i = 0; i < bt_len; i++)
-        bt[i] = n_blocks - 1 - i;
+    int32_t *bt = xmalloc((size_t)pt_len * sizeof(int32_t));
+    for (int i = 0; i < pt_len; i++)
+        bt[i] = n_pages - 1 - i;
     float *k = rand_f32((size_t)n_pos * row, 1.0f), *v = rand_f32((size_t)n_pos * row, 1.0f);
     float *q = rand_f32((size_t)R * H * D, 1.0f);
     int32_t *pos = xmalloc((size_t)n_pos * sizeof(int32_t)), *rs = xmalloc((size_t)n_pos * sizeof(int32_t));
@@ -1133,17 +1133,17 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
         pos[i] = i;
         rs[i] = 0;
     }
-    dflash_kv_layout kv = { n_blocks, 1, KVH, D, DFLASH_DTYPE_BF16, gpu_copy(pool, pool_n * 2) };
-    int32_t *dbt = gpu_copy(bt, (size_t)bt_len * sizeof(int32_t)), *dpos = gpu_copy(pos, (size_t)n_pos * 4);
+    dflash_kv_layout kv = { n_pages, 1, KVH, D, DFLASH_DTYPE_BF16, gpu_copy(pool, pool_n * 2) };
+    int32_t *dbt = gpu_copy(bt, (size_t)pt_len * sizeof(int32_t)), *dpos = gpu_copy(pos, (size_t)n_pos * 4);
     int32_t *drs = gpu_copy(rs, (size_t)n_pos * 4);
-    MUST(g_gpu->ops->kv_write(g_gpu, &kv, 0, dbt, bt_len, drs, dpos,
+    MUST(g_gpu->ops->kv_write(g_gpu, &kv, 0, dbt, pt_len, drs, dpos,
                               gpu_copy(k, (size_t)n_pos * row * sizeof(float)),
                               gpu_copy(v, (size_t)n_pos * row * sizeof(float)), n_pos));
     float *dq = gpu_copy(q, (size_t)R * H * D * sizeof(float));
     float *dall = gpu_poison((size_t)R * H * D), *done = gpu_poison((size_t)H * D);
     int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, n_pos, 0, 0, 0, 0, R };
     dflash_attn_args a = { R, H, KVH, D, 1.0f / sqrtf((float)D), dq, dall, dpos + L, drs,
-                           gpu_copy(info, sizeof info), &kv, 0, dbt, bt_len, NULL, NULL, 1, 0, 1, R, n_pos };
+                           gpu_copy(info, sizeof info), &kv, 0, dbt, pt_len, NULL, NULL, 1, 0, 1, R, n_pos };
     MUST(g_gpu->ops->attention(g_gpu, &a));
     float *all = xmalloc((size_t)R * H * D * sizeof(float)), *one = xmalloc((size_t)H * D * sizeof(float));
     gpu_get(all, dall, (size_t)R * H * D * sizeof(float));
@@ -1195,7 +1195,7 @@ static void case_errors(void)
     printf("     kv_write error: %s: %s\n", dflash_status_name(s), dflash_last_error());
     ok = ok && s == DFLASH_ERR_INVALID_ARG && strstr(dflash_last_error(), "maps to block 7 (pool has 2)") != NULL;
     ok = ok && g_gpu->ops->sync(g_gpu) == DFLASH_OK;
-    record("errors", "bad token id, KV block outside the pool", ok ? 0.0 : INFINITY, 0.0);
+    record("errors", "bad token id, KV page outside the pool", ok ? 0.0 : INFINITY, 0.0);
     free_weight(&w);
     gpu_reset();
 
@@ -1407,7 +1407,7 @@ int main(int argc, char **argv)
                     a = (attn_case){ 1, R, L, 32, 4, 128, MODE_WINDOW, 2048, 0, 0, dt };
                     case_attention(&a);
                 }
-            /* ring tables: a capped drafter context (bt_len 257 = 4096 + a block) */
+            /* ring tables: a capped drafter context (pt_len 257 = 4096 + a block) */
             attn_case rg[] = {
                 { 1, 16, 6000, 32, 4, 128, MODE_NONE, 0, 257, 0, dt },
                 { 1, 16, 6000, 32, 4, 128, MODE_WINDOW, 2048, 257, 0, dt },

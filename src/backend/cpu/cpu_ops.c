@@ -159,15 +159,15 @@ static int kv_dtype_ok(const dflash_kv_layout *kv)
 }
 
 /* Element index of K (which = 0) or V (1) of head `head`, dimension 0, at
- * `pos` in pool block `block` (layout in backend.h). */
-static inline __attribute__((always_inline)) int64_t kv_index(const dflash_kv_layout *kv, int block, int layer, int which, int head, int pos)
+ * `pos` in pool page `page` (layout in backend.h). */
+static inline __attribute__((always_inline)) int64_t kv_index(const dflash_kv_layout *kv, int page, int layer, int which, int head, int pos)
 {
-    int64_t page = (((int64_t)block * kv->n_layers + layer) * 2 + which) * kv->n_kv_heads + head;
-    return (page * DFLASH_KV_BLOCK + pos % DFLASH_KV_BLOCK) * kv->head_dim;
+    int64_t run = (((int64_t)page * kv->n_layers + layer) * 2 + which) * kv->n_kv_heads + head;
+    return (run * DFLASH_KV_PAGE + pos % DFLASH_KV_PAGE) * kv->head_dim;
 }
 
 static dflash_status cpu_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer,
-                                  const int32_t *block_tables, int bt_len, const int32_t *row_seq,
+                                  const int32_t *page_tables, int pt_len, const int32_t *row_seq,
                                   const int32_t *pos, const float *k, const float *v, int n)
 {
     (void)be;
@@ -177,10 +177,10 @@ static dflash_status cpu_kv_write(dflash_backend *be, const dflash_kv_layout *kv
     const int D = kv->head_dim;
     const int64_t row = (int64_t)kv->n_kv_heads * D;
     for (int i = 0; i < n; i++) {
-        int blk = block_tables[(int64_t)row_seq[i] * bt_len + (pos[i] / DFLASH_KV_BLOCK) % bt_len];
-        if (blk < 0 || blk >= kv->n_blocks)
-            return dflash_fail(DFLASH_ERR_INVALID_ARG, "kv_write: position %d maps to block %d (pool has %d)",
-                               pos[i], blk, kv->n_blocks);
+        int blk = page_tables[(int64_t)row_seq[i] * pt_len + (pos[i] / DFLASH_KV_PAGE) % pt_len];
+        if (blk < 0 || blk >= kv->n_pages)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "kv_write: position %d maps to page %d (pool has %d)",
+                               pos[i], blk, kv->n_pages);
         for (int which = 0; which < 2; which++) {
             const float *src = (which ? v : k) + i * row;
             for (int h = 0; h < kv->n_kv_heads; h++) {
@@ -214,7 +214,7 @@ static inline __attribute__((always_inline)) const float *kv_row_f32(dflash_dtyp
 static inline __attribute__((always_inline)) const char *paged_row(const dflash_attn_args *a, int i, int kp, int which,
                                                                    int kvh)
 {
-    int blk = a->block_tables[(int64_t)a->row_seq[i] * a->bt_len + (kp / DFLASH_KV_BLOCK) % a->bt_len];
+    int blk = a->page_tables[(int64_t)a->row_seq[i] * a->pt_len + (kp / DFLASH_KV_PAGE) % a->pt_len];
     return (const char *)a->kv->data + kv_index(a->kv, blk, a->layer, which, kvh, kp) * dflash_dtype_size(a->kv->dtype);
 }
 

@@ -12,11 +12,11 @@ typedef struct attn_tc_args {
     float *out;
     const int32_t *q_pos, *seq_info;
     const void *pool;
-    const int32_t *block_tables;
+    const int32_t *page_tables;
     const float *k_extra, *v_extra;
     void *part_o, *part_ml, *eflag, *ehost;
     float scale;
-    int n_blocks, n_layers, layer, bt_len;
+    int n_pages, n_layers, layer, pt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
 } attn_tc_args;
 _Static_assert(sizeof(attn_tc_args) == 144, "attn_tc_args must match kernels/attention_tc.cu");
@@ -38,20 +38,20 @@ static dflash_status check_kv(const dflash_kv_layout *kv, int layer, const char 
 }
 
 dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer,
-                                   const int32_t *block_tables, int bt_len, const int32_t *row_seq,
+                                   const int32_t *page_tables, int pt_len, const int32_t *row_seq,
                                    const int32_t *pos, const float *k, const float *v, int n)
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(check_kv(kv, layer, "kv_write"));
-    if (bt_len <= 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda kv_write: block table length %d", bt_len);
+    if (pt_len <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda kv_write: page table length %d", pt_len);
     if (n <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
-    int bf16 = kv->dtype == DFLASH_DTYPE_BF16, n_blocks = kv->n_blocks, n_layers = kv->n_layers;
+    int bf16 = kv->dtype == DFLASH_DTYPE_BF16, n_pages = kv->n_pages, n_layers = kv->n_layers;
     int n_kv_heads = kv->n_kv_heads, head_dim = kv->head_dim;
-    void *args[] = { (void *)&kv->data, &bf16, &n_blocks, &n_layers, &layer, &n_kv_heads, &head_dim,
-                     (void *)&block_tables, &bt_len, (void *)&row_seq, (void *)&pos, (void *)&k, (void *)&v,
+    void *args[] = { (void *)&kv->data, &bf16, &n_pages, &n_layers, &layer, &n_kv_heads, &head_dim,
+                     (void *)&page_tables, &pt_len, (void *)&row_seq, (void *)&pos, (void *)&k, (void *)&v,
                      &c->err_flag, &c->err_host_dev };
     return cuda_launch(c, DFK_KV_WRITE, (unsigned)n, 2, row_threads((int64_t)n_kv_heads * head_dim, 256), args);
 }
@@ -60,13 +60,13 @@ dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int 
 static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
 {
     const void *pool = a->kv ? a->kv->data : NULL;
-    int n_blocks = a->kv ? a->kv->n_blocks : 0, n_layers = a->kv ? a->kv->n_layers : 1;
-    int layer = a->layer, bt_len = a->bt_len > 0 ? a->bt_len : 1;
+    int n_pages = a->kv ? a->kv->n_pages : 0, n_layers = a->kv ? a->kv->n_layers : 1;
+    int layer = a->layer, pt_len = a->pt_len > 0 ? a->pt_len : 1;
     int n_heads = a->n_heads, n_kv_heads = a->n_kv_heads, D = a->head_dim, causal = a->causal, window = a->window;
     float scale = a->scale;
     int vec = D % 4 == 0 && aligned16(pool) && aligned16(a->k_extra);
     void *args[] = { (void *)&a->q, (void *)&a->out, (void *)&a->q_pos, (void *)&a->row_seq, (void *)&a->seq_info,
-                     (void *)&pool, &n_blocks, &n_layers, &layer, (void *)&a->block_tables, &bt_len,
+                     (void *)&pool, &n_pages, &n_layers, &layer, (void *)&a->page_tables, &pt_len,
                      (void *)&a->k_extra, (void *)&a->v_extra, &n_heads, &n_kv_heads, &D, &scale, &causal,
                      &window, &vec, &c->err_flag, &c->err_host_dev };
     const int bf16 = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16;
@@ -100,11 +100,11 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
         DFLASH_TRY(part_reserve(c, splits, a->n_rows, a->n_heads, D));
     attn_tc_args t = {
         .q = a->q, .out = a->out, .q_pos = a->q_pos, .seq_info = a->seq_info, .pool = a->kv->data,
-        .block_tables = a->block_tables, .k_extra = a->k_extra, .v_extra = a->k_extra ? a->v_extra : NULL,
+        .page_tables = a->page_tables, .k_extra = a->k_extra, .v_extra = a->k_extra ? a->v_extra : NULL,
         .part_o = HPTR(c->part_o.p), .part_ml = HPTR(c->part_ml.p),
         .eflag = (void *)(uintptr_t)c->err_flag, .ehost = (void *)(uintptr_t)c->err_host_dev, .scale = a->scale,
-        .n_blocks = a->kv->n_blocks, .n_layers = a->kv->n_layers, .layer = a->layer,
-        .bt_len = a->bt_len > 0 ? a->bt_len : 1, .n_rows = a->n_rows, .n_heads = a->n_heads,
+        .n_pages = a->kv->n_pages, .n_layers = a->kv->n_layers, .layer = a->layer,
+        .pt_len = a->pt_len > 0 ? a->pt_len : 1, .n_rows = a->n_rows, .n_heads = a->n_heads,
         .n_kv_heads = a->n_kv_heads, .causal = a->causal, .window = a->window, .compute_warps = cw,
     };
     void *args[] = { &t };

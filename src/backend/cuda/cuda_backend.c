@@ -4,7 +4,7 @@
  * of the small ops here (the linear ops are in cuda_gemm.c, KV writes and
  * attention in cuda_attention.c). Each launcher checks arguments as the
  * CPU reference does, picks the grid and launches on the stream.
- * Kernels report data errors (bad token id, KV block outside the pool)
+ * Kernels report data errors (bad token id, KV page outside the pool)
  * through mapped host memory, read at the next sync or download. */
 #include "backend/cuda/cuda_backend.h"
 
@@ -82,9 +82,9 @@ static dflash_status check_kernel_errors(cuda_ctx *c)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "embed: token id %d outside the vocabulary [0, %d) (row %d)", b,
                            v, a);
     case 2:
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "kv_write: position %d maps to block %d (pool has %d)", a, b, v);
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "kv_write: position %d maps to page %d (pool has %d)", a, b, v);
     case 3:
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: key position %d maps to block %d (pool has %d)", a,
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: key position %d maps to page %d (pool has %d)", a,
                            b, v);
     default:
         return dflash_fail(DFLASH_ERR_BACKEND, "cuda: kernel reported unknown error %d (%d, %d, %d)", code, a, b,

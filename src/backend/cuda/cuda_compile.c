@@ -57,7 +57,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
 #define STR_(x) #x
 #define STR(x) STR_(x)
 static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-lineinfo",
-                                            "-DDFLASH_KV_BLOCK=" STR(DFLASH_KV_BLOCK),
+                                            "-DDFLASH_KV_PAGE=" STR(DFLASH_KV_PAGE),
                                             "-DDFLASH_SEQ_INFO_LEN=" STR(DFLASH_SEQ_INFO_LEN) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 

@@ -109,8 +109,8 @@ dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, cons
                                  int32_t *ids);
 
 /* cuda_attention.c */
-dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer, const int32_t *block_tables,
-                            int bt_len, const int32_t *row_seq, const int32_t *pos, const float *k, const float *v,
+dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer, const int32_t *page_tables,
+                            int pt_len, const int32_t *row_seq, const int32_t *pos, const float *k, const float *v,
                             int n);
 dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a);
 

@@ -3,7 +3,7 @@
  * (attention_tc.cu is the fast one for bf16 pages and head_dim 16..128).
  *
  * One block of 128 threads per (row, head); grid (n_rows, n_heads). The
- * visible keys are the paged positions [lo, hi) (through the ring block
+ * visible keys are the paged positions [lo, hi) (through the ring page
  * table) then the extra rows, each range first clipped by the masks (the
  * same key set as the CPU's per-key tests). Keys are taken in tiles of 128:
  * thread t scores key t of the tile (its own K row, 16-byte loads), the
@@ -32,8 +32,8 @@ template <typename P> __forceinline__ float kv_elem(const void *row, bool extra,
 
 template <typename P>
 __forceinline__ void attention_body(const float *q, float *out, const int *q_pos, const int *row_seq,
-                                    const int *seq_info, const P *pool, int n_blocks, int n_layers, int layer,
-                                    const int *block_tables, int bt_len, const float *k_extra, const float *v_extra,
+                                    const int *seq_info, const P *pool, int n_pages, int n_layers, int layer,
+                                    const int *page_tables, int pt_len, const float *k_extra, const float *v_extra,
                                     int n_heads, int n_kv_heads, int D, float scale, int causal, int window, int vec,
                                     int *eflag, int *ehost)
 {
@@ -73,7 +73,7 @@ __forceinline__ void attention_body(const float *q, float *out, const int *q_pos
     const i64 n_paged = hi > lo ? hi - lo : 0;
     const i64 n_extra = (ehi > elo && k_extra) ? ehi - elo : 0;
     const i64 total = n_paged + n_extra;
-    const i64 head_page = DFLASH_KV_BLOCK * (i64)D; /* one head's positions of a page */
+    const i64 head_page = DFLASH_KV_PAGE * (i64)D; /* one head's positions of a page */
 
     float m = -__int_as_float(0x7f800000), l = 0.0f;
     float acc[AT_ACC];
@@ -90,14 +90,14 @@ __forceinline__ void attention_body(const float *q, float *out, const int *q_pos
         if (u < total) {
             if (u < n_paged) {
                 const i64 kp = lo + u;
-                const int blk = block_tables[(i64)seq * bt_len + (kp / DFLASH_KV_BLOCK) % bt_len];
-                if (blk < 0 || blk >= n_blocks) {
-                    report_error(eflag, ehost, ERR_ATTN_BLOCK, (int)kp, blk, n_blocks);
+                const int blk = page_tables[(i64)seq * pt_len + (kp / DFLASH_KV_PAGE) % pt_len];
+                if (blk < 0 || blk >= n_pages) {
+                    report_error(eflag, ehost, ERR_ATTN_PAGE, (int)kp, blk, n_pages);
                 } else {
-                    /* [n_blocks][n_layers][2][n_kv_heads][DFLASH_KV_BLOCK][D] */
+                    /* [n_pages][n_layers][2][n_kv_heads][DFLASH_KV_PAGE][D] */
                     const P *hp = pool + (((i64)blk * n_layers + layer) * 2 * n_kv_heads + kvh) * head_page;
-                    kr = hp + (kp % DFLASH_KV_BLOCK) * D;
-                    vr = hp + (i64)n_kv_heads * head_page + (kp % DFLASH_KV_BLOCK) * D;
+                    kr = hp + (kp % DFLASH_KV_PAGE) * D;
+                    vr = hp + (i64)n_kv_heads * head_page + (kp % DFLASH_KV_PAGE) * D;
                 }
             } else {
                 const i64 row = si[2] + elo + (u - n_paged);
@@ -180,12 +180,12 @@ __forceinline__ void attention_body(const float *q, float *out, const int *q_pos
 #define ATTENTION_KERNEL(name, P)                                                                             \
     extern "C" __global__ void __launch_bounds__(AT_THREADS) dflash_attention_##name(                        \
         const float *q, float *out, const int *q_pos, const int *row_seq, const int *seq_info, const P *pool,  \
-        int n_blocks, int n_layers, int layer, const int *block_tables, int bt_len, const float *k_extra,      \
+        int n_pages, int n_layers, int layer, const int *page_tables, int pt_len, const float *k_extra,      \
         const float *v_extra, int n_heads, int n_kv_heads, int D, float scale, int causal, int window, int vec,\
         int *eflag, int *ehost)                                                                               \
     {                                                                                                         \
-        attention_body<P>(q, out, q_pos, row_seq, seq_info, pool, n_blocks, n_layers, layer, block_tables,     \
-                          bt_len, k_extra, v_extra, n_heads, n_kv_heads, D, scale, causal, window, vec, eflag, \
+        attention_body<P>(q, out, q_pos, row_seq, seq_info, pool, n_pages, n_layers, layer, page_tables,     \
+                          pt_len, k_extra, v_extra, n_heads, n_kv_heads, D, scale, causal, window, vec, eflag, \
                           ehost);                                                                             \
     }
 

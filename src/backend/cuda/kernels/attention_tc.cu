@@ -40,14 +40,14 @@ struct attn_tc_args {
     float *out;               /* [n_rows, n_heads, D] */
     const int *q_pos;         /* [n_rows] */
     const int *seq_info;      /* [n_seqs, DFLASH_SEQ_INFO_LEN] */
-    const u16 *pool;          /* bf16 [n_blocks][n_layers][2][n_kv_heads][DFLASH_KV_BLOCK][D] */
-    const int *block_tables;  /* [n_seqs, bt_len] */
+    const u16 *pool;          /* bf16 [n_pages][n_layers][2][n_kv_heads][DFLASH_KV_PAGE][D] */
+    const int *page_tables;  /* [n_seqs, pt_len] */
     const float *k_extra, *v_extra; /* [*, n_kv_heads * D] or null */
     float *part_o;            /* [max_splits, n_rows, n_heads, D] */
     float *part_ml;           /* [max_splits, n_rows, n_heads, 2] */
     int *eflag, *ehost;
     float scale;
-    int n_blocks, n_layers, layer, bt_len;
+    int n_pages, n_layers, layer, pt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
 };
 static_assert(sizeof(attn_tc_args) == 144, "mirrored by attn_tc_args in cuda_backend.c");
@@ -96,9 +96,9 @@ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;");
 
 __forceinline__ void cp_async_wait_0() { asm volatile("cp.async.wait_group 0;"); }
 
-/* Block-table entries a split can touch: AT_SPLIT keys span at most
- * AT_SPLIT / DFLASH_KV_BLOCK + 1 pages. */
-#define AT_PAGES (AT_SPLIT / DFLASH_KV_BLOCK + 1)
+/* Page-table entries a split can touch: AT_SPLIT keys span at most
+ * AT_SPLIT / DFLASH_KV_PAGE + 1 pages. */
+#define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
 
 /* Stage AT_TILE keys [u0, u0 + AT_TILE) of the sequence into ks/vs: paged
  * keys by cp.async from the pages the split's table entries `pages` name
@@ -118,17 +118,17 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const
         const int u = u0 + key;
         if (u < u_end && u < n_paged) {
             const int pos = lo + u;
-            const int blk = pages[pos / DFLASH_KV_BLOCK - p_first];
-            if (blk >= 0 && blk < a.n_blocks) {
+            const int blk = pages[pos / DFLASH_KV_PAGE - p_first];
+            if (blk >= 0 && blk < a.n_pages) {
                 const u16 *src = a.pool +
                                  ((((i64)blk * a.n_layers + a.layer) * 2 + which) * a.n_kv_heads + kvh) *
-                                     DFLASH_KV_BLOCK * D +
-                                 (i64)(pos % DFLASH_KV_BLOCK) * D + ch * 8;
+                                     DFLASH_KV_PAGE * D +
+                                 (i64)(pos % DFLASH_KV_PAGE) * D + ch * 8;
                 cp_async16(dst, src);
                 continue;
             }
             if (ch == 0 && which == 0)
-                report_error(a.eflag, a.ehost, ERR_ATTN_BLOCK, pos, blk, a.n_blocks);
+                report_error(a.eflag, a.ehost, ERR_ATTN_PAGE, pos, blk, a.n_pages);
         } else if (u < u_end) {
             const float *src = (which ? a.v_extra : a.k_extra) + (i64)(extra_off + u - n_paged) * kv_row +
                                (i64)kvh * D + ch * 8;
@@ -200,12 +200,12 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 
     const int n_tiles = u_end > u_begin ? (u_end - u_begin + AT_TILE - 1) / AT_TILE : 0;
     /* the table entries of the split's paged keys, read once */
-    const int p_first = (lo + u_begin) / DFLASH_KV_BLOCK;
+    const int p_first = (lo + u_begin) / DFLASH_KV_PAGE;
     if (threadIdx.x < AT_PAGES) {
         const int last_u = (u_end < n_paged ? u_end : n_paged) - 1; /* the split's last paged key */
         const int pg = p_first + threadIdx.x;
-        pages[threadIdx.x] = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_BLOCK
-                                 ? a.block_tables[(i64)seq * a.bt_len + pg % a.bt_len]
+        pages[threadIdx.x] = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_PAGE
+                                 ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
                                  : -1;
     }
     __syncthreads();

@@ -19,16 +19,16 @@ typedef long long i64;
 #define DT_BF16 3
 #define DT_F8 4
 
-/* DFLASH_KV_BLOCK (positions per KV page) and DFLASH_SEQ_INFO_LEN (fields
+/* DFLASH_KV_PAGE (positions per KV page) and DFLASH_SEQ_INFO_LEN (fields
  * per sequence in seq_info) come from backend.h as -D options. */
-#if !defined(DFLASH_KV_BLOCK) || !defined(DFLASH_SEQ_INFO_LEN)
-#error "compile with -DDFLASH_KV_BLOCK=... -DDFLASH_SEQ_INFO_LEN=... (cuda_compile.c passes them)"
+#if !defined(DFLASH_KV_PAGE) || !defined(DFLASH_SEQ_INFO_LEN)
+#error "compile with -DDFLASH_KV_PAGE=... -DDFLASH_SEQ_INFO_LEN=... (cuda_compile.c passes them)"
 #endif
 
 /* Error codes a kernel can report (decoded in cuda_backend.c). */
 #define ERR_EMBED_ID 1
-#define ERR_KV_WRITE_BLOCK 2
-#define ERR_ATTN_BLOCK 3
+#define ERR_KV_WRITE_PAGE 2
+#define ERR_ATTN_PAGE 3
 
 __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
 

@@ -1,5 +1,5 @@
 /* elementwise.cu: the memory-moving ops: embed (table row gather, widened to
- * f32), add, swiglu, copy_rows and kv_write (rows into paged KV blocks).
+ * f32), add, swiglu, copy_rows and kv_write (rows into paged KV pages).
  * Each is a straight copy or a per-element function, so they match the CPU
  * reference exactly (swiglu within expf's rounding). */
 #include "common.cuh"
@@ -94,11 +94,11 @@ extern "C" __global__ void dflash_copy_rows(float *dst, i64 dst_stride, const fl
 
 /* grid (n, 2): row i's K (y = 0) or V (y = 1) into its paged slot, as f32
  * or rounded to bf16 (bf16 != 0). The layout is
- * [n_blocks][n_layers][2][n_kv_heads][DFLASH_KV_BLOCK][head_dim]
+ * [n_pages][n_layers][2][n_kv_heads][DFLASH_KV_PAGE][head_dim]
  * (backend.h). A position that maps outside the pool is reported and not
  * written. */
-extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_blocks, int n_layers, int layer,
-                                           int n_kv_heads, int head_dim, const int *block_tables, int bt_len,
+extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_pages, int n_layers, int layer,
+                                           int n_kv_heads, int head_dim, const int *page_tables, int pt_len,
                                            const int *row_seq, const int *pos, const float *k, const float *v,
                                            int *eflag, int *ehost)
 {
@@ -106,17 +106,17 @@ extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_blocks, i
     pdl_wait();
     const int i = blockIdx.x, which = blockIdx.y;
     const int p = pos[i];
-    const int blk = p >= 0 ? block_tables[(i64)row_seq[i] * bt_len + (p / DFLASH_KV_BLOCK) % bt_len] : -1;
-    if (blk < 0 || blk >= n_blocks) {
+    const int blk = p >= 0 ? page_tables[(i64)row_seq[i] * pt_len + (p / DFLASH_KV_PAGE) % pt_len] : -1;
+    if (blk < 0 || blk >= n_pages) {
         if (threadIdx.x == 0 && which == 0)
-            report_error(eflag, ehost, ERR_KV_WRITE_BLOCK, p, blk, n_blocks);
+            report_error(eflag, ehost, ERR_KV_WRITE_PAGE, p, blk, n_pages);
         return;
     }
     const int row_len = n_kv_heads * head_dim;
     const i64 head0 = (((i64)blk * n_layers + layer) * 2 + which) * n_kv_heads;
     const float *src = (which ? v : k) + (i64)i * row_len;
     for (int c = threadIdx.x; c < row_len; c += blockDim.x) {
-        const i64 dst = ((head0 + c / head_dim) * DFLASH_KV_BLOCK + p % DFLASH_KV_BLOCK) * head_dim + c % head_dim;
+        const i64 dst = ((head0 + c / head_dim) * DFLASH_KV_PAGE + p % DFLASH_KV_PAGE) * head_dim + c % head_dim;
         if (bf16) {
             u16 h;
             asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(src[c]));
