@@ -43,7 +43,7 @@ static void test_help_lists_every_option(void)
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
         { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target", "tiny",
-                     "tiny-llama", "--ctx", "--reps",
+                     "tiny-llama", "--ctx", "--rows", "--sessions", "--reps",
                      "--device", "--json", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -254,23 +254,26 @@ static void test_info(void)
 static void test_bench_tiny(void)
 {
     static char out[16384], cmd[512];
-    snprintf(cmd, sizeof cmd, "%s bench --preset tiny --reps 2 --ctx 32,8,32", g_bin);
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny --reps 2 --ctx 32,8,32 --sessions 2", g_bin);
     CHECK(sh(cmd, out, sizeof out, 0) == 0);
     CHECKF(strstr(out, "bandwidth: ") && strstr(out, "GB/s"), "output: %s", out);
-    const struct { const char *op; int rows, ctx; } want[] = {
-        { "propose", 8, 8 }, { "propose", 8, 32 }, { "verify", 16, 8 }, { "decode", 1, 8 },
-        { "verify", 16, 32 }, { "decode", 1, 32 },
+    const struct { const char *op; int seqs, rows, ctx; } want[] = {
+        { "propose", 1, 8, 8 },  { "propose", 1, 8, 32 }, { "verify", 1, 16, 8 },  { "decode", 1, 1, 8 },
+        { "verify", 2, 32, 8 },  { "decode", 2, 2, 8 },   { "verify", 1, 16, 32 }, { "decode", 1, 1, 32 },
+        { "verify", 2, 32, 32 }, { "decode", 2, 2, 32 },
     };
     const int n_want = (int)(sizeof want / sizeof want[0]);
     int n = 0;
     for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         char op[16];
-        int rows, ctx;
+        int seqs, rows, ctx;
         double med, min, mb, fl, pct;
-        if (sscanf(line, "%15s %d %d %lf %lf %lf %lf %lf%%", op, &rows, &ctx, &med, &min, &mb, &fl, &pct) != 8)
+        if (sscanf(line, "%15s %d %d %d %lf %lf %lf %lf %lf%%", op, &seqs, &rows, &ctx, &med, &min, &mb, &fl, &pct) !=
+            9)
             continue;
-        CHECKF(n < n_want && !strcmp(op, want[n].op) && rows == want[n].rows && ctx == want[n].ctx,
-               "row %d: %s %d %d", n, op, rows, ctx);
+        CHECKF(n < n_want && !strcmp(op, want[n].op) && seqs == want[n].seqs && rows == want[n].rows &&
+                   ctx == want[n].ctx,
+               "row %d: %s %d %d %d", n, op, seqs, rows, ctx);
         CHECKF(med > 0 && min > 0 && min <= med && mb > 0 && fl > 0 && pct > 0, "row %d: %s", n, line);
         n++;
     }

@@ -9,7 +9,10 @@
  *            argmax, drafts downloaded) over `ctx` committed context rows;
  *   verify   one 16-row target forward with the greedy token of all 16 rows
  *            (LM head + argmax, as the decode loop runs it);
- *   decode   one 1-row target forward with its greedy token.
+ *   decode   one 1-row target forward with its greedy token;
+ *   with --sessions, the same two for N sequences in one forward (N rows,
+ *            N x 16 rows), what one step of N sessions stepped together
+ *            costs the target.
  * Each call sees the same state: a propose keeps nothing, and the target's
  * KV is truncated back to `ctx` after each timed call (untimed).
  *
@@ -35,6 +38,8 @@
 #define BENCH_VERIFY_ROWS 16   /* default verify width */
 #define BENCH_MAX_ROWS 64      /* verify widths up to this */
 #define BENCH_MAX_WIDTHS 16
+#define BENCH_MAX_SESS 8       /* session counts per run */
+#define BENCH_MAX_SESSIONS 64  /* sequences in one forward at most */
 #define BENCH_MAX_BLOCK 256    /* drafts per propose at most */
 #define BENCH_BW_REPS 5
 #define BENCH_PROGRESS_BYTES (256u << 20) /* images above this report progress */
@@ -85,13 +90,14 @@ typedef struct bench_args {
     int reps, json, n_ctx, fp8, n_rows;
     int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
     int rows[BENCH_MAX_WIDTHS]; /* verify widths; n_rows 0: 16 */
+    int n_sess, sess[BENCH_MAX_SESS]; /* --sessions: sequences per forward */
 } bench_args;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--reps N] [--device D]\n"
-            "                    [--drafter-quant Q] [--json]\n"
+            "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--sessions LIST]\n"
+            "                    [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards at a\n"
             "published geometry, on random bf16 weights built in memory (several GB for\n"
@@ -116,6 +122,11 @@ static void usage(FILE *f)
             "                 drafter, 1,1024,4096 for a target)\n"
             "  --rows LIST    verify widths in rows, comma-separated (default 16, at most %d):\n"
             "                 what a step of k drafts costs the target (k + 1 rows)\n"
+            "  --sessions LIST  target: also N sequences in one forward, each at the context\n"
+            "                 length (comma-separated, each 2..%d): decode N rows, verify N x\n"
+            "                 the widths; verify / decode at N is the tokens per session a\n"
+            "                 step must commit for speculation to pay (the drafter not\n"
+            "                 counted)\n"
             "  --reps N       timed calls per row after %d warm-up calls (default 20);\n"
             "                 the median and the minimum are reported\n"
             "  --device D     cpu (default), cuda, or auto (cuda when a GPU is usable)\n"
@@ -130,7 +141,7 @@ static void usage(FILE *f)
             "Times are per call: CUDA events on the GPU, the monotonic clock around call +\n"
             "sync on the CPU. On the GPU each row also gives, per call, the kernel launches,\n"
             "the host waits for the device and the host-to-device copies.\n",
-            BENCH_MAX_ROWS, BENCH_WARMUP);
+            BENCH_MAX_ROWS, BENCH_MAX_SESSIONS, BENCH_WARMUP);
 }
 
 static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
@@ -195,6 +206,20 @@ static int parse(int argc, char **argv, bench_args *a)
             }
             for (a->n_rows = 0; a->n_rows < n; a->n_rows++)
                 a->rows[a->n_rows] = ids[a->n_rows];
+            free(ids);
+        } else if (!strcmp(o, "--sessions")) {
+            int32_t *ids;
+            int n;
+            if (!(v = cli_value(argc, argv, &i)) ||
+                !cli_parse_list(o, v, 2, BENCH_MAX_SESSIONS, "session counts", &ids, &n))
+                return 0;
+            if (n > BENCH_MAX_SESS) {
+                fprintf(stderr, "dflash bench: %s takes at most %d counts, got %d\n", o, BENCH_MAX_SESS, n);
+                free(ids);
+                return 0;
+            }
+            for (a->n_sess = 0; a->n_sess < n; a->n_sess++)
+                a->sess[a->n_sess] = ids[a->n_sess];
             free(ids);
         } else if (!strcmp(o, "--reps")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1, BENCH_MAX_REPS, &a->reps))
@@ -462,7 +487,7 @@ typedef struct bench_counts {
 
 typedef struct bench_row {
     const char *op;
-    int rows, ctx;
+    int seqs, rows, ctx;
     double median_us, min_us, bytes;
     double host_us; /* median host time inside the call (GPU: enqueueing, plus any wait the call makes) */
     bench_counts counts;
@@ -477,7 +502,8 @@ typedef struct bench_run {
     double bw_bytes;  /* the copy's size */
     double bw_op;     /* the backend copy op's own bandwidth */
     double bw_driver; /* the driver's device copy (GPU), 0 on the CPU */
-    bench_row rows[(BENCH_MAX_WIDTHS + 2) * BENCH_MAX_CTX]; /* per context: propose, verifies, decode */
+    /* per context: propose, verifies, decode, and those of every session count */
+    bench_row rows[(BENCH_MAX_WIDTHS + 2) * BENCH_MAX_CTX * (1 + BENCH_MAX_SESS)];
     int n_rows;
 } bench_run;
 
@@ -667,10 +693,10 @@ static double kv_bytes_per_pos(const dflash_kv_layout *kv)
     return (double)kv->n_layers * 2 * kv->n_kv_heads * kv->head_dim * (double)dflash_dtype_size(kv->dtype);
 }
 
-static void add_row(bench_run *r, const char *op, int rows, int ctx, double med, double min, double bytes,
+static void add_row(bench_run *r, const char *op, int seqs, int rows, int ctx, double med, double min, double bytes,
                     double host_us, const bench_counts *counts)
 {
-    r->rows[r->n_rows++] = (bench_row){ op, rows, ctx, med, min, bytes, host_us, *counts };
+    r->rows[r->n_rows++] = (bench_row){ op, seqs, rows, ctx, med, min, bytes, host_us, *counts };
 }
 
 static const int *ctx_list(const bench_run *r, int target, int *n)
@@ -822,7 +848,7 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
          * the B embedding rows, and every visible context position's K/V. */
         double bytes = weights + (double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
                        (double)filled * kv_bytes_per_pos(&h->kv.layout);
-        add_row(r, "propose", h->block_size, filled, med, min, bytes, host, &counts);
+        add_row(r, "propose", 1, h->block_size, filled, med, min, bytes, host, &counts);
     }
     return DFLASH_OK;
 }
@@ -841,19 +867,40 @@ static dflash_status bench_drafter(bench_run *r)
 
 /* ---- the target --------------------------------------------------------- */
 
+static int32_t random_token(uint64_t i, int vocab) { return (int32_t)(splitmix64(i) % (uint64_t)vocab); }
+
+/* One target forward of `width` rows for each of n_seqs sequences at
+ * length ctx (rows sequence-major). */
 typedef struct forward_op {
     dflash_qwen3 *m;
-    dflash_kv_seq *seq;
-    int n;
+    dflash_kv_seq **seqs;
+    int n_seqs, n;
     int32_t ctx;
-    int32_t tokens[BENCH_MAX_ROWS], pos[BENCH_MAX_ROWS], row_seq[BENCH_MAX_ROWS], logit_rows[BENCH_MAX_ROWS];
+    int32_t *tokens, *pos, *row_seq, *logit_rows; /* [n] */
 } forward_op;
+
+static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
+                                  int32_t ctx)
+{
+    *o = (forward_op){ .m = m, .seqs = seqs, .n_seqs = n_seqs, .n = n_seqs * width, .ctx = ctx };
+    int32_t *buf = malloc((size_t)o->n * 4 * sizeof(int32_t));
+    if (!buf)
+        return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory for %d rows", o->n);
+    o->tokens = buf, o->pos = buf + o->n, o->row_seq = buf + 2 * o->n, o->logit_rows = buf + 3 * o->n;
+    for (int i = 0; i < o->n; i++) {
+        o->pos[i] = ctx + i % width;
+        o->tokens[i] = random_token(1000003u + (uint64_t)i, m->cfg.vocab_size);
+        o->row_seq[i] = i / width;
+        o->logit_rows[i] = i;
+    }
+    return DFLASH_OK;
+}
 
 static dflash_status forward_run(void *self)
 {
     forward_op *o = self;
     /* greedy: each row's argmax, no logits (what the decode loop asks) */
-    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, 1, &o->seq, o->n, o->logit_rows, 0, NULL, 1 };
+    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, o->n_seqs, o->seqs, o->n, o->logit_rows, 0, NULL, 1 };
     float *logits;
     return dflash_qwen3_forward(o->m, &b, &logits, NULL);
 }
@@ -862,11 +909,10 @@ static dflash_status forward_run(void *self)
 static dflash_status forward_after(void *self)
 {
     forward_op *o = self;
-    dflash_kv_seq_truncate(o->seq, o->ctx);
+    for (int i = 0; i < o->n_seqs; i++)
+        dflash_kv_seq_truncate(o->seqs[i], o->ctx);
     return DFLASH_OK;
 }
-
-static int32_t random_token(uint64_t i, int vocab) { return (int32_t)(splitmix64(i) % (uint64_t)vocab); }
 
 /* Prefill random tokens from seq->len up to `to` (no logits, no taps). */
 static dflash_status prefill(dflash_qwen3 *m, dflash_kv_seq *seq, int32_t to)
@@ -887,36 +933,48 @@ static dflash_status prefill(dflash_qwen3 *m, dflash_kv_seq *seq, int32_t to)
     return DFLASH_OK;
 }
 
-static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *seq, const int *ctx, int n_ctx,
-                                 int verbose)
+/* Time one forward of `width` rows per sequence for the first n_seqs of
+ * seqs (each at ctx) and add its row. */
+static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
+                                  int32_t ctx, double weights, const char *name)
+{
+    forward_op o;
+    DFLASH_TRY(forward_init(&o, m, seqs, n_seqs, width, ctx));
+    bench_op op = { forward_run, forward_after, &o };
+    double med, min, host;
+    bench_counts counts;
+    dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
+    if (s == DFLASH_OK) {
+        /* Weights once, the rows' embeddings, and the K/V of every
+         * position each sequence's last row sees (its context and rows). */
+        const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
+        double bytes = weights + o.n * embed_row + (double)n_seqs * (ctx + width) * kv_bytes_per_pos(&m->kv.layout);
+        add_row(r, name, n_seqs, o.n, ctx, med, min, bytes, host, &counts);
+    }
+    free(o.tokens);
+    return s;
+}
+
+static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, const int *ctx,
+                                 int n_ctx, int verbose)
 {
     double weights = weight_bytes(&m->final_norm) + weight_bytes(&m->lm_head);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
         weights += layer_bytes(&m->layers[l], m->layers[l].lin);
-    const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
+    const int n_w = r->a->n_rows ? r->a->n_rows : 1;
     for (int c = 0; c < n_ctx; c++) {
         if (verbose)
-            fprintf(stderr, "dflash bench: target: prefilling to %d tokens\n", ctx[c]);
-        DFLASH_TRY(prefill(m, seq, ctx[c]));
-        /* verify at each width, then decode */
-        const int n_w = r->a->n_rows ? r->a->n_rows : 1;
-        for (int k = 0; k <= n_w; k++) {
-            const int rows = k == n_w ? 1 : r->a->n_rows ? r->a->rows[k] : BENCH_VERIFY_ROWS;
-            forward_op o = { .m = m, .seq = seq, .n = rows, .ctx = ctx[c] };
-            for (int i = 0; i < o.n; i++) {
-                o.pos[i] = ctx[c] + i;
-                o.tokens[i] = random_token(1000003u + (uint64_t)i, m->cfg.vocab_size);
-                o.row_seq[i] = 0;
-                o.logit_rows[i] = i;
+            fprintf(stderr, "dflash bench: target: prefilling %d sequence%s to %d tokens\n", n_seqs,
+                    n_seqs > 1 ? "s" : "", ctx[c]);
+        for (int i = 0; i < n_seqs; i++)
+            DFLASH_TRY(prefill(m, seqs[i], ctx[c]));
+        /* one sequence, then each --sessions count: verify at each width, then decode */
+        for (int q = 0; q <= r->a->n_sess; q++) {
+            const int ns = q == 0 ? 1 : r->a->sess[q - 1];
+            for (int k = 0; k <= n_w; k++) {
+                const int width = k == n_w ? 1 : r->a->n_rows ? r->a->rows[k] : BENCH_VERIFY_ROWS;
+                DFLASH_TRY(time_forward(r, m, seqs, ns, width, ctx[c], weights, k == n_w ? "decode" : "verify"));
             }
-            bench_op op = { forward_run, forward_after, &o };
-            double med, min, host;
-            bench_counts counts;
-            DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host, &counts));
-            /* Weights once, the rows' embeddings, and the K/V of every
-             * position the last row sees (the context and the rows). */
-            double bytes = weights + o.n * embed_row + (double)(ctx[c] + o.n) * kv_bytes_per_pos(&m->kv.layout);
-            add_row(r, k == n_w ? "decode" : "verify", o.n, ctx[c], med, min, bytes, host, &counts);
         }
     }
     return DFLASH_OK;
@@ -931,7 +989,15 @@ static dflash_status bench_target(bench_run *r)
     snprintf(label, sizeof label, "%s target", p->name);
     bench_image im = { 0 };
     dflash_qwen3 *m = NULL;
-    dflash_kv_seq seq = { 0 };
+    /* one sequence, or as many as the largest --sessions count */
+    int n_seqs = 1, width = BENCH_VERIFY_ROWS;
+    for (int i = 0; i < r->a->n_sess; i++)
+        n_seqs = r->a->sess[i] > n_seqs ? r->a->sess[i] : n_seqs;
+    for (int i = 0; i < r->a->n_rows; i++)
+        width = r->a->rows[i] > width ? r->a->rows[i] : width;
+    dflash_kv_seq seq_store[BENCH_MAX_SESSIONS] = { 0 }, *seqs[BENCH_MAX_SESSIONS];
+    for (int i = 0; i < n_seqs; i++)
+        seqs[i] = &seq_store[i];
     dflash_model_config cfg;
     dflash_st *st;
     config_json(json, sizeof json, &p->t, p->vocab, p->tied, p->llama, NULL);
@@ -942,16 +1008,19 @@ static dflash_status bench_target(bench_run *r)
         dflash_qwen3_opts to;
         dflash_qwen3_default_opts(&to);
         to.max_ctx = ctx[n_ctx - 1] + BENCH_MAX_ROWS;
+        to.max_seqs = n_seqs;
+        to.max_rows = n_seqs * width > to.max_rows ? n_seqs * width : to.max_rows;
         if (r->cuda && im.len > BENCH_PROGRESS_BYTES)
             fprintf(stderr, "dflash bench: %s: copying to the GPU\n", label);
         s = dflash_qwen3_load_st(&cfg, st, r->be, &to, &m);
     }
+    for (int i = 0; i < n_seqs && s == DFLASH_OK; i++)
+        s = dflash_qwen3_seq_init(m, seqs[i]);
     if (s == DFLASH_OK)
-        s = dflash_qwen3_seq_init(m, &seq);
-    if (s == DFLASH_OK)
-        s = target_time(r, m, &seq, ctx, n_ctx, im.len > BENCH_PROGRESS_BYTES);
-    if (m && seq.table)
-        dflash_qwen3_seq_free(m, &seq);
+        s = target_time(r, m, seqs, n_seqs, ctx, n_ctx, im.len > BENCH_PROGRESS_BYTES);
+    for (int i = 0; i < n_seqs; i++)
+        if (m && seqs[i]->table)
+            dflash_qwen3_seq_free(m, seqs[i]);
     dflash_qwen3_free(m);
     img_free(&im); /* last: on the CPU the weights point into it */
     return s;
@@ -997,14 +1066,14 @@ static void print_table(const bench_run *r)
     const int counted = r->n_rows && r->rows[0].counts.counted;
     if (counted)
         printf("launches, syncs (host waits), uploads: per call, from the backend's counters\n");
-    printf("%-8s %5s %7s %12s %12s %10s %12s %8s %10s", "op", "rows", "ctx", "median_us", "min_us", "MB",
+    printf("%-8s %5s %5s %7s %12s %12s %10s %12s %8s %10s", "op", "seqs", "rows", "ctx", "median_us", "min_us", "MB",
            "floor_us", "%floor", "host_us");
     printf(counted ? " %9s %6s %8s\n" : "\n", "launches", "syncs", "uploads");
     for (int i = 0; i < r->n_rows; i++) {
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);
-        printf("%-8s %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%% %10.1f", w->op, w->rows, w->ctx, w->median_us,
-               w->min_us, w->bytes / 1e6, fl, 100 * fl / w->median_us, w->host_us);
+        printf("%-8s %5d %5d %7d %12.1f %12.1f %10.1f %12.1f %7.1f%% %10.1f", w->op, w->seqs, w->rows, w->ctx,
+               w->median_us, w->min_us, w->bytes / 1e6, fl, 100 * fl / w->median_us, w->host_us);
         if (w->counts.counted)
             printf(" %9.1f %6.1f %8.1f", w->counts.launches, w->counts.syncs, w->counts.uploads);
         printf("\n");
@@ -1024,9 +1093,9 @@ static void print_json(const bench_run *r)
     for (int i = 0; i < r->n_rows; i++) {
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);
-        printf("%s{\"op\":\"%s\",\"rows\":%d,\"ctx\":%d,\"median_us\":%.3f,\"min_us\":%.3f,\"bytes\":%.0f,"
-               "\"floor_us\":%.3f,\"floor_pct\":%.3f,\"host_us\":%.3f",
-               i ? "," : "", w->op, w->rows, w->ctx, w->median_us, w->min_us, w->bytes, fl, 100 * fl / w->median_us,
+        printf("%s{\"op\":\"%s\",\"seqs\":%d,\"rows\":%d,\"ctx\":%d,\"median_us\":%.3f,\"min_us\":%.3f,"
+               "\"bytes\":%.0f,\"floor_us\":%.3f,\"floor_pct\":%.3f,\"host_us\":%.3f",
+               i ? "," : "", w->op, w->seqs, w->rows, w->ctx, w->median_us, w->min_us, w->bytes, fl, 100 * fl / w->median_us,
                w->host_us);
         if (w->counts.counted)
             printf(",\"launches\":%.2f,\"syncs\":%.2f,\"uploads\":%.2f,\"upload_bytes\":%.0f", w->counts.launches,

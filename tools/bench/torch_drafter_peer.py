@@ -20,7 +20,7 @@ torch.cuda.CUDAGraph, with torch.cuda.Event pairs: 3 warm-up calls, then
 --reps timed calls, median and min. On the CPU (no graphs) only eager runs;
 that path exists to smoke-test this script, with --preset tiny.
 
-The table has the columns of `dflash bench`: op, rows, ctx, median_us,
+The table has the columns of `dflash bench` but its seqs: op, rows, ctx, median_us,
 min_us, MB, floor_us, %floor. Floor = bytes that must move / bandwidth
 measured here (a large tensor copy, bytes read + written, median of 5):
 the drafter's layer weights and final norm, the LM head (V x H, bf16), the
