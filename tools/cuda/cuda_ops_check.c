@@ -1183,7 +1183,7 @@ static void case_errors(void)
     int ok = s == DFLASH_ERR_INVALID_ARG && strstr(dflash_last_error(), "token id 10 outside") != NULL;
     printf("     embed error: %s: %s\n", dflash_status_name(s), dflash_last_error());
     ok = ok && g_gpu->ops->sync(g_gpu) == DFLASH_OK; /* reported once, then clear */
-    /* A KV position whose block is outside the pool. */
+    /* A KV position whose page is outside the pool. */
     dflash_kv_layout kv = { 2, 1, 1, 4, DFLASH_DTYPE_F32, gpu_alloc(2 * 2 * 16 * 4 * sizeof(float)) };
     int32_t bt[2] = { 0, 7 }, rs[1] = { 0 }, pos[1] = { 16 };
     float kv4[4] = { 1, 2, 3, 4 };
@@ -1193,7 +1193,7 @@ static void case_errors(void)
     if (s == DFLASH_OK)
         s = g_gpu->ops->sync(g_gpu);
     printf("     kv_write error: %s: %s\n", dflash_status_name(s), dflash_last_error());
-    ok = ok && s == DFLASH_ERR_INVALID_ARG && strstr(dflash_last_error(), "maps to block 7 (pool has 2)") != NULL;
+    ok = ok && s == DFLASH_ERR_INVALID_ARG && strstr(dflash_last_error(), "maps to page 7 (pool has 2)") != NULL;
     ok = ok && g_gpu->ops->sync(g_gpu) == DFLASH_OK;
     record("errors", "bad token id, KV page outside the pool", ok ? 0.0 : INFINITY, 0.0);
     free_weight(&w);
