@@ -289,8 +289,9 @@ static dflash_status evict_until_fits(dflash_engine *e, const dflash_session *s,
     return DFLASH_OK;
 }
 
-/* The session's prepared start joins the batch (prefilled now) with its
- * reservation; on failure it is as it was before the start. */
+/* The session's prepared start joins the batch (its prompt runs in the
+ * next steps) with its reservation; on failure it is as it was before the
+ * start. */
 static dflash_status admit(dflash_session *s)
 {
     dflash_engine *e = s->e;
