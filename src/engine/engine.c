@@ -65,9 +65,13 @@ struct dflash_session {
     int32_t carry_tok;
     /* pages: reserved while it runs or waits to (need: what the waiting
      * start reserves), else held by its cache; in_batch: admitted and not
-     * yet seen to leave; evicted: the cache was given up, `held` is the
-     * whole history */
+     * yet seen to leave; evicted: the cache was given up (or a start
+     * failed), `held` is the whole history and the next start runs it
+     * again; hist_in_prompt: ids of `held` this start's prompt begins with
+     * (a start after an eviction), which absorbing it must not repeat */
     int pages, need, waiting, in_batch, evicted;
+    size_t hist_in_prompt;
+    int reset_pending; /* the proposer's reset failed (out of memory): the next start retries it */
     long used;
     /* a start that stopped before generating (it could not join, or its
      * prefill failed): why (dflash_session_error) */
@@ -238,7 +242,8 @@ static dflash_status absorb(dflash_session *s)
 {
     if (!s->started || s->absorbed)
         return DFLASH_OK;
-    DFLASH_TRY(dflash_idbuf_push(&s->held, s->item.prompt, (size_t)s->item.n_prompt, "session"));
+    DFLASH_TRY(dflash_idbuf_push(&s->held, s->item.prompt + s->hist_in_prompt,
+                                 (size_t)s->item.n_prompt - s->hist_in_prompt, "session"));
     s->carry = s->item.n_out > 0;
     if (s->carry) {
         DFLASH_TRY(dflash_idbuf_push(&s->held, s->out, (size_t)s->item.n_out - 1, "session"));
@@ -256,25 +261,42 @@ static int pages_for(const dflash_engine *e, int64_t end)
     return p < e->target->pt_len ? (int)p : e->target->pt_len;
 }
 
-/* Give up an idle session's cache: its history stays in `held` and its
- * next start runs it through the target again. */
-static dflash_status evict(dflash_session *s)
+/* Drop the session's caches (target and proposer): `held` must be its
+ * whole history, which its next start runs again. The target's pages
+ * return even when the proposer's reset fails, so both start over. */
+static dflash_status drop_cache(dflash_session *s)
 {
     dflash_engine *e = s->e;
-    DFLASH_TRY(absorb(s));
-    if (s->pstate)
-        DFLASH_TRY(e->prop->ops->reset(e->prop, s->pstate));
     dflash_kv_seq_release(&e->target->kv, &s->seq);
     e->reserved -= s->pages;
     s->pages = 0;
     s->evicted = 1;
-    return DFLASH_OK;
+    dflash_status st = s->pstate ? e->prop->ops->reset(e->prop, s->pstate) : DFLASH_OK;
+    s->reset_pending = st != DFLASH_OK;
+    return st;
+}
+
+/* Give up an idle session's cache: what it holds joins `held` first. */
+static dflash_status evict(dflash_session *s)
+{
+    DFLASH_TRY(absorb(s));
+    return drop_cache(s);
 }
 
 /* Evict idle caches, least recently used first, until `s` fits with
- * `need` pages or none is left. */
+ * `need` pages; none when even all of them would not make room (the
+ * start waits for running sessions instead, and idle ones keep their
+ * caches meanwhile). */
 static dflash_status evict_until_fits(dflash_engine *e, const dflash_session *s, int need)
 {
+    int idle = 0;
+    for (int i = 0; i < e->max_sessions; i++) {
+        const dflash_session *o = e->all[i];
+        if (o && o != s && !o->in_batch && !o->waiting)
+            idle += o->pages;
+    }
+    if (e->reserved - s->pages + need - idle > e->kv_pages)
+        return DFLASH_OK;
     while (e->reserved - s->pages + need > e->kv_pages) {
         dflash_session *lru = NULL;
         for (int i = 0; i < e->max_sessions; i++) {
@@ -303,29 +325,36 @@ static dflash_status admit(dflash_session *s)
     s->used = ++e->clock;
     s->started = 1;
     s->absorbed = 0;
-    if (s->evicted) { /* the prompt carried the whole history */
-        s->held.n = 0;
-        s->evicted = 0;
-    }
+    s->hist_in_prompt = s->evicted ? s->held.n : 0; /* the prompt carries the whole history */
+    s->evicted = 0;
     return DFLASH_OK;
 }
 
-/* Sessions that left the batch keep only the pages their caches hold. */
-static void settle(dflash_engine *e)
+/* Sessions that left the batch keep only the pages their caches hold. One
+ * that left through a failure (its prompt failed, or the step did) may
+ * hold part of a prompt or rows of the failed step: its caches are
+ * dropped, and `held` keeps what is known to be right, the history before
+ * this start plus, if it generated, this start's prompt and tokens; its
+ * next start runs that again. */
+static void settle(dflash_engine *e, dflash_status step)
 {
     for (int i = 0; i < e->max_sessions; i++) {
         dflash_session *s = e->all[i];
-        if (s && s->in_batch && !dflash_spec_batch_has(e->batch, &s->item)) {
-            s->in_batch = 0;
-            if (s->item.status != DFLASH_OK) { /* its prefill failed */
-                s->join_status = s->item.status;
-                snprintf(s->join_error, sizeof s->join_error, "%s", s->item.error);
-            }
-            e->reserved -= s->pages;
-            s->pages = dflash_kv_seq_pages(&s->seq);
-            e->reserved += s->pages;
-            s->used = ++e->clock;
-        }
+        if (!s || !s->in_batch || dflash_spec_batch_has(e->batch, &s->item))
+            continue;
+        s->in_batch = 0;
+        e->reserved -= s->pages;
+        s->pages = dflash_kv_seq_pages(&s->seq);
+        e->reserved += s->pages;
+        s->used = ++e->clock;
+        if (s->item.status == DFLASH_OK && step == DFLASH_OK)
+            continue;
+        s->join_status = s->item.status != DFLASH_OK ? s->item.status : step;
+        snprintf(s->join_error, sizeof s->join_error, "%s",
+                 s->item.status != DFLASH_OK ? s->item.error : "the engine step it took part in failed");
+        if (s->item.n_out == 0 || absorb(s) != DFLASH_OK)
+            s->absorbed = 1; /* nothing of this start joins `held` */
+        (void)drop_cache(s); /* a failed proposer reset is retried by the next start */
     }
 }
 
@@ -341,6 +370,10 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
         if (ids[i] < 0 || ids[i] >= V)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: id %d at %zu is not a token of the model (0..%d)",
                                ids[i], i, V - 1);
+    if (s->reset_pending) {
+        DFLASH_TRY(e->prop->ops->reset(e->prop, s->pstate));
+        s->reset_pending = 0;
+    }
     DFLASH_TRY(absorb(s));
     s->join_status = DFLASH_OK;
     const int carry = s->carry;
@@ -453,11 +486,11 @@ dflash_status dflash_engine_step(dflash_engine *e, int *n_active)
     *n_active = 0;
     if (!e)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine step: no engine");
-    settle(e);
+    settle(e, DFLASH_OK);
     admit_waiting(e);
     int running = 0;
     dflash_status s = dflash_spec_batch_step(e->batch, &running);
-    settle(e);
+    settle(e, s);
     *n_active = running + e->n_queue;
     return s;
 }

@@ -271,8 +271,9 @@ int dflash_spec_batch_block(const dflash_spec_batch *r)
     return r->B;
 }
 
-/* The sequence at index i leaves: final statistics, buffers freed, the
- * slot filled by the last one. */
+/* The sequence at index i leaves: final statistics, buffers freed; the
+ * ones after it move up, so the array stays in join order (prefill_step
+ * serves the oldest first). */
 static void leave(dflash_spec_batch *r, int i)
 {
     many_seq *m = &r->ms[i];
@@ -281,7 +282,8 @@ static void leave(dflash_spec_batch *r, int i)
     dflash_spec_final_stats(st, m->it->n_out);
     if (m->sampled)
         dflash_spec_sampling_free(&m->ss);
-    r->ms[i] = r->ms[--r->n];
+    memmove(&r->ms[i], &r->ms[i + 1], (size_t)(r->n - i - 1) * sizeof *r->ms);
+    r->n--;
 }
 
 dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, int block_size, int max_seqs,
