@@ -34,7 +34,7 @@
 #define AT_SPLIT 128
 #define AT_QV 128 /* query vectors per block */
 
-/* cuda_backend.c mirrors this layout. */
+/* cuda_attention.c mirrors this layout. */
 struct attn_tc_args {
     const float *q;           /* [n_rows, n_heads, D] */
     float *out;               /* [n_rows, n_heads, D] */
@@ -50,7 +50,7 @@ struct attn_tc_args {
     int n_pages, n_layers, layer, pt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
 };
-static_assert(sizeof(attn_tc_args) == 144, "mirrored by attn_tc_args in cuda_backend.c");
+static_assert(sizeof(attn_tc_args) == 144, "mirrored by attn_tc_args in cuda_attention.c");
 
 /* Shared-memory row strides in 32-bit words. K rows are read 16 bytes per
  * lane (8 keys x 4 lanes per phase): a stride of 16 words mod 32 keeps the

@@ -54,7 +54,7 @@
 #define GM_SWIGLU 1
 #define GM_ARGMAX 2
 
-/* cuda_backend.c mirrors this layout. */
+/* cuda_gemm.c mirrors this layout. */
 struct gemm_args {
     const void *w[GM_MAX_W];       /* [n[i], k] bf16 or fp8 */
     const float *scales[GM_MAX_W]; /* fp8: [n[i]] per-row scales */
@@ -70,7 +70,7 @@ struct gemm_args {
     int *am_bad;                   /* argmax: [m] the row holds a NaN or +inf (reset by the finish) */
     int m, n_w, split, mode, store;
 };
-static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_backend.c");
+static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_gemm.c");
 
 /* Two f32 -> one bf16x2 register, `lo_elem` in the low half (round to
  * nearest even, as dflash_f32_to_bf16). */
