@@ -52,8 +52,9 @@ int main(int argc, char **argv)
         dflash_session_stats ss;
         dflash_session_stats_get(s, &ss);
         printf("%s%s\n", prompt, text);
-        printf("[%d prompt + %d generated tokens in %d steps; tau %.2f; %.1f ms]\n", ss.prompt_tokens,
-               ss.generated_tokens, ss.steps, ss.mean_accept, ss.total_ms);
+        printf("[%d prompt + %d generated tokens in %d steps; tau %.2f; %.1f ms, prefill %.1f ms; %.1f tokens/s]\n",
+               ss.prompt_tokens, ss.generated_tokens, ss.steps, ss.mean_accept, ss.total_ms, ss.prefill_ms,
+               ss.tokens_per_s);
     } else {
         rc = fail("generate");
     }

@@ -144,7 +144,12 @@ dflash_status dflash_session_text(const dflash_session *s, char **text);
 typedef struct dflash_session_stats {
     int prompt_tokens, generated_tokens, steps;
     double mean_accept; /* tau: tokens committed per step */
-    double total_ms;
+    double total_ms;    /* from the start (waiting for pages included) to the end */
+    /* its prompt through the target; the steps' propose and verify calls
+     * (shared by every session of a step, counted whole for each); the
+     * drafter taking in accepted rows */
+    double prefill_ms, draft_ms, verify_ms, observe_ms;
+    double tokens_per_s; /* generated tokens / (total - prefill) */
     int64_t drafted, accepted; /* draft tokens proposed, and accepted by the target */
     /* [k]: steps that committed k tokens (k >= DFLASH_STATS_POSITIONS
      * counted in the last entry) */

@@ -145,6 +145,10 @@ static void test_sessions(void)
     dflash_session_stats st;
     dflash_session_stats_get(s[1], &st);
     CHECK(st.prompt_tokens == 6 && st.generated_tokens == nw && st.steps > 0 && st.mean_accept >= 1.0);
+    CHECKF(st.prefill_ms > 0 && st.verify_ms > 0 && st.draft_ms > 0 && st.total_ms >= st.prefill_ms + st.verify_ms &&
+               st.tokens_per_s > 0,
+           "times: prefill %g, draft %g, verify %g, total %g ms, %g tokens/s", st.prefill_ms, st.draft_ms, st.verify_ms,
+           st.total_ms, st.tokens_per_s);
 done:
     for (int i = 0; i < 3; i++)
         dflash_session_free(s[i]);

@@ -527,7 +527,9 @@ void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out
     const dflash_gen_stats *st = &s->item.stats;
     *out = (dflash_session_stats){ .prompt_tokens = st->n_prompt, .generated_tokens = s->item.n_out,
                                    .steps = st->n_steps, .mean_accept = st->mean_accept,
-                                   .total_ms = st->total_ms };
+                                   .total_ms = st->total_ms, .prefill_ms = st->prefill_ms,
+                                   .draft_ms = st->draft_ms, .verify_ms = st->verify_ms,
+                                   .observe_ms = st->observe_ms, .tokens_per_s = st->tokens_per_s };
     const int P = DFLASH_STATS_POSITIONS;
     for (int k = 0; k <= DFLASH_MAX_BLOCK; k++)
         out->commit_hist[k < P ? k : P] += st->accept_hist[k];
