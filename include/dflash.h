@@ -90,6 +90,10 @@ void dflash_engine_close(dflash_engine *e);
 /* Positions one session may hold, prompt and output together: max_ctx,
  * or the model's context length where that is smaller. */
 int dflash_engine_max_ctx(const dflash_engine *e);
+/* The KV page pool: its pages, those reserved by running or waiting starts
+ * or held by idle caches, and the started sessions waiting for pages. Read
+ * it from the thread that steps the engine. */
+void dflash_engine_kv_usage(const dflash_engine *e, int *pages, int *reserved, int *waiting);
 
 /* Called with the tokens each step commits, in order; a status other than
  * DFLASH_OK stops that session (the tokens so far are kept). */

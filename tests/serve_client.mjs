@@ -205,6 +205,11 @@ await attempt('a KV page budget', async () => {
   const rs = await Promise.all([1, 2, 3].map(() => kv.completions.create(req)));
   check('kv pages: requests that wait for pages get what one alone gets', rs.every((r) => r.choices[0].text === expect),
     JSON.stringify(rs.map((r) => r.choices[0].text)));
+  const kvMetrics = await (await fetch(process.env.BASE_KV + '/metrics')).text();
+  const gauge = (name) => Number((kvMetrics.match(new RegExp(`^${name} (\\d+)$`, 'm')) || [])[1]);
+  check('kv pages: metrics show the pool, nothing held or waiting once done', gauge('dflash_kv_pages') === 6 &&
+    gauge('dflash_kv_pages_reserved') === 0 && gauge('dflash_sessions_waiting_for_pages') === 0,
+    kvMetrics.split('\n').filter((l) => /kv_pages|waiting_for/.test(l)).join('; '));
   const over = await raw('/v1/completions', post({ prompt: process.env.PROMPT, max_tokens: 400 }), process.env.BASE_KV);
   check('kv pages: a request needing more than all of them: 400', over.status === 400 &&
     /KV pages/.test(over.body.error.message), JSON.stringify(over));

@@ -79,6 +79,8 @@ typedef struct serve_metrics {
     unsigned long long tpot_hist[SERVE_TPOT_BUCKETS + 1];
     double tpot_sum;
     unsigned long long tpot_count;
+    /* the engine's KV pages after the last step (dflash_engine_kv_usage) */
+    int kv_pages, kv_reserved, kv_waiting;
 } serve_metrics;
 
 typedef struct serve_ctx {

@@ -282,6 +282,12 @@ static char *metrics_text(serve_ctx *c)
                      "# TYPE dflash_queue_length gauge\ndflash_queue_length %d\n"
                      "# HELP dflash_running_sessions Sessions generating.\n"
                      "# TYPE dflash_running_sessions gauge\ndflash_running_sessions %d\n"
+                     "# HELP dflash_kv_pages KV pages of 16 positions the requests share (--kv-pages).\n"
+                     "# TYPE dflash_kv_pages gauge\ndflash_kv_pages %d\n"
+                     "# HELP dflash_kv_pages_reserved KV pages reserved by running requests, after the last step.\n"
+                     "# TYPE dflash_kv_pages_reserved gauge\ndflash_kv_pages_reserved %d\n"
+                     "# HELP dflash_sessions_waiting_for_pages Running requests whose start waits for KV pages.\n"
+                     "# TYPE dflash_sessions_waiting_for_pages gauge\ndflash_sessions_waiting_for_pages %d\n"
                      "# HELP dflash_prompt_tokens_total Prompt tokens of admitted requests.\n"
                      "# TYPE dflash_prompt_tokens_total counter\ndflash_prompt_tokens_total %llu\n"
                      "# HELP dflash_generated_tokens_total Tokens generated (committed by the target).\n"
@@ -292,7 +298,7 @@ static char *metrics_text(serve_ctx *c)
                      "# HELP dflash_time_to_first_token_seconds From arrival to the first token.\n"
                      "# TYPE dflash_time_to_first_token_seconds histogram\n",
                      m->req_ok, m->req_error, m->req_cancelled, m->req_rejected, c->n_queued, c->n_running,
-                     m->prompt_tokens, m->generated_tokens, m->steps);
+                     m->kv_pages, m->kv_reserved, m->kv_waiting, m->prompt_tokens, m->generated_tokens, m->steps);
 /* append while there is room (the text is far below cap) */
 #define PUT(...) (n > 0 && (size_t)n < cap ? n += snprintf(t + n, cap - (size_t)n, __VA_ARGS__) : 0)
     put_histogram(t, cap, &n, "dflash_time_to_first_token_seconds", serve_ttft_bounds, SERVE_TTFT_BUCKETS,

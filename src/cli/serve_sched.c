@@ -335,6 +335,7 @@ static void *sched_main(void *arg)
             c->n_running--;
             serve_job_release(j);
         }
+        dflash_engine_kv_usage(c->engine, &c->m.kv_pages, &c->m.kv_reserved, &c->m.kv_waiting);
         pthread_cond_broadcast(&c->progress);
     }
     pthread_mutex_unlock(&c->mu);

@@ -444,6 +444,13 @@ int dflash_engine_max_ctx(const dflash_engine *e)
     return e->max_ctx;
 }
 
+void dflash_engine_kv_usage(const dflash_engine *e, int *pages, int *reserved, int *waiting)
+{
+    *pages = e->kv_pages;
+    *reserved = e->reserved;
+    *waiting = e->n_queue;
+}
+
 /* A waiting start that cannot join leaves the queue with its reason. */
 static void join_failed(dflash_session *s, dflash_status st)
 {
