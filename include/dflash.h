@@ -99,6 +99,7 @@ void dflash_engine_kv_usage(const dflash_engine *e, int *pages, int *reserved, i
  * DFLASH_OK stops that session (the tokens so far are kept). */
 typedef dflash_status (*dflash_tokens_cb)(void *user, const int32_t *ids, int n);
 
+#define DFLASH_MAX_STOP_IDS 16
 typedef struct dflash_session_opts {
     int max_tokens;     /* per start (default 256) */
     double temperature; /* 0: greedy (default) */
@@ -108,6 +109,11 @@ typedef struct dflash_session_opts {
     double rep_penalty; /* 1: off; counts everything the session holds */
     uint64_t seed;      /* sampling is keyed by the seed and each token's position */
     int ignore_eos;     /* 1: do not stop at the model's end-of-sequence ids */
+    /* more ids that end generation (emitted, then the session stops), as a
+     * chat format's end of turn; whatever ignore_eos says. At most
+     * DFLASH_MAX_STOP_IDS, copied by dflash_session_new. */
+    const int32_t *stop_ids;
+    int n_stop_ids;
     dflash_tokens_cb on_tokens;
     void *user;
 } dflash_session_opts;

@@ -12,7 +12,8 @@
  * freed, idle caches give way and their sessions still continue exactly,
  * a start that could never fit fails at once, and one whose pages are held
  * by a session waiting behind it stops with its reason; a long prompt
- * joins over several steps while another session keeps generating. */
+ * joins over several steps while another session keeps generating; a
+ * session's own stop ids end it. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -511,6 +512,54 @@ done:
     dflash_engine_close(e);
 }
 
+/* A session's own stop ids end it at that token (emitted), on top of the
+ * model's; ids outside the vocabulary are refused. */
+static void test_stop_ids(void)
+{
+    dflash_engine_opts eo = pair_opts(1);
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        return;
+    const char *text = "def main():\n";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(dflash_tokenizer_encode_special(g_tok, text, strlen(text), &ids, &n));
+    dflash_session_opts so;
+    dflash_session_default_opts(&so);
+    so.max_tokens = N_NEW;
+    so.ignore_eos = 1;
+    int32_t want[N_NEW];
+    int nw = plain_run(ids, (int)n, &so, want);
+    /* the first token from the fourth on that did not come before */
+    int cut = -1;
+    for (int i = 3; i < nw && cut < 0; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= want[j] == want[i];
+        if (!seen)
+            cut = i;
+    }
+    CHECK(cut > 0);
+    dflash_session *s = NULL;
+    int32_t bad = 1 << 20;
+    so.stop_ids = &bad;
+    so.n_stop_ids = 1;
+    CHECK_FAILS(dflash_session_new(e, &so, &s), DFLASH_ERR_INVALID_ARG, "stop id");
+    int32_t stop = cut > 0 ? want[cut] : 0;
+    so.stop_ids = &stop;
+    CHECK_OK(dflash_session_new(e, &so, &s));
+    if (s && cut > 0) {
+        CHECK_OK(dflash_session_start_ids(s, ids, n));
+        for (int active = 1, steps = 0; active && steps++ < 200;)
+            CHECK_OK(dflash_engine_step(e, &active));
+        CHECKF(same_output(s, want, cut + 1), "the session did not stop at its stop id (token %d)", cut);
+    }
+    dflash_session_free(s);
+    free(ids);
+    dflash_engine_close(e);
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&g_be));
@@ -526,6 +575,7 @@ int main(void)
         RUN(test_kv_admission);
         RUN(test_kv_blocked_behind);
         RUN(test_chunked_prefill);
+        RUN(test_stop_ids);
     }
     dflash_tokenizer_free(g_tok);
     dflash_qwen3_free(g_plain);

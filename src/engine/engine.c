@@ -50,6 +50,9 @@ struct dflash_engine {
 struct dflash_session {
     dflash_engine *e;
     dflash_session_opts o;
+    /* what ends its generation: the model's ids (unless ignore_eos), then its own */
+    int32_t stops[ENGINE_MAX_STOP + DFLASH_MAX_STOP_IDS];
+    int n_stops;
     dflash_kv_seq seq;
     void *pstate;
     dflash_spec_item item;
@@ -182,6 +185,13 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
                            e->max_sessions);
     const dflash_sampler_opts so = session_sampler(o);
     DFLASH_TRY(dflash_sampler_check_opts(&so));
+    if (o->n_stop_ids < 0 || o->n_stop_ids > DFLASH_MAX_STOP_IDS || (o->n_stop_ids && !o->stop_ids))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: %d stop ids (at most %d)", o->n_stop_ids,
+                           DFLASH_MAX_STOP_IDS);
+    for (int i = 0; i < o->n_stop_ids; i++)
+        if (o->stop_ids[i] < 0 || o->stop_ids[i] >= e->target->cfg.vocab_size)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: stop id %d at %d is not a token of the model (0..%d)",
+                               o->stop_ids[i], i, e->target->cfg.vocab_size - 1);
     dflash_session *s = calloc(1, sizeof *s);
     if (!s || !(s->out = malloc(((size_t)o->max_tokens + 1) * sizeof *s->out))) {
         free(s);
@@ -189,6 +199,12 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
     }
     s->e = e;
     s->o = *o;
+    if (!o->ignore_eos)
+        for (int i = 0; i < e->n_stop; i++)
+            s->stops[s->n_stops++] = e->stop_ids[i];
+    for (int i = 0; i < o->n_stop_ids; i++)
+        s->stops[s->n_stops++] = o->stop_ids[i];
+    s->o.stop_ids = NULL; /* copied above: the caller's array need not outlive the call */
     dflash_status st = dflash_qwen3_seq_init(e->target, &s->seq);
     if (st == DFLASH_OK && e->prop)
         st = e->prop->ops->alloc_state(e->prop, e->target->opts.max_ctx, &s->pstate);
@@ -401,8 +417,8 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
     dflash_gen_default_opts(&it->opts);
     it->opts.n_new = s->o.max_tokens;
     it->opts.sampler = session_sampler(&s->o);
-    it->opts.stop_ids = s->o.ignore_eos ? NULL : e->stop_ids;
-    it->opts.n_stop = s->o.ignore_eos ? 0 : e->n_stop;
+    it->opts.stop_ids = s->stops;
+    it->opts.n_stop = s->n_stops;
     it->opts.history = n_hist ? NULL : s->held.ids;
     it->opts.n_history = n_hist ? 0 : (int)s->held.n;
     it->opts.on_tokens = s->o.on_tokens;
