@@ -70,6 +70,9 @@ typedef struct dflash_engine_opts {
      * from the steps' own times and acceptance. Outputs are the same. */
     int width_auto;
     int drafter_fp8;       /* 1: drafter weights in fp8 e4m3 with per-row scales */
+    /* the drafter's context window in positions, 0 = none; -1 (default):
+     * DFLASH_CTX_CAP, else 4096 */
+    int ctx_cap;
     /* KV pages (16 positions each, every layer) the target's pool holds for
      * all sessions together; 0 (default): room for max_sessions sessions of
      * max_ctx positions. A start reserves what its session can reach (its

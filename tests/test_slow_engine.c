@@ -175,6 +175,9 @@ static void test_callback_stops_one(void)
 {
     dflash_engine_opts eo = pair_opts(2);
     dflash_engine *e = NULL;
+    eo.ctx_cap = -2;
+    CHECK_FAILS(dflash_engine_open(&eo, &e), DFLASH_ERR_INVALID_ARG, "ctx_cap");
+    eo.ctx_cap = 16; /* a drafter window shorter than the prompts: drafts change, outputs do not */
     CHECK_OK(dflash_engine_open(&eo, &e));
     if (!e)
         return;

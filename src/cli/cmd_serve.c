@@ -57,8 +57,7 @@ static void usage(FILE *f)
             "Drafting: by default each step drafts the cost-aware width, the number of\n"
             "drafts with the most expected tokens per second per request at the current\n"
             "number of requests (0 when speculation does not pay); --block-size B drafts\n"
-            "B - 1 every step. The drafter's context window is DFLASH_CTX_CAP (--ctx-cap\n"
-            "is not used here).\n"
+            "B - 1 every step. --ctx-cap bounds the drafter's context window.\n"
             "SIGTERM or SIGINT: no new requests, running ones get up to 30 s to finish,\n"
             "exit 0.\n");
 }
@@ -148,6 +147,7 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
     eo.block_size = a->e.block_fixed ? a->e.block_size : 0;
     eo.width_auto = !a->e.block_fixed; /* as generate: the cost-aware width unless --block-size */
     eo.drafter_fp8 = a->e.quant == DFLASH_QUANT_FP8_WEIGHTS;
+    eo.ctx_cap = a->e.ctx_cap;
     const char *tdir = a->e.tokenizer ? a->e.tokenizer : a->e.model;
     if (dflash_engine_open(&eo, &c->engine) != DFLASH_OK || dflash_tokenizer_load(tdir, &c->tok) != DFLASH_OK) {
         fprintf(stderr, "dflash serve: %s\n", dflash_last_error());

@@ -88,6 +88,7 @@ void dflash_engine_default_opts(dflash_engine_opts *o)
     o->device = "cpu";
     o->max_sessions = 8;
     o->max_ctx = 4096;
+    o->ctx_cap = -1;
 }
 
 void dflash_session_default_opts(dflash_session_opts *o)
@@ -113,7 +114,7 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     to.kv_pages = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)
-        DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, -1,
+        DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, o->ctx_cap,
                                         o->drafter_fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16, &e->prop));
     /* text in and out, and the tokenizer's end-of-sequence ids, when the
      * folder has a tokenizer; ids alone work without one */
@@ -138,10 +139,11 @@ dflash_status dflash_engine_open(const dflash_engine_opts *o, dflash_engine **ou
     *out = NULL;
     if (!o || !o->model_dir)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine: no model_dir given");
-    if (o->max_sessions <= 0 || o->max_ctx <= 0 || o->block_size < 0 || o->kv_pages < 0)
+    if (o->max_sessions <= 0 || o->max_ctx <= 0 || o->block_size < 0 || o->kv_pages < 0 || o->ctx_cap < -1)
         return dflash_fail(DFLASH_ERR_INVALID_ARG,
-                           "engine: max_sessions %d, max_ctx %d, block_size %d, kv_pages %d (want > 0, > 0, >= 0, >= 0)",
-                           o->max_sessions, o->max_ctx, o->block_size, o->kv_pages);
+                           "engine: max_sessions %d, max_ctx %d, block_size %d, kv_pages %d, ctx_cap %d (want > 0, > 0, "
+                           ">= 0, >= 0, >= -1)",
+                           o->max_sessions, o->max_ctx, o->block_size, o->kv_pages, o->ctx_cap);
     dflash_engine *e = calloc(1, sizeof *e);
     if (!e)
         return dflash_fail(DFLASH_ERR_OOM, "engine: out of memory");
