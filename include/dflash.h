@@ -63,6 +63,7 @@ typedef struct dflash_engine_opts {
     const char *device;    /* "cpu" (default), "cuda", or "auto" (CUDA when usable) */
     int max_sessions;      /* sessions started at once (default 8) */
     int max_ctx;           /* positions per session, prompt + output (default 4096; at most the model's) */
+    int long_context;      /* 1: max_ctx may pass the model's context length (past what it was trained on) */
     int block_size;        /* tokens per step, last token + drafts (0: the drafter's) */
     /* 1: each step drafts the cost-aware width instead of the whole block:
      * the draft count (up to block_size - 1) with the most expected tokens
@@ -169,6 +170,10 @@ typedef struct dflash_session_stats {
     int64_t commit_hist[DFLASH_STATS_POSITIONS + 1];
     /* [i]: steps that drafted position i + 1, and that accepted it */
     int64_t pos_tried[DFLASH_STATS_POSITIONS], pos_accepted[DFLASH_STATS_POSITIONS];
+    /* [k]: steps that drafted k tokens (k >= DFLASH_STATS_POSITIONS counted
+     * in the last entry); k = 0 is a plain decoding step */
+    int64_t width_hist[DFLASH_STATS_POSITIONS + 1];
+    int stopped; /* a stop id or the token callback ended it before its budget */
 } dflash_session_stats;
 /* Statistics of the last start (tau and the total time once it is done). */
 void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out);

@@ -146,6 +146,11 @@ static void test_sessions(void)
     dflash_session_stats st;
     dflash_session_stats_get(s[1], &st);
     CHECK(st.prompt_tokens == 6 && st.generated_tokens == nw && st.steps > 0 && st.mean_accept >= 1.0);
+    int64_t widths = 0;
+    for (int k = 0; k <= DFLASH_STATS_POSITIONS; k++)
+        widths += st.width_hist[k];
+    CHECKF(widths == st.steps && !st.stopped, "width histogram %lld over %d steps, stopped %d", (long long)widths,
+           st.steps, st.stopped);
     CHECKF(st.prefill_ms > 0 && st.verify_ms > 0 && st.draft_ms > 0 && st.total_ms >= st.prefill_ms + st.verify_ms &&
                st.tokens_per_s > 0,
            "times: prefill %g, draft %g, verify %g, total %g ms, %g tokens/s", st.prefill_ms, st.draft_ms, st.verify_ms,
@@ -227,6 +232,16 @@ static void test_width_auto(void)
     if (!e)
         return;
     CHECK(dflash_engine_max_ctx(e) == g_plain->cfg.max_position_embeddings);
+    {
+        /* past the model's context length only when asked */
+        dflash_engine_opts lo = pair_opts(1);
+        lo.max_ctx = g_plain->cfg.max_position_embeddings + 512;
+        lo.long_context = 1;
+        dflash_engine *le = NULL;
+        CHECK_OK(dflash_engine_open(&lo, &le));
+        CHECK(le && dflash_engine_max_ctx(le) == lo.max_ctx);
+        dflash_engine_close(le);
+    }
     const char *texts[3] = { "class Node:\n    def __init__(self):\n", "import json\n\n\ndef load(path):\n",
                              "def parse_args(argv):\n" };
     int32_t *ids[3] = { 0 };
@@ -557,6 +572,9 @@ static void test_stop_ids(void)
         for (int active = 1, steps = 0; active && steps++ < 200;)
             CHECK_OK(dflash_engine_step(e, &active));
         CHECKF(same_output(s, want, cut + 1), "the session did not stop at its stop id (token %d)", cut);
+        dflash_session_stats st;
+        dflash_session_stats_get(s, &st);
+        CHECK(st.stopped);
     }
     dflash_session_free(s);
     free(ids);

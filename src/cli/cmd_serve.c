@@ -52,7 +52,8 @@ static void usage(FILE *f)
     cli_engine_usage(f);
     fprintf(f,
             "\n"
-            "Context: --max-ctx (default 4096, at most the model's) bounds prompt +\n"
+            "Context: --max-ctx (default 4096, at most the model's unless\n"
+            "--allow-long-context) bounds prompt +\n"
             "max_tokens of every request; without max_tokens a request may use all of it.\n"
             "Drafting: by default each step drafts the cost-aware width, the number of\n"
             "drafts with the most expected tokens per second per request at the current\n"
@@ -148,6 +149,7 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
     eo.width_auto = !a->e.block_fixed; /* as generate: the cost-aware width unless --block-size */
     eo.drafter_fp8 = a->e.quant == DFLASH_QUANT_FP8_WEIGHTS;
     eo.ctx_cap = a->e.ctx_cap;
+    eo.long_context = a->e.allow_long_ctx;
     const char *tdir = a->e.tokenizer ? a->e.tokenizer : a->e.model;
     if (dflash_engine_open(&eo, &c->engine) != DFLASH_OK || dflash_tokenizer_load(tdir, &c->tok) != DFLASH_OK) {
         fprintf(stderr, "dflash serve: %s\n", dflash_last_error());

@@ -108,7 +108,7 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
     const int model_ctx = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : o->max_ctx;
-    e->max_ctx = o->max_ctx < model_ctx ? o->max_ctx : model_ctx;
+    e->max_ctx = o->max_ctx < model_ctx || o->long_context ? o->max_ctx : model_ctx;
     to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
     to.kv_pages = o->kv_pages;
@@ -554,10 +554,13 @@ void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out
                                    .steps = st->n_steps, .mean_accept = st->mean_accept,
                                    .total_ms = st->total_ms, .prefill_ms = st->prefill_ms,
                                    .draft_ms = st->draft_ms, .verify_ms = st->verify_ms,
-                                   .observe_ms = st->observe_ms, .tokens_per_s = st->tokens_per_s };
+                                   .observe_ms = st->observe_ms, .tokens_per_s = st->tokens_per_s,
+                                   .stopped = st->stopped };
     const int P = DFLASH_STATS_POSITIONS;
     for (int k = 0; k <= DFLASH_MAX_BLOCK; k++)
         out->commit_hist[k < P ? k : P] += st->accept_hist[k];
+    for (int k = 0; k < DFLASH_MAX_BLOCK; k++)
+        out->width_hist[k < P ? k : P] += st->width_hist[k];
     for (int i = 0; i < DFLASH_MAX_BLOCK; i++) {
         out->drafted += st->pos_tried[i];
         out->accepted += st->pos_accepted[i];
