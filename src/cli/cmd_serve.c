@@ -53,8 +53,8 @@ static void usage(FILE *f)
     fprintf(f,
             "\n"
             "Context: --max-ctx (default 4096, at most the model's unless\n"
-            "--allow-long-context) bounds prompt +\n"
-            "max_tokens of every request; without max_tokens a request may use all of it.\n"
+            "--allow-long-context) bounds prompt + max_tokens of every request; without\n"
+            "max_tokens a request may use all of it.\n"
             "Drafting: by default each step drafts the cost-aware width, the number of\n"
             "drafts with the most expected tokens per second per request at the current\n"
             "number of requests (0 when speculation does not pay); --block-size B drafts\n"
