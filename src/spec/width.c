@@ -50,29 +50,9 @@ static double line_at(const dflash_width_line *l, double x)
     return t > floor ? t : floor;
 }
 
-/* alpha_j (1-based j): decayed counts with a Beta(1, 1) prior; a position
- * not reached lately takes the rate of the one before it. */
-static double alpha(const dflash_width *m, int j, double prev)
-{
-    const double r = m->reached[j - 1], a = m->accepted[j - 1];
-    if (r < 0.5)
-        return j == 1 ? 0.5 : prev;
-    return (a + 1.0) / (r + 2.0);
-}
-
-double dflash_width_expected_tokens(const dflash_width *m, int k)
-{
-    double e = 1.0, run = 1.0, prev = 0.5;
-    for (int j = 1; j <= k && j <= m->max_drafts; j++) {
-        prev = alpha(m, j, prev);
-        run *= prev;
-        e += run;
-    }
-    return e;
-}
-
-/* The same with each alpha_j raised by one standard deviation of its
- * Beta posterior: optimism where little was seen, so a width that might
+/* E[tokens | k] with each alpha_j (decayed counts, Beta(1, 1) prior)
+ * raised by one standard deviation of its posterior: optimism where
+ * little was seen, so a width that might
  * pay gets tried and measured (where counts are many the bonus vanishes).
  * Acceptance in real text comes in stretches: deep in an accepted run a
  * draft is accepted more often than the first one is, which a model that
@@ -83,7 +63,7 @@ double dflash_width_expected_tokens(const dflash_width *m, int k)
  * is always rejected) lends as before. The bonus cannot make a width win
  * whose cost outweighs even an optimistic gain, so a device where rows
  * are dear still decodes plain. */
-static double expected_tokens_optimistic(const dflash_width *m, int k)
+double dflash_width_expected_tokens(const dflash_width *m, int k)
 {
     double e = 1.0, run = 1.0, prev = 0.5;
     for (int j = 1; j <= k && j <= m->max_drafts; j++) {
@@ -127,7 +107,7 @@ int dflash_width_choose(dflash_width *m, int limit)
         double best = -1;
         k = 0;
         for (int c = 0; c <= hi; c++) {
-            double rate = expected_tokens_optimistic(m, c) / dflash_width_cost_ms(m, c);
+            double rate = dflash_width_expected_tokens(m, c) / dflash_width_cost_ms(m, c);
             if (rate > best) {
                 best = rate;
                 k = c;

@@ -10,14 +10,15 @@
  *
  * alpha_j: the acceptance of draft j given drafts 1..j-1 were accepted,
  * counted over the steps that reached j, with counts that decay so the
- * estimate follows the text; positions never reached borrow the last
- * reached one's rate (a Beta(1, 1) prior before any). verify and propose
+ * estimate follows the text (a Beta(1, 1) prior), taken optimistically:
+ * one standard deviation of its posterior above the estimate, so widths
+ * whose deep positions were rarely reached get tried until the counts say
+ * otherwise (acceptance comes in stretches, and deep drafts of an
+ * accepted stretch are accepted more often than the first draft is); a
+ * position that could not be reached (the draft before it is always
+ * rejected) takes the rate of the one before it. verify and propose
  * times: decayed least-squares lines in the row count, fed by the loop's
- * own clock. The choice is optimistic: each alpha_j counts one standard
- * deviation of its estimate above it, so widths whose deep positions were
- * rarely reached get tried until the counts say otherwise (acceptance
- * comes in stretches, and deep drafts of an accepted stretch are accepted
- * more often than the first draft is). The first two steps try two drafts
+ * own clock. The first two steps try two drafts
  * and one so both lines have points; later, a step now and then tries a
  * width next to the chosen one, or while plain decoding wins the widest
  * block that costs at most three plain steps, so no estimate goes stale.
@@ -58,7 +59,8 @@ void dflash_width_observe(dflash_width *m, int k, int a, double verify_ms, doubl
 void dflash_width_observe_many(dflash_width *m, const int *k, const int *a, int n, int width, double verify_ms,
                                double propose_ms);
 
-/* The model's current estimates (for stats and tests). */
+/* The estimates the choice weighs (for tests): E[tokens | k] as above,
+ * and cost(k) in ms. */
 double dflash_width_expected_tokens(const dflash_width *m, int k);
 double dflash_width_cost_ms(const dflash_width *m, int k);
 
