@@ -301,6 +301,13 @@ static dflash_status evict(dflash_session *s)
     return drop_cache(s);
 }
 
+/* A session other than `s` whose cache could be given up: not running,
+ * not waiting, holding pages. */
+static int holds_idle_cache(const dflash_session *o, const dflash_session *s)
+{
+    return o && o != s && !o->in_batch && !o->waiting && o->pages > 0;
+}
+
 /* Evict idle caches, least recently used first, until `s` fits with
  * `need` pages; none when even all of them would not make room (the
  * start waits for running sessions instead, and idle ones keep their
@@ -308,20 +315,16 @@ static dflash_status evict(dflash_session *s)
 static dflash_status evict_until_fits(dflash_engine *e, const dflash_session *s, int need)
 {
     int idle = 0;
-    for (int i = 0; i < e->max_sessions; i++) {
-        const dflash_session *o = e->all[i];
-        if (o && o != s && !o->in_batch && !o->waiting)
-            idle += o->pages;
-    }
+    for (int i = 0; i < e->max_sessions; i++)
+        if (holds_idle_cache(e->all[i], s))
+            idle += e->all[i]->pages;
     if (e->reserved - s->pages + need - idle > e->kv_pages)
         return DFLASH_OK;
     while (e->reserved - s->pages + need > e->kv_pages) {
         dflash_session *lru = NULL;
-        for (int i = 0; i < e->max_sessions; i++) {
-            dflash_session *o = e->all[i];
-            if (o && o != s && !o->in_batch && !o->waiting && o->pages > 0 && (!lru || o->used < lru->used))
-                lru = o;
-        }
+        for (int i = 0; i < e->max_sessions; i++)
+            if (holds_idle_cache(e->all[i], s) && (!lru || e->all[i]->used < lru->used))
+                lru = e->all[i];
         if (!lru)
             return DFLASH_OK;
         DFLASH_TRY(evict(lru));
