@@ -532,7 +532,7 @@ static dflash_status clock_start(bench_run *r, double *t0)
     if (r->cuda)
         return dflash_cuda_timer_start(r->be);
     DFLASH_TRY(r->be->ops->sync(r->be));
-    *t0 = (cli_now_s() * 1e6);
+    *t0 = cli_now_s() * 1e6;
     return DFLASH_OK;
 }
 
@@ -545,7 +545,7 @@ static dflash_status clock_stop(bench_run *r, double t0, double *us)
         return DFLASH_OK;
     }
     DFLASH_TRY(r->be->ops->sync(r->be));
-    *us = (cli_now_s() * 1e6) - t0;
+    *us = cli_now_s() * 1e6 - t0;
     return DFLASH_OK;
 }
 
@@ -581,9 +581,9 @@ static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double 
             o->counters(r->be, &c0);
         double t0 = 0, t;
         DFLASH_TRY(clock_start(r, &t0));
-        double h0 = (cli_now_s() * 1e6);
+        double h0 = cli_now_s() * 1e6;
         DFLASH_TRY(op->run(op->self));
-        double h = (cli_now_s() * 1e6) - h0;
+        double h = cli_now_s() * 1e6 - h0;
         DFLASH_TRY(clock_stop(r, t0, &t));
         if (op->after)
             DFLASH_TRY(op->after(op->self));
