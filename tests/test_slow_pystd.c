@@ -13,9 +13,12 @@
 #include "io/tokenizer.h"
 #include "spec/spec.h"
 
-/* Measured with this CPU code at commit time: see models/qwen3-pystd-dflash/README.md. */
-#define TAU_FLOOR_HELDOUT 2.95
-#define TAU_FLOOR_OUTSIDE 2.9
+/* Just below what this CPU code measures with the shipped drafter (3.520
+ * held-out, 3.406 outside; models/qwen3-pystd-dflash/README.md). Every
+ * CPU kernel keeps one summation order whatever the SIMD width, so the
+ * figure does not move between machines: a drop is a regression. */
+#define TAU_FLOOR_HELDOUT 3.5
+#define TAU_FLOOR_OUTSIDE 3.38
 #define N_NEW 128
 
 static void check_set(const char *path, double floor)

@@ -92,7 +92,7 @@ def greedy_extend(model, x, n):
 def pool(work, model, sources, n, prompt_len, seq, batch, seed):
     """[n, seq] greedy continuations of prompt_len-token windows, drawn
     evenly from the device streams in `sources`; cached in WORK."""
-    path = os.path.join(work, f"pool-{n}-{seq}-{seed}.pt")
+    path = os.path.join(work, f"pool-{n}-{prompt_len}-{seq}-{seed}.pt")
     if os.path.exists(path):
         return torch.load(path).to(sources[0].device)
     t0 = time.time()

@@ -8,7 +8,8 @@
 #
 # Each argument is one run of tools/train/train_dflash.py with the knobs of
 # its docstring (DRAFT_LAYERS, DRAFT_BATCH, DRAFT_LR, DRAFT_SECONDS,
-# DRAFT_TOTAL_SECONDS, DRAFT_INIT, EVAL_PLAIN, ...); several run at once on
+# DRAFT_TOTAL_SECONDS, DRAFT_INIT, DRAFT_INIT_MODEL, DRAFT_TAPS as 1+3+5,
+# DRAFT_KL, EVAL_PLAIN, ...); several run at once on
 # the one GPU (the models are small), after one shared preparation of the
 # token streams and the pool (DRAFT_PREP_ONLY). A knob DRAFT_INIT=NAME
 # resumes from build/retrain/NAME/ckpt (a previous run's checkpoint, kept on
@@ -72,7 +73,7 @@ rc=0
 for i in "${!pids[@]}"; do
     n=${names[$i]}
     if wait "${pids[$i]}"; then echo "=== $n ok"; else echo "=== $n FAILED"; rc=1; fi
-    grep -E "train_dflash: (drafter|resumed|[0-9]+ steps|heldout|outside)" "$R/$n/log.txt" | sed "s/^/  $n: /" || true
+    grep -E "train_dflash: (drafter|resumed|started|[0-9]+ steps|heldout|outside)" "$R/$n/log.txt" | sed "s/^/  $n: /" || true
     tar -C "$R" -cf - "$n" | split -b 15M - "$OUT/$n.tar."
 done
 ls -l "$OUT"

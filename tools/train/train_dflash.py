@@ -6,8 +6,9 @@ then measured.
 Owns the drafter's geometry, its training recipe and the pair's acceptance:
 
 - drafter: DRAFT_LAYERS Qwen3 layers at the target's width (256), 4:2
-  heads of 64, MLP 768, taps target_layer_ids [1, 3, 5] (explicit), block 16,
-  mask token `<|mask|>`; the target's embedding / tied LM head, frozen.
+  heads of 64, MLP 768, taps target_layer_ids DRAFT_TAPS (default 1,3,5),
+  block 16, mask token `<|mask|>`; the target's embedding / tied LM head,
+  frozen.
 - data (drafter_data.py): sequences of SEQ tokens; per batch REAL_PER_BATCH
   windows of the standard library's train split, as many of installed
   third-party packages, and the rest drawn from a pool of the target's own
@@ -20,7 +21,14 @@ Owns the drafter's geometry, its training recipe and the pair's acceptance:
   of a sequence: a row sees context K/V (taps -> fc -> hidden_norm ->
   k/v, exactly dflash_ref.context_kv) of positions < a and every row of its
   own block, nothing else. Loss: CE of row k against label a+k, weighted
-  exp(-(k-1)/5), k = 1..15. AdamW, bf16 autocast, warmup + cosine over
+  exp(-(k-1)/5), k = 1..15. With DRAFT_CONSISTENT=1 (the default) a row
+  counts only when it has a right answer: label a+k is the target's greedy
+  choice after the tokens x[a+1..a+k-1] of the sequence, which is what
+  speculative decoding asks of row k only where those tokens are the
+  target's own greedy ones (x[p] == label[p]); elsewhere (real text, the
+  prompt part of a pool sequence) rows past the first disagreement are
+  noise and get weight 0. DRAFT_KL=w mixes in w x the KL divergence from
+  the target's distribution at that position (soft labels). AdamW, bf16 autocast, warmup + cosine over
   DRAFT_TOTAL_SECONDS of training; one run trains DRAFT_SECONDS of it (or
   DRAFT_STEPS steps), so a long schedule can be split over several runs,
   each resuming (DRAFT_INIT) from the f32 checkpoint the previous one wrote
@@ -40,7 +48,16 @@ Owns the drafter's geometry, its training recipe and the pair's acceptance:
 
 Other knobs: DRAFT_BATCH, DRAFT_LR, POOL_SEQS, DRAFT_SEED, DRAFT_WORK (the
 folder of streams and pool, default OUTDIR/work), DRAFT_PREP_ONLY=1 (make
-streams and pool, then stop: concurrent runs then share them).
+streams and pool, then stop: concurrent runs then share them),
+DRAFT_INIT_MODEL=FOLDER (start from a drafter in the published layout, e.g.
+the shipped one, instead of random weights: its layers and taps are kept;
+extra layers start as the identity (o_proj and down_proj zero) and extra
+taps with zero fc columns, so the start computes what FOLDER computes),
+EVAL_PROMPTS=n (measure on the first n prompts of each set only),
+DRAFT_GEN_PROMPT (the pool's prompt length, default 32), DRAFT_GEN_ANCHORS=1
+(a pool sequence's anchors only in its generated part, positions >=
+DRAFT_GEN_PROMPT, where speculative decoding puts them: the first draft's
+anchor is the first generated token).
 """
 import json
 import math
@@ -75,15 +92,20 @@ N_LAYERS = int(ENV("DRAFT_LAYERS", "5"))
 STEPS = int(ENV("DRAFT_STEPS", "1000000"))
 SECONDS = float(ENV("DRAFT_SECONDS", "170"))
 TOTAL_SECONDS = float(ENV("DRAFT_TOTAL_SECONDS", str(SECONDS)))
-GEN_PROMPT = 32
+GEN_PROMPT = int(ENV("DRAFT_GEN_PROMPT", "32"))
+GEN_ANCHORS = ENV("DRAFT_GEN_ANCHORS", "0") == "1"
 GEN_SEQS = int(ENV("POOL_SEQS", "16384"))
 GEN_BATCH = 2048
+CONSISTENT = ENV("DRAFT_CONSISTENT", "1") == "1"
+KL_W = float(ENV("DRAFT_KL", "0"))
+EVAL_PROMPTS = int(ENV("EVAL_PROMPTS", "0"))
 REAL_PER_BATCH = 4  # of BATCH sequences: stdlib windows, as many third-party ones; the rest self-generated
 EVAL_NEW = int(ENV("EVAL_NEW", "128"))
 EVAL_PLAIN = ENV("EVAL_PLAIN", "1") == "1"
 EVAL_SETS = ("heldout", "outside")  # tests/data/pystd/<name>_prompts.json
 ROOT = os.path.join(HERE, "..", "..")
-TAPS = [1, 3, 5]
+# "1,3,5" or "1+3+5" (retrain_drafter.sh splits its knobs at commas)
+TAPS = [int(t) for t in ENV("DRAFT_TAPS", "1,3,5").replace("+", ",").split(",")]
 
 
 def drafter_config(tcfg, mask_id):
@@ -180,25 +202,40 @@ class Drafter(nn.Module):
         hn = hn.reshape(bs, nA, BLOCK, -1)[:, :, 1:]  # rows 1..B-1
         return torch.matmul(hn.to(self.embed.dtype), self.embed.t()).float()
 
-    def forward(self, x, taps, labels, anchors):
-        """labels [bs, L] (labels[p] = target argmax at p-1). Returns
-        (weighted loss, accuracy per block row k = 1..B-1)."""
+    def forward(self, x, taps, labels, anchors, tlogits=None):
+        """labels [bs, L] (labels[p] = target argmax at p-1), tlogits the
+        target's logits [bs, L, V] (for DRAFT_KL). Returns (weighted loss,
+        accuracy per block row k = 1..B-1 over the rows that count, how many
+        rows counted per k)."""
         bs, nA = anchors.shape
         dev = x.device
         logits = self.block_logits(x, taps, anchors)
         ar = torch.arange(1, BLOCK, device=dev)
-        tgt = labels.gather(1, (anchors[:, :, None] + ar).reshape(bs, -1)).reshape(bs, nA, BLOCK - 1)
+        pos = (anchors[:, :, None] + ar).reshape(bs, -1)  # positions a+k
+        tgt = labels.gather(1, pos).reshape(bs, nA, BLOCK - 1)
+        if CONSISTENT:
+            # row k counts iff x[a+1..a+k-1] are the target's greedy tokens
+            agree = (x == labels).gather(1, pos).reshape(bs, nA, BLOCK - 1).float()
+            valid = torch.cumprod(torch.cat([torch.ones_like(agree[..., :1]), agree[..., :-1]], -1), -1)
+        else:
+            valid = torch.ones(bs, nA, BLOCK - 1, device=dev)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
-        ce = ce.reshape(bs, nA, BLOCK - 1)
-        w = torch.exp(-torch.arange(BLOCK - 1, device=dev, dtype=torch.float32) / DECAY)
-        loss = (ce * w).sum() / (w.sum() * bs * nA)
-        acc = (logits.argmax(-1) == tgt).float().mean(dim=(0, 1))
-        return loss, acc
+        per_row = ce.reshape(bs, nA, BLOCK - 1)
+        if KL_W > 0:
+            t_logp = F.log_softmax(tlogits.gather(1, (pos - 1)[:, :, None].expand(-1, -1, tlogits.shape[-1])).float(), -1)
+            d_logp = F.log_softmax(logits.reshape(bs, -1, logits.shape[-1]), -1)
+            kl = F.kl_div(d_logp, t_logp, log_target=True, reduction="none").sum(-1).reshape(bs, nA, BLOCK - 1)
+            per_row = (1 - KL_W) * per_row + KL_W * kl
+        w = torch.exp(-torch.arange(BLOCK - 1, device=dev, dtype=torch.float32) / DECAY) * valid
+        loss = (per_row * w).sum() / w.sum().clamp_min(1.0)
+        n = valid.sum(dim=(0, 1))
+        acc = ((logits.argmax(-1) == tgt).float() * valid).sum(dim=(0, 1)) / n.clamp_min(1.0)
+        return loss, acc, n
 
 
 class BatchedTaps:
     """Frozen transformers target (bf16) with hooks: ids [bs, L] ->
-    (greedy labels [bs, L], taps [bs, L, K*Ht])."""
+    (greedy labels [bs, L], taps [bs, L, K*Ht], logits [bs, L, V])."""
 
     def __init__(self, model, tap_ids):
         self.model = model
@@ -220,7 +257,7 @@ class BatchedTaps:
         labels = torch.zeros_like(x)
         labels[:, 1:] = logits[:, :-1].argmax(-1)
         taps = torch.cat([self.outs[i] for i in self.tap_ids], dim=-1)
-        return labels, taps
+        return labels, taps, logits
 
 
 CKPT_SHARD_BYTES = 12 << 20  # each returned file of the GPU machine stays well under 16 MB
@@ -260,6 +297,39 @@ def load_ckpt(model, folder):
     return state
 
 
+def init_from_model(model, folder):
+    """Start from a published-layout drafter: its tensors where they exist,
+    extra layers as the identity (zero o_proj / down_proj), extra taps as
+    zero fc columns. What the start computes equals what FOLDER computes."""
+    with open(os.path.join(folder, "config.json")) as f:
+        fcfg = json.load(f)
+    W = st_io.load_folder(folder)
+    old_taps = ref.drafter_taps(fcfg)
+    old_layers = fcfg["num_hidden_layers"]
+    if old_layers > N_LAYERS or any(t not in TAPS for t in old_taps):
+        raise SystemExit(f"{folder}: {old_layers} layers, taps {old_taps}: cannot grow into "
+                         f"{N_LAYERS} layers, taps {TAPS}")
+    mine = model.weights()
+    H = model.cfg["hidden_size"]
+    with torch.no_grad():
+        for k, v in mine.items():
+            if k == "fc.weight":
+                v.zero_()
+                for j, t in enumerate(old_taps):
+                    i = TAPS.index(t)
+                    v[:, i * H:(i + 1) * H].copy_(W[k][:, j * H:(j + 1) * H].float())
+            elif k in W:
+                if tuple(W[k].shape) != tuple(v.shape):
+                    raise SystemExit(f"{folder}: {k} has shape {tuple(W[k].shape)}, expected {tuple(v.shape)}")
+                v.copy_(W[k].float())
+            elif k.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+                v.zero_()
+    extra = sorted(set(W) - set(mine))
+    if extra:
+        raise SystemExit(f"{folder}: tensors a {N_LAYERS}-layer drafter does not have: {extra[:3]}")
+    print(f"train_dflash: started from {folder} ({old_layers} layers, taps {old_taps})")
+
+
 def eval_sets(tdir):
     """{name: (source, [prompt ids])} of the C acceptance test's prompt files."""
     from tokenizers import Tokenizer
@@ -269,7 +339,8 @@ def eval_sets(tdir):
     for name in EVAL_SETS:
         with open(os.path.join(ROOT, "tests", "data", "pystd", f"{name}_prompts.json")) as f:
             j = json.load(f)
-        out[name] = (j["source"], [tok.encode(p["text"], add_special_tokens=False).ids for p in j["prompts"]])
+        prompts = j["prompts"][:EVAL_PROMPTS] if EVAL_PROMPTS > 0 else j["prompts"]
+        out[name] = (j["source"], [tok.encode(p["text"], add_special_tokens=False).ids for p in prompts])
     return out
 
 
@@ -333,16 +404,22 @@ def main():
     embed = target.get_input_embeddings().weight.detach()
     model = Drafter(cfg, embed).to(dev)
     clock, step_total, runs = 0.0, 0, []
+    init_model = ENV("DRAFT_INIT_MODEL")
     if ENV("DRAFT_INIT"):
         state = load_ckpt(model, ENV("DRAFT_INIT"))
         clock, step_total, runs = state["clock"], state["steps"], state["runs"]
+        init_model = state.get("init_model")
         print(f"train_dflash: resumed from {ENV('DRAFT_INIT')} at step {step_total}, {clock:.0f}s of the schedule")
+    elif ENV("DRAFT_INIT_MODEL"):
+        init_from_model(model, ENV("DRAFT_INIT_MODEL"))
     else:
         with torch.no_grad():  # start the final norm at the target's: the LM head is the target's
             model.p["norm__weight"].copy_(target.model.norm.weight.float())
     n_params = sum(p.numel() for p in model.parameters())
     print(f"train_dflash: drafter {N_LAYERS} layers, {n_params / 1e6:.2f} M params, taps {TAPS}, mask id {mask_id}, "
-          f"{SECONDS:.0f}s of a {TOTAL_SECONDS:.0f}s schedule (lr {LR}), batch {BATCH} x {SEQ} tokens x {ANCHORS} anchors")
+          f"{SECONDS:.0f}s of a {TOTAL_SECONDS:.0f}s schedule (lr {LR}), batch {BATCH} x {SEQ} tokens x {ANCHORS} anchors, "
+          f"consistent rows only {CONSISTENT}, KL weight {KL_W}, pool {GEN_SEQS} x {GEN_PROMPT}-token prompts"
+          f"{' (anchors in the generated part)' if GEN_ANCHORS else ''}")
 
     # each run draws from its own stream (seed + run index): a resumed run does not replay the first
     g = torch.Generator(device="cpu").manual_seed(SEED + 1000 * len(runs))
@@ -357,10 +434,11 @@ def main():
                           drafter_data.windows(third, REAL_PER_BATCH, SEQ, g)])
         gen = pool[torch.randint(0, pool.shape[0], (BATCH - 2 * REAL_PER_BATCH,), generator=g).to(dev)]
         x = torch.cat([real, gen])
-        labels, taps = bt(x)
-        anchors = torch.stack([torch.randperm(SEQ - BLOCK, generator=g)[:ANCHORS] + 1 for _ in range(BATCH)]).to(dev)
+        labels, taps, tlogits = bt(x)
+        lo = [1] * (2 * REAL_PER_BATCH) + [GEN_PROMPT if GEN_ANCHORS else 1] * (BATCH - 2 * REAL_PER_BATCH)
+        anchors = torch.stack([torch.randperm(SEQ - BLOCK + 1 - a, generator=g)[:ANCHORS] + a for a in lo]).to(dev)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss, acc = model(x, taps, labels, anchors)
+            loss, acc, counted = model(x, taps, labels, anchors, tlogits)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -373,14 +451,19 @@ def main():
             for v in a:
                 run *= v
                 exp_acc += run
+            c = counted.tolist()
             print(f"  step {step_total + step:6d} loss {float(loss.detach()):.3f} acc@1 {a[0]:.3f} acc@4 {a[3]:.3f} "
-                  f"acc@8 {a[7]:.3f} ~tau {1 + exp_acc:.2f} lr {lr:.2e} {clock + time.time() - t0:6.1f}s", flush=True)
+                  f"acc@8 {a[7]:.3f} ~tau {1 + exp_acc:.2f} (rows @1 {c[0]:.0f} @8 {c[7]:.0f}) lr {lr:.2e} "
+                  f"{clock + time.time() - t0:6.1f}s", flush=True)
     train_secs = time.time() - t0
     clock += train_secs
     step_total += step
-    runs.append({"steps": step, "seconds": round(train_secs, 1), "seed": SEED + 1000 * len(runs)})
+    runs.append({"steps": step, "seconds": round(train_secs, 1), "seed": SEED + 1000 * len(runs), "lr": LR,
+                 "schedule_seconds": TOTAL_SECONDS, "consistent_rows_only": CONSISTENT, "kl_weight": KL_W,
+                 "pool_seqs": GEN_SEQS, "pool_prompt_tokens": GEN_PROMPT, "pool_anchors_generated_only": GEN_ANCHORS})
     print(f"train_dflash: {step} steps in {train_secs:.1f}s ({step_total} steps, {clock:.0f}s of the schedule)")
-    save_ckpt(model, ckpt_out, {"clock": clock, "steps": step_total, "runs": runs, "layers": N_LAYERS})
+    save_ckpt(model, ckpt_out, {"clock": clock, "steps": step_total, "runs": runs, "layers": N_LAYERS,
+                                "init_model": init_model})
 
     # save in the published layout (bf16, no `model.` prefix)
     shutil.rmtree(dst, ignore_errors=True)
@@ -416,6 +499,8 @@ def main():
         "sets": results, "drafter_layers": N_LAYERS, "drafter_params": n_params,
         "drafter_safetensors_bytes": size, "drafter_steps": step_total, "drafter_train_seconds": round(clock, 1),
         "runs": runs, "taps": TAPS, "mask_id": mask_id, "batch": BATCH, "lr": LR, "pool_seqs": GEN_SEQS,
+        "consistent_rows_only": CONSISTENT, "kl_weight": KL_W, "init_model": init_model,
+        "pool_prompt_tokens": GEN_PROMPT, "pool_anchors_generated_only": GEN_ANCHORS,
         "target_heldout_loss": tstat["heldout_loss"], "target_safetensors_bytes": tstat["safetensors_bytes"],
         "safetensors_lib_reread": lib,
     }
@@ -437,8 +522,8 @@ def main():
         f.write(f"""# {NAME}
 
 The DFlash drafter of the project's embedded pair, for the target `{TARGET}`
-(models/{TARGET}), trained by `tools/train/train_dflash.py` (driver:
-`tools/gpu/make-data.sh`) on the GPU machine.
+(models/{TARGET}), trained by `tools/train/train_dflash.py` (drivers:
+`tools/gpu/make-data.sh`, `tools/train/retrain_drafter.sh`) on the GPU machine.
 
 - Layout: the published DFlash one (config.json with `dflash_config`,
   model.safetensors in bf16, no `model.` prefix, no embedding / LM head: it
@@ -450,10 +535,12 @@ The DFlash drafter of the project's embedded pair, for the target `{TARGET}`
   ({REAL_PER_BATCH} windows of the standard library's train split, {REAL_PER_BATCH} of
   third-party packages installed on the GPU machine ({n_pkgs} packages, Django
   excluded), the rest from a pool of {GEN_SEQS} target greedy continuations of
-  32-token prompts from both), labels = the target's greedy predictions;
-  {ANCHORS} random anchors per sequence, each a block [token, mask x 15] that
-  sees context features of positions before its anchor and its own block,
-  under one attention mask; CE weighted exp(-(k-1)/{DECAY:g}). AdamW lr {LR},
+  {GEN_PROMPT}-token prompts from both), labels = the target's greedy predictions;
+  {ANCHORS} random anchors per sequence{' (in a pool sequence: in its generated part)' if GEN_ANCHORS else ''},
+  each a block [token, mask x 15] that sees context features of positions
+  before its anchor and its own block, under one attention mask; CE
+  weighted exp(-(k-1)/{DECAY:g}){', KL weight ' + format(KL_W, 'g') if KL_W else ''}{', rows counted only where the sequence is the target greedy path' if CONSISTENT else ''}.
+  Started from {init_model or 'random weights'}. AdamW lr {LR},
   bf16 autocast, cosine over {TOTAL_SECONDS:.0f} s; {step_total} steps in
   {len(runs)} run(s) of {run_list}.
 - Measured by the Python reference (greedy, block 16, no context cap,
