@@ -23,7 +23,13 @@ static double urand(void)
  * once it is reached. */
 typedef struct device {
     double v0, v1, p0, p1, alpha, burst;
+    double plain; /* ms of a plain step when it is not on the verify line (0: it is) */
 } device;
+
+static double verify_ms(const device *d, int k)
+{
+    return k == 0 && d->plain > 0 ? d->plain : d->v0 + d->v1 * (k + 1);
+}
 
 static double true_cost(const device *d, int k);
 
@@ -51,14 +57,17 @@ static int best_width(const device *d, int max_k)
 
 static double true_cost(const device *d, int k)
 {
-    return d->v0 + d->v1 * (k + 1) + (k ? d->p0 + d->p1 * k : 0);
+    return verify_ms(d, k) + (k ? d->p0 + d->p1 * k : 0);
 }
 
-/* Run `steps` steps; return the tokens per ms the widths chosen in the
- * last half are worth (every step counted, tries of other widths
+/* Run `steps` steps; return the tokens per ms the widths chosen from step
+ * `from` on are worth (every step counted, tries of other widths
  * included; each step's expected tokens, so the luck of the draws does
- * not blur the comparison) and the most frequent width there. */
-static double settle(const device *d, int max_k, int steps, double noise, int *mode_out)
+ * not blur the comparison) and the most frequent width there. `warm`:
+ * the machine's first steps run slower, step s taking 1 + warm *
+ * exp(-s / 3) times its settled time (the CPU's first plain steps take up
+ * to three times what they settle at). */
+static double settle(const device *d, int max_k, int steps, int from, double noise, double warm, int *mode_out)
 {
     dflash_width m;
     dflash_width_init(&m, max_k);
@@ -72,9 +81,9 @@ static double settle(const device *d, int max_k, int steps, double noise, int *m
             a = k;
         while (a < k && urand() < d->alpha)
             a++;
-        double jitter = 1.0 + noise * (urand() - 0.5);
-        dflash_width_observe(&m, k, a, (d->v0 + d->v1 * (k + 1)) * jitter, k ? (d->p0 + d->p1 * k) * jitter : 0);
-        if (s >= steps / 2) {
+        double jitter = (1.0 + noise * (urand() - 0.5)) * (1.0 + warm * exp(-s / 3.0));
+        dflash_width_observe(&m, k, a, verify_ms(d, k) * jitter, k ? (d->p0 + d->p1 * k) * jitter : 0);
+        if (s >= from) {
             hist[k]++;
             tokens += true_tokens(d, k);
             ms += true_cost(d, k);
@@ -91,7 +100,7 @@ static double settle(const device *d, int max_k, int steps, double noise, int *m
 static void check_device(const char *name, device d, int max_k)
 {
     int want = best_width(&d, max_k), got;
-    double rate = settle(&d, max_k, 2000, 0.2, &got);
+    double rate = settle(&d, max_k, 2000, 1000, 0.2, 0.0, &got);
     /* What the widths the loop chose are worth, tries included, against
      * the best fixed width. */
     double loss = 1.0 - rate / true_rate(&d, want);
@@ -106,28 +115,60 @@ static void test_widths_follow_the_device(void)
     /* A GPU at published geometries: verify nearly flat in rows, propose a
      * fraction of a verify (the measured H200 numbers: decode 5.85 ms,
      * 16-row verify 7.65 ms, propose 1.2 ms), paper-like acceptance. */
-    check_device("flat verify, high acceptance", (device){ 5.73, 0.12, 1.1, 0.01, 0.85, 0 }, 15);
+    check_device("flat verify, high acceptance", (device){ 5.73, 0.12, 1.1, 0.01, 0.85, 0, 0 }, 15);
     /* A CPU where rows cost nearly in proportion: plain decoding wins. */
-    check_device("proportional verify, low acceptance", (device){ 0.05, 0.5, 0.1, 0.3, 0.5, 0 }, 15);
+    check_device("proportional verify, low acceptance", (device){ 0.05, 0.5, 0.1, 0.3, 0.5, 0, 0 }, 15);
     /* In between: a few drafts. */
-    check_device("mid cost, mid acceptance", (device){ 0.5, 0.1, 0.3, 0.05, 0.7, 0 }, 15);
+    check_device("mid cost, mid acceptance", (device){ 0.5, 0.1, 0.3, 0.05, 0.7, 0, 0 }, 15);
     /* No drafts pay at all when every draft is rejected. */
-    check_device("acceptance 0", (device){ 1.0, 0.01, 0.1, 0.01, 0.0, 0 }, 7);
+    check_device("acceptance 0", (device){ 1.0, 0.01, 0.1, 0.01, 0.0, 0, 0 }, 7);
     /* The embedded pair on the H200 (launch-bound: verify of 1..16 rows
      * 0.21-0.33 ms, propose ~0.25 ms whatever the width, tau ~3 at 15
      * drafts): a propose costs more than a decode, and only the long
      * accepted stretches of code pay for it, so the full block wins. */
-    check_device("launch-bound, bursty acceptance", (device){ 0.2, 0.007, 0.25, 0.001, 0.4, 0.12 }, 15);
+    check_device("launch-bound, bursty acceptance", (device){ 0.2, 0.007, 0.25, 0.001, 0.4, 0.12, 0 }, 15);
+}
+
+/* A short generation (make run's 160 tokens) on a CPU where plain
+ * decoding wins although the drafts are good, with the first steps slowed
+ * by the warm-up: a width chosen on the slow first times (plain decoding
+ * looks dear then) must not stick. Every step from the first counts. */
+static void test_warmup_does_not_stick(void)
+{
+    /* the embedded pair on the 2-core CI machine, as its loop clocks it:
+     * a plain step 0.4 ms; a verify of k + 1 rows 0.75 + 0.13 (k + 1) ms
+     * (after a propose has taken the caches), a propose about as dear;
+     * acceptance ~0.85, in stretches */
+    const device cpu = { 0.75, 0.13, 0.6, 0.13, 0.8, 0.15, 0.4 };
+    CHECK(best_width(&cpu, 15) == 0);
+    double worst = 1e9;
+    for (int run = 0; run < 40; run++) {
+        int mode;
+        double rate = settle(&cpu, 15, 60, 0, 0.3, 2.0, &mode);
+        if (rate < worst)
+            worst = rate;
+    }
+    double loss = 1.0 - worst / true_rate(&cpu, 0);
+    printf("  warm-up, 60 steps, worst of 40 runs: %.1f%% below plain decoding\n", 100 * loss);
+    CHECKF(loss < 0.25, "a 60-step run after a slow warm-up lost %.1f%% against plain decoding", 100 * loss);
 }
 
 static void test_first_steps_and_limits(void)
 {
     dflash_width m;
     dflash_width_init(&m, 15);
+    for (int s = 0; s < 4; s++) { /* warm-up: plain, times dropped */
+        CHECK(dflash_width_choose(&m, 15) == 0);
+        dflash_width_observe(&m, 0, 0, 50.0, 0.0);
+    }
     CHECK(dflash_width_choose(&m, 15) == 2); /* two drafts first */
     dflash_width_observe(&m, 2, 2, 1.2, 0.6);
     CHECK(dflash_width_choose(&m, 15) == 1); /* then one */
     dflash_width_observe(&m, 1, 1, 1.0, 0.5);
+    CHECK(dflash_width_choose(&m, 15) == 0); /* then none */
+    dflash_width_observe(&m, 0, 0, 0.8, 0.0);
+    CHECKF(fabs(dflash_width_cost_ms(&m, 0) - 0.8) < 1e-9, "plain step %g ms: the warm-up's times were kept",
+           dflash_width_cost_ms(&m, 0));
     for (int s = 0; s < 50; s++) {
         int k = dflash_width_choose(&m, 3);
         CHECK(k >= 0 && k <= 3); /* never past the tokens left */
@@ -167,6 +208,7 @@ int main(void)
 {
     RUN(test_widths_follow_the_device);
     RUN(test_first_steps_and_limits);
+    RUN(test_warmup_does_not_stick);
     RUN(test_expected_tokens);
     TEST_END();
 }

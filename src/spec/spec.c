@@ -349,6 +349,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
          * s + a + 1; a stop token or the budget can end the run earlier. */
         dflash_kv_seq_truncate(seq, s + n_emit);
 
+        double handover_ms = 0; /* a drafting step's hand-over, a cost of drafting */
         /* 7 OBSERVE: the same rows go to the proposer, so a later call can
          * continue this sequence (a chat's next turn). They join the
          * pending rows (spec_pending), which go over at once after a step
@@ -370,8 +371,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
                 return cs2;
             }
             pd->n += n_emit;
-            if (k > 0)
+            if (k > 0) {
+                const double t4 = dflash_spec_now_ms();
                 DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
+                handover_ms = dflash_spec_now_ms() - t4;
+            }
         }
 
         *n_out += n_emit;
@@ -381,7 +385,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         if (o->trace)
             trace_step(o->trace, s, block + 1, k, a, bonus);
         if (o->width_auto && p)
-            dflash_width_observe(&wm, k, a, t3 - t2, t2 - t1);
+            dflash_width_observe(&wm, k, a, t3 - t2, t2 - t1 + handover_ms);
         st->n_steps++;
         st->width_hist[k]++;
         st->accept_hist[n_emit]++; /* tokens this step committed */

@@ -12,6 +12,12 @@
  * less often while plain decoding wins (each try costs a propose). */
 #define EXPLORE_EVERY 8
 #define EXPLORE_EVERY_PLAIN 32
+/* The first steps decode plainly and their times are not kept: caches,
+ * clocks and the thread pool are still warming up (on a CPU the first
+ * plain steps take up to three times what they settle at), and times
+ * taken then would make what was measured first look dear against what
+ * came after. */
+#define WARMUP_STEPS 4
 
 void dflash_width_init(dflash_width *m, int max_drafts)
 {
@@ -95,14 +101,17 @@ int dflash_width_choose(dflash_width *m, int limit)
     if (hi <= 0)
         return 0;
     int k;
-    /* The first two steps place points on both lines, cheaply: two drafts,
-     * then one. Wider blocks are reached from there when the lines and the
-     * acceptance say they pay (unreached positions borrow the last reached
-     * rate, which draws the choice outwards). */
-    if (m->steps == 0)
+    /* After the warm-up, three steps place points on both lines, cheaply:
+     * two drafts, one, none. Wider blocks are reached from there when the
+     * lines and the acceptance say they pay. */
+    if (m->steps < WARMUP_STEPS)
+        k = 0;
+    else if (m->steps == WARMUP_STEPS)
         k = hi < 2 ? hi : 2;
-    else if (m->steps == 1)
+    else if (m->steps == WARMUP_STEPS + 1)
         k = 1;
+    else if (m->steps == WARMUP_STEPS + 2)
+        k = 0;
     else {
         double best = -1;
         k = 0;
@@ -113,13 +122,18 @@ int dflash_width_choose(dflash_width *m, int limit)
                 k = c;
             }
         }
-        /* Now and then a neighbour, alternating sides, so the acceptance
-         * of the next position and the time lines stay current. While
-         * plain decoding wins, the try is the widest block that costs at
-         * most three plain steps: where rows are cheap a wide block may
-         * pay although a narrow one does not (acceptance comes in
-         * stretches), and one-draft tries would never show it; where rows
-         * are dear the bound keeps the try small. */
+        /* Now and then another width, so the acceptance of the next
+         * position and the time lines stay current. While drafting: a
+         * neighbour above, plain decoding, a neighbour below, plain
+         * decoding again. The plain tries keep the cost of a plain step
+         * measured; without them it is only extrapolated from the widths
+         * drafted, and times taken long ago (when everything ran slower)
+         * can keep a width that no longer pays. While plain decoding
+         * wins, the try is the widest block that costs at most three
+         * plain steps: where rows are cheap a wide block may pay although
+         * a narrow one does not (acceptance comes in stretches), and
+         * one-draft tries would never show it; where rows are dear the
+         * bound keeps the try small. */
         const int every = k == 0 ? EXPLORE_EVERY_PLAIN : EXPLORE_EVERY;
         if (m->steps % every == 0) {
             if (k == 0) {
@@ -129,8 +143,8 @@ int dflash_width_choose(dflash_width *m, int limit)
                     if (dflash_width_cost_ms(m, c) <= 3.0 * plain)
                         k = c;
             } else {
-                const int up = (m->steps / every) % 2 == 0;
-                k = up ? (k < hi ? k + 1 : k - 1) : k - 1;
+                const int turn = (int)((m->steps / every) % 4);
+                k = turn == 0 ? (k < hi ? k + 1 : k - 1) : turn == 2 ? k - 1 : 0;
             }
         }
     }
@@ -163,9 +177,11 @@ void dflash_width_observe_many(dflash_width *m, const int *k, const int *a, int 
             m->accepted[j - 1] += j <= a[i];
         }
     const double per = n > 0 ? 1.0 / n : 1.0;
-    line_add(&m->verify, width + 1.0, verify_ms * per);
-    if (width > 0)
-        line_add(&m->propose, (double)width, propose_ms * per);
+    if (m->steps >= WARMUP_STEPS) {
+        line_add(&m->verify, width + 1.0, verify_ms * per);
+        if (width > 0)
+            line_add(&m->propose, (double)width, propose_ms * per);
+    }
     m->steps++;
 }
 

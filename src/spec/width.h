@@ -18,10 +18,13 @@
  * position that could not be reached (the draft before it is always
  * rejected) takes the rate of the one before it. verify and propose
  * times: decayed least-squares lines in the row count, fed by the loop's
- * own clock. The first two steps try two drafts
- * and one so both lines have points; later, a step now and then tries a
- * width next to the chosen one, or while plain decoding wins the widest
- * block that costs at most three plain steps, so no estimate goes stale.
+ * own clock (a drafting step's propose time includes handing its
+ * accepted rows to the drafter). The first four steps decode plainly
+ * while the machine warms up and their times are dropped; the next three
+ * try two drafts, one and none so both lines have points; later, a step
+ * now and then tries a width next to the chosen one or plain decoding,
+ * or while plain decoding wins the widest block that costs at most three
+ * plain steps, so no estimate goes stale.
  *
  * The width never changes what is generated: greedy output is the
  * target's argmax sequence and sampled output depends only on the seed
