@@ -251,12 +251,11 @@ static dflash_status step_groups(dflash_spec_batch *r)
                 ks[m] = r->ms[i].k;
                 as[m++] = r->ms[i].a;
             }
-        /* handing the rows to the drafter is part of what a step costs:
-         * of a plain step (here the drafter's context follows every step)
-         * or of drafting */
+        /* handing the rows to the drafter is part of what every step
+         * costs here (the drafter's context follows every step, plain or
+         * not), so it goes with the verify */
         if (m > 0)
-            dflash_width_observe_many(&r->wm, ks, as, m, width, verify_ms + (width ? 0 : observe_ms),
-                                      propose_ms + (width ? observe_ms : 0));
+            dflash_width_observe_many(&r->wm, ks, as, m, width, verify_ms + observe_ms, propose_ms);
     }
     return DFLASH_OK;
 }

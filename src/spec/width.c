@@ -12,6 +12,11 @@
  * less often while plain decoding wins (each try costs a propose). */
 #define EXPLORE_EVERY 8
 #define EXPLORE_EVERY_PLAIN 32
+/* While drafting, every other try below the chosen width is a plain step
+ * instead, when plain decoding's estimated rate is within this fraction
+ * of the chosen width's: close calls are where a stale plain cost can keep
+ * the wrong width, and where a plain try costs little. */
+#define PLAIN_TRY_WITHIN 0.7
 /* The first steps decode plainly and their times are not kept: caches,
  * clocks and the thread pool are still warming up (on a CPU the first
  * plain steps take up to three times what they settle at), and times
@@ -113,10 +118,12 @@ int dflash_width_choose(dflash_width *m, int limit)
     else if (m->steps == WARMUP_STEPS + 2)
         k = 0;
     else {
-        double best = -1;
+        double best = -1, plain_rate = 0;
         k = 0;
         for (int c = 0; c <= hi; c++) {
             double rate = dflash_width_expected_tokens(m, c) / dflash_width_cost_ms(m, c);
+            if (c == 0)
+                plain_rate = rate;
             if (rate > best) {
                 best = rate;
                 k = c;
@@ -124,16 +131,17 @@ int dflash_width_choose(dflash_width *m, int limit)
         }
         /* Now and then another width, so the acceptance of the next
          * position and the time lines stay current. While drafting: a
-         * neighbour above, plain decoding, a neighbour below, plain
-         * decoding again. The plain tries keep the cost of a plain step
-         * measured; without them it is only extrapolated from the widths
-         * drafted, and times taken long ago (when everything ran slower)
-         * can keep a width that no longer pays. While plain decoding
-         * wins, the try is the widest block that costs at most three
-         * plain steps: where rows are cheap a wide block may pay although
-         * a narrow one does not (acceptance comes in stretches), and
-         * one-draft tries would never show it; where rows are dear the
-         * bound keeps the try small. */
+         * neighbour above, one below (or, when plain decoding comes
+         * close, a plain step), above, below. The plain tries keep the
+         * cost of a plain step measured where the choice depends on it;
+         * without them it is only extrapolated from the widths drafted,
+         * and times taken long ago (when everything ran slower) can keep
+         * a width that no longer pays. While plain decoding wins, the try
+         * is the widest block that costs at most three plain steps: where
+         * rows are cheap a wide block may pay although a narrow one does
+         * not (acceptance comes in stretches), and one-draft tries would
+         * never show it; where rows are dear the bound keeps the try
+         * small. */
         const int every = k == 0 ? EXPLORE_EVERY_PLAIN : EXPLORE_EVERY;
         if (m->steps % every == 0) {
             if (k == 0) {
@@ -144,7 +152,10 @@ int dflash_width_choose(dflash_width *m, int limit)
                         k = c;
             } else {
                 const int turn = (int)((m->steps / every) % 4);
-                k = turn == 0 ? (k < hi ? k + 1 : k - 1) : turn == 2 ? k - 1 : 0;
+                if (turn == 1 && plain_rate >= PLAIN_TRY_WITHIN * best)
+                    k = 0;
+                else
+                    k = turn % 2 == 0 ? (k < hi ? k + 1 : k - 1) : k - 1;
             }
         }
     }

@@ -22,9 +22,9 @@
  * accepted rows to the drafter). The first four steps decode plainly
  * while the machine warms up and their times are dropped; the next three
  * try two drafts, one and none so both lines have points; later, a step
- * now and then tries a width next to the chosen one or plain decoding,
- * or while plain decoding wins the widest block that costs at most three
- * plain steps, so no estimate goes stale.
+ * now and then tries a width next to the chosen one (or plain decoding,
+ * when its rate comes close), or while plain decoding wins the widest
+ * block that costs at most three plain steps, so no estimate goes stale.
  *
  * The width never changes what is generated: greedy output is the
  * target's argmax sequence and sampled output depends only on the seed

@@ -378,6 +378,12 @@ def measure(tgt, drafter, prompts, label):
 def main():
     if len(sys.argv) != 2:
         raise SystemExit("usage: train_dflash.py OUTDIR")
+    if GEN_ANCHORS and SEQ - BLOCK + 1 - GEN_PROMPT < ANCHORS:
+        raise SystemExit(f"DRAFT_GEN_PROMPT={GEN_PROMPT}: a {SEQ}-token pool sequence leaves fewer than "
+                         f"{ANCHORS} anchors in its generated part (at most {SEQ - BLOCK + 1 - ANCHORS})")
+    if ENV("DRAFT_INIT") and ENV("DRAFT_INIT_MODEL"):
+        raise SystemExit("DRAFT_INIT (resume a checkpoint) and DRAFT_INIT_MODEL (start from a drafter) "
+                         "exclude each other")
     out = sys.argv[1]
     work = ENV("DRAFT_WORK", os.path.join(out, "work"))
     tdir = os.path.join(out, "models", TARGET)
