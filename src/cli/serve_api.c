@@ -83,6 +83,18 @@ static int get_bool(json_t *o, const char *k, int *v, perr *e)
     return 1;
 }
 
+/* A boolean field k of an optional object field obj ({"obj": {"k": true}};
+ * either absent: *v unchanged). */
+static int get_sub_bool(json_t *o, const char *obj, const char *k, int *v, perr *e)
+{
+    json_t *x = json_object_get(o, obj);
+    if (!x || json_is_null(x))
+        return 1;
+    if (!json_is_object(x))
+        return bad(e, obj, "'%s' must be an object%s", NULL);
+    return get_bool(x, k, v, e);
+}
+
 /* A message's content: a string, or an array of {"type": "text", "text"}
  * parts (joined). */
 static char *content_text(json_t *c)
@@ -229,21 +241,8 @@ static int parse_fields(serve_ctx *c, json_t *root, serve_job *j, perr *e)
     j->max_tokens = (int)max_tokens;
     j->so.top_k = top_k < 0 ? 0 : (int)top_k;
     j->so.seed = (uint64_t)seed;
-    json_t *so = json_object_get(root, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so))
-            return bad(e, "stream_options", "'%s' must be an object%s", NULL);
-        if (!get_bool(so, "include_usage", &j->include_usage, e))
-            return 0;
-    }
-    json_t *kw = json_object_get(root, "chat_template_kwargs");
-    if (kw && !json_is_null(kw)) {
-        if (!json_is_object(kw))
-            return bad(e, "chat_template_kwargs", "'%s' must be an object%s", NULL);
-        if (!get_bool(kw, "enable_thinking", &j->thinking, e))
-            return 0;
-    }
-    return 1;
+    return get_sub_bool(root, "stream_options", "include_usage", &j->include_usage, e) &&
+           get_sub_bool(root, "chat_template_kwargs", "enable_thinking", &j->thinking, e);
 }
 
 serve_job *serve_job_from_json(serve_ctx *c, int chat, const char *body, size_t len, char *err, size_t cap,
