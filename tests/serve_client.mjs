@@ -123,6 +123,13 @@ await attempt('error statuses', async () => {
   const temp = await raw('/v1/completions', post({ prompt: 'x', temperature: -1 }));
   check('temperature -1: 400 naming it', temp.status === 400 && temp.body.error.param === 'temperature',
     JSON.stringify(temp));
+  const so = await raw('/v1/completions', post({ prompt: 'x', stream_options: 5 }));
+  check('stream_options not an object: 400 naming it', so.status === 400 &&
+    so.body.error.param === 'stream_options', JSON.stringify(so));
+  const kw = await raw('/v1/chat/completions', post({ messages: chatMsgs(0),
+    chat_template_kwargs: { enable_thinking: 'yes' } }));
+  check('enable_thinking not a boolean: 400 naming it', kw.status === 400 &&
+    kw.body.error.param === 'enable_thinking', JSON.stringify(kw));
   const model = await raw('/v1/completions', post({ model: 'gpt-4', prompt: 'x' }));
   check('unknown model: 404', model.status === 404 && model.body.error.param === 'model', JSON.stringify(model));
   const long = await raw('/v1/completions', post({ prompt: 'x', max_tokens: 100000 }));
