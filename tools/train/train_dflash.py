@@ -28,8 +28,8 @@ Owns the drafter's geometry, its training recipe and the pair's acceptance:
   target's own greedy ones (x[p] == label[p]); elsewhere (real text, the
   prompt part of a pool sequence) rows past the first disagreement are
   noise and get weight 0. DRAFT_KL=w mixes in w x the KL divergence from
-  the target's distribution at that position (soft labels). AdamW, bf16 autocast, warmup + cosine over
-  DRAFT_TOTAL_SECONDS of training; one run trains DRAFT_SECONDS of it (or
+  the target's distribution at that position (soft labels). AdamW, bf16
+  autocast, warmup + cosine over DRAFT_TOTAL_SECONDS of training; one run trains DRAFT_SECONDS of it (or
   DRAFT_STEPS steps), so a long schedule can be split over several runs,
   each resuming (DRAFT_INIT) from the f32 checkpoint the previous one wrote
   to OUTDIR/ckpt (weights and the schedule's clock; the optimizer's moments
