@@ -26,7 +26,7 @@
 #  5. benchmarks: builds the dflash CLI the same way and runs `dflash bench`
 #     (seed drafter bf16 and fp8, the Qwen3-8B drafter, the Qwen3-8B target
 #     with verifies of 2..16 rows and with 4, 8 and 32 sequences per
-#     forward, the Llama 3.1 8B target, the embedded pair's geometry), then the
+#     forward (and again with the many-row GEMM off), the Llama 3.1 8B target, the embedded pair's geometry), then the
 #     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
 #     in the same run;
 #  6. compute-sanitizer memcheck, racecheck, synccheck on cuda_ops_check
@@ -195,6 +195,10 @@ if want bench; then
             step bench-llama-target bench_llama_target.txt 120 $D --preset llama31-8b-target --ctx 1,4096
             step bench-8b-sessions bench_8b_sessions.txt 200 $D --preset qwen3-8b-target --ctx 1024 --sessions 4,8,32 \
                 --reps 10
+            # the same sessions with every GEMM on gemm.cu's launches of at
+            # most 64 rows (the many-row kernel off; same bits, for its A/B)
+            step bench-8b-sessions-narrow bench_8b_sessions_narrow.txt 200 env DFLASH_CUDA_GEMM_WIDE=1073741824 \
+                $D --preset qwen3-8b-target --ctx 1024 --sessions 4,8,32 --reps 10
             step bench-pystd bench_pystd.txt 60 $D --preset pystd --ctx 1,256 --rows 1,2,4,8,16
         fi
     else
@@ -300,7 +304,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"

@@ -51,6 +51,8 @@ void dflash_levers_reload(void)
     g_levers.log_level = env_int("DFLASH_LOG", 1, 0, 2);
     g_levers.cuda_pdl = env_int("DFLASH_CUDA_PDL", 1, 0, 1);
     g_levers.cuda_gemm_split = env_int("DFLASH_CUDA_GEMM_SPLIT", 0, 0, 16);
+    g_levers.cuda_gemm_wide = env_int("DFLASH_CUDA_GEMM_WIDE", 65, 1, 1 << 30);
+    g_levers.cuda_gemm_tile = env_int("DFLASH_CUDA_GEMM_TILE", 0, 0, 64);
     g_levers.cpu_isa = env_choice("DFLASH_CPU_ISA", dflash_cpu_isa_names, DFLASH_CPU_ISA_COUNT);
     g_levers.cpu_threads = env_int("DFLASH_CPU_THREADS", 0, 0, 1024);
     g_loaded = 1;

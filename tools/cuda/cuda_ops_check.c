@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
+#include "core/levers.h"
 
 static dflash_backend *g_cpu, *g_gpu;
 static int g_small, g_perf = 1;
@@ -483,6 +484,70 @@ static void case_linear_invariance(dflash_dtype dt, int64_t N, int64_t K, int n)
     free(x), free(all), free(one);
     free_weight(&w);
     gpu_reset();
+}
+
+/* Many rows (gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE rows, 65 by default)
+ * must give the bits one row alone gives (gemm.cu): every output of an
+ * n-row linear (kind 0), q/k/v group (1), gate/up + SwiGLU (2) or LM head
+ * argmax (3) is compared with the same row's call alone, bit for bit. On
+ * `be` (the default backend, or one made with another split-K). */
+static void case_rows_invariance(dflash_backend *be, const char *tag, dflash_dtype dt, int kind, const int64_t *N,
+                                 int64_t K, int n)
+{
+    static const char *const kinds[] = { "linear", "group", "swiglu", "argmax" };
+    const int n_w = kind == 1 ? 3 : kind == 2 ? 2 : 1, n_out = kind == 1 ? 3 : 1;
+    dflash_backend *keep = g_gpu;
+    g_gpu = be;
+    char shape[112];
+    int len = snprintf(shape, sizeof shape, "%s %s [", dflash_dtype_name(dt), kinds[kind]);
+    for (int i = 0; i < n_w; i++)
+        len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
+    snprintf(shape + len, sizeof shape - (size_t)len, "] x %lld, %d rows vs each alone%s", (long long)K, n, tag);
+    wpair w[3];
+    dflash_weight wd[3];
+    float *dall[3], *done[3], *all[3], *one[3];
+    for (int i = 0; i < n_w; i++) {
+        make_weight(&w[i], dt, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
+        wd[i] = w[i].d;
+        dall[i] = gpu_poison((size_t)(n * N[i]));
+        done[i] = gpu_poison((size_t)N[i]);
+        all[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
+        one[i] = xmalloc((size_t)N[i] * sizeof(float));
+    }
+    float *x = rand_f32((size_t)(n * K), 1.0f);
+    float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
+    int32_t *dids = gpu_alloc((size_t)n * sizeof(int32_t)), *ids = xmalloc((size_t)n * sizeof(int32_t)), id1;
+    if (kind == 3) {
+        MUST(dflash_be_linear_argmax(g_gpu, dx, n, wd, dall[0], dids));
+        gpu_get(ids, dids, (size_t)n * sizeof(int32_t));
+    } else {
+        MUST(dflash_be_linear_group(g_gpu, dx, n, wd, n_w, dall, kind == 2 ? DFLASH_ACT_SWIGLU : DFLASH_ACT_NONE));
+        for (int i = 0; i < n_out; i++)
+            gpu_get(all[i], dall[i], (size_t)(n * N[i]) * sizeof(float));
+    }
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        const float *xr = dx + (size_t)r * K;
+        if (kind == 3) {
+            MUST(dflash_be_linear_argmax(g_gpu, xr, 1, wd, done[0], dids));
+            gpu_get(&id1, dids, sizeof id1);
+            bad += id1 != ids[r];
+            continue;
+        }
+        MUST(dflash_be_linear_group(g_gpu, xr, 1, wd, n_w, done, kind == 2 ? DFLASH_ACT_SWIGLU : DFLASH_ACT_NONE));
+        for (int i = 0; i < n_out; i++) {
+            gpu_get(one[i], done[i], (size_t)N[i] * sizeof(float));
+            bad += memcmp(one[i], all[i] + (size_t)r * N[i], (size_t)N[i] * sizeof(float)) != 0;
+        }
+    }
+    record("linear rows", shape, bad ? INFINITY : 0.0, 0.0);
+    for (int i = 0; i < n_w; i++) {
+        free(all[i]), free(one[i]);
+        free_weight(&w[i]);
+    }
+    free(x), free(ids);
+    gpu_reset();
+    g_gpu = keep;
 }
 
 /* Every fp8 e4m3 code through the tensor-core path: W [16, 256] holds all
@@ -1307,6 +1372,11 @@ int main(int argc, char **argv)
         case_linear(DFLASH_DTYPE_F8_E4M3, 1001, 2056, rows, 3, 0, 0);
         case_linear(DFLASH_DTYPE_BF16, 512, 2048, rows, 3, 0, 1);
     }
+    { /* many rows (gemm_wide.cu) against the CPU */
+        const int wide[] = { g_small ? 70 : 300 };
+        case_linear(DFLASH_DTYPE_BF16, g_small ? 72 : 4096, g_small ? 256 : 2048, wide, 1, 0, 0);
+        case_linear(DFLASH_DTYPE_F8_E4M3, g_small ? 40 : 2048, g_small ? 512 : 6144, wide, 1, 0, 0);
+    }
     case_fp8_codes();
     {
         static const int inv_rows[] = { 16, 64, 100 };
@@ -1314,6 +1384,34 @@ int main(int argc, char **argv)
             case_linear_invariance(DFLASH_DTYPE_BF16, g_small ? 72 : 4096, g_small ? 256 : 2048, inv_rows[i]);
             case_linear_invariance(DFLASH_DTYPE_F8_E4M3, g_small ? 40 : 2048, g_small ? 512 : 6144, inv_rows[i]);
         }
+    }
+    /* the many-row kernel against one row alone: every epilogue, both
+     * weight types, tiles of 32 and 64 rows, odd row counts; then with 16
+     * slices of 3 k-steps, 5 of them past the last step (empty) */
+    {
+        const int64_t lin_s[1] = { 200 }, qkv_s[3] = { 136, 40, 40 }, gu_s[2] = { 96, 96 }, head_s[1] = { 1000 };
+        const int64_t lin_l[1] = { 4096 }, qkv_l[3] = { 4096, 512, 512 }, gu_l[2] = { 6144, 6144 };
+        const int64_t head_l[1] = { 151936 };
+        const int nr = g_small ? 70 : 300;
+        for (int dt = 0; dt < 2; dt++) {
+            const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+            const int64_t K = g_small ? 256 : 2048;
+            case_rows_invariance(g_gpu, "", d, 0, g_small ? lin_s : lin_l, K, nr);
+            case_rows_invariance(g_gpu, "", d, 1, g_small ? qkv_s : qkv_l, K, g_small ? 65 : 129);
+            case_rows_invariance(g_gpu, "", d, 2, g_small ? gu_s : gu_l, K, nr);
+            case_rows_invariance(g_gpu, "", d, 3, g_small ? head_s : head_l, K, g_small ? 66 : 77);
+        }
+        setenv("DFLASH_CUDA_GEMM_SPLIT", "16", 1);
+        dflash_levers_reload();
+        dflash_backend *s16;
+        MUST(dflash_backend_cuda_create(0, &s16));
+        unsetenv("DFLASH_CUDA_GEMM_SPLIT");
+        dflash_levers_reload();
+        const int64_t odd[1] = { 72 }, odd_gu[2] = { 72, 72 };
+        case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 100);
+        case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 70);
+        case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 100);
+        dflash_backend_destroy(s16);
     }
     /* linear_group: q/k/v and gate/up + SwiGLU of the seed drafter and the
      * Qwen3-8B geometry */
@@ -1323,6 +1421,7 @@ int main(int argc, char **argv)
             const int64_t qkv[3] = { 64, 32, 32 }, gu[2] = { 96, 96 };
             case_linear_group(d, 3, qkv, 128, DFLASH_ACT_NONE, 5, 0);
             case_linear_group(d, 2, gu, 128, DFLASH_ACT_SWIGLU, 5, 0);
+            case_linear_group(d, 3, qkv, 128, DFLASH_ACT_NONE, 70, 0);
         } else {
             const int64_t qkv_s[3] = { 4096, 512, 512 }, gu_s[2] = { 6144, 6144 };
             const int64_t qkv_8[3] = { 4096, 1024, 1024 }, gu_8[2] = { 12288, 12288 };
@@ -1332,6 +1431,8 @@ int main(int argc, char **argv)
                 case_linear_group(d, 3, qkv_8, 4096, DFLASH_ACT_NONE, rows[r], T && rows[r] != 64);
                 case_linear_group(d, 2, gu_8, 4096, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] != 64);
             }
+            case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, 130, 0);
+            case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, 130, 0);
         }
     }
     if (g_small) {
@@ -1346,12 +1447,18 @@ int main(int argc, char **argv)
         case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 16, 2, 0);
         case_linear_argmax(DFLASH_DTYPE_BF16, 5000, 2048, 16, 1, 0); /* split-K: the last block's epilogue */
         case_linear_argmax(DFLASH_DTYPE_F8_E4M3, 151936, 2048, 15, 0, T);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 512, 0, T);
+        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 200, 1, 0);
     }
     if (T) {
         time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 16);
         time_layer(DFLASH_DTYPE_F8_E4M3, 2048, 4096, 512, 6144, 16);
         time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 16);
         time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 1);
+        /* many sessions: 8 x 16 and 32 x 16 rows */
+        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 128);
+        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 512);
+        time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 512);
     }
 
     /* norm_rope */

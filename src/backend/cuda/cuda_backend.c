@@ -34,15 +34,17 @@ dflash_status cuda_launch3(cuda_ctx *c, dflash_cuda_kernel_id k, unsigned gx, un
                            unsigned block, void **args)
 {
     dflash_status s;
+    const int smem = dflash_cuda_kernels[k].dyn_smem;
     if (c->pdl) {
         dflash_cu_launch_attr attr;
         memset(&attr, 0, sizeof attr);
         attr.id = DFLASH_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.value = 1;
-        dflash_cu_launch_config cfg = { gx, gy, gz, block, 1, 1, 0, c->stream, &attr, 1 };
+        dflash_cu_launch_config cfg = { gx, gy, gz, block, 1, 1, (unsigned)smem, c->stream, &attr, 1 };
         s = DFLASH_CU(&c->cu, cuLaunchKernelEx(&cfg, c->fn[k], args, NULL));
     } else {
-        s = DFLASH_CU(&c->cu, cuLaunchKernel(c->fn[k], gx, gy, gz, block, 1, 1, 0, c->stream, args, NULL));
+        s = DFLASH_CU(&c->cu,
+                      cuLaunchKernel(c->fn[k], gx, gy, gz, block, 1, 1, (unsigned)smem, c->stream, args, NULL));
     }
     if (s != DFLASH_OK)
         return dflash_fail_prefix(s, "cuda kernel %s (grid %u x %u x %u, block %u): ", dflash_cuda_kernels[k].name,
@@ -116,7 +118,8 @@ static void cuda_destroy(dflash_backend *be)
         for (int i = 0; i < c->n_rope; i++)
             c->cu.cuMemFree(c->rope[i].data);
         free(c->rope);
-        cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_bad };
+        cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_bad,
+                             &c->gemm_xs };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cuda_buf_free(c, bufs[i]);
         if (c->err_flag)
@@ -548,6 +551,11 @@ static dflash_status load_kernels(cuda_ctx *c)
             if (strcmp(dflash_cuda_kernels[k].file, src->name) == 0) {
                 s = DFLASH_CU(&c->cu, cuModuleGetFunction(&c->fn[k], c->mods[c->n_mods - 1],
                                                           dflash_cuda_kernels[k].name));
+                /* more than the default 48 KB of dynamic shared memory is an opt-in */
+                if (s == DFLASH_OK && dflash_cuda_kernels[k].dyn_smem > 0)
+                    s = DFLASH_CU(&c->cu, cuFuncSetAttribute(c->fn[k],
+                                                             DFLASH_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                             dflash_cuda_kernels[k].dyn_smem));
                 if (s != DFLASH_OK)
                     return dflash_fail_prefix(s, "cuda: kernel %s in %s: ", dflash_cuda_kernels[k].name,
                                               src->name);
@@ -600,6 +608,8 @@ static dflash_status open_device(cuda_ctx *c, int device)
     /* A diagnosis switch: the kernels are correct either way. */
     c->pdl = major >= 9 && dflash_levers_get()->cuda_pdl;
     c->gemm_split = dflash_levers_get()->cuda_gemm_split;
+    c->gemm_wide = dflash_levers_get()->cuda_gemm_wide;
+    c->gemm_tile = dflash_levers_get()->cuda_gemm_tile;
     snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s)", c->dev_name, c->arch, c->sm_count,
              c->pdl ? "" : ", PDL off");
     DFLASH_TRY(dflash_nvrtc_api_load(&c->nv));

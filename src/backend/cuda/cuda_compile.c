@@ -14,6 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* gemm_wide.cu's gw_geom<FP8, MT>::SMEM: a ring of 4 stages of 64 k, each
+ * 128 weight rows (bf16: 128 bytes a row, fp8: 64) and MT activation rows
+ * split into hi/lo (256 bytes a row); the epilogue's [128][MT + 1] f32
+ * totals fit in it. */
+#define GW_SMEM(fp8, mt) (4 * (128 * ((fp8) ? 64 : 128) + (mt) * 256))
+
 const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_EMBED] = { "elementwise.cu", "dflash_embed" },
     [DFK_ADD] = { "elementwise.cu", "dflash_add" },
@@ -39,6 +45,11 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_GEMM_FP8_2] = { "gemm.cu", "dflash_gemm_fp8_2" },
     [DFK_GEMM_FP8_4] = { "gemm.cu", "dflash_gemm_fp8_4" },
     [DFK_GEMM_FP8_8] = { "gemm.cu", "dflash_gemm_fp8_8" },
+    [DFK_GEMM_WIDE_BF16_32] = { "gemm_wide.cu", "dflash_gemm_wide_bf16_32", GW_SMEM(0, 32) },
+    [DFK_GEMM_WIDE_BF16_64] = { "gemm_wide.cu", "dflash_gemm_wide_bf16_64", GW_SMEM(0, 64) },
+    [DFK_GEMM_WIDE_FP8_32] = { "gemm_wide.cu", "dflash_gemm_wide_fp8_32", GW_SMEM(1, 32) },
+    [DFK_GEMM_WIDE_FP8_64] = { "gemm_wide.cu", "dflash_gemm_wide_fp8_64", GW_SMEM(1, 64) },
+    [DFK_GEMM_SPLIT_X] = { "gemm_wide.cu", "dflash_gemm_split_x" },
     [DFK_ATTENTION_F32] = { "attention.cu", "dflash_attention_f32" },
     [DFK_ATTENTION_BF16] = { "attention.cu", "dflash_attention_bf16" },
     [DFK_ATTENTION_TC_16] = { "attention_tc.cu", "dflash_attention_tc_16" },

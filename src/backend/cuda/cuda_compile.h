@@ -37,6 +37,11 @@ typedef enum dflash_cuda_kernel_id {
     DFK_GEMM_FP8_2,
     DFK_GEMM_FP8_4,
     DFK_GEMM_FP8_8,
+    DFK_GEMM_WIDE_BF16_32, /* gemm_wide.cu: the same for many rows, tiles of 32 or 64 rows */
+    DFK_GEMM_WIDE_BF16_64,
+    DFK_GEMM_WIDE_FP8_32,
+    DFK_GEMM_WIDE_FP8_64,
+    DFK_GEMM_SPLIT_X, /* gemm_wide.cu: its activations split into bf16 hi/lo */
     DFK_ATTENTION_F32, /* attention.cu: any head_dim, f32 or bf16 pages */
     DFK_ATTENTION_BF16,
     DFK_ATTENTION_TC_16, /* attention_tc.cu: bf16 pages, head_dim 16..128 */
@@ -52,6 +57,7 @@ typedef enum dflash_cuda_kernel_id {
 typedef struct dflash_cuda_kernel_info {
     const char *file; /* source under src/backend/cuda/kernels/ */
     const char *name; /* extern "C" symbol */
+    int dyn_smem;     /* bytes of dynamic shared memory every launch gets (the kernel's own formula) */
 } dflash_cuda_kernel_info;
 
 extern const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT];

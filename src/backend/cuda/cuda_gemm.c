@@ -1,8 +1,9 @@
 /* cuda_gemm.c: the CUDA launchers of the linear ops: linear, linear_group
  * (q/k/v in one launch, gate/up with SwiGLU) and linear_argmax (LM head and
- * argmax without writing logits), on the tensor-core kernel of gemm.cu
- * where the weights allow, else on the general linear.cu kernel. Owns the
- * choice of split-K and the GEMM's workspaces. */
+ * argmax without writing logits), on the tensor-core kernels where the
+ * weights allow (gemm.cu, or gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE rows,
+ * 65 by default: the same bits), else on the general linear.cu kernel. Owns the choice of split-K,
+ * of the kernel and its tile, and the GEMM's workspaces. */
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -108,9 +109,58 @@ static int gemm_split(const cuda_ctx *c, int64_t rb, int64_t k_steps)
     return best;
 }
 
+/* The argmax partials of `rows` activation rows over `rb` row blocks,
+ * for the GEMM's argmax epilogue and dflash_argmax_finish. */
+static dflash_status argmax_reserve(cuda_ctx *c, gemm_args *ga, int64_t rows, int64_t rb)
+{
+    DFLASH_TRY(cuda_buf_reserve(c, &c->am_val, (size_t)(rows * rb) * sizeof(float), 0));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->am_idx, (size_t)(rows * rb) * sizeof(int), 0));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->am_bad, (size_t)rows * sizeof(int), 1)); /* zero between calls */
+    ga->am_val = HPTR(c->am_val.p);
+    ga->am_idx = HPTR(c->am_idx.p);
+    ga->am_bad = HPTR(c->am_bad.p);
+    return DFLASH_OK;
+}
+
+static dflash_status argmax_finish(cuda_ctx *c, gemm_args *ga, int rows, int64_t rb, int32_t *ids)
+{
+    int nb = (int)rb;
+    void *fargs[] = { &ga->am_val, &ga->am_idx, &ga->am_bad, &nb, &ids };
+    return cuda_launch(c, DFK_ARGMAX_FINISH, (unsigned)rows, 1, 256, fargs);
+}
+
+/* gemm_wide.cu over all n rows: x split into hi/lo, then one launch with
+ * tiles of 64 rows, or of 32 when 64-row tiles would leave SMs without a
+ * block (the 64-row kernel runs one block per SM). */
+static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t rb, int fp8, int32_t *ids)
+{
+    int mt = rb * ((n + 63) / 64) >= c->sm_count ? 64 : 32;
+    if (c->gemm_tile == 32 || c->gemm_tile == 64)
+        mt = c->gemm_tile;
+    const int64_t blocks = rb * ((n + mt - 1) / mt);
+    if (blocks > 0x7fffffff)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks x %d rows", (long long)rb, n);
+    ga->m = n;
+    if (ga->mode == GEMM_ARGMAX)
+        DFLASH_TRY(argmax_reserve(c, ga, n, rb));
+    /* x split into bf16 hi/lo once, for every block to copy */
+    int64_t n4 = (int64_t)n * ga->k / 4;
+    DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_xs, (size_t)n4 * 16, 0));
+    ga->ws = HPTR(c->gemm_xs.p);
+    const int64_t split_blocks = (n4 + 255) / 256 < 8LL * c->sm_count ? (n4 + 255) / 256 : 8LL * c->sm_count;
+    void *sargs[] = { (void *)&ga->x, &ga->ws, &n4 };
+    DFLASH_TRY(cuda_launch(c, DFK_GEMM_SPLIT_X, (unsigned)split_blocks, 1, 256, sargs));
+    const dflash_cuda_kernel_id k = fp8 ? (mt == 64 ? DFK_GEMM_WIDE_FP8_64 : DFK_GEMM_WIDE_FP8_32)
+                                        : (mt == 64 ? DFK_GEMM_WIDE_BF16_64 : DFK_GEMM_WIDE_BF16_32);
+    void *args[] = { ga };
+    DFLASH_TRY(cuda_launch(c, k, (unsigned)blocks, 1, 256, args));
+    return ga->mode == GEMM_ARGMAX ? argmax_finish(c, ga, n, rb, ids) : DFLASH_OK;
+}
+
 /* The tensor-core launch of out[i] = x W[i]^T (or the SwiGLU pair, or the
- * row argmax into ids), in launches of at most GEMM_MAX_M rows (each row's
- * result is the same in any of them). */
+ * row argmax into ids): from c->gemm_wide rows one launch of gemm_wide.cu,
+ * else launches of gemm.cu of at most GEMM_MAX_M rows (each row's result
+ * is the same bits in any of them). */
 static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
                                  float *const *out, int mode, int32_t *ids)
 {
@@ -137,6 +187,11 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     ga.store = mode != GEMM_ARGMAX || out[0] != NULL;
     const int64_t k_steps = ga.k / (fp8 ? 64 : 32);
     ga.split = gemm_split(c, rb, k_steps);
+    ga.x = x;
+    for (int i = 0; i < n_w; i++)
+        ga.out[i] = out[i];
+    if (n >= c->gemm_wide)
+        return gemm_wide_launch(c, &ga, n, rb, fp8, ids);
     const int64_t blocks = rb * ga.split;
     if (blocks > 0x7fffffff || rb > 0x7fffffff / GEMM_MAX_M)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks", (long long)rb);
@@ -147,14 +202,8 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
         ga.ws = HPTR(c->gemm_ws.p);
         ga.counters = HPTR(c->gemm_cnt.p);
     }
-    if (mode == GEMM_ARGMAX) {
-        DFLASH_TRY(cuda_buf_reserve(c, &c->am_val, (size_t)m_max * rb * sizeof(float), 0));
-        DFLASH_TRY(cuda_buf_reserve(c, &c->am_idx, (size_t)m_max * rb * sizeof(int), 0));
-        DFLASH_TRY(cuda_buf_reserve(c, &c->am_bad, (size_t)m_max * sizeof(int), 1)); /* zero between calls */
-        ga.am_val = HPTR(c->am_val.p);
-        ga.am_idx = HPTR(c->am_idx.p);
-        ga.am_bad = HPTR(c->am_bad.p);
-    }
+    if (mode == GEMM_ARGMAX)
+        DFLASH_TRY(argmax_reserve(c, &ga, m_max, rb));
     for (int r0 = 0; r0 < n; r0 += GEMM_MAX_M) {
         const int m = n - r0 < GEMM_MAX_M ? n - r0 : GEMM_MAX_M;
         const int t = m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : 3;
@@ -164,12 +213,8 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
             ga.out[i] = out[i] ? out[i] + (int64_t)r0 * w[i].rows : NULL;
         void *args[] = { &ga };
         DFLASH_TRY(cuda_launch(c, fp8 ? k_fp8[t] : k_bf16[t], (unsigned)blocks, 1, 256, args));
-        if (mode == GEMM_ARGMAX) {
-            int nb = (int)rb;
-            int32_t *dst = ids + r0;
-            void *fargs[] = { &ga.am_val, &ga.am_idx, &ga.am_bad, &nb, &dst };
-            DFLASH_TRY(cuda_launch(c, DFK_ARGMAX_FINISH, (unsigned)m, 1, 256, fargs));
-        }
+        if (mode == GEMM_ARGMAX)
+            DFLASH_TRY(argmax_finish(c, &ga, m, rb, ids + r0));
     }
     return DFLASH_OK;
 }

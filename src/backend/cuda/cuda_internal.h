@@ -40,6 +40,8 @@ typedef struct cuda_ctx {
     int sm_count;
     int pdl; /* launch with programmatic stream serialization (sm_90+, DFLASH_CUDA_PDL=0 turns it off) */
     int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
+    int gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: calls of this many rows or more take gemm_wide.cu */
+    int gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: 0, or gemm_wide.cu's tile (32 or 64 rows) */
     /* Kernel error report: the device word decides which report wins, the
      * details land in mapped host memory [code, a, b, c]. */
     CUdeviceptr err_flag;
@@ -54,9 +56,11 @@ typedef struct cuda_ctx {
     dflash_backend_counters count; /* launches, waits, copies (benchmarks) */
     /* Workspaces: attention partials of key splits (attention_tc.cu);
      * split-K partials, arrival counters (kept zero between calls) and
-     * argmax partials of the GEMM (gemm.cu). */
+     * argmax partials of the GEMM (gemm.cu); the many-row GEMM's split
+     * activations (gemm_wide.cu). */
     cuda_buf part_o, part_ml;
     cuda_buf gemm_ws, gemm_cnt, am_val, am_idx, am_bad;
+    cuda_buf gemm_xs; /* gemm_wide.cu's activations split into bf16 hi/lo */
     char desc[192];
 } cuda_ctx;
 

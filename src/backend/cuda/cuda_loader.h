@@ -51,6 +51,7 @@ typedef struct dflash_cu_launch_config {
     unsigned n_attrs;
 } dflash_cu_launch_config;
 enum { DFLASH_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+enum { DFLASH_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
 
 /* NVRTC types. */
 typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
@@ -90,6 +91,7 @@ typedef struct dflash_cuda_api {
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned smem, CUstream s, void **params, void **extra);
     CUresult (*cuLaunchKernelEx)(const dflash_cu_launch_config *config, CUfunction f, void **params, void **extra);
+    CUresult (*cuFuncSetAttribute)(CUfunction f, int attr, int value);
     CUresult (*cuEventCreate)(CUevent *e, unsigned flags);
     CUresult (*cuEventDestroy)(CUevent e);
     CUresult (*cuEventRecord)(CUevent e, CUstream s);

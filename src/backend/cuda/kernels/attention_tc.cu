@@ -83,19 +83,6 @@ __forceinline__ void at_mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
-
-__forceinline__ void cp_async16(void *dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
-}
-
-__forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-
-__forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;"); }
-
-__forceinline__ void cp_async_wait_0() { asm volatile("cp.async.wait_group 0;"); }
-
 /* Page-table entries a split can touch: AT_SPLIT keys span at most
  * AT_SPLIT / DFLASH_KV_PAGE + 1 pages. */
 #define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
@@ -219,9 +206,9 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
             at_load_tile<D>(a, ks[cur ^ 1], vs[cur ^ 1], pages, p_first, kvh, lo, n_paged, extra_off, u0 + AT_TILE,
                             u_end);
             cp_async_commit();
-            cp_async_wait_1();
+            cp_async_wait<1>();
         } else {
-            cp_async_wait_0();
+            cp_async_wait<0>();
         }
         __syncthreads();
         if (computes) {

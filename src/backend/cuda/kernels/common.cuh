@@ -1,8 +1,9 @@
 /* common.cuh: what every dflash kernel shares: fixed-width types, the dtype
  * codes (the values of dflash_dtype in src/core/dtype.h), element decoding
  * (bf16, f16, fp8 e4m3 -> f32, written by hand because NVRTC programs here
- * include no headers), warp/block reductions, and the device-side error
- * report read back by the host at the next sync.
+ * include no headers), warp/block reductions, programmatic dependent
+ * launch, cp.async, and the device-side error report read back by the
+ * host at the next sync.
  *
  * Compiled by NVRTC with -default-device, so plain functions are device
  * functions. */
@@ -183,6 +184,23 @@ __forceinline__ void pdl_wait()
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+/* Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), in
+ * groups: commit closes a group, cp_async_wait<N> waits until at most N
+ * groups are still in flight. */
+__forceinline__ u32 smem_addr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
+
+/* dst: a shared-window address (smem_addr) */
+__forceinline__ void cp_async16_s(u32 dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+
+__forceinline__ void cp_async16(void *dst, const void *src) { cp_async16_s(smem_addr(dst), src); }
+
+__forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N> __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* Record the first error of this stream's work: the device word `flag`
  * decides which report wins; the details go to mapped host memory, which the

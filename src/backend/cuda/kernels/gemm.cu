@@ -1,17 +1,9 @@
 /* gemm.cu: out = x W^T for few activation rows (decode 1, verify and
  * propose 16, prefill chunks up to 64) on tensor cores, reading every weight
- * byte from memory once whatever the row count.
- *
- * The product is computed transposed, out^T = W x^T, with
- * mma.m16n8k16 (bf16 in, f32 accumulate): the A operand is 16 weight rows,
- * the B operand 8 activation rows, so one activation row pays for 8.
- *
- * Exactness. Activations are f32 and the CPU reference multiplies them in
- * f32, so each one is split into two bf16 numbers, hi = bf16(x) and
- * lo = bf16(x - hi), and both are multiplied: x is represented to ~2^-17
- * relative, the weights (bf16, or fp8 e4m3 widened exactly) are exact, and
- * the products accumulate in f32. The result agrees with the CPU within f32
- * rounding of a different summation order.
+ * byte from memory once whatever the row count. The arithmetic each output
+ * goes through (bf16 hi/lo activations, the operand order, split-K in slice
+ * order) is gemm_mma.cuh's; gemm_wide.cu computes the same bits for more
+ * rows.
  *
  * Layout of the work. A block is 8 warps over 128 weight rows (16 each) and
  * one K slice; the blocks of a row block's S slices (split-K) write
@@ -22,104 +14,18 @@
  * memory, where all 8 warps read them: activations cost L2 traffic of
  * M / 64 of the weights' (M rows), not a re-read per warp.
  *
- * Operand order. Inside one mma the order of the k index is free (a dot
- * product does not care), so each thread loads 16 contiguous bytes of a
- * weight row and both operands use the same permutation: lane (g, t) holds
- * physical k = k0 + 8t + {0..3} of rows g and g+8 in the slots the
- * instruction calls k = {2t, 2t+1, 2t+8, 2t+9}, and k0 + 8t + {4..7} for the
- * next k16 step (fp8: 16 bytes, four steps).
- *
- * Batch independence. S depends only on the matrix shape and the device,
- * never on the number of activation rows, and every activation row is an
- * independent column of the mma: a row's result does not change with the
- * batch it shares (speculative output stays bit-identical to plain).
- *
- * Epilogues: store (up to three weights with the same K share a launch,
- * each with its own output: q, k, v); SwiGLU (two weights, gate and up:
- * a block takes 64 rows of each and writes silu(gate) * up); argmax (the
- * best column of each activation row within the block, for
- * dflash_argmax_finish; the outputs themselves are stored only on request). */
-#include "common.cuh"
+ * Epilogues (gm_emit4): store (up to three weights with the same K share a
+ * launch, each with its own output: q, k, v); SwiGLU (two weights, gate
+ * and up: a block takes 64 rows of each and writes silu(gate) * up);
+ * argmax (the best column of each activation row within the block, for
+ * dflash_argmax_finish; the outputs themselves are stored only on
+ * request). */
+#include "gemm_mma.cuh"
 
-#define GM_THREADS 256
-#define GM_WARPS 8
-#define GM_RB 128 /* weight rows per block (SwiGLU: 64 of gate and 64 of up) */
-#define GM_MAX_W 3
 #define GM_SPLIT_BATCH 16 /* split-K partials (a float4 each) a thread requests together */
 /* 16-byte weight loads per weight row per thread per chunk (a chunk is
  * loaded while the previous one is multiplied). */
 #define GM_LOADS(FP8, NT) ((NT) >= 8 ? ((FP8) ? 1 : 2) : (NT) >= 4 || (FP8) ? 2 : 4)
-
-#define GM_STORE 0
-#define GM_SWIGLU 1
-#define GM_ARGMAX 2
-
-/* cuda_gemm.c mirrors this layout. */
-struct gemm_args {
-    const void *w[GM_MAX_W];       /* [n[i], k] bf16 or fp8 */
-    const float *scales[GM_MAX_W]; /* fp8: [n[i]] per-row scales */
-    float *out[GM_MAX_W];          /* [m, n[i]] */
-    i64 n[GM_MAX_W];
-    i64 blocks[GM_MAX_W];          /* row blocks of each weight */
-    const float *x;                /* [m, k] */
-    i64 k;
-    float *ws;                     /* split > 1: partials [split][m][columns, see gm_ws_off] */
-    int *counters;                 /* split > 1: [row blocks], zero between calls */
-    float *am_val;                 /* argmax: [m][row blocks] best value */
-    int *am_idx;                   /* argmax: [m][row blocks] its column */
-    int *am_bad;                   /* argmax: [m] the row holds a NaN or +inf (reset by the finish) */
-    int m, n_w, split, mode, store;
-};
-static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_gemm.c");
-
-/* Two f32 -> one bf16x2 register, `lo_elem` in the low half (round to
- * nearest even, as dflash_f32_to_bf16). */
-__forceinline__ u32 pack_bf16(float lo_elem, float hi_elem)
-{
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_elem), "f"(lo_elem));
-    return r;
-}
-
-/* The bf16 hi/lo split of four consecutive activations as one 16-byte B
- * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
-__forceinline__ uint4 split4(float4 v)
-{
-    uint4 r;
-    r.x = pack_bf16(v.x, v.y);
-    r.y = pack_bf16(v.z, v.w);
-    r.z = pack_bf16(v.x - __uint_as_float(r.x << 16), v.y - __uint_as_float(r.x & 0xffff0000u));
-    r.w = pack_bf16(v.z - __uint_as_float(r.y << 16), v.w - __uint_as_float(r.y & 0xffff0000u));
-    return r;
-}
-
-/* Two fp8 e4m3 (low byte first) -> bf16x2, exactly: e4m3 -> f16 is exact
- * and every e4m3 value is a normal f16 and a normal bf16. */
-__forceinline__ u32 fp8x2_to_bf16x2(u32 two)
-{
-    u32 h;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)two));
-    return pack_bf16(f16_to_f32((u16)(h & 0xffffu)), f16_to_f32((u16)(h >> 16)));
-}
-
-__forceinline__ void mma_bf16(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* Weights are read once: keep them out of L1 and ask L2 for whole 256-byte
- * lines (each thread group reads a row's 256 contiguous bytes per chunk). */
-__forceinline__ uint4 load_stream(const void *p)
-{
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 /* One k16 step: acc[j] += A * (hi + lo) of activation tile j, whose B
  * fragment source for this lane is xs[(8j + g) * XW + idx]. */
@@ -133,8 +39,6 @@ __forceinline__ void mma_step(float (*acc)[4], u32 a0, u32 a1, u32 a2, u32 a3, c
         mma_bf16(acc[j], a0, a1, a2, a3, b.z, b.w);
     }
 }
-
-__forceinline__ float gm_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 /* Where weight `seg`'s columns start in a workspace row: every weight
  * before it rounded up to 4 columns (n_w: the row's length). */
@@ -333,8 +237,10 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
             /* Load l of the H * S this thread needs (SwiGLU: gate and
              * up, H = 2) is slice l % S of half l / S; a batch requests
              * GM_SPLIT_BATCH of them (more would spill registers), and each
-             * half's slices are added in slice order. Columns past the
-             * weight's end are padding, loaded and unused. */
+             * half's slices are added in slice order. A quad past the
+             * weight's end is not loaded (the workspace row ends there);
+             * the end of a quad that straddles it is padding, loaded and
+             * unused. */
             const int H = swiglu ? 2 : 1, n_loads = H * S;
             const i64 stride = (i64)M * n_ws, row_off = (i64)m * n_ws + col4;
             const float *p0 = a.ws + row_off + gm_ws_off(a, swiglu ? 0 : seg), *p1 = a.ws + row_off + gm_ws_off(a, 1);
@@ -343,7 +249,7 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
 #pragma unroll
                 for (int b = 0; b < GM_SPLIT_BATCH; b++) {
                     const int l = l0 + b, h = l >= S, sl = l - h * S;
-                    part[b] = l < n_loads && in ? __ldcg((const float4 *)((h ? p1 : p0) + sl * stride))
+                    part[b] = l < n_loads && live[0] ? __ldcg((const float4 *)((h ? p1 : p0) + sl * stride))
                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
 #pragma unroll
@@ -367,26 +273,7 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
         }
         float bv = __int_as_float(0x7fc00000);
         int bi = AM_NONE_IDX;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if (!live[j])
-                continue;
-            const i64 col = col4 + j;
-            if (FP8) {
-                y0[j] *= a.scales[swiglu ? 0 : seg][col];
-                if (swiglu)
-                    y1[j] *= a.scales[1][col];
-            }
-            if (swiglu)
-                a.out[0][(i64)m * a.n[0] + col] = gm_silu_mul(y0[j], y1[j]);
-            else if (a.store)
-                a.out[seg][(i64)m * a.n[seg] + col] = y0[j];
-            if (a.mode == GM_ARGMAX) {
-                am_take(bv, bi, y0[j], (int)col);
-                if (am_unusable(y0[j]))
-                    a.am_bad[m] = 1;
-            }
-        }
+        gm_emit4<FP8>(a, seg, swiglu, m, col4, live, y0, y1, bv, bi);
         if (a.mode == GM_ARGMAX) {
             warp_argmax(bv, bi);
             if (in && (threadIdx.x & 31) == 0) {

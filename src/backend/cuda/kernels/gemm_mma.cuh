@@ -1,0 +1,147 @@
+/* gemm_mma.cuh: what the two tensor-core GEMMs (gemm.cu for up to 64
+ * activation rows, gemm_wide.cu for more) share, and must share for their
+ * results to be the same bits: the argument block, the activation split,
+ * the mma and its operand order, the streaming weight load and the
+ * epilogue.
+ *
+ * The product is computed transposed, out^T = W x^T, with
+ * mma.m16n8k16 (bf16 in, f32 accumulate): the A operand is 16 weight rows,
+ * the B operand 8 activation rows, so one activation row pays for 8.
+ *
+ * Exactness. Activations are f32 and the CPU reference multiplies them in
+ * f32, so each one is split into two bf16 numbers, hi = bf16(x) and
+ * lo = bf16(x - hi), and both are multiplied: x is represented to ~2^-17
+ * relative, the weights (bf16, or fp8 e4m3 widened exactly) are exact, and
+ * the products accumulate in f32. The result agrees with the CPU within f32
+ * rounding of a different summation order.
+ *
+ * Operand order. Inside one mma the order of the k index is free (a dot
+ * product does not care), so each thread loads 16 contiguous bytes of a
+ * weight row and both operands use the same permutation: lane (g, t) holds
+ * physical k = k0 + 8t + {0..3} of rows g and g+8 in the slots the
+ * instruction calls k = {2t, 2t+1, 2t+8, 2t+9}, and k0 + 8t + {4..7} for the
+ * next k16 step (fp8: 16 bytes, four steps).
+ *
+ * Batch independence. An output (weight row, activation row) is the same
+ * sequence of operations in both kernels, whatever rows share the call:
+ * K cut into S slices of ceil(steps / S) k32 steps (k64 for fp8), S a
+ * function of the matrix shape and the device only (cuda_gemm.c); within a
+ * slice, from zero, for each 32-wide step (fp8: 64) in order, the k16 steps
+ * in order, each as mma(hi) then mma(lo); the slices' sums then added to
+ * 0.0f in slice order (S = 1: the one sum as it is); fp8 scale, SwiGLU or
+ * store last (gm_emit4). Every activation row is an independent column of
+ * the mma, so a row's result does not change with the batch it shares
+ * (speculative output stays bit-identical to plain). */
+#pragma once
+
+#include "common.cuh"
+
+#define GM_THREADS 256
+#define GM_WARPS 8
+#define GM_RB 128 /* weight rows per block (SwiGLU: 64 of gate and 64 of up) */
+#define GM_MAX_W 3
+
+#define GM_STORE 0
+#define GM_SWIGLU 1
+#define GM_ARGMAX 2
+
+/* cuda_gemm.c mirrors this layout. */
+struct gemm_args {
+    const void *w[GM_MAX_W];       /* [n[i], k] bf16 or fp8 */
+    const float *scales[GM_MAX_W]; /* fp8: [n[i]] per-row scales */
+    float *out[GM_MAX_W];          /* [m, n[i]] */
+    i64 n[GM_MAX_W];
+    i64 blocks[GM_MAX_W];          /* row blocks of each weight */
+    const float *x;                /* [m, k] */
+    i64 k;
+    float *ws;                     /* gemm.cu, split > 1: partials [split][m][columns, see gm_ws_off];
+                                      gemm_wide.cu: x split into hi/lo, [m][k / 4] uint4 */
+    int *counters;                 /* gemm.cu, split > 1: [row blocks], zero between calls */
+    float *am_val;                 /* argmax: [m][row blocks] best value */
+    int *am_idx;                   /* argmax: [m][row blocks] its column */
+    int *am_bad;                   /* argmax: [m] the row holds a NaN or +inf (reset by the finish) */
+    int m, n_w, split, mode, store;
+};
+static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_gemm.c");
+
+/* Two f32 -> one bf16x2 register, `lo_elem` in the low half (round to
+ * nearest even, as dflash_f32_to_bf16). */
+__forceinline__ u32 pack_bf16(float lo_elem, float hi_elem)
+{
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_elem), "f"(lo_elem));
+    return r;
+}
+
+/* The bf16 hi/lo split of four consecutive activations as one 16-byte B
+ * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
+__forceinline__ uint4 split4(float4 v)
+{
+    uint4 r;
+    r.x = pack_bf16(v.x, v.y);
+    r.y = pack_bf16(v.z, v.w);
+    r.z = pack_bf16(v.x - __uint_as_float(r.x << 16), v.y - __uint_as_float(r.x & 0xffff0000u));
+    r.w = pack_bf16(v.z - __uint_as_float(r.y << 16), v.w - __uint_as_float(r.y & 0xffff0000u));
+    return r;
+}
+
+/* Two fp8 e4m3 (low byte first) -> bf16x2, exactly: e4m3 -> f16 is exact
+ * and every e4m3 value is a normal f16 and a normal bf16. */
+__forceinline__ u32 fp8x2_to_bf16x2(u32 two)
+{
+    u32 h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)two));
+    return pack_bf16(f16_to_f32((u16)(h & 0xffffu)), f16_to_f32((u16)(h >> 16)));
+}
+
+__forceinline__ void mma_bf16(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Weights are read once: keep them out of L1 and ask L2 for whole 256-byte
+ * lines (each thread group reads a row's 256 contiguous bytes per chunk). */
+__forceinline__ uint4 load_stream(const void *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__forceinline__ float gm_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* The end of four adjacent outputs col4..col4+3 of activation row m, their
+ * final sums in y0 (SwiGLU: gate in y0, up in y1) and live[j] saying
+ * which exist: fp8 row scales, then silu(gate) * up or the store (when
+ * asked), and in argmax mode the row's candidate (bv, bi) and its
+ * unusable-number flag. */
+template <int FP8>
+__forceinline__ void gm_emit4(const gemm_args &a, int seg, bool swiglu, i64 m, i64 col4, const bool *live, float *y0,
+                              float *y1, float &bv, int &bi)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (!live[j])
+            continue;
+        const i64 col = col4 + j;
+        if (FP8) {
+            y0[j] *= a.scales[swiglu ? 0 : seg][col];
+            if (swiglu)
+                y1[j] *= a.scales[1][col];
+        }
+        if (swiglu)
+            a.out[0][m * a.n[0] + col] = gm_silu_mul(y0[j], y1[j]);
+        else if (a.store)
+            a.out[seg][m * a.n[seg] + col] = y0[j];
+        if (a.mode == GM_ARGMAX) {
+            am_take(bv, bi, y0[j], (int)col);
+            if (am_unusable(y0[j]))
+                a.am_bad[m] = 1;
+        }
+    }
+}
