@@ -212,7 +212,7 @@ static dflash_status run_lines(batch_run *r, double *secs)
     }
     cli_engine_warn_long(a->e, &plan, longest);
     /* one slot more: the engine's own sequence */
-    DFLASH_TRY(cli_engine_open(&r->e, a->e, (int)longest + plan.block, r->n + 1));
+    DFLASH_TRY(cli_engine_open(&r->e, a->e, (int)longest + plan.block, r->n + 1, plan.block));
     if (a->chat)
         cli_engine_chat_prepare(&r->e, a->e, &r->co);
     const int V = r->e.target->cfg.vocab_size; /* known once the model is open */

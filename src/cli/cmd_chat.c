@@ -219,7 +219,7 @@ static dflash_status chat_open(chat_args *a, chat_state *c)
     DFLASH_TRY(cli_engine_load_tokenizer(&c->e, &a->e));
     DFLASH_TRY(cli_engine_chat_opts(&a->e, c->e.tok, a->think, &a->co));
     /* The cache holds the conversation's limit and the block of a step. */
-    DFLASH_TRY(cli_engine_open(&c->e, &a->e, c->plan.limit + c->plan.block, 1));
+    DFLASH_TRY(cli_engine_open(&c->e, &a->e, c->plan.limit + c->plan.block, 1, c->plan.block));
     cli_engine_chat_prepare(&c->e, &a->e, &a->co);
     return dflash_detok_stream_new(c->e.tok, DFLASH_DECODE_SKIP_SPECIAL, &c->sm.ds);
 }

@@ -254,7 +254,7 @@ int dflash_cmd_generate(int argc, char **argv)
         s = dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", a.n_new);
     /* The cache holds the prompt, the output and the block of the last step. */
     if (s == DFLASH_OK)
-        s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + plan.block, 1);
+        s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + plan.block, 1, plan.block);
     if (s == DFLASH_OK && a.chat)
         cli_engine_chat_prepare(&e, &a.e, &a.chat_opts);
     dflash_gen_stats st;

@@ -280,7 +280,7 @@ dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)
     return dflash_tokenizer_load(a->tokenizer ? a->tokenizer : a->model, &e->tok);
 }
 
-dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs)
+dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs, int block)
 {
     /* Without a drafter, before loading anything; with one, once it is. */
     DFLASH_TRY(check_block_option(a, a->draft ? DFLASH_MAX_BLOCK : 0));
@@ -289,6 +289,7 @@ dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_po
     dflash_qwen3_default_opts(&topts);
     topts.max_ctx = kv_positions;
     topts.max_seqs = n_seqs;
+    topts.max_rows = dflash_open_target_rows(n_seqs, block);
     DFLASH_TRY(dflash_qwen3_load(a->model, e->be, &topts, &e->target));
     DFLASH_TRY(dflash_qwen3_seq_init(e->target, &e->seq));
     if (a->draft) {

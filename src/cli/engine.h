@@ -69,12 +69,13 @@ const char *cli_engine_limit_hint(const cli_engine_plan *p);
  * print a warning on stderr (once per call). */
 void cli_engine_warn_long(const cli_engine_args *a, const cli_engine_plan *p, long long positions);
 /* Open the models the arguments name with KV caches for n_seqs sequences
- * of `kv_positions` each (a sequence's limit + the plan's block); e->seq
- * and e->pstate take one of them. `e` is zeroed or holds only a
+ * of `kv_positions` each (a sequence's limit + the plan's block) and a
+ * target forward wide enough for all of them at `block` rows each
+ * (dflash_open_target_rows); e->seq and e->pstate take one of them. `e` is zeroed or holds only a
  * tokenizer. Stop ids: the model's EOS ids (config.json, plus
  * tokenizer_config / generation_config when a tokenizer is loaded) unless
  * --ignore-eos. */
-dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs);
+dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs, int block);
 void cli_engine_close(cli_engine *e);
 /* The chat options of a run: the format of the model (its tokenizer
  * folder: --tokenizer, else the model's; chat.h) and --think. */

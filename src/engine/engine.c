@@ -111,6 +111,9 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     e->max_ctx = o->max_ctx < model_ctx || o->long_context ? o->max_ctx : model_ctx;
     to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
+    /* a step of every session in one forward (a drafter's block is 16
+     * unless block_size says otherwise) */
+    to.max_rows = dflash_open_target_rows(o->max_sessions, !o->draft ? 1 : o->block_size > 0 ? o->block_size : 16);
     to.kv_pages = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)

@@ -25,6 +25,12 @@ dflash_status dflash_open_backend(const char *device, const char *label, dflash_
     return dflash_backend_cpu_create(out);
 }
 
+int dflash_open_target_rows(int n_seqs, int block)
+{
+    const int64_t rows = (int64_t)(n_seqs > 0 ? n_seqs : 1) * (block > 0 ? block : 1);
+    return rows < 64 ? 64 : rows > 512 ? 512 : (int)rows;
+}
+
 dflash_status dflash_open_proposer(const char *draft, dflash_qwen3 *target, int block_size, int ctx_cap, int quant,
                                    dflash_proposer **out)
 {

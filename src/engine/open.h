@@ -1,6 +1,7 @@
 /* open.h: opening what a run needs by name, shared by the library engine
- * (engine.c) and the CLI: the device's backend and the proposer a
- * "drafter" argument names (a DFlash folder, or "ngram"). */
+ * (engine.c) and the CLI: the device's backend, the rows of the target's
+ * forward, and the proposer a "drafter" argument names (a DFlash folder,
+ * or "ngram"). */
 #ifndef DFLASH_ENGINE_OPEN_H
 #define DFLASH_ENGINE_OPEN_H
 
@@ -12,6 +13,13 @@
 /* device "cpu"; "cuda" (must work: its failure is the error, prefixed
  * with `label`); "auto" (CUDA, else the CPU, logging why). */
 dflash_status dflash_open_backend(const char *device, const char *label, dflash_backend **out);
+
+/* Rows a target forward takes when n_seqs sequences step together at up
+ * to `block` rows each: all of them in one forward when it fits (the
+ * weights are read once per forward; on the GPU a 512-row forward of a
+ * Qwen3-8B costs ~5 one-row steps, not 32), never fewer than 64 (a
+ * prefill chunk) nor more than 512. */
+int dflash_open_target_rows(int n_seqs, int block);
 
 /* The proposer `draft` names for `target`: "ngram" (prompt lookup, block
  * block_size or 16, n-grams of 1..3), else a DFlash drafter folder loaded
