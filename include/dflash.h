@@ -94,6 +94,11 @@ void dflash_engine_close(dflash_engine *e);
 /* Positions one session may hold, prompt and output together: max_ctx,
  * or the model's context length where that is smaller. */
 int dflash_engine_max_ctx(const dflash_engine *e);
+/* The target's vocabulary: token ids are 0 .. this - 1. */
+int dflash_engine_vocab_size(const dflash_engine *e);
+/* Tokens a step commits at most: the last token + drafts (block_size or
+ * the drafter's block), 1 for plain decoding. */
+int dflash_engine_block_size(const dflash_engine *e);
 /* The KV page pool: its pages, those reserved by running or waiting starts
  * or held by idle caches, and the started sessions waiting for pages. Read
  * it from the thread that steps the engine. */
@@ -154,7 +159,7 @@ void dflash_session_output(const dflash_session *s, const int32_t **ids, size_t 
 /* Those tokens as text (special tokens left out); *text is malloc'd. */
 dflash_status dflash_session_text(const dflash_session *s, char **text);
 
-#define DFLASH_STATS_POSITIONS 16 /* draft positions the per-position counts cover */
+#define DFLASH_STATS_POSITIONS 64 /* the widest block: its draft positions, tokens a step commits */
 typedef struct dflash_session_stats {
     int prompt_tokens, generated_tokens, steps;
     double mean_accept; /* tau: tokens committed per step */
@@ -165,13 +170,11 @@ typedef struct dflash_session_stats {
     double prefill_ms, draft_ms, verify_ms, observe_ms;
     double tokens_per_s; /* generated tokens / (total - prefill) */
     int64_t drafted, accepted; /* draft tokens proposed, and accepted by the target */
-    /* [k]: steps that committed k tokens (k >= DFLASH_STATS_POSITIONS
-     * counted in the last entry) */
+    /* [k]: steps that committed k tokens */
     int64_t commit_hist[DFLASH_STATS_POSITIONS + 1];
     /* [i]: steps that drafted position i + 1, and that accepted it */
     int64_t pos_tried[DFLASH_STATS_POSITIONS], pos_accepted[DFLASH_STATS_POSITIONS];
-    /* [k]: steps that drafted k tokens (k >= DFLASH_STATS_POSITIONS counted
-     * in the last entry); k = 0 is a plain decoding step */
+    /* [k]: steps that drafted k tokens; k = 0 is a plain decoding step */
     int64_t width_hist[DFLASH_STATS_POSITIONS + 1];
     int stopped; /* a stop id or the token callback ended it before its budget */
 } dflash_session_stats;

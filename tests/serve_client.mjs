@@ -202,6 +202,14 @@ await attempt('speculative metrics', async () => {
   check('speculative metrics agree with each other', drafted > 0 && accepted <= drafted && count === steps &&
     sum <= gen && sum >= steps && p1 >= p2 && a1 <= p1 && p1 > 0,
     JSON.stringify({ drafted, accepted, steps, count, sum, gen, p1, a1, p2 }));
+  // the drafter's block is 16: draft positions 1..15, commit buckets le 0..15 (16 falls in +Inf)
+  const p15 = await metric('dflash_spec_position_drafted_total{position="15"}');
+  const p16 = await metric('dflash_spec_position_drafted_total{position="16"}');
+  const le15 = await metric('dflash_spec_acceptance_length_bucket{le="15"}');
+  const le16 = await metric('dflash_spec_acceptance_length_bucket{le="16"}');
+  check('speculative metrics cover the block\'s positions and no more',
+    Number.isFinite(p15) && Number.isNaN(p16) && Number.isFinite(le15) && le15 <= count && Number.isNaN(le16),
+    JSON.stringify({ p15, p16, le15, le16 }));
 });
 
 await attempt('a KV page budget', async () => {

@@ -85,6 +85,9 @@ static void test_sessions(void)
     if (!e)
         return;
     CHECK(dflash_engine_max_ctx(e) == 512);
+    CHECKF(dflash_engine_vocab_size(e) == g_plain->cfg.vocab_size && dflash_engine_block_size(e) == 16,
+           "vocabulary %d (want %d), block %d (want the drafter's 16)", dflash_engine_vocab_size(e),
+           g_plain->cfg.vocab_size, dflash_engine_block_size(e));
     const char *text = "def walk_files(root):\n    \"\"\"Yield the paths under root.\"\"\"\n";
     int32_t ids2[] = { 1, 2, 3, 4, 5, 6, 7 }, *ids1 = NULL;
     size_t n1 = 0;
@@ -581,6 +584,20 @@ static void test_stop_ids(void)
     dflash_engine_close(e);
 }
 
+/* An engine without a drafter commits one token a step. */
+static void test_plain_block(void)
+{
+    dflash_engine_opts eo = pair_opts(2);
+    eo.draft = NULL;
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        return;
+    CHECKF(dflash_engine_block_size(e) == 1 && dflash_engine_vocab_size(e) == g_plain->cfg.vocab_size,
+           "plain engine: block %d, vocabulary %d", dflash_engine_block_size(e), dflash_engine_vocab_size(e));
+    dflash_engine_close(e);
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&g_be));
@@ -597,6 +614,7 @@ int main(void)
         RUN(test_kv_blocked_behind);
         RUN(test_chunked_prefill);
         RUN(test_stop_ids);
+        RUN(test_plain_block);
     }
     dflash_tokenizer_free(g_tok);
     dflash_qwen3_free(g_plain);

@@ -156,6 +156,7 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
         return 1;
     }
     c->max_ctx = dflash_engine_max_ctx(c->engine);
+    c->block = dflash_engine_block_size(c->engine);
     dflash_engine_kv_usage(c->engine, &c->m.kv_pages, &c->m.kv_reserved, &c->m.kv_waiting);
     c->chat_ok = dflash_chat_format_detect(tdir, c->tok, &c->chat_format) == DFLASH_OK;
     if (!c->chat_ok)

@@ -94,6 +94,7 @@ typedef struct serve_ctx {
     const char *model_name;
     const char *api_key; /* NULL: none required */
     int max_sessions, max_queue, max_ctx;
+    int block; /* tokens a step commits at most (dflash_engine_block_size): the metrics' positions */
     size_t max_body;
     dflash_session_opts dflt; /* defaults from the command line's sampling options */
     /* guarded by mu */

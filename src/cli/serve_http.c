@@ -315,11 +315,13 @@ static char *metrics_text(serve_ctx *c)
         "# HELP dflash_spec_acceptance_length Tokens a step committed (accepted drafts + 1).\n"
         "# TYPE dflash_spec_acceptance_length histogram\n",
         m->drafted, m->accepted);
+    /* buckets and positions up to the engine's block: what a step can do */
+    const int B = c->block < 1 ? 1 : c->block > DFLASH_STATS_POSITIONS ? DFLASH_STATS_POSITIONS : c->block;
     unsigned long long steps = 0, committed = 0;
     for (int k = 0; k <= DFLASH_STATS_POSITIONS; k++) {
         steps += m->commit_hist[k];
         committed += m->commit_hist[k] * (unsigned long long)k;
-        if (k < DFLASH_STATS_POSITIONS)
+        if (k < B)
             PUT("dflash_spec_acceptance_length_bucket{le=\"%d\"} %llu\n", k, steps);
     }
     PUT("dflash_spec_acceptance_length_bucket{le=\"+Inf\"} %llu\ndflash_spec_acceptance_length_sum %llu\n"
@@ -327,11 +329,11 @@ static char *metrics_text(serve_ctx *c)
         "# HELP dflash_spec_position_drafted_total Steps that drafted position N.\n"
         "# TYPE dflash_spec_position_drafted_total counter\n",
         steps, committed, steps);
-    for (int i = 0; i < DFLASH_STATS_POSITIONS; i++)
+    for (int i = 0; i < B - 1; i++)
         PUT("dflash_spec_position_drafted_total{position=\"%d\"} %llu\n", i + 1, m->pos_tried[i]);
     PUT("# HELP dflash_spec_position_accepted_total Steps that accepted the draft at position N.\n"
         "# TYPE dflash_spec_position_accepted_total counter\n");
-    for (int i = 0; i < DFLASH_STATS_POSITIONS; i++)
+    for (int i = 0; i < B - 1; i++)
         PUT("dflash_spec_position_accepted_total{position=\"%d\"} %llu\n", i + 1, m->pos_accepted[i]);
 #undef PUT
     pthread_mutex_unlock(&c->mu);

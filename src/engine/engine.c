@@ -111,9 +111,15 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     e->max_ctx = o->max_ctx < model_ctx || o->long_context ? o->max_ctx : model_ctx;
     to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
-    /* a step of every session in one forward (a drafter's block is 16
-     * unless block_size says otherwise) */
-    to.max_rows = dflash_open_target_rows(o->max_sessions, !o->draft ? 1 : o->block_size > 0 ? o->block_size : 16);
+    /* a step of every session in one forward: block_size rows each, else
+     * the drafter's block (16 for the n-gram proposer; a folder that fails
+     * here is reported when the proposer loads) */
+    int per = !o->draft ? 1 : o->block_size > 0 ? o->block_size : 16;
+    dflash_model_config dc;
+    if (o->draft && o->block_size <= 0 && strcmp(o->draft, "ngram") != 0 &&
+        dflash_config_load(o->draft, &dc) == DFLASH_OK && dc.is_dflash)
+        per = dc.block_size;
+    to.max_rows = dflash_open_target_rows(o->max_sessions, per);
     to.kv_pages = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)
@@ -468,6 +474,16 @@ int dflash_engine_max_ctx(const dflash_engine *e)
     return e->max_ctx;
 }
 
+int dflash_engine_vocab_size(const dflash_engine *e)
+{
+    return e->target->cfg.vocab_size;
+}
+
+int dflash_engine_block_size(const dflash_engine *e)
+{
+    return dflash_spec_batch_block(e->batch);
+}
+
 void dflash_engine_kv_usage(const dflash_engine *e, int *pages, int *reserved, int *waiting)
 {
     *pages = e->kv_pages;
@@ -562,17 +578,14 @@ void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out
                                    .draft_ms = st->draft_ms, .verify_ms = st->verify_ms,
                                    .observe_ms = st->observe_ms, .tokens_per_s = st->tokens_per_s,
                                    .stopped = st->stopped };
-    const int P = DFLASH_STATS_POSITIONS;
+    _Static_assert(DFLASH_STATS_POSITIONS == DFLASH_MAX_BLOCK, "the public counts cover every block");
     for (int k = 0; k <= DFLASH_MAX_BLOCK; k++)
-        out->commit_hist[k < P ? k : P] += st->accept_hist[k];
-    for (int k = 0; k < DFLASH_MAX_BLOCK; k++)
-        out->width_hist[k < P ? k : P] += st->width_hist[k];
+        out->commit_hist[k] = st->accept_hist[k];
     for (int i = 0; i < DFLASH_MAX_BLOCK; i++) {
+        out->width_hist[i] = st->width_hist[i];
+        out->pos_tried[i] = st->pos_tried[i];
+        out->pos_accepted[i] = st->pos_accepted[i];
         out->drafted += st->pos_tried[i];
         out->accepted += st->pos_accepted[i];
-        if (i < P) {
-            out->pos_tried[i] = st->pos_tried[i];
-            out->pos_accepted[i] = st->pos_accepted[i];
-        }
     }
 }
