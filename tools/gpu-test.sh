@@ -26,7 +26,8 @@
 #  5. benchmarks: builds the dflash CLI the same way and runs `dflash bench`
 #     (seed drafter bf16 and fp8, the Qwen3-8B drafter, the Qwen3-8B target
 #     with verifies of 2..16 rows and with 4, 8 and 32 sequences per
-#     forward (and again with the many-row GEMM off), the Llama 3.1 8B target, the embedded pair's geometry), then the
+#     forward (and again with the many-row GEMM off), the Llama 3.1 8B
+#     target, the embedded pair's geometry), then the
 #     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
 #     in the same run;
 #  6. compute-sanitizer memcheck, racecheck, synccheck on cuda_ops_check

@@ -551,8 +551,10 @@ static dflash_status load_kernels(cuda_ctx *c)
             if (strcmp(dflash_cuda_kernels[k].file, src->name) == 0) {
                 s = DFLASH_CU(&c->cu, cuModuleGetFunction(&c->fn[k], c->mods[c->n_mods - 1],
                                                           dflash_cuda_kernels[k].name));
-                /* more than the default 48 KB of dynamic shared memory is an opt-in */
-                if (s == DFLASH_OK && dflash_cuda_kernels[k].dyn_smem > 0)
+                /* more than the default 48 KB of dynamic shared memory is an
+                 * opt-in; a kernel that needs more than the device has is
+                 * left unused (cuda_kernel_fits) */
+                if (s == DFLASH_OK && dflash_cuda_kernels[k].dyn_smem > 0 && cuda_kernel_fits(c, (dflash_cuda_kernel_id)k))
                     s = DFLASH_CU(&c->cu, cuFuncSetAttribute(c->fn[k],
                                                              DFLASH_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                              dflash_cuda_kernels[k].dyn_smem));
@@ -589,6 +591,7 @@ static dflash_status open_device(cuda_ctx *c, int device)
     DFLASH_TRY(DFLASH_CU(cu, cuDeviceGetAttribute(&major, DFLASH_CU_ATTR_CC_MAJOR, c->dev)));
     DFLASH_TRY(DFLASH_CU(cu, cuDeviceGetAttribute(&minor, DFLASH_CU_ATTR_CC_MINOR, c->dev)));
     DFLASH_TRY(DFLASH_CU(cu, cuDeviceGetAttribute(&c->sm_count, DFLASH_CU_ATTR_MULTIPROCESSOR_COUNT, c->dev)));
+    DFLASH_TRY(DFLASH_CU(cu, cuDeviceGetAttribute(&c->smem_optin, DFLASH_CU_ATTR_MAX_SMEM_PER_BLOCK_OPTIN, c->dev)));
     dflash_cuda_arch_name(major, minor, c->arch, sizeof c->arch);
     /* The primary context: the one the runtime API and other libraries in
      * the process share, so buffers can be handed across. */

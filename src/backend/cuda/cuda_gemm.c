@@ -1,14 +1,15 @@
 /* cuda_gemm.c: the CUDA launchers of the linear ops: linear, linear_group
  * (q/k/v in one launch, gate/up with SwiGLU) and linear_argmax (LM head and
  * argmax without writing logits), on the tensor-core kernels where the
- * weights allow (gemm.cu, or gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE rows,
- * 65 by default: the same bits), else on the general linear.cu kernel. Owns the choice of split-K,
+ * weights allow (gemm.cu, or gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE
+ * rows, 65 by default: the same bits), else on the general linear.cu
+ * kernel. Owns the choice of split-K,
  * of the kernel and its tile, and the GEMM's workspaces. */
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
 
-/* Mirrors struct gemm_args in kernels/gemm.cu (passed by value). */
+/* Mirrors struct gemm_args in kernels/gemm_mma.cuh (passed by value). */
 typedef struct gemm_args {
     const void *w[3];
     const float *scales[3];
@@ -24,10 +25,10 @@ typedef struct gemm_args {
     int *am_bad;
     int m, n_w, split, mode, store;
 } gemm_args;
-_Static_assert(sizeof(gemm_args) == 200, "gemm_args must match kernels/gemm.cu");
+_Static_assert(sizeof(gemm_args) == 200, "gemm_args must match kernels/gemm_mma.cuh");
 
-enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2 }; /* gemm.cu's GM_* modes */
-#define GEMM_RB 128   /* weight rows per block (gemm.cu GM_RB) */
+enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2 }; /* gemm_mma.cuh's GM_* modes */
+#define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */
 #define GEMM_MAX_M 64 /* activation rows per launch */
 #define GEMM_MAX_SPLIT 16
 
@@ -129,14 +130,26 @@ static dflash_status argmax_finish(cuda_ctx *c, gemm_args *ga, int rows, int64_t
     return cuda_launch(c, DFK_ARGMAX_FINISH, (unsigned)rows, 1, 256, fargs);
 }
 
-/* gemm_wide.cu over all n rows: x split into hi/lo, then one launch with
- * tiles of 64 rows, or of 32 when 64-row tiles would leave SMs without a
- * block (the 64-row kernel runs one block per SM). */
-static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t rb, int fp8, int32_t *ids)
+/* The tile of activation rows gemm_wide.cu takes for n rows of `rb` row
+ * blocks: 64, or 32 when 64-row tiles would leave SMs without a block
+ * (the bf16 64-row kernel runs one block per SM) or the device lacks the
+ * shared memory of the 64-row kernel; 0 when neither kernel fits it. */
+static int wide_tile(const cuda_ctx *c, int n, int64_t rb, int fp8)
 {
+    const int fits64 = cuda_kernel_fits(c, fp8 ? DFK_GEMM_WIDE_FP8_64 : DFK_GEMM_WIDE_BF16_64);
+    const int fits32 = cuda_kernel_fits(c, fp8 ? DFK_GEMM_WIDE_FP8_32 : DFK_GEMM_WIDE_BF16_32);
     int mt = rb * ((n + 63) / 64) >= c->sm_count ? 64 : 32;
-    if (c->gemm_tile == 32 || c->gemm_tile == 64)
+    if (c->gemm_tile)
         mt = c->gemm_tile;
+    if (mt == 64 && !fits64)
+        mt = 32;
+    return mt == 32 && !fits32 ? (fits64 ? 64 : 0) : mt;
+}
+
+/* gemm_wide.cu over all n rows in tiles of mt: x split into hi/lo, then
+ * one launch. */
+static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t rb, int fp8, int mt, int32_t *ids)
+{
     const int64_t blocks = rb * ((n + mt - 1) / mt);
     if (blocks > 0x7fffffff)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks x %d rows", (long long)rb, n);
@@ -158,9 +171,10 @@ static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t
 }
 
 /* The tensor-core launch of out[i] = x W[i]^T (or the SwiGLU pair, or the
- * row argmax into ids): from c->gemm_wide rows one launch of gemm_wide.cu,
- * else launches of gemm.cu of at most GEMM_MAX_M rows (each row's result
- * is the same bits in any of them). */
+ * row argmax into ids): from c->gemm_wide rows one launch of gemm_wide.cu
+ * (where the device has its shared memory), else launches of gemm.cu of
+ * at most GEMM_MAX_M rows (each row's result is the same bits in any of
+ * them). */
 static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
                                  float *const *out, int mode, int32_t *ids)
 {
@@ -190,8 +204,9 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     ga.x = x;
     for (int i = 0; i < n_w; i++)
         ga.out[i] = out[i];
-    if (n >= c->gemm_wide)
-        return gemm_wide_launch(c, &ga, n, rb, fp8, ids);
+    const int mt = n >= c->gemm_wide ? wide_tile(c, n, rb, fp8) : 0;
+    if (mt)
+        return gemm_wide_launch(c, &ga, n, rb, fp8, mt, ids);
     const int64_t blocks = rb * ga.split;
     if (blocks > 0x7fffffff || rb > 0x7fffffff / GEMM_MAX_M)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks", (long long)rb);

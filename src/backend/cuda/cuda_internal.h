@@ -38,6 +38,7 @@ typedef struct cuda_ctx {
     char arch[16];
     char dev_name[128];
     int sm_count;
+    int smem_optin; /* dynamic shared memory a block may opt in to; kernels needing more are never launched */
     int pdl; /* launch with programmatic stream serialization (sm_90+, DFLASH_CUDA_PDL=0 turns it off) */
     int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
     int gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: calls of this many rows or more take gemm_wide.cu */
@@ -91,6 +92,12 @@ static inline unsigned row_threads(int64_t len, unsigned max)
  * the grid. */
 dflash_status cuda_launch3(cuda_ctx *c, dflash_cuda_kernel_id k, unsigned gx, unsigned gy, unsigned gz,
                            unsigned block, void **args);
+/* Can kernel k run here (its dynamic shared memory fits the device)? */
+static inline int cuda_kernel_fits(const cuda_ctx *c, dflash_cuda_kernel_id k)
+{
+    return dflash_cuda_kernels[k].dyn_smem <= c->smem_optin;
+}
+
 static inline dflash_status cuda_launch(cuda_ctx *c, dflash_cuda_kernel_id k, unsigned gx, unsigned gy,
                                         unsigned block, void **args)
 {

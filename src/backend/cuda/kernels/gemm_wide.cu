@@ -16,8 +16,7 @@
  *    four mma;
  *  - weights and activations stream into shared memory through a ring of
  *    GW_STAGES stages of 64 k (cp.async), GW_STAGES - 1 of them in flight
- *    while one is multiplied; rows are swizzled so the fragment loads have
- *    no bank conflicts;
+ *    while one is multiplied; rows are swizzled against bank conflicts;
  *  - the tiles of one weight row block are adjacent in the grid, so they
  *    run together and read those weights from DRAM about once.
  *
@@ -25,8 +24,7 @@
  * a function of the shape) are walked in order by the one block: a
  * slice's sum starts from zero in the accumulators and, at the slice's
  * end, is added to a running total that started at 0.0f (S = 1: the total
- * is the sum), the order gemm.cu's last block adds the slices' partials in;
- * slices past the last k step add their zero sums, as there.
+ * is the sum), the order gemm.cu's last block adds the slices' partials in.
  *
  * Epilogue: the totals go through shared memory to gm_emit4, four
  * adjacent columns of one activation row per thread, as gemm.cu's. */
@@ -57,7 +55,9 @@ template <int FP8, int MT> struct gw_geom {
 };
 
 /* Swizzles: a quarter warp reads rows r, r + 1 (r even) at the same
- * chunks; an odd row's chunks are moved so the two land on other banks. */
+ * chunks; an odd row's chunks are moved so the two land on other banks
+ * (bf16; fp8's activation reads keep a 2-way conflict: lanes t and t + 2
+ * share banks). */
 template <int WCH> __forceinline__ int gw_wswz(int row, int c) { return WCH == 8 ? c ^ ((row & 1) << 2) : c; }
 __forceinline__ int gw_xswz(int row, int c) { return c ^ (row & 1); }
 
@@ -156,9 +156,6 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
             for (int e = 0; e < 4; e++)
                 acc[f][j][e] = tot[f][j][e] = 0.0f;
 
-    /* One k step from stage buffers ws_/xs_: per k16 step h, every
-     * accumulator's mma(hi), then every one's mma(lo) (each accumulator
-     * still sees hi before lo; its two mma are no longer back to back). */
     /* Fragment addresses in a stage, bytes: this lane's A rows
      * 32 wr + g (+ 16 f, + 8) at load u, its B row (MT / 2) wm + g
      * (+ 8 j) at k16 step h (+ 128 per load u for bf16); the swizzles
@@ -262,8 +259,9 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
             }
         }
     }
-    /* Slices past the last step add their zero sums, as gemm.cu's last
-     * block adds their zero partials (it turns a -0 total into +0). */
+    /* Slices past the last k step add their zero sums, as gemm.cu's last
+     * block adds their zero partials (no bits change: a total that started
+     * at 0.0f is never -0; kept so both kernels do the same adds). */
     for (int e2 = (steps + per - 1) / per; e2 < S; e2++)
 #pragma unroll
         for (int f = 0; f < 2; f++)
