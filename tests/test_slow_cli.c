@@ -249,8 +249,10 @@ static void test_info(void)
     CHECK(sh(cmd, out, sizeof out, 0) == 0 && strstr(out, "DFlash drafter") && strstr(out, "taps [1, 3, 5]"));
 }
 
-/* The tiny preset: a bandwidth line, and one row per (op, ctx) in order
- * (contexts sorted, duplicates dropped) with positive times and floors. */
+/* The tiny preset: a bandwidth line, and one row per (op, sequences, ctx)
+ * in order (contexts sorted, duplicates dropped; the drafter's propose
+ * and the target's verify and decode each alone and for 2 sequences)
+ * with positive times and floors. */
 static void test_bench_tiny(void)
 {
     static char out[16384], cmd[512];
@@ -258,7 +260,8 @@ static void test_bench_tiny(void)
     CHECK(sh(cmd, out, sizeof out, 0) == 0);
     CHECKF(strstr(out, "bandwidth: ") && strstr(out, "GB/s"), "output: %s", out);
     const struct { const char *op; int seqs, rows, ctx; } want[] = {
-        { "propose", 1, 8, 8 },  { "propose", 1, 8, 32 }, { "verify", 1, 16, 8 },  { "decode", 1, 1, 8 },
+        { "propose", 1, 8, 8 },  { "propose", 2, 16, 8 }, { "propose", 1, 8, 32 }, { "propose", 2, 16, 32 },
+        { "verify", 1, 16, 8 },  { "decode", 1, 1, 8 },
         { "verify", 2, 32, 8 },  { "decode", 2, 2, 8 },   { "verify", 1, 16, 32 }, { "decode", 1, 1, 32 },
         { "verify", 2, 32, 32 }, { "decode", 2, 2, 32 },
     };

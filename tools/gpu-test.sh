@@ -24,7 +24,8 @@
 #     full block and the auto width,
 #     seeded sampling spec == plain, tau, tok/s, the widths auto chose);
 #  5. benchmarks: builds the dflash CLI the same way and runs `dflash bench`
-#     (seed drafter bf16 and fp8, the Qwen3-8B drafter, the Qwen3-8B target
+#     (seed drafter bf16 and fp8, and its propose for 4, 8 and 32
+#     sequences, the Qwen3-8B drafter, the Qwen3-8B target
 #     with verifies of 2..16 rows and with 4, 8 and 32 sequences per
 #     forward (and again with the many-row GEMM off), the Llama 3.1 8B
 #     target, the embedded pair's geometry), then the
@@ -189,6 +190,8 @@ if want bench; then
         if last_ok; then
             D="$B/dflash bench --device cuda"
             step bench-seed bench_seed.txt 120 $D --preset seed-drafter --ctx 512,4096
+            step bench-seed-sessions bench_seed_sessions.txt 150 $D --preset seed-drafter --ctx 1024 \
+                --sessions 4,8,32 --reps 10
             step bench-seed-nopdl bench_seed_nopdl.txt 120 env DFLASH_CUDA_PDL=0 $D --preset seed-drafter --ctx 4096
             step bench-seed-fp8 bench_seed_fp8.txt 120 $D --preset seed-drafter --ctx 512,4096 --drafter-quant fp8
             step bench-8b-drafter bench_8b_drafter.txt 120 $D --preset qwen3-8b-drafter --ctx 4096
@@ -305,7 +308,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"

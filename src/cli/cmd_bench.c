@@ -122,11 +122,12 @@ static void usage(FILE *f)
             "                 drafter, 1,1024,4096 for a target)\n"
             "  --rows LIST    verify widths in rows, comma-separated (default 16, at most %d):\n"
             "                 what a step of k drafts costs the target (k + 1 rows)\n"
-            "  --sessions LIST  target: also N sequences in one forward, each at the context\n"
-            "                 length (comma-separated, each 2..%d): decode N rows, verify N x\n"
-            "                 the widths; verify / decode at N is the tokens per session a\n"
-            "                 step must commit for speculation to pay (the drafter not\n"
-            "                 counted)\n"
+            "  --sessions LIST  also N sequences in one call, each at the context length\n"
+            "                 (comma-separated, each 2..%d): the drafter's propose for N\n"
+            "                 sequences (N x block rows); the target's decode of N rows and\n"
+            "                 verify of N x the widths (verify / decode at N is the tokens\n"
+            "                 per session a step must commit for speculation to pay, the\n"
+            "                 propose not counted)\n"
             "  --reps N       timed calls per row after %d warm-up calls (default 20);\n"
             "                 the median and the minimum are reported\n"
             "  --device D     cpu (default), cuda, or auto (cuda when a GPU is usable)\n"
@@ -716,24 +717,25 @@ typedef struct drafter_set {
     bench_image timg, dimg;
     dflash_qwen3 *target;
     dflash_head *head;
-    void *state;
+    void *states[BENCH_MAX_SESSIONS]; /* one per sequence (--sessions: the most asked) */
+    int n_states;
     float *taps;          /* backend [max_rows, K*H] */
     int32_t *tokens;      /* host [max_rows] */
 } drafter_set;
 
+/* One propose over n_seqs sequences, each at position pos. */
 typedef struct propose_op {
     dflash_proposer *p;
-    void *state;
-    int32_t last, pos;
-    int n_drafts;
-    int32_t drafts[BENCH_MAX_BLOCK];
+    void **states;
+    int n_seqs, n_drafts;
+    int32_t last[BENCH_MAX_SESSIONS], pos[BENCH_MAX_SESSIONS];
+    int32_t drafts[BENCH_MAX_SESSIONS * BENCH_MAX_BLOCK];
 } propose_op;
 
 static dflash_status propose_run(void *self)
 {
     propose_op *o = self;
-    void *st = o->state;
-    return o->p->ops->propose(o->p, &st, 1, &o->last, &o->pos, o->n_drafts, o->drafts);
+    return o->p->ops->propose(o->p, o->states, o->n_seqs, o->last, o->pos, o->n_drafts, o->drafts);
 }
 
 static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
@@ -773,9 +775,13 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     DFLASH_TRY(img_build(&d->dimg, label, 2));
     config_json(json, sizeof json, &p->d, p->vocab, 1, 0, p);
     DFLASH_TRY(img_open(&d->dimg, json, label, &cfg, &st));
+    d->n_states = 1;
+    for (int i = 0; i < r->a->n_sess; i++)
+        d->n_states = r->a->sess[i] > d->n_states ? r->a->sess[i] : d->n_states;
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
     ho.max_ctx = max_ctx + p->block;
+    ho.max_seqs = d->n_states;
     ho.ctx_cap = 0;                /* --ctx says how much context is visible */
     ho.quant = r->a->fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16; /* only --drafter-quant says */
     if (r->cuda && d->dimg.len > BENCH_PROGRESS_BYTES)
@@ -785,7 +791,8 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "block size %d is over %d", d->head->block_size,
                            BENCH_MAX_BLOCK + 1);
     dflash_proposer *pr = &d->head->proposer;
-    DFLASH_TRY(pr->ops->alloc_state(pr, ho.max_ctx, &d->state));
+    for (int i = 0; i < d->n_states; i++)
+        DFLASH_TRY(pr->ops->alloc_state(pr, ho.max_ctx, &d->states[i]));
 
     /* Random tap rows (hidden states of scale ~1), uploaded once and reused
      * for every chunk: the context's values do not change its cost. */
@@ -808,8 +815,9 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
 
 static void drafter_close(bench_run *r, drafter_set *d)
 {
-    if (d->state)
-        d->head->proposer.ops->free_state(&d->head->proposer, d->state);
+    for (int i = 0; i < d->n_states; i++)
+        if (d->states[i])
+            d->head->proposer.ops->free_state(&d->head->proposer, d->states[i]);
     dflash_head_free(d->head);
     dflash_qwen3_free(d->target);
     if (d->taps)
@@ -830,27 +838,43 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
                                                                                       : h->layers[l].w.lin);
     int filled = 0;
     const int verbose = d->dimg.len > BENCH_PROGRESS_BYTES;
-    for (int c = 0; c < n_ctx; c++) {
+    propose_op *o = calloc(1, sizeof *o); /* too big for the stack */
+    if (!o)
+        return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory");
+    dflash_status s = DFLASH_OK;
+    for (int c = 0; c < n_ctx && s == DFLASH_OK; c++) {
         if (verbose)
-            fprintf(stderr, "dflash bench: drafter: building %d context rows\n", ctx[c]);
-        while (filled < ctx[c]) {
-            int n = ctx[c] - filled < h->max_rows ? ctx[c] - filled : h->max_rows;
-            dflash_ctx_rows rows = { d->tokens, n, filled, d->taps, h->fc.cols };
-            DFLASH_TRY(pr->ops->begin(pr, d->state, &rows));
-            filled += n;
+            fprintf(stderr, "dflash bench: drafter: building %d context rows%s\n", ctx[c],
+                    d->n_states > 1 ? " for each sequence" : "");
+        for (int i = 0; i < d->n_states && s == DFLASH_OK; i++)
+            for (int done = filled; done < ctx[c] && s == DFLASH_OK;) {
+                int n = ctx[c] - done < h->max_rows ? ctx[c] - done : h->max_rows;
+                dflash_ctx_rows rows = { d->tokens, n, done, d->taps, h->fc.cols };
+                s = pr->ops->begin(pr, d->states[i], &rows);
+                done += n;
+            }
+        filled = ctx[c];
+        /* one sequence, then each --sessions count in one propose */
+        for (int q = 0; q <= r->a->n_sess && s == DFLASH_OK; q++) {
+            const int ns = q == 0 ? 1 : r->a->sess[q - 1];
+            o->p = pr, o->states = d->states, o->n_seqs = ns, o->n_drafts = h->block_size - 1;
+            for (int i = 0; i < ns; i++)
+                o->last[i] = d->tokens[i], o->pos[i] = filled;
+            bench_op op = { propose_run, NULL, o };
+            double med, min, host;
+            bench_counts counts;
+            s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
+            /* Weights once (the fc is not used: the context is already
+             * built), each sequence's B embedding rows and every visible
+             * context position's K/V. */
+            double bytes = weights + ns * ((double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
+                                           (double)filled * kv_bytes_per_pos(&h->kv.layout));
+            if (s == DFLASH_OK)
+                add_row(r, "propose", ns, ns * h->block_size, filled, med, min, bytes, host, &counts);
         }
-        propose_op o = { pr, d->state, d->tokens[0], filled, h->block_size - 1, { 0 } };
-        bench_op op = { propose_run, NULL, &o };
-        double med, min, host;
-        bench_counts counts;
-        DFLASH_TRY(time_op(r, &op, r->a->reps, &med, &min, &host, &counts));
-        /* Weights once (the fc is not used: the context is already built),
-         * the B embedding rows, and every visible context position's K/V. */
-        double bytes = weights + (double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
-                       (double)filled * kv_bytes_per_pos(&h->kv.layout);
-        add_row(r, "propose", 1, h->block_size, filled, med, min, bytes, host, &counts);
     }
-    return DFLASH_OK;
+    free(o);
+    return s;
 }
 
 static dflash_status bench_drafter(bench_run *r)
