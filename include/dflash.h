@@ -109,6 +109,8 @@ void dflash_engine_kv_usage(const dflash_engine *e, int *pages, int *reserved, i
 typedef dflash_status (*dflash_tokens_cb)(void *user, const int32_t *ids, int n);
 
 #define DFLASH_MAX_STOP_IDS 16
+#define DFLASH_MAX_STOP_STRINGS 8
+#define DFLASH_MAX_STOP_LEN 128
 typedef struct dflash_session_opts {
     int max_tokens;     /* per start (default 256) */
     double temperature; /* 0: greedy (default) */
@@ -123,6 +125,15 @@ typedef struct dflash_session_opts {
      * DFLASH_MAX_STOP_IDS, copied by dflash_session_new. */
     const int32_t *stop_ids;
     int n_stop_ids;
+    /* strings that end generation: once the text of a start's output holds
+     * one, the session stops after the token that completed it (the
+     * caches hold nothing past that token, so a later start continues
+     * after it); dflash_session_output keeps that token, and
+     * dflash_session_text ends where the first stop string begins. Needs
+     * the engine's tokenizer. At most DFLASH_MAX_STOP_STRINGS, each 1 to
+     * DFLASH_MAX_STOP_LEN bytes, copied by dflash_session_new. */
+    const char *const *stop_strings;
+    int n_stop_strings;
     dflash_tokens_cb on_tokens;
     void *user;
 } dflash_session_opts;
@@ -156,7 +167,8 @@ dflash_status dflash_session_error(const dflash_session *s, const char **message
 int dflash_session_running(const dflash_session *s);
 /* The tokens generated since the last start (valid until the next start). */
 void dflash_session_output(const dflash_session *s, const int32_t **ids, size_t *n);
-/* Those tokens as text (special tokens left out); *text is malloc'd. */
+/* Those tokens as text (special tokens left out), cut before a stop
+ * string that ended the start; *text is malloc'd. */
 dflash_status dflash_session_text(const dflash_session *s, char **text);
 
 #define DFLASH_STATS_POSITIONS 64 /* the widest block: its draft positions, tokens a step commits */

@@ -584,6 +584,103 @@ static void test_stop_ids(void)
     dflash_engine_close(e);
 }
 
+/* Stop strings: the session stops after the token that completes one
+ * (drafts accepted past it are not kept), its text ends where the string
+ * begins, and a later start continues exactly after the kept tokens;
+ * malformed stop strings are refused by name. */
+static void test_stop_strings(void)
+{
+    const char *prompt = "def read_config(path):\n    \"\"\"Load the settings.\"\"\"\n";
+    int32_t *ids = NULL, want[N_NEW], whole[512];
+    size_t n = 0;
+    char *full = NULL, *part = NULL, *got = NULL;
+    dflash_engine *e = NULL;
+    dflash_session *s = NULL;
+    CHECK_OK(dflash_tokenizer_encode_special(g_tok, prompt, strlen(prompt), &ids, &n));
+    dflash_session_opts so;
+    dflash_session_default_opts(&so);
+    so.max_tokens = N_NEW;
+    so.ignore_eos = 1;
+    const int nw = plain_run(ids, (int)n, &so, want);
+    size_t len = 0;
+    CHECK_OK(dflash_tokenizer_decode(g_tok, want, (size_t)nw, DFLASH_DECODE_SKIP_SPECIAL, &full, &len));
+    /* a 5-byte stop string first found at p, from the middle on */
+    char stop[6] = { 0 };
+    size_t p = len / 2;
+    for (; full && p + 5 <= len; p++) {
+        memcpy(stop, full + p, 5);
+        if (!memchr(stop, 0, 5) && strstr(full, stop) == full + p)
+            break;
+    }
+    CHECKF(full && p + 5 <= len, "no 5-byte stop string in the plain output: %s", full ? full : "");
+    if (!full || p + 5 > len)
+        goto done;
+    /* the token that completes it, as plain decoding makes the text */
+    int keep = 0;
+    for (int t = 1; t <= nw && !keep; t++) {
+        size_t pl;
+        free(part);
+        part = NULL;
+        CHECK_OK(dflash_tokenizer_decode(g_tok, want, (size_t)t, DFLASH_DECODE_SKIP_SPECIAL, &part, &pl));
+        if (part && strstr(part, stop))
+            keep = t;
+    }
+    CHECK(keep > 0 && keep < nw);
+
+    dflash_engine_opts eo = pair_opts(1);
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        goto done;
+    const char *bad[DFLASH_MAX_STOP_STRINGS + 1] = { "a", "b", "c", "d", "e", "f", "g", "h", "i" };
+    so.stop_strings = bad;
+    so.n_stop_strings = DFLASH_MAX_STOP_STRINGS + 1;
+    CHECK_FAILS(dflash_session_new(e, &so, &s), DFLASH_ERR_INVALID_ARG, "stop strings (at most");
+    const char *empty[1] = { "" };
+    so.stop_strings = empty;
+    so.n_stop_strings = 1;
+    CHECK_FAILS(dflash_session_new(e, &so, &s), DFLASH_ERR_INVALID_ARG, "stop string 0 is empty");
+    const char *stops[2] = { "\x01never", stop };
+    so.stop_strings = stops;
+    so.n_stop_strings = 2;
+    CHECK_OK(dflash_session_new(e, &so, &s));
+    if (!s)
+        goto done;
+    CHECK_OK(dflash_session_start_ids(s, ids, n));
+    int active = 1, steps = 0;
+    while (active && steps++ < 200)
+        CHECK_OK(dflash_engine_step(e, &active));
+    CHECKF(same_output(s, want, keep), "output is not plain decoding's first %d tokens", keep);
+    CHECK_OK(dflash_session_text(s, &got));
+    CHECKF(got && strlen(got) == p && !strncmp(got, full, p), "text '%s', want the first %zu bytes of '%s'",
+           got ? got : "", p, full);
+    dflash_session_stats st;
+    dflash_session_stats_get(s, &st);
+    CHECK(st.stopped && st.generated_tokens == keep);
+
+    /* the next start continues after the kept tokens: the whole
+     * conversation decoded plainly (the stop string may come again) */
+    int32_t more[] = { 9, 8, 7 };
+    memcpy(whole, ids, n * sizeof *ids);
+    memcpy(whole + n, want, (size_t)keep * sizeof *want);
+    memcpy(whole + n + keep, more, sizeof more);
+    so.stop_strings = NULL;
+    so.n_stop_strings = 0;
+    const int nw2 = plain_run(whole, (int)n + keep + 3, &so, want);
+    CHECK_OK(dflash_session_start_ids(s, more, 3));
+    for (active = 1, steps = 0; active && steps++ < 200;)
+        CHECK_OK(dflash_engine_step(e, &active));
+    const int32_t *o2;
+    size_t n2;
+    dflash_session_output(s, &o2, &n2);
+    /* equal up to where its own stop string (if any) ended it */
+    CHECKF(n2 >= 1 && (int)n2 <= nw2 && !memcmp(o2, want, n2 * sizeof *o2),
+           "continued output (%zu tokens) differs from plain decoding of the whole conversation", n2);
+done:
+    dflash_session_free(s);
+    dflash_engine_close(e);
+    free(ids), free(full), free(part), free(got);
+}
+
 /* An engine without a drafter commits one token a step. */
 static void test_plain_block(void)
 {
@@ -615,6 +712,7 @@ int main(void)
         RUN(test_chunked_prefill);
         RUN(test_stop_ids);
         RUN(test_plain_block);
+        RUN(test_stop_strings);
     }
     dflash_tokenizer_free(g_tok);
     dflash_qwen3_free(g_plain);

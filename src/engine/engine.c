@@ -53,6 +53,10 @@ struct dflash_session {
     /* what ends its generation: the model's ids (unless ignore_eos), then its own */
     int32_t stops[ENGINE_MAX_STOP + DFLASH_MAX_STOP_IDS];
     int n_stops;
+    /* its stop strings (copies), the longest one's bytes, and whether one
+     * ended the current start */
+    char stop_str[DFLASH_MAX_STOP_STRINGS][DFLASH_MAX_STOP_LEN + 1];
+    int n_stop_str, stop_max, stop_hit;
     dflash_kv_seq seq;
     void *pstate;
     dflash_spec_item item;
@@ -186,6 +190,65 @@ static dflash_sampler_opts session_sampler(const dflash_session_opts *o)
                                   .min_p = o->min_p, .rep_penalty = o->rep_penalty, .seed = o->seed };
 }
 
+/* The first place in text[0..len) where one of the session's stop strings
+ * begins, or NULL. */
+static const char *first_stop(const dflash_session *s, const char *text, size_t len)
+{
+    const char *best = NULL;
+    for (int i = 0; i < s->n_stop_str; i++) {
+        const char *hit = memmem(text, len, s->stop_str[i], strlen(s->stop_str[i]));
+        if (hit && (!best || hit < best))
+            best = hit;
+    }
+    return best;
+}
+
+/* Does the text of out[0..n_out) ++ cand[0..n) hold a stop string near
+ * its end? Decodes the tail from the token that leaves, before the last
+ * token, at least the longest stop string's bytes plus a split UTF-8
+ * character (every token that is not special decodes to a byte or more),
+ * so every occurrence that ends in the last token is seen; an earlier one
+ * would have stopped the session already. */
+static int tail_has_stop(dflash_session *s, const int32_t *out, int n_out, const int32_t *cand, int n)
+{
+    const int total = n_out + n;
+    int first = total - 1, bytes = 0; /* the window is [first, total) */
+    while (first > 0 && bytes < s->stop_max + 4) {
+        first--;
+        const int32_t id = first < n_out ? out[first] : cand[first - n_out];
+        bytes += !dflash_tokenizer_is_special(s->e->tok, id);
+    }
+    const int take = total - first;
+    int32_t *ids = malloc((size_t)take * sizeof *ids);
+    if (!ids)
+        return 0; /* out of memory: no stop is found; generation goes on to its budget */
+    for (int i = 0; i < take; i++) {
+        const int k = first + i;
+        ids[i] = k < n_out ? out[k] : cand[k - n_out];
+    }
+    char *text = NULL;
+    size_t len = 0;
+    const dflash_status st =
+        dflash_tokenizer_decode(s->e->tok, ids, (size_t)take, DFLASH_DECODE_SKIP_SPECIAL, &text, &len);
+    free(ids);
+    const int hit = st == DFLASH_OK && first_stop(s, text, len) != NULL;
+    free(text);
+    return hit;
+}
+
+/* dflash_gen_opts.stop_text: the first candidate that completes a stop
+ * string (1-based), else 0; remembered for dflash_session_text. */
+static int session_stop_text(void *user, const int32_t *out, int n_out, const int32_t *cand, int n)
+{
+    dflash_session *s = user;
+    for (int j = 1; j <= n; j++)
+        if (tail_has_stop(s, out, n_out, cand, j)) {
+            s->stop_hit = 1;
+            return j;
+        }
+    return 0;
+}
+
 dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o, dflash_session **out)
 {
     *out = NULL;
@@ -203,6 +266,20 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
         if (o->stop_ids[i] < 0 || o->stop_ids[i] >= e->target->cfg.vocab_size)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: stop id %d at %d is not a token of the model (0..%d)",
                                o->stop_ids[i], i, e->target->cfg.vocab_size - 1);
+    if (o->n_stop_strings < 0 || o->n_stop_strings > DFLASH_MAX_STOP_STRINGS ||
+        (o->n_stop_strings && !o->stop_strings))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: %d stop strings (at most %d)", o->n_stop_strings,
+                           DFLASH_MAX_STOP_STRINGS);
+    for (int i = 0; i < o->n_stop_strings; i++) {
+        const size_t len = o->stop_strings[i] ? strlen(o->stop_strings[i]) : 0;
+        if (len == 0 || len > DFLASH_MAX_STOP_LEN)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: stop string %d is %s (1 to %d bytes)", i,
+                               !o->stop_strings[i] ? "NULL" : len ? "too long" : "empty", DFLASH_MAX_STOP_LEN);
+    }
+    if (o->n_stop_strings && !e->tok)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "session: stop strings need the text of the output, and the engine's model folder has "
+                           "no tokenizer.json");
     dflash_session *s = calloc(1, sizeof *s);
     if (!s || !(s->out = malloc(((size_t)o->max_tokens + 1) * sizeof *s->out))) {
         free(s);
@@ -215,7 +292,14 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
             s->stops[s->n_stops++] = e->stop_ids[i];
     for (int i = 0; i < o->n_stop_ids; i++)
         s->stops[s->n_stops++] = o->stop_ids[i];
-    s->o.stop_ids = NULL; /* copied above: the caller's array need not outlive the call */
+    for (int i = 0; i < o->n_stop_strings; i++) {
+        snprintf(s->stop_str[i], sizeof s->stop_str[i], "%s", o->stop_strings[i]);
+        const int len = (int)strlen(s->stop_str[i]);
+        s->stop_max = len > s->stop_max ? len : s->stop_max;
+    }
+    s->n_stop_str = o->n_stop_strings;
+    s->o.stop_ids = NULL; /* copied above: the caller's arrays need not outlive the call */
+    s->o.stop_strings = NULL;
     dflash_status st = dflash_qwen3_seq_init(e->target, &s->seq);
     if (st == DFLASH_OK && e->prop)
         st = e->prop->ops->alloc_state(e->prop, e->target->opts.max_ctx, &s->pstate);
@@ -437,6 +521,11 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
     it->opts.n_history = n_hist ? 0 : (int)s->held.n;
     it->opts.on_tokens = s->o.on_tokens;
     it->opts.user = s->o.user;
+    s->stop_hit = 0;
+    if (s->n_stop_str) {
+        it->opts.stop_text = session_stop_text;
+        it->opts.stop_user = s;
+    }
     DFLASH_TRY(dflash_spec_batch_check(e->batch, it));
     s->need = pages_for(e, (int64_t)s->seq.len + it->n_prompt + it->opts.n_new + dflash_spec_batch_block(e->batch));
     if (s->need > e->kv_pages)
@@ -565,8 +654,14 @@ dflash_status dflash_session_text(const dflash_session *s, char **text)
     if (!s->e->tok)
         return dflash_fail(DFLASH_ERR_NOT_FOUND, "session: the engine's model folder has no tokenizer.json");
     size_t len;
-    return dflash_tokenizer_decode(s->e->tok, s->out, s->started ? (size_t)s->item.n_out : 0,
-                                   DFLASH_DECODE_SKIP_SPECIAL, text, &len);
+    DFLASH_TRY(dflash_tokenizer_decode(s->e->tok, s->out, s->started ? (size_t)s->item.n_out : 0,
+                                       DFLASH_DECODE_SKIP_SPECIAL, text, &len));
+    if (s->stop_hit) {
+        const char *cut = first_stop(s, *text, len);
+        if (cut)
+            (*text)[cut - *text] = 0;
+    }
+    return DFLASH_OK;
 }
 
 void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out)

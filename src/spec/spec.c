@@ -283,10 +283,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
     st->prefill_ms = dflash_spec_now_ms() - t0;
     if (o->n_new <= 0)
         return DFLASH_OK;
+    const int first_stops = dflash_spec_first_stops(o, out, *n_out, cur);
     out[(*n_out)++] = cur;
     if (o->on_tokens)
         DFLASH_TRY(o->on_tokens(o->user, &cur, 1));
-    if (dflash_spec_is_stop(o, cur)) {
+    if (first_stops) {
         st->stopped = 1;
         return DFLASH_OK;
     }
@@ -342,7 +343,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
          * (handed out after 7, so a failure there emits nothing) */
         int32_t *emit = out + *n_out;
         int stopped;
-        const int n_emit = dflash_spec_commit(o, *n_out, block, a, bonus, emit, &stopped);
+        const int n_emit = dflash_spec_commit(o, out, *n_out, block, a, bonus, emit, &stopped);
 
         /* 6 ROLLBACK: the cache keeps t_s and every emitted token but the
          * last, which becomes the next unverified token. Normally that is
@@ -450,8 +451,8 @@ void dflash_spec_sampling_free(spec_sampling *ss)
     dflash_sampler_free(&ss->smp);
 }
 
-int dflash_spec_commit(const dflash_gen_opts *o, int n_out, const int32_t *block, int a, int32_t bonus,
-                       int32_t *emit, int *stopped)
+int dflash_spec_commit(const dflash_gen_opts *o, const int32_t *out, int n_out, const int32_t *block, int a,
+                       int32_t bonus, int32_t *emit, int *stopped)
 {
     int n_emit = 0;
     *stopped = 0;
@@ -459,7 +460,17 @@ int dflash_spec_commit(const dflash_gen_opts *o, int n_out, const int32_t *block
         emit[n_emit] = i <= a ? block[i] : bonus;
         *stopped = dflash_spec_is_stop(o, emit[n_emit++]);
     }
+    const int cut = o->stop_text && n_emit ? o->stop_text(o->stop_user, out, n_out, emit, n_emit) : 0;
+    if (cut > 0) {
+        n_emit = cut;
+        *stopped = 1;
+    }
     return n_emit;
+}
+
+int dflash_spec_first_stops(const dflash_gen_opts *o, const int32_t *out, int n_out, int32_t first)
+{
+    return dflash_spec_is_stop(o, first) || (o->stop_text && o->stop_text(o->stop_user, out, n_out, &first, 1));
 }
 
 void dflash_spec_final_stats(dflash_gen_stats *st, int n_out)

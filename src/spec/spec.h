@@ -23,6 +23,13 @@ typedef struct dflash_gen_opts {
     int width_auto;
     const int32_t *stop_ids; /* generation ends after emitting one of these */
     int n_stop;
+    /* Stop strings (the engine's): given the committed output
+     * out[0..n_out) and the tokens cand[0..n) about to follow it, the
+     * 1-based index of the first candidate whose text completes a stop
+     * string, else 0; generation ends after that token, and the caches
+     * hold nothing past it. NULL: none. */
+    int (*stop_text)(void *user, const int32_t *out, int n_out, const int32_t *cand, int n);
+    void *stop_user;
     FILE *trace;             /* one JSON line per step, or NULL */
     /* Called with the tokens committed by each step, in order (streaming).
      * A status other than DFLASH_OK ends generation with that status (the

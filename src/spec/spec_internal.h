@@ -41,10 +41,13 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
                                         int B, const char *who);
 void dflash_spec_sampling_free(spec_sampling *ss);
 /* 5 COMMIT of one step: d_1..d_a then the bonus into emit[], cut by a stop
- * token (*stopped) or the budget (n_out tokens already out). Returns the
- * count. */
-int dflash_spec_commit(const dflash_gen_opts *o, int n_out, const int32_t *block, int a, int32_t bonus,
-                       int32_t *emit, int *stopped);
+ * token or a stop string (*stopped) or the budget (out[0..n_out) already
+ * out). Returns the count. */
+int dflash_spec_commit(const dflash_gen_opts *o, const int32_t *out, int n_out, const int32_t *block, int a,
+                       int32_t bonus, int32_t *emit, int *stopped);
+/* Does the first token after the prompt, `first`, end generation (a stop
+ * token, or a stop string it completes after out[0..n_out))? */
+int dflash_spec_first_stops(const dflash_gen_opts *o, const int32_t *out, int n_out, int32_t first);
 /* n_generated, tau and tokens/s from the step counts and the times. */
 void dflash_spec_final_stats(dflash_gen_stats *st, int n_out);
 /* 1 PREFILL of a prompt, whole (dflash_spec_prefill: chunks of the

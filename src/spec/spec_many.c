@@ -58,14 +58,13 @@ struct dflash_spec_batch {
 /* Emitted tokens: stored, streamed; a stop token, the budget or a
  * consumer that takes no more (on_tokens not DFLASH_OK) ends the sequence,
  * not the step: the others go on. */
-static dflash_status emit(many_seq *m, const int32_t *toks, int n)
+static dflash_status emit(many_seq *m, const int32_t *toks, int n, int stopped)
 {
     dflash_spec_item *it = m->it;
     memcpy(it->out + it->n_out, toks, (size_t)n * sizeof(int32_t));
     it->n_out += n;
-    for (int i = 0; i < n; i++)
-        if (dflash_spec_is_stop(&it->opts, toks[i]))
-            it->stats.stopped = m->done = 1;
+    if (stopped)
+        it->stats.stopped = m->done = 1;
     if (it->n_out >= it->opts.n_new)
         m->done = 1;
     m->cur = toks[n - 1];
@@ -139,7 +138,7 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
 {
     const int V = r->t->cfg.vocab_size;
     dflash_ctx_rows acc[ng];
-    int n_emit_of[ng];
+    int n_emit_of[ng], stopped_of[ng];
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
         dflash_spec_item *it = m->it;
@@ -160,7 +159,8 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
         /* 5 COMMIT: d_1..d_a, bonus, cut by a stop token or the budget */
         int32_t emitted[DFLASH_MAX_BLOCK];
         int stopped;
-        const int n_emit = dflash_spec_commit(&it->opts, it->n_out, m->block, a, bonus, emitted, &stopped);
+        const int n_emit = dflash_spec_commit(&it->opts, it->out, it->n_out, m->block, a, bonus, emitted, &stopped);
+        stopped_of[j] = stopped;
         /* 6 ROLLBACK to t_s and every emitted token but the last */
         dflash_kv_seq_truncate(it->seq, m->s + n_emit);
         acc[j] = (dflash_ctx_rows){ m->block, n_emit, m->s, tap_rows ? tap_rows + m->row0 * r->tap_cols : NULL,
@@ -191,7 +191,7 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
             r->ms[g[j]].it->stats.observe_ms += *observe_ms;
     }
     for (int j = 0; j < ng; j++)
-        DFLASH_TRY(emit(&r->ms[g[j]], r->ms[g[j]].block + 1, n_emit_of[j]));
+        DFLASH_TRY(emit(&r->ms[g[j]], r->ms[g[j]].block + 1, n_emit_of[j], stopped_of[j]));
     return DFLASH_OK;
 }
 
@@ -373,7 +373,7 @@ static void prefill_step(dflash_spec_batch *r)
         }
         it->stats.prefill_ms += dflash_spec_now_ms() - t0;
         if (s == DFLASH_OK && last && it->opts.n_new > 0)
-            s = emit(m, &m->cur, 1);
+            s = emit(m, &m->cur, 1, dflash_spec_first_stops(&it->opts, it->out, it->n_out, m->cur));
         if (s != DFLASH_OK) {
             it->status = s;
             snprintf(it->error, sizeof it->error, "%s", dflash_last_error());
