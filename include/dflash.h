@@ -188,7 +188,7 @@ typedef struct dflash_session_stats {
     int64_t pos_tried[DFLASH_STATS_POSITIONS], pos_accepted[DFLASH_STATS_POSITIONS];
     /* [k]: steps that drafted k tokens; k = 0 is a plain decoding step */
     int64_t width_hist[DFLASH_STATS_POSITIONS + 1];
-    int stopped; /* a stop id or the token callback ended it before its budget */
+    int stopped; /* a stop id, a stop string or the token callback ended it before its budget */
 } dflash_session_stats;
 /* Statistics of the last start (tau and the total time once it is done). */
 void dflash_session_stats_get(const dflash_session *s, dflash_session_stats *out);

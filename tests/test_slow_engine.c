@@ -584,18 +584,62 @@ static void test_stop_ids(void)
     dflash_engine_close(e);
 }
 
-/* Stop strings: the session stops after the token that completes one
- * (drafts accepted past it are not kept), its text ends where the string
- * begins, and a later start continues exactly after the kept tokens;
- * malformed stop strings are refused by name. */
+/* Token counts of each step, from on_tokens. */
+typedef struct step_log {
+    int n, ends[N_NEW + 1]; /* ends[i]: tokens out after call i */
+} step_log;
+
+static dflash_status log_step(void *user, const int32_t *ids, int n)
+{
+    (void)ids;
+    step_log *l = user;
+    if (l->n < N_NEW)
+        l->ends[l->n + 1] = l->ends[l->n] + n, l->n++;
+    return DFLASH_OK;
+}
+
+/* Run `ids` in a fresh session of e with options so to the end. */
+static dflash_session *run_session(dflash_engine *e, const dflash_session_opts *so, const int32_t *ids, size_t n)
+{
+    dflash_session *s = NULL;
+    CHECK_OK(dflash_session_new(e, so, &s));
+    if (!s)
+        return NULL;
+    CHECK_OK(dflash_session_start_ids(s, ids, n));
+    int active = 1, steps = 0;
+    while (active && steps++ < 200)
+        CHECK_OK(dflash_engine_step(e, &active));
+    return s;
+}
+
+/* Plain decoding's first token whose text (of want[0..t)) holds stop, or 0. */
+static int completing_token(const int32_t *want, int nw, const char *stop)
+{
+    for (int t = 1; t <= nw; t++) {
+        char *part = NULL;
+        size_t pl;
+        CHECK_OK(dflash_tokenizer_decode(g_tok, want, (size_t)t, DFLASH_DECODE_SKIP_SPECIAL, &part, &pl));
+        const int hit = part && strstr(part, stop);
+        free(part);
+        if (hit)
+            return t;
+    }
+    return 0;
+}
+
+/* Stop strings: the session stops after the token that completes one --
+ * here one inside a speculative step, so drafts accepted past it are
+ * dropped from the output and the caches -- its text ends where the string
+ * begins, and a later start continues exactly after the kept tokens; the
+ * first token can stop it too; malformed stop strings are refused by name. */
 static void test_stop_strings(void)
 {
     const char *prompt = "def read_config(path):\n    \"\"\"Load the settings.\"\"\"\n";
     int32_t *ids = NULL, want[N_NEW], whole[512];
     size_t n = 0;
-    char *full = NULL, *part = NULL, *got = NULL;
+    char *full = NULL, *got = NULL;
     dflash_engine *e = NULL;
-    dflash_session *s = NULL;
+    dflash_session *s = NULL, *s0 = NULL;
     CHECK_OK(dflash_tokenizer_encode_special(g_tok, prompt, strlen(prompt), &ids, &n));
     dflash_session_opts so;
     dflash_session_default_opts(&so);
@@ -604,51 +648,70 @@ static void test_stop_strings(void)
     const int nw = plain_run(ids, (int)n, &so, want);
     size_t len = 0;
     CHECK_OK(dflash_tokenizer_decode(g_tok, want, (size_t)nw, DFLASH_DECODE_SKIP_SPECIAL, &full, &len));
-    /* a 5-byte stop string first found at p, from the middle on */
-    char stop[6] = { 0 };
-    size_t p = len / 2;
-    for (; full && p + 5 <= len; p++) {
-        memcpy(stop, full + p, 5);
-        if (!memchr(stop, 0, 5) && strstr(full, stop) == full + p)
-            break;
-    }
-    CHECKF(full && p + 5 <= len, "no 5-byte stop string in the plain output: %s", full ? full : "");
-    if (!full || p + 5 > len)
-        goto done;
-    /* the token that completes it, as plain decoding makes the text */
-    int keep = 0;
-    for (int t = 1; t <= nw && !keep; t++) {
-        size_t pl;
-        free(part);
-        part = NULL;
-        CHECK_OK(dflash_tokenizer_decode(g_tok, want, (size_t)t, DFLASH_DECODE_SKIP_SPECIAL, &part, &pl));
-        if (part && strstr(part, stop))
-            keep = t;
-    }
-    CHECK(keep > 0 && keep < nw);
-
     dflash_engine_opts eo = pair_opts(1);
     CHECK_OK(dflash_engine_open(&eo, &e));
-    if (!e)
+    if (!e || !full)
         goto done;
+
+    /* the steps as the drafter takes them without stop strings */
+    step_log lg = { 0 };
+    so.on_tokens = log_step;
+    so.user = &lg;
+    s0 = run_session(e, &so, ids, n);
+    so.on_tokens = NULL;
+    CHECK(s0 && same_output(s0, want, nw));
+    dflash_session_free(s0);
+    s0 = NULL;
+    /* a 5-byte stop string, first found at p, completed by a token that
+     * is not the last of its step */
+    char stop[6] = { 0 };
+    size_t p = len / 3;
+    int keep = 0;
+    for (; p + 5 <= len && !keep; p++) {
+        memcpy(stop, full + p, 5);
+        if (memchr(stop, 0, 5) || strstr(full, stop) != full + p)
+            continue;
+        const int t = completing_token(want, nw, stop);
+        int at_end = 0;
+        for (int i = 1; i <= lg.n; i++)
+            at_end |= lg.ends[i] == t;
+        if (t > 1 && !at_end)
+            keep = t;
+    }
+    p--;
+    CHECKF(keep > 0, "no stop string ends inside a step (%d steps for %d tokens)", lg.n, nw);
+    if (!keep)
+        goto done;
+
     const char *bad[DFLASH_MAX_STOP_STRINGS + 1] = { "a", "b", "c", "d", "e", "f", "g", "h", "i" };
-    so.stop_strings = bad;
-    so.n_stop_strings = DFLASH_MAX_STOP_STRINGS + 1;
-    CHECK_FAILS(dflash_session_new(e, &so, &s), DFLASH_ERR_INVALID_ARG, "stop strings (at most");
-    const char *empty[1] = { "" };
-    so.stop_strings = empty;
-    so.n_stop_strings = 1;
-    CHECK_FAILS(dflash_session_new(e, &so, &s), DFLASH_ERR_INVALID_ARG, "stop string 0 is empty");
+    char too_long[DFLASH_MAX_STOP_LEN + 2];
+    memset(too_long, 'x', sizeof too_long - 1);
+    too_long[sizeof too_long - 1] = 0;
+    const struct {
+        const char *const *strs;
+        int n;
+        const char *why;
+    } refused[] = {
+        { bad, DFLASH_MAX_STOP_STRINGS + 1, "stop strings (at most" },
+        { (const char *const[]){ "" }, 1, "stop string 0 is empty" },
+        { (const char *const[]){ "ok", NULL }, 2, "stop string 1 is NULL" },
+        { (const char *const[]){ too_long }, 1, "stop string 0 is too long" },
+        { (const char *const[]){ "\xff\xfe" }, 1, "not valid UTF-8" },
+        { (const char *const[]){ "a\xef\xbf\xbd" }, 1, "U+FFFD" },
+        { NULL, 1, "stop_strings is NULL" },
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        so.stop_strings = refused[i].strs;
+        so.n_stop_strings = refused[i].n;
+        CHECK_FAILS(dflash_session_new(e, &so, &s), DFLASH_ERR_INVALID_ARG, refused[i].why);
+    }
+
     const char *stops[2] = { "\x01never", stop };
     so.stop_strings = stops;
     so.n_stop_strings = 2;
-    CHECK_OK(dflash_session_new(e, &so, &s));
+    s = run_session(e, &so, ids, n);
     if (!s)
         goto done;
-    CHECK_OK(dflash_session_start_ids(s, ids, n));
-    int active = 1, steps = 0;
-    while (active && steps++ < 200)
-        CHECK_OK(dflash_engine_step(e, &active));
     CHECKF(same_output(s, want, keep), "output is not plain decoding's first %d tokens", keep);
     CHECK_OK(dflash_session_text(s, &got));
     CHECKF(got && strlen(got) == p && !strncmp(got, full, p), "text '%s', want the first %zu bytes of '%s'",
@@ -658,27 +721,51 @@ static void test_stop_strings(void)
     CHECK(st.stopped && st.generated_tokens == keep);
 
     /* the next start continues after the kept tokens: the whole
-     * conversation decoded plainly (the stop string may come again) */
+     * conversation decoded plainly, up to where the stop string may come
+     * again */
     int32_t more[] = { 9, 8, 7 };
     memcpy(whole, ids, n * sizeof *ids);
     memcpy(whole + n, want, (size_t)keep * sizeof *want);
     memcpy(whole + n + keep, more, sizeof more);
-    so.stop_strings = NULL;
-    so.n_stop_strings = 0;
     const int nw2 = plain_run(whole, (int)n + keep + 3, &so, want);
     CHECK_OK(dflash_session_start_ids(s, more, 3));
-    for (active = 1, steps = 0; active && steps++ < 200;)
+    int active = 1;
+    for (int steps = 0; active && steps++ < 200;)
         CHECK_OK(dflash_engine_step(e, &active));
     const int32_t *o2;
     size_t n2;
     dflash_session_output(s, &o2, &n2);
-    /* equal up to where its own stop string (if any) ended it */
     CHECKF(n2 >= 1 && (int)n2 <= nw2 && !memcmp(o2, want, n2 * sizeof *o2),
            "continued output (%zu tokens) differs from plain decoding of the whole conversation", n2);
+    dflash_session_free(s);
+    s = NULL;
+
+    /* the first token completes the stop string: it is kept, the text is empty */
+    char first_text[DFLASH_MAX_STOP_LEN + 1] = { 0 };
+    plain_run(ids, (int)n, &so, want);
+    char *t1 = NULL;
+    size_t l1 = 0;
+    CHECK_OK(dflash_tokenizer_decode(g_tok, want, 1, DFLASH_DECODE_SKIP_SPECIAL, &t1, &l1));
+    if (t1 && l1 >= 1 && l1 <= DFLASH_MAX_STOP_LEN)
+        memcpy(first_text, t1, l1);
+    free(t1);
+    CHECK(first_text[0] != 0);
+    const char *first_stop[1] = { first_text };
+    so.stop_strings = first_stop;
+    so.n_stop_strings = 1;
+    s = run_session(e, &so, ids, n);
+    free(got);
+    got = NULL;
+    if (s) {
+        CHECK(same_output(s, want, 1));
+        CHECK_OK(dflash_session_text(s, &got));
+        CHECKF(got && got[0] == 0, "text after a first-token stop: '%s'", got ? got : "");
+    }
 done:
+    dflash_session_free(s0);
     dflash_session_free(s);
     dflash_engine_close(e);
-    free(ids), free(full), free(part), free(got);
+    free(ids), free(full), free(got);
 }
 
 /* An engine without a drafter commits one token a step. */

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "core/idbuf.h"
 #include "core/status.h"
@@ -115,14 +116,15 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     e->max_ctx = o->max_ctx < model_ctx || o->long_context ? o->max_ctx : model_ctx;
     to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
-    /* a step of every session in one forward: block_size rows each, else
-     * the drafter's block (16 for the n-gram proposer; a folder that fails
-     * here is reported when the proposer loads) */
-    int per = !o->draft ? 1 : o->block_size > 0 ? o->block_size : 16;
+    /* a step of every session in one forward: the drafter's block (16
+     * for the n-gram proposer), or block_size where smaller (a folder that
+     * fails here is reported when the proposer loads) */
+    int per = !o->draft ? 1 : 16;
     dflash_model_config dc;
-    if (o->draft && o->block_size <= 0 && strcmp(o->draft, "ngram") != 0 &&
-        dflash_config_load(o->draft, &dc) == DFLASH_OK && dc.is_dflash)
+    if (o->draft && strcmp(o->draft, "ngram") != 0 && dflash_config_load(o->draft, &dc) == DFLASH_OK && dc.is_dflash)
         per = dc.block_size;
+    if (o->draft && o->block_size > 0 && (o->block_size < per || !strcmp(o->draft, "ngram")))
+        per = o->block_size;
     to.max_rows = dflash_open_target_rows(o->max_sessions, per);
     to.kv_pages = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
@@ -203,37 +205,60 @@ static const char *first_stop(const dflash_session *s, const char *text, size_t 
     return best;
 }
 
+/* A token that adds bytes to the decoded text (not special, and an id the
+ * tokenizer has: the model's vocabulary may be larger than its). */
+static int adds_text(const dflash_tokenizer *tok, int32_t id)
+{
+    return dflash_tokenizer_has_id(tok, id) && !dflash_tokenizer_is_special(tok, id);
+}
+
 /* Does the text of out[0..n_out) ++ cand[0..n) hold a stop string near
  * its end? Decodes the tail from the token that leaves, before the last
- * token, at least the longest stop string's bytes plus a split UTF-8
- * character (every token that is not special decodes to a byte or more),
- * so every occurrence that ends in the last token is seen; an earlier one
+ * token, at least as many tokens that add text (a byte or more each) as
+ * the longest stop string has bytes, plus 4 for a split UTF-8 character
+ * at the start (it decodes to U+FFFD, which no stop string holds), so
+ * every occurrence that ends in the last token is seen; an earlier one
  * would have stopped the session already. */
 static int tail_has_stop(dflash_session *s, const int32_t *out, int n_out, const int32_t *cand, int n)
 {
+    const dflash_tokenizer *tok = s->e->tok;
     const int total = n_out + n;
-    int first = total - 1, bytes = 0; /* the window is [first, total) */
-    while (first > 0 && bytes < s->stop_max + 4) {
+    int first = total - 1, counted = 0; /* the window is [first, total) */
+    while (first > 0 && counted < s->stop_max + 4) {
         first--;
-        const int32_t id = first < n_out ? out[first] : cand[first - n_out];
-        bytes += !dflash_tokenizer_is_special(s->e->tok, id);
+        counted += adds_text(tok, first < n_out ? out[first] : cand[first - n_out]);
     }
-    const int take = total - first;
-    int32_t *ids = malloc((size_t)take * sizeof *ids);
+    int32_t *ids = malloc((size_t)(total - first) * sizeof *ids);
     if (!ids)
-        return 0; /* out of memory: no stop is found; generation goes on to its budget */
-    for (int i = 0; i < take; i++) {
-        const int k = first + i;
-        ids[i] = k < n_out ? out[k] : cand[k - n_out];
+        return 0; /* out of memory: this token is not checked (the next one finds the stop, one token late) */
+    int take = 0;
+    for (int k = first; k < total; k++) {
+        const int32_t id = k < n_out ? out[k] : cand[k - n_out];
+        if (dflash_tokenizer_has_id(tok, id))
+            ids[take++] = id;
     }
     char *text = NULL;
     size_t len = 0;
-    const dflash_status st =
-        dflash_tokenizer_decode(s->e->tok, ids, (size_t)take, DFLASH_DECODE_SKIP_SPECIAL, &text, &len);
+    const dflash_status st = dflash_tokenizer_decode(tok, ids, (size_t)take, DFLASH_DECODE_SKIP_SPECIAL, &text, &len);
     free(ids);
     const int hit = st == DFLASH_OK && first_stop(s, text, len) != NULL;
     free(text);
     return hit;
+}
+
+/* A stop string must be valid UTF-8 without U+FFFD: the decoded text
+ * holds no other kind of bytes, and U+FFFD stands for bytes cut apart. */
+static int stop_string_ok(const char *str)
+{
+    const size_t n = strlen(str);
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t cp;
+        const utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)str + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (r <= 0 || cp == 0xFFFD)
+            return 0;
+        i += (size_t)r;
+    }
+    return 1;
 }
 
 /* dflash_gen_opts.stop_text: the first candidate that completes a stop
@@ -266,15 +291,21 @@ dflash_status dflash_session_new(dflash_engine *e, const dflash_session_opts *o,
         if (o->stop_ids[i] < 0 || o->stop_ids[i] >= e->target->cfg.vocab_size)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: stop id %d at %d is not a token of the model (0..%d)",
                                o->stop_ids[i], i, e->target->cfg.vocab_size - 1);
-    if (o->n_stop_strings < 0 || o->n_stop_strings > DFLASH_MAX_STOP_STRINGS ||
-        (o->n_stop_strings && !o->stop_strings))
+    if (o->n_stop_strings < 0 || o->n_stop_strings > DFLASH_MAX_STOP_STRINGS)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: %d stop strings (at most %d)", o->n_stop_strings,
                            DFLASH_MAX_STOP_STRINGS);
+    if (o->n_stop_strings && !o->stop_strings)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: n_stop_strings is %d but stop_strings is NULL",
+                           o->n_stop_strings);
     for (int i = 0; i < o->n_stop_strings; i++) {
         const size_t len = o->stop_strings[i] ? strlen(o->stop_strings[i]) : 0;
         if (len == 0 || len > DFLASH_MAX_STOP_LEN)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "session: stop string %d is %s (1 to %d bytes)", i,
                                !o->stop_strings[i] ? "NULL" : len ? "too long" : "empty", DFLASH_MAX_STOP_LEN);
+        if (!stop_string_ok(o->stop_strings[i]))
+            return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                               "session: stop string %d is not valid UTF-8 or holds U+FFFD (output text never does "
+                               "except for bytes cut apart)", i);
     }
     if (o->n_stop_strings && !e->tok)
         return dflash_fail(DFLASH_ERR_INVALID_ARG,

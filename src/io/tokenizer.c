@@ -1627,6 +1627,11 @@ int32_t dflash_tokenizer_token_id(const dflash_tokenizer *t, const char *token)
     return vocab_find(t, token, strlen(token));
 }
 
+int dflash_tokenizer_has_id(const dflash_tokenizer *t, int32_t id)
+{
+    return t && id >= 0 && id < t->n_ids && (t->id_flags[id] & ID_PRESENT) ? 1 : 0;
+}
+
 int dflash_tokenizer_is_special(const dflash_tokenizer *t, int32_t id)
 {
     return t && id >= 0 && id < t->n_ids && (t->id_flags[id] & ID_SPECIAL) ? 1 : 0;

@@ -74,6 +74,8 @@ int32_t dflash_tokenizer_vocab_size(const dflash_tokenizer *tok);
 /* The id of a token as spelled in tokenizer.json (added-token content such as
  * "<|im_end|>", or a vocab key such as "Ġworld"); -1 if there is none. */
 int32_t dflash_tokenizer_token_id(const dflash_tokenizer *tok, const char *token);
+/* 1 if id names a token (decoding it is not an error), else 0. */
+int dflash_tokenizer_has_id(const dflash_tokenizer *tok, int32_t id);
 /* 1 if id is an added token marked special, else 0. */
 int dflash_tokenizer_is_special(const dflash_tokenizer *tok, int32_t id);
 /* 1 if id is one of added_tokens (matched whole, before pre-tokenization),

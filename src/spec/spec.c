@@ -470,7 +470,9 @@ int dflash_spec_commit(const dflash_gen_opts *o, const int32_t *out, int n_out, 
 
 int dflash_spec_first_stops(const dflash_gen_opts *o, const int32_t *out, int n_out, int32_t first)
 {
-    return dflash_spec_is_stop(o, first) || (o->stop_text && o->stop_text(o->stop_user, out, n_out, &first, 1));
+    /* both asked: a stop string's owner records that it ended the run */
+    const int by_text = o->stop_text && o->stop_text(o->stop_user, out, n_out, &first, 1);
+    return dflash_spec_is_stop(o, first) || by_text;
 }
 
 void dflash_spec_final_stats(dflash_gen_stats *st, int n_out)
