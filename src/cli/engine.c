@@ -161,21 +161,10 @@ static dflash_status check_block_option(const cli_engine_args *a, int drafter_bl
  * proposer's block, capped by --block-size). */
 static dflash_status plan_block(const cli_engine_args *a, int *block)
 {
-    *block = 1;
-    if (!a->draft)
-        return check_block_option(a, 0);
-    int b = a->block_size ? a->block_size : 16; /* ngram: dflash_open_proposer's block */
-    if (strcmp(a->draft, "ngram") != 0) {
-        dflash_model_config dc;
-        DFLASH_TRY(dflash_config_load(a->draft, &dc));
-        /* A folder that is no drafter is refused by name when it loads. */
-        b = dc.is_dflash ? dc.block_size : DFLASH_MAX_BLOCK;
-        DFLASH_TRY(check_block_option(a, b));
-        if (a->block_size && a->block_size < b)
-            b = a->block_size;
-    }
-    *block = b < 1 ? 1 : b > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : b;
-    return DFLASH_OK;
+    int own;
+    DFLASH_TRY(dflash_open_block(a->draft, a->block_size, block, &own));
+    /* the n-gram proposer takes any --block-size */
+    return a->draft && !strcmp(a->draft, "ngram") ? DFLASH_OK : check_block_option(a, own);
 }
 
 /* "DIR/config.json" or the file -m names, for messages. */

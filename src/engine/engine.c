@@ -116,15 +116,11 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     e->max_ctx = o->max_ctx < model_ctx || o->long_context ? o->max_ctx : model_ctx;
     to.max_ctx = e->max_ctx + block;
     to.max_seqs = o->max_sessions;
-    /* a step of every session in one forward: the drafter's block (16
-     * for the n-gram proposer), or block_size where smaller (a folder that
-     * fails here is reported when the proposer loads) */
-    int per = !o->draft ? 1 : 16;
-    dflash_model_config dc;
-    if (o->draft && strcmp(o->draft, "ngram") != 0 && dflash_config_load(o->draft, &dc) == DFLASH_OK && dc.is_dflash)
-        per = dc.block_size;
-    if (o->draft && o->block_size > 0 && (o->block_size < per || !strcmp(o->draft, "ngram")))
-        per = o->block_size;
+    /* a step of every session in one forward (a drafter folder that
+     * cannot be read here is reported when the proposer loads) */
+    int per, own;
+    if (dflash_open_block(o->draft, o->block_size, &per, &own) != DFLASH_OK)
+        per = 16;
     to.max_rows = dflash_open_target_rows(o->max_sessions, per);
     to.kv_pages = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));

@@ -9,6 +9,8 @@
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
 #include "io/chat.h"
+#include "io/hf_config.h"
+#include "spec/spec.h"
 
 dflash_status dflash_open_backend(const char *device, const char *label, dflash_backend **out)
 {
@@ -23,6 +25,23 @@ dflash_status dflash_open_backend(const char *device, const char *label, dflash_
         dflash_log(DFLASH_LOG_INFO, "device: cpu (no usable GPU: %s)", dflash_last_error());
     }
     return dflash_backend_cpu_create(out);
+}
+
+dflash_status dflash_open_block(const char *draft, int block_size, int *block, int *own)
+{
+    *block = 1;
+    *own = 0;
+    if (!draft)
+        return DFLASH_OK;
+    int b = block_size > 0 ? block_size : 16; /* ngram: dflash_open_proposer's block */
+    if (strcmp(draft, "ngram") != 0) {
+        dflash_model_config dc;
+        DFLASH_TRY(dflash_config_load(draft, &dc));
+        *own = dc.is_dflash ? dc.block_size : DFLASH_MAX_BLOCK;
+        b = block_size > 0 && block_size < *own ? block_size : *own;
+    }
+    *block = b < 1 ? 1 : b > DFLASH_MAX_BLOCK ? DFLASH_MAX_BLOCK : b;
+    return DFLASH_OK;
 }
 
 int dflash_open_target_rows(int n_seqs, int block)

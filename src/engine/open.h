@@ -14,6 +14,15 @@
  * with `label`); "auto" (CUDA, else the CPU, logging why). */
 dflash_status dflash_open_backend(const char *device, const char *label, dflash_backend **out);
 
+/* The block (tokens per step: last token + drafts) a run with proposer
+ * `draft` takes: 1 with none (NULL); "ngram": block_size, else 16; a
+ * DFlash drafter folder: its config's block_size, capped by block_size
+ * when that is set; at most DFLASH_MAX_BLOCK. *own: the drafter folder's
+ * own block (DFLASH_MAX_BLOCK for a folder whose config is no drafter's,
+ * which loading it refuses), 0 without a folder. Fails when the folder's
+ * config.json cannot be read. */
+dflash_status dflash_open_block(const char *draft, int block_size, int *block, int *own);
+
 /* Rows a target forward takes when n_seqs sequences step together at up
  * to `block` rows each: all of them in one forward when it fits (the
  * weights are read once per forward; on the GPU a 512-row forward of a
