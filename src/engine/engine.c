@@ -224,8 +224,9 @@ static int tail_has_stop(dflash_session *s, const int32_t *out, int n_out, const
         first--;
         counted += adds_text(tok, first < n_out ? out[first] : cand[first - n_out]);
     }
-    int32_t *ids = malloc((size_t)(total - first) * sizeof *ids);
-    if (!ids)
+    /* the window fits on the stack unless special tokens crowd it */
+    int32_t local[2 * DFLASH_MAX_STOP_LEN], *ids = local;
+    if (total - first > (int)(sizeof local / sizeof *local) && !(ids = malloc((size_t)(total - first) * sizeof *ids)))
         return 0; /* out of memory: this token is not checked (the next one finds the stop, one token late) */
     int take = 0;
     for (int k = first; k < total; k++) {
@@ -236,7 +237,8 @@ static int tail_has_stop(dflash_session *s, const int32_t *out, int n_out, const
     char *text = NULL;
     size_t len = 0;
     const dflash_status st = dflash_tokenizer_decode(tok, ids, (size_t)take, DFLASH_DECODE_SKIP_SPECIAL, &text, &len);
-    free(ids);
+    if (ids != local)
+        free(ids);
     const int hit = st == DFLASH_OK && first_stop(s, text, len) != NULL;
     free(text);
     return hit;

@@ -339,7 +339,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             bonus = g[a];
         }
 
-        /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens and budget
+        /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens or strings and budget
          * (handed out after 7, so a failure there emits nothing) */
         int32_t *emit = out + *n_out;
         int stopped;

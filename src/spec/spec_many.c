@@ -55,9 +55,10 @@ struct dflash_spec_batch {
     dflash_width wm;
 };
 
-/* Emitted tokens: stored, streamed; a stop token, the budget or a
- * consumer that takes no more (on_tokens not DFLASH_OK) ends the sequence,
- * not the step: the others go on. */
+/* Emitted tokens: stored, streamed; a stop (`stopped`: a stop token or
+ * string the commit found), the budget or a consumer that takes no more
+ * (on_tokens not DFLASH_OK) ends the sequence, not the step: the others
+ * go on. */
 static dflash_status emit(many_seq *m, const int32_t *toks, int n, int stopped)
 {
     dflash_spec_item *it = m->it;
@@ -156,7 +157,7 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
             bonus = gr[a];
         }
         m->a = a;
-        /* 5 COMMIT: d_1..d_a, bonus, cut by a stop token or the budget */
+        /* 5 COMMIT: d_1..d_a, bonus, cut by a stop token, a stop string or the budget */
         int32_t emitted[DFLASH_MAX_BLOCK];
         int stopped;
         const int n_emit = dflash_spec_commit(&it->opts, it->out, it->n_out, m->block, a, bonus, emitted, &stopped);
