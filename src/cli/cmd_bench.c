@@ -1,6 +1,6 @@
 /* cmd_bench.c: `dflash bench`: time the forwards speculative decoding is made
  * of, at published geometries, against a memory-bandwidth floor measured in
- * the same run (issue 7). It owns the presets, the random-weight models
+ * the same run. It owns the presets, the random-weight models
  * (bf16 safetensors images built in memory, configs built as JSON text), the
  * bandwidth measurement, the timing loop and the report (table or JSON).
  *
@@ -10,9 +10,9 @@
  *   verify   one 16-row target forward with the greedy token of all 16 rows
  *            (LM head + argmax, as the decode loop runs it);
  *   decode   one 1-row target forward with its greedy token;
- *   with --sessions, the same two for N sequences in one forward (N rows,
- *            N x 16 rows), what one step of N sessions stepped together
- *            costs the target.
+ *   with --sessions, each for N sequences in one call (a propose over N,
+ *            a verify of N x 16 rows, a decode of N rows), what one step
+ *            of N sessions stepped together costs.
  * Each call sees the same state: a propose keeps nothing, and the target's
  * KV is truncated back to `ctx` after each timed call (untimed).
  *

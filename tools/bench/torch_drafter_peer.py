@@ -1,4 +1,4 @@
-"""torch_drafter_peer.py: the PyTorch peer of `dflash bench` (issue 7).
+"""torch_drafter_peer.py: the PyTorch peer of `dflash bench`.
 
 Owns one measurement: a DFlash drafter propose (block forward over
 [last token, MASK x (B-1)], LM head, argmax) in PyTorch at the bench's
