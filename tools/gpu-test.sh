@@ -197,7 +197,7 @@ if want bench; then
             step bench-8b-drafter bench_8b_drafter.txt 120 $D --preset qwen3-8b-drafter --ctx 4096
             step bench-8b-target bench_8b_target.txt 180 $D --preset qwen3-8b-target --ctx 1,4096 --rows 2,4,8,16
             step bench-llama-target bench_llama_target.txt 120 $D --preset llama31-8b-target --ctx 1,4096
-            step bench-8b-sessions bench_8b_sessions.txt 200 $D --preset qwen3-8b-target --ctx 1024 --sessions 4,8,32 \
+            step bench-8b-sessions bench_8b_sessions.txt 200 $D --preset qwen3-8b-target --ctx 1024 --sessions 4,8,32 --rows 2,4,8,16 \
                 --reps 10
             # the same sessions with every GEMM on gemm.cu's launches of at
             # most 64 rows (the many-row kernel off; same bits, for its A/B)

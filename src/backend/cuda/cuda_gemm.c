@@ -156,12 +156,14 @@ static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t
     ga->m = n;
     if (ga->mode == GEMM_ARGMAX)
         DFLASH_TRY(argmax_reserve(c, ga, n, rb));
-    /* x split into bf16 hi/lo once, for every block to copy */
-    int64_t n4 = (int64_t)n * ga->k / 4;
-    DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_xs, (size_t)n4 * 16, 0));
+    /* x split into bf16 hi/lo once, in mma fragment order, rows padded to
+     * the tile (the padding zero), for every block to copy */
+    int m_pad = (n + mt - 1) / mt * mt, fp8_arg = fp8;
+    int64_t items = (int64_t)m_pad * ga->k / 8; /* an item: one lane's hi and lo fragments of 16 rows x a k16 step */
+    DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_xs, (size_t)m_pad * (size_t)ga->k * 4, 0));
     ga->ws = HPTR(c->gemm_xs.p);
-    const int64_t split_blocks = (n4 + 255) / 256 < 8LL * c->sm_count ? (n4 + 255) / 256 : 8LL * c->sm_count;
-    void *sargs[] = { (void *)&ga->x, &ga->ws, &n4 };
+    const int64_t split_blocks = (items + 255) / 256 < 8LL * c->sm_count ? (items + 255) / 256 : 8LL * c->sm_count;
+    void *sargs[] = { (void *)&ga->x, &ga->ws, &n, &m_pad, &ga->k, &fp8_arg };
     DFLASH_TRY(cuda_launch(c, DFK_GEMM_SPLIT_X, (unsigned)split_blocks, 1, 256, sargs));
     const dflash_cuda_kernel_id k = fp8 ? (mt == 64 ? DFK_GEMM_WIDE_FP8_64 : DFK_GEMM_WIDE_FP8_32)
                                         : (mt == 64 ? DFK_GEMM_WIDE_BF16_64 : DFK_GEMM_WIDE_BF16_32);

@@ -7,6 +7,8 @@
  * The product is computed transposed, out^T = W x^T, with
  * mma.m16n8k16 (bf16 in, f32 accumulate): the A operand is 16 weight rows,
  * the B operand 8 activation rows, so one activation row pays for 8.
+ * gemm_wide.cu swaps the two (activations A, weights B): the same k slots
+ * and products for every output, only the tile transposed.
  *
  * Exactness. Activations are f32 and the CPU reference multiplies them in
  * f32, so each one is split into two bf16 numbers, hi = bf16(x) and
@@ -55,7 +57,7 @@ struct gemm_args {
     const float *x;                /* [m, k] */
     i64 k;
     float *ws;                     /* gemm.cu, split > 1: partials [split][m][columns, see gm_ws_off];
-                                      gemm_wide.cu: x split into hi/lo, [m][k / 4] uint4 */
+                                      gemm_wide.cu: x split into hi/lo A fragments (dflash_gemm_split_x) */
     int *counters;                 /* gemm.cu, split > 1: [row blocks], zero between calls */
     float *am_val;                 /* argmax: [m][row blocks] best value */
     int *am_idx;                   /* argmax: [m][row blocks] its column */

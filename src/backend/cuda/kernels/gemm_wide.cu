@@ -6,17 +6,27 @@
  * Why a second kernel. gemm.cu keeps every activation row of the call in
  * each block and streams weights through registers, a chunk ahead: right
  * for 1-16 rows, where the weights' bytes are the cost. With hundreds of
- * rows the mma are the cost, and they wait on loads. Here:
+ * rows the mma are the cost, and every instruction beside them counts.
+ * Here:
+ *  - the operands swap roles: activations are the mma's A operand (16
+ *    rows), weights its B operand (8 rows). Each output is the same dot
+ *    product of the same k slots, only the tile is transposed. B wants two
+ *    registers of one weight row, which one 16-byte load gives (no
+ *    register moves); A wants rows g and g + 8 interleaved, which the
+ *    activation split writes directly (below), so one 16-byte load is one
+ *    A fragment;
  *  - the activations are split into bf16 hi/lo once per call
- *    (dflash_gemm_split_x, the same split4 as gemm.cu's), so the main loop
- *    only copies;
+ *    (dflash_gemm_split_x, gemm.cu's split4), already in fragment order:
+ *    for each 16 rows and k16 step, the 32 lanes' hi fragments, then
+ *    their lo fragments;
  *  - a block is 128 weight rows x MT activation rows (MT 32 or 64, a tile
  *    of the call's rows), 8 warps as 4 x 2: a warp owns 32 weight rows
- *    (two A fragments) x MT / 2 activation rows, so each B fragment feeds
- *    four mma;
+ *    (four B fragments) x MT / 2 activation rows (MT / 32 A fragments);
  *  - weights and activations stream into shared memory through a ring of
  *    GW_STAGES stages of 64 k (cp.async), GW_STAGES - 1 of them in flight
- *    while one is multiplied; rows are swizzled against bank conflicts;
+ *    while one is multiplied; weight rows are swizzled against bank
+ *    conflicts, activation fragments are read as the 32 lanes' 512
+ *    contiguous bytes;
  *  - the tiles of one weight row block are adjacent in the grid, so they
  *    run together and read those weights from DRAM about once.
  *
@@ -31,42 +41,63 @@
 #include "gemm_mma.cuh"
 
 #define GW_STAGES 4
-#define GW_KC 64 /* k per stage */
+#define GW_KC 64 /* k per stage: four k16 steps */
 
-/* x [m, k] f32 -> xsplit [m, k / 4] uint4: split4 of each four (k % 4 == 0). */
-extern "C" __global__ void __launch_bounds__(256) dflash_gemm_split_x(const float4 *x, uint4 *xsplit, i64 n4)
+/* Physical k of the first of the four activations lane quad t gives k16
+ * step s (gemm_mma.cuh's operand order: the weight row's 16 bytes a lane
+ * loads hold k16 steps 2 (bf16) or 4 (fp8) in a row). */
+__forceinline__ i64 gw_k_of(int fp8, i64 s, int t)
+{
+    return fp8 ? 64 * (s >> 2) + 16 * t + 4 * (s & 3) : 32 * (s >> 1) + 8 * t + 4 * (s & 1);
+}
+
+/* x [m, k] f32 (16-byte aligned, k % 32 == 0, fp8: % 64) -> xs, the A
+ * fragments of every 16 rows (m_pad of them, rows past m zero) and k16
+ * step s: xs[((r16 * (k / 16) + s) * 2 + hl) * 32 + lane], hl 0 for hi, 1
+ * for lo, lane = 4 g + t holding {rows g, g + 8} x {k, k + 1}, then
+ * {k + 2, k + 3}, k = gw_k_of(s, t): the mma's {a0, a1, a2, a3}. */
+extern "C" __global__ void __launch_bounds__(256) dflash_gemm_split_x(const float *x, uint4 *xs, int m, int m_pad,
+                                                                       i64 k, int fp8)
 {
     pdl_trigger();
     pdl_wait();
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (i64)gridDim.x * blockDim.x)
-        xsplit[i] = split4(x[i]);
+    const i64 s16 = k / 16, items = (i64)(m_pad / 16) * s16 * 32;
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < items; e += (i64)gridDim.x * blockDim.x) {
+        const int lane = (int)(e & 31), g = lane >> 2, t = lane & 3;
+        const i64 rest = e >> 5, s = rest % s16, r0 = rest / s16 * 16 + g, kk = gw_k_of(fp8, s, t);
+        const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 v0 = r0 < m ? *(const float4 *)(x + r0 * k + kk) : z;
+        const float4 v1 = r0 + 8 < m ? *(const float4 *)(x + (r0 + 8) * k + kk) : z;
+        const uint4 p0 = split4(v0), p1 = split4(v1);
+        xs[rest * 64 + lane] = make_uint4(p0.x, p1.x, p0.y, p1.y);
+        xs[rest * 64 + 32 + lane] = make_uint4(p0.z, p1.z, p0.w, p1.w);
+    }
 }
 
-/* Shared memory of one kernel (cuda_gemm.c computes the same): the stage
+/* Shared memory of one kernel (cuda_compile.c computes the same): the stage
  * ring, reused by the epilogue's [GM_RB][MT + 1] totals. */
 template <int FP8, int MT> struct gw_geom {
-    static constexpr int KSTEP = FP8 ? 64 : 32;              /* k of one 16-byte weight load per thread group */
-    static constexpr int SPS = GW_KC / KSTEP;                /* k steps per stage: bf16 2, fp8 1 */
+    static constexpr int KSTEP = FP8 ? 64 : 32;              /* k of one 16-byte weight load per lane */
+    static constexpr int SPS = GW_KC / KSTEP;                /* weight loads per stage: bf16 2, fp8 1 */
     static constexpr int WCH = GW_KC * (FP8 ? 1 : 2) / 16;   /* 16-byte chunks of a weight row per stage */
-    static constexpr int XCH = GW_KC / 4;                    /* uint4 of an activation row per stage */
-    static constexpr int W_BYTES = GM_RB * WCH * 16, X_BYTES = MT * XCH * 16, STAGE = W_BYTES + X_BYTES;
+    static constexpr int W_BYTES = GM_RB * WCH * 16;
+    static constexpr int X_BYTES = MT / 16 * 4 * 1024;       /* per 16 rows: 4 k16 steps x 1 KB of fragments */
+    static constexpr int STAGE = W_BYTES + X_BYTES;
     static constexpr int RED = GM_RB * (MT + 1) * 4;
     static constexpr int SMEM = GW_STAGES * STAGE > RED ? GW_STAGES * STAGE : RED;
 };
 
-/* Swizzles: a quarter warp reads rows r, r + 1 (r even) at the same
- * chunks; an odd row's chunks are moved so the two land on other banks
- * (bf16; fp8's activation reads keep a 2-way conflict: lanes t and t + 2
- * share banks). */
+/* Weight rows r, r + 1 (r even) are read at the same chunks by one quarter
+ * warp; an odd row's chunks are moved so the two land on other banks
+ * (bf16; fp8's quarter warp reads 128 contiguous bytes of two rows' 64). */
 template <int WCH> __forceinline__ int gw_wswz(int row, int c) { return WCH == 8 ? c ^ ((row & 1) << 2) : c; }
-__forceinline__ int gw_xswz(int row, int c) { return c ^ (row & 1); }
 
 template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &a, unsigned char *smem)
 {
     typedef gw_geom<FP8, MT> G;
-    constexpr int ESZ = FP8 ? 1 : 2, NT = MT / 16, H = FP8 ? 4 : 2; /* H: k16 steps per 16-byte load */
-    constexpr int WI = GM_RB * G::WCH / GM_THREADS, XI = MT * G::XCH / GM_THREADS; /* copies per thread */
-    static_assert(WI >= 1 && XI >= 1, "every thread copies");
+    constexpr int ESZ = FP8 ? 1 : 2, GA = MT / 32, H = FP8 ? 4 : 2; /* H: k16 steps per weight load */
+    constexpr int WI = GM_RB * G::WCH / GM_THREADS, XI = MT / 16;     /* copies per thread */
+    static_assert(WI >= 1 && G::X_BYTES == XI * GM_THREADS * 16, "every thread copies");
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wr = warp & 3, wm = warp >> 2; /* weight rows 32 wr.., activation rows (MT / 2) wm.. */
@@ -86,13 +117,14 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
             seg++;
         }
     const int rows_per_block = swiglu ? GM_RB / 2 : GM_RB;
-    const i64 K = a.k;
+    const i64 K = a.k, S16 = K / 16;
     const int steps = (int)(K / G::KSTEP), per = (steps + S - 1) / S, n_stages = (steps + G::SPS - 1) / G::SPS;
 
     /* This thread's copies of a stage: WI weight chunks, XI activation
-     * chunks; sources past the matrix's rows read its last row (their
-     * outputs are never stored), chunks past k are not copied (their k
-     * steps are not multiplied). */
+     * pieces (16 rows each: the 4 KB of a stage's fragments, 16 bytes a
+     * thread); weight sources past the matrix's rows read its last row
+     * (their outputs are never stored), pieces past k are not copied
+     * (their k steps are not multiplied). */
     const u32 sbase = smem_addr(smem);
     const u8 *wsrc[WI];
     u32 wdst[WI];
@@ -106,17 +138,9 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
         wdst[i] = row * G::WCH * 16 + gw_wswz<G::WCH>(row, c) * 16;
         wn[i] = (int)((K - c * 16 / ESZ + GW_KC - 1) / GW_KC);
     }
-    const uint4 *xsrc[XI];
-    u32 xdst[XI];
-    int xn[XI];
-#pragma unroll
-    for (int i = 0; i < XI; i++) {
-        const int e = threadIdx.x + i * GM_THREADS, row = e / G::XCH, c = e % G::XCH;
-        const int m = m0 + row < M ? m0 + row : M - 1;
-        xsrc[i] = (const uint4 *)a.ws + (i64)m * (K / 4) + c;
-        xdst[i] = G::W_BYTES + row * G::XCH * 16 + gw_xswz(row, c) * 16;
-        xn[i] = (int)((K - 4 * c + GW_KC - 1) / GW_KC);
-    }
+    /* piece i: rows m0 + 16 i.., the stage's k16 step threadIdx.x / 64 */
+    const uint4 *xsrc = (const uint4 *)a.ws + (i64)(m0 / 16) * S16 * 64 + threadIdx.x;
+    const int xn = (int)((S16 - threadIdx.x / 64 + 3) / 4);
     auto copy_w = [&](int st) {
         const u32 base = sbase + (u32)(st % GW_STAGES) * G::STAGE;
 #pragma unroll
@@ -125,11 +149,11 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
                 cp_async16_s(base + wdst[i], wsrc[i] + (i64)st * (GW_KC * ESZ));
     };
     auto copy_x = [&](int st) {
-        const u32 base = sbase + (u32)(st % GW_STAGES) * G::STAGE;
+        const u32 base = sbase + (u32)(st % GW_STAGES) * G::STAGE + G::W_BYTES + threadIdx.x * 16;
+        if (st < xn)
 #pragma unroll
-        for (int i = 0; i < XI; i++)
-            if (st < xn[i])
-                cp_async16_s(base + xdst[i], xsrc[i] + (i64)st * (GW_KC / 4));
+            for (int i = 0; i < XI; i++)
+                cp_async16_s(base + i * 4096, xsrc + (i * S16 + (i64)st * 4) * 64);
     };
 
     /* Weights never change while kernels run: the first stages' weights
@@ -147,85 +171,80 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
         cp_async_commit();
     }
 
-    float acc[2][NT][4], tot[2][NT][4];
+    /* acc[i][j]: activation rows 16 i + g (+ 8) of the warp's x weight
+     * rows 8 j + 2 t (+ 1) of the warp's */
+    float acc[GA][4][4], tot[GA][4][4];
 #pragma unroll
-    for (int f = 0; f < 2; f++)
+    for (int i = 0; i < GA; i++)
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                acc[f][j][e] = tot[f][j][e] = 0.0f;
+                acc[i][j][e] = tot[i][j][e] = 0.0f;
 
-    /* Fragment addresses in a stage, bytes: this lane's A rows
-     * 32 wr + g (+ 16 f, + 8) at load u, its B row (MT / 2) wm + g
-     * (+ 8 j) at k16 step h (+ 128 per load u for bf16); the swizzles
-     * depend on the row's parity, g's. */
-    const int par = g & 1;
-    u32 a_off[G::SPS], b_off[H];
+    /* Fragment addresses in a stage, bytes: this lane's weight row
+     * 32 wr + g (+ 8 j) at load u (bf16: 64 bytes per k32 step; its
+     * swizzle depends on the row's parity, g's), and its A fragments of
+     * the warp's first 16 activation rows at k16 step 0 (+ 4 KB per 16
+     * rows, + 1 KB per k16 step, + 512 bytes for lo). */
+    u32 w_off[G::SPS];
 #pragma unroll
     for (int u = 0; u < G::SPS; u++)
-        a_off[u] = (wr * 32 + g) * G::WCH * 16 + gw_wswz<G::WCH>(par, u * 4 + t) * 16;
-#pragma unroll
-    for (int h = 0; h < H; h++)
-        b_off[h] = G::W_BYTES + (wm * (MT / 2) + g) * G::XCH * 16 + ((FP8 ? 4 * t : 2 * t) + (h ^ par)) * 16;
-    constexpr int WROW = G::WCH * 16, XROW = G::XCH * 16;
+        w_off[u] = (wr * 32 + g) * G::WCH * 16 + gw_wswz<G::WCH>(g, u * 4 + t) * 16;
+    const u32 x_off = G::W_BYTES + wm * GA * 4096 + lane * 16;
+    constexpr int WROW = G::WCH * 16;
 
-    /* One k step from stage `sp`: per k16 step h, every accumulator's
-     * mma(hi), then every one's mma(lo) (each accumulator still sees hi
-     * before lo; its two mma are no longer back to back). */
+    /* One weight load u from stage `sp`: per k16 step h, every
+     * accumulator's mma(hi), then every one's mma(lo) (each accumulator
+     * still sees hi before lo; its two mma are no longer back to back). */
     auto step = [&](const unsigned char *sp, int u) {
-        uint4 wa[2], wb[2]; /* this lane's 16 bytes of weight rows g, g + 8 of each A fragment */
+        uint4 wv[4]; /* this lane's 16 bytes of the warp's weight rows g + 8 j */
 #pragma unroll
-        for (int f = 0; f < 2; f++) {
-            wa[f] = *(const uint4 *)(sp + a_off[u] + f * 16 * WROW);
-            wb[f] = *(const uint4 *)(sp + a_off[u] + (f * 16 + 8) * WROW);
-        }
+        for (int j = 0; j < 4; j++)
+            wv[j] = *(const uint4 *)(sp + w_off[u] + j * 8 * WROW);
 #pragma unroll
         for (int h = 0; h < H; h++) {
-            u32 A[2][4];
+            u32 B[4][2];
 #pragma unroll
-            for (int f = 0; f < 2; f++) {
+            for (int j = 0; j < 4; j++) {
                 if (!FP8) {
-                    A[f][0] = h ? wa[f].z : wa[f].x;
-                    A[f][1] = h ? wb[f].z : wb[f].x;
-                    A[f][2] = h ? wa[f].w : wa[f].y;
-                    A[f][3] = h ? wb[f].w : wb[f].y;
+                    B[j][0] = h ? wv[j].z : wv[j].x;
+                    B[j][1] = h ? wv[j].w : wv[j].y;
                 } else {
-                    const u32 pa = h == 0 ? wa[f].x : h == 1 ? wa[f].y : h == 2 ? wa[f].z : wa[f].w;
-                    const u32 pb = h == 0 ? wb[f].x : h == 1 ? wb[f].y : h == 2 ? wb[f].z : wb[f].w;
-                    A[f][0] = fp8x2_to_bf16x2(pa);
-                    A[f][1] = fp8x2_to_bf16x2(pb);
-                    A[f][2] = fp8x2_to_bf16x2(pa >> 16);
-                    A[f][3] = fp8x2_to_bf16x2(pb >> 16);
+                    const u32 p = h == 0 ? wv[j].x : h == 1 ? wv[j].y : h == 2 ? wv[j].z : wv[j].w;
+                    B[j][0] = fp8x2_to_bf16x2(p);
+                    B[j][1] = fp8x2_to_bf16x2(p >> 16);
                 }
             }
-            /* activations k = 8t + 4h (bf16) or 16t + 4h (fp8) of the step */
-            uint4 b[NT];
+            const int q = u * H + h; /* k16 step within the stage */
+            uint4 xh[GA], xl[GA];
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-                b[j] = *(const uint4 *)(sp + b_off[h] + (FP8 ? 0 : u * 128) + 8 * j * XROW);
+            for (int i = 0; i < GA; i++) {
+                xh[i] = *(const uint4 *)(sp + x_off + i * 4096 + q * 1024);
+                xl[i] = *(const uint4 *)(sp + x_off + i * 4096 + q * 1024 + 512);
+            }
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int i = 0; i < GA; i++)
 #pragma unroll
-                for (int f = 0; f < 2; f++)
-                    mma_bf16(acc[f][j], A[f][0], A[f][1], A[f][2], A[f][3], b[j].x, b[j].y);
+                for (int j = 0; j < 4; j++)
+                    mma_bf16(acc[i][j], xh[i].x, xh[i].y, xh[i].z, xh[i].w, B[j][0], B[j][1]);
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int i = 0; i < GA; i++)
 #pragma unroll
-                for (int f = 0; f < 2; f++)
-                    mma_bf16(acc[f][j], A[f][0], A[f][1], A[f][2], A[f][3], b[j].z, b[j].w);
+                for (int j = 0; j < 4; j++)
+                    mma_bf16(acc[i][j], xl[i].x, xl[i].y, xl[i].z, xl[i].w, B[j][0], B[j][1]);
         }
     };
     /* slice summed: add it to the total in slice order */
     auto fold = [&]() {
 #pragma unroll
-        for (int f = 0; f < 2; f++)
+        for (int i = 0; i < GA; i++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    tot[f][j][e] = S > 1 ? tot[f][j][e] + acc[f][j][e] : acc[f][j][e];
-                    acc[f][j][e] = 0.0f;
+                    tot[i][j][e] = S > 1 ? tot[i][j][e] + acc[i][j][e] : acc[i][j][e];
+                    acc[i][j][e] = 0.0f;
                 }
     };
 
@@ -264,29 +283,29 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
      * at 0.0f is never -0; kept so both kernels do the same adds). */
     for (int e2 = (steps + per - 1) / per; e2 < S; e2++)
 #pragma unroll
-        for (int f = 0; f < 2; f++)
+        for (int i = 0; i < GA; i++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    tot[f][j][e] += 0.0f;
+                    tot[i][j][e] += 0.0f;
     cp_async_wait<0>();
     __syncthreads(); /* the ring becomes the totals' table */
 
-    /* C fragment f, tile j: (weight row 16f + g / + 8, activation row
-     * 8j + 2t, + 1) of the warp's; column c of the block is weight row
-     * 32 wr + 16 f + g (+ 8): SwiGLU's gate columns 0..63, up 64..127. */
+    /* C fragment of tile (i, j): (activation row 16 i + g / + 8, weight row
+     * 8 j + 2 t, + 1) of the warp's; column c of the block is weight row
+     * 32 wr + 8 j + 2 t (+ 1): SwiGLU's gate columns 0..63, up 64..127. */
     constexpr int RW = MT + 1;
     float *red = (float *)smem;
 #pragma unroll
-    for (int f = 0; f < 2; f++)
+    for (int i = 0; i < GA; i++)
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int c = wr * 32 + f * 16 + g, mm = wm * (MT / 2) + 8 * j + 2 * t;
-            red[c * RW + mm] = tot[f][j][0];
-            red[c * RW + mm + 1] = tot[f][j][1];
-            red[(c + 8) * RW + mm] = tot[f][j][2];
-            red[(c + 8) * RW + mm + 1] = tot[f][j][3];
+        for (int j = 0; j < 4; j++) {
+            const int c = wr * 32 + j * 8 + 2 * t, mm = wm * (MT / 2) + 16 * i + g;
+            red[c * RW + mm] = tot[i][j][0];
+            red[(c + 1) * RW + mm] = tot[i][j][1];
+            red[c * RW + mm + 8] = tot[i][j][2];
+            red[(c + 1) * RW + mm + 8] = tot[i][j][3];
         }
     __syncthreads();
 
@@ -324,7 +343,7 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
 
 /* One kernel per weight type and activation tile (MT rows); grid: row
  * blocks x ceil(m / MT) tiles, the tiles of a row block adjacent; a.ws
- * holds x split by dflash_gemm_split_x; dynamic shared memory
+ * holds x split by dflash_gemm_split_x (rows padded to MT); dynamic shared memory
  * gw_geom<FP8, MT>::SMEM bytes. */
 #define GEMM_WIDE_KERNEL(name, FP8, MT)                                                                      \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, 1) dflash_gemm_wide_##name##_##MT(const gemm_args a) \
