@@ -27,7 +27,8 @@
 #     (seed drafter bf16 and fp8, and its propose for 4, 8 and 32
 #     sequences, the Qwen3-8B drafter, the Qwen3-8B target
 #     with verifies of 2..16 rows and with 4, 8 and 32 sequences per
-#     forward (and again with the many-row GEMM off), the Llama 3.1 8B
+#     forward (again with the many-row GEMM off, and with its 64-row
+#     tile), the Llama 3.1 8B
 #     target, the embedded pair's geometry), then the
 #     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
 #     in the same run;
@@ -42,7 +43,9 @@
 # GPU_TEST_NCU=1 adds an Nsight Compute profile of one propose's kernels
 # (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches,
 # GPU_TEST_NCU_SKIP: matching launches skipped first, to land past the
-# warm-up; stall reasons and the hottest instructions included);
+# warm-up; GPU_TEST_NCU_BENCH: the bench arguments of the profiled run,
+# default one seed-drafter propose; stall reasons and the hottest
+# instructions included);
 # GPU_TEST_PROBE=1 builds and runs tools/cuda/stream_probe.cu (GB/s of
 # register, cp.async and bulk-copy load disciplines);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
@@ -203,6 +206,10 @@ if want bench; then
             # most 64 rows (the many-row kernel off; same bits, for its A/B)
             step bench-8b-sessions-narrow bench_8b_sessions_narrow.txt 200 env DFLASH_CUDA_GEMM_WIDE=1073741824 \
                 $D --preset qwen3-8b-target --ctx 1024 --sessions 4,8,32 --reps 10
+            # the many-row kernel with 64-row tiles (its choice is 128 at
+            # these sizes; same bits, for the tile's A/B)
+            step bench-8b-sessions-t64 bench_8b_sessions_t64.txt 200 env DFLASH_CUDA_GEMM_TILE=64 \
+                $D --preset qwen3-8b-target --ctx 1024 --sessions 8,32 --rows 4,8,16 --reps 10
             step bench-pystd bench_pystd.txt 60 $D --preset pystd --ctx 1,256 --rows 1,2,4,8,16
         fi
     else
@@ -263,7 +270,7 @@ if want bench; then
             --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
             --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
             --section SourceCounters --section InstructionStats \
-            "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 --reps 1
+            "$B/dflash" bench --device cuda ${GPU_TEST_NCU_BENCH:---preset seed-drafter --ctx 4096 --reps 1}
     fi
     # GPU_TEST_NCU_TIMES=1: the duration of every kernel of a seed-drafter
     # bench (one metric, one replay pass each: fast), as CSV; the last
@@ -308,7 +315,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"

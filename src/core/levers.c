@@ -52,9 +52,10 @@ void dflash_levers_reload(void)
     g_levers.cuda_pdl = env_int("DFLASH_CUDA_PDL", 1, 0, 1);
     g_levers.cuda_gemm_split = env_int("DFLASH_CUDA_GEMM_SPLIT", 0, 0, 16);
     g_levers.cuda_gemm_wide = env_int("DFLASH_CUDA_GEMM_WIDE", 65, 1, 1 << 30);
-    g_levers.cuda_gemm_tile = env_int("DFLASH_CUDA_GEMM_TILE", 0, 0, 64);
-    if (g_levers.cuda_gemm_tile != 0 && g_levers.cuda_gemm_tile != 32 && g_levers.cuda_gemm_tile != 64) {
-        fprintf(stderr, "dflash: ignoring DFLASH_CUDA_GEMM_TILE='%d' (expected 32 or 64)\n", g_levers.cuda_gemm_tile);
+    g_levers.cuda_gemm_tile = env_int("DFLASH_CUDA_GEMM_TILE", 0, 0, 128);
+    const int tile = g_levers.cuda_gemm_tile;
+    if (tile != 0 && tile != 32 && tile != 64 && tile != 128) {
+        fprintf(stderr, "dflash: ignoring DFLASH_CUDA_GEMM_TILE='%d' (expected 32, 64 or 128)\n", tile);
         g_levers.cuda_gemm_tile = 0;
     }
     g_levers.cpu_isa = env_choice("DFLASH_CPU_ISA", dflash_cpu_isa_names, DFLASH_CPU_ISA_COUNT);

@@ -486,6 +486,19 @@ static void case_linear_invariance(dflash_dtype dt, int64_t N, int64_t K, int n)
     gpu_reset();
 }
 
+/* A second CUDA backend created with one lever set (name=value), the
+ * levers restored after. */
+static dflash_backend *backend_with(const char *name, const char *value)
+{
+    setenv(name, value, 1);
+    dflash_levers_reload();
+    dflash_backend *be;
+    MUST(dflash_backend_cuda_create(0, &be));
+    unsetenv(name);
+    dflash_levers_reload();
+    return be;
+}
+
 /* Many rows (gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE rows, 65 by default)
  * must give the bits one row alone gives (gemm.cu): every output of an
  * n-row linear (kind 0), q/k/v group (1), gate/up + SwiGLU (2) or LM head
@@ -1386,32 +1399,41 @@ int main(int argc, char **argv)
         }
     }
     /* the many-row kernel against one row alone: every epilogue, both
-     * weight types, tiles of 32 and 64 rows, odd row counts; then with 16
-     * slices of 3 k-steps, 5 of them past the last step (empty) */
+     * weight types, odd row counts, with the kernel's own tile (32 or 64
+     * rows here) and then with tiles of 128 rows forced; then with 16
+     * slices of 3 k-steps, 5 of them past the last step (empty), and an
+     * odd count of k32 steps (a last stage half full) */
     {
         const int64_t lin_s[1] = { 200 }, qkv_s[3] = { 136, 40, 40 }, gu_s[2] = { 96, 96 }, head_s[1] = { 1000 };
         const int64_t lin_l[1] = { 4096 }, qkv_l[3] = { 4096, 512, 512 }, gu_l[2] = { 6144, 6144 };
         const int64_t head_l[1] = { 151936 };
         const int nr = g_small ? 70 : 300;
-        for (int dt = 0; dt < 2; dt++) {
-            const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
-            const int64_t K = g_small ? 256 : 2048;
-            case_rows_invariance(g_gpu, "", d, 0, g_small ? lin_s : lin_l, K, nr);
-            case_rows_invariance(g_gpu, "", d, 1, g_small ? qkv_s : qkv_l, K, g_small ? 65 : 129);
-            case_rows_invariance(g_gpu, "", d, 2, g_small ? gu_s : gu_l, K, nr);
-            case_rows_invariance(g_gpu, "", d, 3, g_small ? head_s : head_l, K, g_small ? 66 : 77);
-        }
-        setenv("DFLASH_CUDA_GEMM_SPLIT", "16", 1);
-        dflash_levers_reload();
-        dflash_backend *s16;
-        MUST(dflash_backend_cuda_create(0, &s16));
-        unsetenv("DFLASH_CUDA_GEMM_SPLIT");
-        dflash_levers_reload();
+        dflash_backend *t128 = backend_with("DFLASH_CUDA_GEMM_TILE", "128");
+        for (int b = 0; b < 2; b++)
+            for (int dt = 0; dt < 2; dt++) {
+                dflash_backend *be = b ? t128 : g_gpu;
+                const char *tag = b ? ", tile 128" : "";
+                const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+                const int64_t K = g_small ? 256 : 2048;
+                case_rows_invariance(be, tag, d, 0, g_small ? lin_s : lin_l, K, nr);
+                case_rows_invariance(be, tag, d, 1, g_small ? qkv_s : qkv_l, K, g_small ? 65 : 129);
+                case_rows_invariance(be, tag, d, 2, g_small ? gu_s : gu_l, K, nr);
+                case_rows_invariance(be, tag, d, 3, g_small ? head_s : head_l, K, g_small ? 66 : 77);
+            }
+        dflash_backend_destroy(t128);
+        dflash_backend *s16 = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
         const int64_t odd[1] = { 72 }, odd_gu[2] = { 72, 72 };
         case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 100);
         case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 70);
         case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 100);
         dflash_backend_destroy(s16);
+        setenv("DFLASH_CUDA_GEMM_TILE", "128", 1);
+        dflash_backend *both = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
+        unsetenv("DFLASH_CUDA_GEMM_TILE");
+        dflash_levers_reload();
+        case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 150);
+        case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 130);
+        dflash_backend_destroy(both);
     }
     /* linear_group: q/k/v and gate/up + SwiGLU of the seed drafter and the
      * Qwen3-8B geometry */

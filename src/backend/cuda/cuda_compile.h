@@ -37,10 +37,12 @@ typedef enum dflash_cuda_kernel_id {
     DFK_GEMM_FP8_2,
     DFK_GEMM_FP8_4,
     DFK_GEMM_FP8_8,
-    DFK_GEMM_WIDE_BF16_32, /* gemm_wide.cu: the same for many rows, tiles of 32 or 64 rows */
+    DFK_GEMM_WIDE_BF16_32, /* gemm_wide.cu: the same for many rows, tiles of 32, 64 or 128 rows */
     DFK_GEMM_WIDE_BF16_64,
+    DFK_GEMM_WIDE_BF16_128,
     DFK_GEMM_WIDE_FP8_32,
     DFK_GEMM_WIDE_FP8_64,
+    DFK_GEMM_WIDE_FP8_128,
     DFK_GEMM_SPLIT_X, /* gemm_wide.cu: its activations split into bf16 hi/lo */
     DFK_ATTENTION_F32, /* attention.cu: any head_dim, f32 or bf16 pages */
     DFK_ATTENTION_BF16,

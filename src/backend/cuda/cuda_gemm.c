@@ -131,19 +131,32 @@ static dflash_status argmax_finish(cuda_ctx *c, gemm_args *ga, int rows, int64_t
 }
 
 /* The tile of activation rows gemm_wide.cu takes for n rows of `rb` row
- * blocks: 64, or 32 when 64-row tiles would leave SMs without a block
- * (the bf16 64-row kernel runs one block per SM) or the device lacks the
- * shared memory of the 64-row kernel; 0 when neither kernel fits it. */
+ * blocks. The bf16 kernels run one block per SM, so a launch takes about
+ * ceil(blocks / SMs) waves, each as long as one block: on the H200 a
+ * block of 128 rows takes ~1.7x one of 64 (95 against 56 us per 4096 of
+ * k), so 128 wins where it needs fewer waves than 10/17 of 64's (blocks
+ * count padded rows, so padding is priced in). 32 when 64-row blocks would
+ * leave more than half of the SMs idle. A tile the device lacks the
+ * shared memory for steps down; 0 when no kernel fits it. The tile changes
+ * no result bit, only the speed. */
 static int wide_tile(const cuda_ctx *c, int n, int64_t rb, int fp8)
 {
-    const int fits64 = cuda_kernel_fits(c, fp8 ? DFK_GEMM_WIDE_FP8_64 : DFK_GEMM_WIDE_BF16_64);
-    const int fits32 = cuda_kernel_fits(c, fp8 ? DFK_GEMM_WIDE_FP8_32 : DFK_GEMM_WIDE_BF16_32);
-    int mt = rb * ((n + 63) / 64) >= c->sm_count ? 64 : 32;
+    static const dflash_cuda_kernel_id k_bf16[3] = { DFK_GEMM_WIDE_BF16_32, DFK_GEMM_WIDE_BF16_64,
+                                                     DFK_GEMM_WIDE_BF16_128 };
+    static const dflash_cuda_kernel_id k_fp8[3] = { DFK_GEMM_WIDE_FP8_32, DFK_GEMM_WIDE_FP8_64, DFK_GEMM_WIDE_FP8_128 };
+    const int64_t sm = c->sm_count, b64 = rb * ((n + 63) / 64), b128 = rb * ((n + 127) / 128);
+    int i = 0; /* tile 32 << i */
+    if (b64 >= (sm - sm / 8) / 2)
+        i = (b128 + sm - 1) / sm * 17 < (b64 + sm - 1) / sm * 10 ? 2 : 1;
     if (c->gemm_tile)
-        mt = c->gemm_tile;
-    if (mt == 64 && !fits64)
-        mt = 32;
-    return mt == 32 && !fits32 ? (fits64 ? 64 : 0) : mt;
+        i = c->gemm_tile == 128 ? 2 : c->gemm_tile == 64 ? 1 : 0;
+    for (int j = i; j >= 0; j--)
+        if (cuda_kernel_fits(c, fp8 ? k_fp8[j] : k_bf16[j]))
+            return 32 << j;
+    for (int j = i + 1; j < 3; j++)
+        if (cuda_kernel_fits(c, fp8 ? k_fp8[j] : k_bf16[j]))
+            return 32 << j;
+    return 0;
 }
 
 /* gemm_wide.cu over all n rows in tiles of mt: x split into hi/lo, then
@@ -165,8 +178,8 @@ static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t
     const int64_t split_blocks = (items + 255) / 256 < 8LL * c->sm_count ? (items + 255) / 256 : 8LL * c->sm_count;
     void *sargs[] = { (void *)&ga->x, &ga->ws, &n, &m_pad, &ga->k, &fp8_arg };
     DFLASH_TRY(cuda_launch(c, DFK_GEMM_SPLIT_X, (unsigned)split_blocks, 1, 256, sargs));
-    const dflash_cuda_kernel_id k = fp8 ? (mt == 64 ? DFK_GEMM_WIDE_FP8_64 : DFK_GEMM_WIDE_FP8_32)
-                                        : (mt == 64 ? DFK_GEMM_WIDE_BF16_64 : DFK_GEMM_WIDE_BF16_32);
+    const int ti = mt == 128 ? 2 : mt == 64 ? 1 : 0;
+    const dflash_cuda_kernel_id k = (fp8 ? DFK_GEMM_WIDE_FP8_32 : DFK_GEMM_WIDE_BF16_32) + ti;
     void *args[] = { ga };
     DFLASH_TRY(cuda_launch(c, k, (unsigned)blocks, 1, 256, args));
     return ga->mode == GEMM_ARGMAX ? argmax_finish(c, ga, n, rb, ids) : DFLASH_OK;

@@ -42,7 +42,7 @@ typedef struct cuda_ctx {
     int pdl; /* launch with programmatic stream serialization (sm_90+, DFLASH_CUDA_PDL=0 turns it off) */
     int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
     int gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: calls of this many rows or more take gemm_wide.cu */
-    int gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: 0, or gemm_wide.cu's tile (32 or 64 rows) */
+    int gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: 0, or gemm_wide.cu's tile (32, 64 or 128 rows) */
     /* Kernel error report: the device word decides which report wins, the
      * details land in mapped host memory [code, a, b, c]. */
     CUdeviceptr err_flag;

@@ -61,26 +61,11 @@ template <int D> struct at_geom {
     static constexpr int VW = D / 2 + ((4 - D / 2) % 32 + 32) % 32;
 };
 
-__forceinline__ u32 at_pack(float lo_elem, float hi_elem)
-{
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_elem), "f"(lo_elem));
-    return r;
-}
-
 /* hi = bf16(a, b), lo = bf16 of what hi misses. */
 __forceinline__ void at_split(float a, float b, u32 &hi, u32 &lo)
 {
-    hi = at_pack(a, b);
-    lo = at_pack(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
-}
-
-__forceinline__ void at_mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    hi = pack_bf16(a, b);
+    lo = pack_bf16(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
 }
 
 /* Page-table entries a split can touch: AT_SPLIT keys span at most
@@ -120,8 +105,8 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const
             const float *src = (which ? a.v_extra : a.k_extra) + (i64)(extra_off + u - n_paged) * kv_row +
                                (i64)kvh * D + ch * 8;
             const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
-            *(uint4 *)dst = make_uint4(at_pack(v0.x, v0.y), at_pack(v0.z, v0.w), at_pack(v1.x, v1.y),
-                                       at_pack(v1.z, v1.w));
+            *(uint4 *)dst = make_uint4(pack_bf16(v0.x, v0.y), pack_bf16(v0.z, v0.w), pack_bf16(v1.x, v1.y),
+                                       pack_bf16(v1.z, v1.w));
             continue;
         }
         *(uint4 *)dst = make_uint4(0, 0, 0, 0);
@@ -225,10 +210,10 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
                 for (int c = 0; c < DC; c++) {
                     const int d0 = 32 * c + 8 * t;
                     const uint4 kb = d0 < D ? *(const uint4 *)(kr + d0 / 2) : make_uint4(0, 0, 0, 0);
-                    at_mma(s[n], qh[0][c][0], qh[1][c][0], qh[0][c][1], qh[1][c][1], kb.x, kb.y);
-                    at_mma(sl[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
-                    at_mma(s[n], qh[0][c][2], qh[1][c][2], qh[0][c][3], qh[1][c][3], kb.z, kb.w);
-                    at_mma(sl[n], ql[0][c][2], ql[1][c][2], ql[0][c][3], ql[1][c][3], kb.z, kb.w);
+                    mma_bf16(s[n], qh[0][c][0], qh[1][c][0], qh[0][c][1], qh[1][c][1], kb.x, kb.y);
+                    mma_bf16(sl[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
+                    mma_bf16(s[n], qh[0][c][2], qh[1][c][2], qh[0][c][3], qh[1][c][3], kb.z, kb.w);
+                    mma_bf16(sl[n], ql[0][c][2], ql[1][c][2], ql[0][c][3], ql[1][c][3], kb.z, kb.w);
                 }
 #pragma unroll
                 for (int e = 0; e < 4; e++)
@@ -289,10 +274,10 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 #pragma unroll
             for (int kk = 0; kk < AT_TILE / 16; kk++) {
                 u32 ph[4]; /* exact: the weights are bf16 values already */
-                ph[0] = at_pack(s[2 * kk][0], s[2 * kk][1]);
-                ph[1] = at_pack(s[2 * kk][2], s[2 * kk][3]);
-                ph[2] = at_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                ph[3] = at_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                ph[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                ph[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                ph[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                ph[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
                 for (int n = 0; n < ND; n += 2) {
                     /* lanes 0-7: keys 0-7, dims 8n..; 8-15: keys 8-15; 16-31: dims 8(n+1).. */
@@ -302,9 +287,9 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                                  : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
                                  : "r"(addr));
-                    at_mma(o[n], ph[0], ph[1], ph[2], ph[3], b0, b1);
+                    mma_bf16(o[n], ph[0], ph[1], ph[2], ph[3], b0, b1);
                     if (n + 1 < ND)
-                        at_mma(o[n + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
+                        mma_bf16(o[n + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
                 }
             }
         }

@@ -202,6 +202,26 @@ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;");
 
 template <int N> __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+/* Two f32 -> one bf16x2 register, `lo_elem` in the low half (round to
+ * nearest even, as dflash_f32_to_bf16). */
+__forceinline__ u32 pack_bf16(float lo_elem, float hi_elem)
+{
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_elem), "f"(lo_elem));
+    return r;
+}
+
+/* c += A B on the tensor cores: m16n8k16, bf16 in, f32 accumulate; a0..a3
+ * the A fragment (16 x 16), b0, b1 the B fragment (16 x 8), c the lane's
+ * four accumulators. */
+__forceinline__ void mma_bf16(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* Record the first error of this stream's work: the device word `flag`
  * decides which report wins; the details go to mapped host memory, which the
  * host reads after its next synchronization (no copy on the normal path). */

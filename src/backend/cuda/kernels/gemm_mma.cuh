@@ -66,15 +66,6 @@ struct gemm_args {
 };
 static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_gemm.c");
 
-/* Two f32 -> one bf16x2 register, `lo_elem` in the low half (round to
- * nearest even, as dflash_f32_to_bf16). */
-__forceinline__ u32 pack_bf16(float lo_elem, float hi_elem)
-{
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_elem), "f"(lo_elem));
-    return r;
-}
-
 /* The bf16 hi/lo split of four consecutive activations as one 16-byte B
  * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
 __forceinline__ uint4 split4(float4 v)
@@ -94,14 +85,6 @@ __forceinline__ u32 fp8x2_to_bf16x2(u32 two)
     u32 h;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)two));
     return pack_bf16(f16_to_f32((u16)(h & 0xffffu)), f16_to_f32((u16)(h >> 16)));
-}
-
-__forceinline__ void mma_bf16(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 /* Weights are read once: keep them out of L1 and ask L2 for whole 256-byte

@@ -19,9 +19,12 @@
  *    (dflash_gemm_split_x, gemm.cu's split4), already in fragment order:
  *    for each 16 rows and k16 step, the 32 lanes' hi fragments, then
  *    their lo fragments;
- *  - a block is 128 weight rows x MT activation rows (MT 32 or 64, a tile
- *    of the call's rows), 8 warps as 4 x 2: a warp owns 32 weight rows
- *    (four B fragments) x MT / 2 activation rows (MT / 32 A fragments);
+ *  - a block is 128 weight rows x MT activation rows (MT 32, 64 or 128, a
+ *    tile of the call's rows), 8 warps: 4 x 2 of 32 weight rows (four B
+ *    fragments) x MT / 2 activation rows (MT / 32 A fragments), or for
+ *    MT 128, 2 x 4 of 64 weight rows x 32 activation rows (each fragment
+ *    read from shared memory feeds more mma: a third fewer shared-memory
+ *    bytes per mma);
  *  - weights and activations stream into shared memory through a ring of
  *    GW_STAGES stages of 64 k (cp.async), GW_STAGES - 1 of them in flight
  *    while one is multiplied; weight rows are swizzled against bank
@@ -95,12 +98,15 @@ template <int WCH> __forceinline__ int gw_wswz(int row, int c) { return WCH == 8
 template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &a, unsigned char *smem)
 {
     typedef gw_geom<FP8, MT> G;
-    constexpr int ESZ = FP8 ? 1 : 2, GA = MT / 32, H = FP8 ? 4 : 2; /* H: k16 steps per weight load */
-    constexpr int WI = GM_RB * G::WCH / GM_THREADS, XI = MT / 16;     /* copies per thread */
-    static_assert(WI >= 1 && G::X_BYTES == XI * GM_THREADS * 16, "every thread copies");
+    constexpr int ESZ = FP8 ? 1 : 2, H = FP8 ? 4 : 2; /* H: k16 steps per weight load */
+    /* warps: WW along weight rows x WA along activation rows; a warp's
+     * tile: JW B fragments (8 weight rows each) x GA A fragments (16 rows) */
+    constexpr int WA = MT == 128 ? 4 : 2, WW = GM_WARPS / WA, JW = GM_RB / WW / 8, GA = MT / WA / 16;
+    constexpr int WI = GM_RB * G::WCH / GM_THREADS, XI = MT / 16; /* copies per thread */
+    static_assert(WI >= 1 && GA >= 1 && G::X_BYTES == XI * GM_THREADS * 16, "every thread copies");
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wr = warp & 3, wm = warp >> 2; /* weight rows 32 wr.., activation rows (MT / 2) wm.. */
+    const int wr = warp % WW, wm = warp / WW; /* weight rows 8 JW wr.., activation rows 16 GA wm.. */
     const int S = a.split, M = a.m;
     const int n_mt = (M + MT - 1) / MT;
     const i64 rb = blockIdx.x / n_mt;
@@ -173,24 +179,24 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
 
     /* acc[i][j]: activation rows 16 i + g (+ 8) of the warp's x weight
      * rows 8 j + 2 t (+ 1) of the warp's */
-    float acc[GA][4][4], tot[GA][4][4];
+    float acc[GA][JW][4], tot[GA][JW][4];
 #pragma unroll
     for (int i = 0; i < GA; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < JW; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[i][j][e] = tot[i][j][e] = 0.0f;
 
     /* Fragment addresses in a stage, bytes: this lane's weight row
-     * 32 wr + g (+ 8 j) at load u (bf16: 64 bytes per k32 step; its
+     * 8 JW wr + g (+ 8 j) at load u (bf16: 64 bytes per k32 step; its
      * swizzle depends on the row's parity, g's), and its A fragments of
      * the warp's first 16 activation rows at k16 step 0 (+ 4 KB per 16
      * rows, + 1 KB per k16 step, + 512 bytes for lo). */
     u32 w_off[G::SPS];
 #pragma unroll
     for (int u = 0; u < G::SPS; u++)
-        w_off[u] = (wr * 32 + g) * G::WCH * 16 + gw_wswz<G::WCH>(g, u * 4 + t) * 16;
+        w_off[u] = (wr * JW * 8 + g) * G::WCH * 16 + gw_wswz<G::WCH>(g, u * 4 + t) * 16;
     const u32 x_off = G::W_BYTES + wm * GA * 4096 + lane * 16;
     constexpr int WROW = G::WCH * 16;
 
@@ -198,15 +204,15 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
      * accumulator's mma(hi), then every one's mma(lo) (each accumulator
      * still sees hi before lo; its two mma are no longer back to back). */
     auto step = [&](const unsigned char *sp, int u) {
-        uint4 wv[4]; /* this lane's 16 bytes of the warp's weight rows g + 8 j */
+        uint4 wv[JW]; /* this lane's 16 bytes of the warp's weight rows g + 8 j */
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < JW; j++)
             wv[j] = *(const uint4 *)(sp + w_off[u] + j * 8 * WROW);
 #pragma unroll
         for (int h = 0; h < H; h++) {
-            u32 B[4][2];
+            u32 B[JW][2];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < JW; j++) {
                 if (!FP8) {
                     B[j][0] = h ? wv[j].z : wv[j].x;
                     B[j][1] = h ? wv[j].w : wv[j].y;
@@ -226,12 +232,12 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
 #pragma unroll
             for (int i = 0; i < GA; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < JW; j++)
                     mma_bf16(acc[i][j], xh[i].x, xh[i].y, xh[i].z, xh[i].w, B[j][0], B[j][1]);
 #pragma unroll
             for (int i = 0; i < GA; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                for (int j = 0; j < JW; j++)
                     mma_bf16(acc[i][j], xl[i].x, xl[i].y, xl[i].z, xl[i].w, B[j][0], B[j][1]);
         }
     };
@@ -240,7 +246,7 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
 #pragma unroll
         for (int i = 0; i < GA; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < JW; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     tot[i][j][e] = S > 1 ? tot[i][j][e] + acc[i][j][e] : acc[i][j][e];
@@ -285,7 +291,7 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
 #pragma unroll
         for (int i = 0; i < GA; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < JW; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     tot[i][j][e] += 0.0f;
@@ -294,14 +300,14 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
 
     /* C fragment of tile (i, j): (activation row 16 i + g / + 8, weight row
      * 8 j + 2 t, + 1) of the warp's; column c of the block is weight row
-     * 32 wr + 8 j + 2 t (+ 1): SwiGLU's gate columns 0..63, up 64..127. */
+     * 8 (JW wr + j) + 2 t (+ 1): SwiGLU's gate columns 0..63, up 64..127. */
     constexpr int RW = MT + 1;
     float *red = (float *)smem;
 #pragma unroll
     for (int i = 0; i < GA; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int c = wr * 32 + j * 8 + 2 * t, mm = wm * (MT / 2) + 16 * i + g;
+        for (int j = 0; j < JW; j++) {
+            const int c = (wr * JW + j) * 8 + 2 * t, mm = (wm * GA + i) * 16 + g;
             red[c * RW + mm] = tot[i][j][0];
             red[(c + 1) * RW + mm] = tot[i][j][1];
             red[c * RW + mm + 8] = tot[i][j][2];
@@ -354,5 +360,7 @@ template <int FP8, int MT> __forceinline__ void gemm_wide_body(const gemm_args &
 
 GEMM_WIDE_KERNEL(bf16, 0, 32)
 GEMM_WIDE_KERNEL(bf16, 0, 64)
+GEMM_WIDE_KERNEL(bf16, 0, 128)
 GEMM_WIDE_KERNEL(fp8, 1, 32)
 GEMM_WIDE_KERNEL(fp8, 1, 64)
+GEMM_WIDE_KERNEL(fp8, 1, 128)
