@@ -70,7 +70,9 @@ typedef struct dflash_engine_opts {
      * per second per session at the current number of sessions, learned
      * from the steps' own times and acceptance. Outputs are the same. */
     int width_auto;
-    int drafter_fp8;       /* 1: drafter weights in fp8 e4m3 with per-row scales */
+    /* 1: drafter weights in fp8 e4m3 with per-row scales; 0: bf16; -1
+     * (default): fp8 when DFLASH_DRAFTER_FP8=1, else bf16 */
+    int drafter_fp8;
     /* the drafter's context window in positions, 0 = none; -1 (default):
      * DFLASH_CTX_CAP, else 4096 */
     int ctx_cap;

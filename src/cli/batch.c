@@ -2,9 +2,9 @@
  * line is a JSON object: "prompt" (text, encoded as -p encodes it, or as
  * a chat message with --chat) or "prompt_ids", and optionally, named as
  * in the OpenAI API, "max_tokens", "temperature", "top_p", "top_k",
- * "min_p", "seed"; the command line gives the defaults. All sequences
- * share one engine and are stepped together; each output is what the
- * same prompt and options give alone. */
+ * "min_p", "seed"; the command line gives the defaults. Every line is a
+ * session of one library engine (include/dflash.h), all stepped together;
+ * each output is what the same prompt and options give alone. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +13,7 @@
 #include "cli/args.h"
 #include "cli/batch.h"
 #include "core/file.h"
+#include "dflash.h"
 #include "io/chat.h"
 
 /* One line of the file. */
@@ -21,16 +22,15 @@ typedef struct batch_line {
     int32_t *ids;
     size_t n_ids;
     int text; /* the prompt was text */
-    dflash_gen_opts go;
-    int32_t *out;
-    dflash_kv_seq seq;
-    void *pstate;
+    dflash_gen_opts go; /* the command line's options, then the line's */
+    dflash_session *session;
 } batch_line;
 
 typedef struct batch_run {
     const cli_batch_args *a;
     const char *label; /* the file, for messages */
-    cli_engine e;
+    cli_engine e;      /* the tokenizer (and the stop ids it adds) only */
+    dflash_engine *engine;
     dflash_chat_opts co;
     batch_line *lines;
     int n;
@@ -194,13 +194,57 @@ static dflash_status read_lines(batch_run *r)
     return s;
 }
 
+/* One engine with a session per line, at most `longest` positions each;
+ * every prompt id within its vocabulary. */
+static dflash_status open_engine(batch_run *r, long long longest)
+{
+    DFLASH_TRY(cli_engine_open_lib(r->a->e, r->n, (int)longest, &r->engine));
+    const int V = dflash_engine_vocab_size(r->engine);
+    for (int i = 0; i < r->n; i++)
+        for (size_t k = 0; k < r->lines[i].n_ids; k++)
+            if (r->lines[i].ids[k] >= V)
+                return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: prompt_ids[%zu] = %d is outside the model's "
+                                   "vocabulary [0, %d)", r->label, r->lines[i].line_no, k, r->lines[i].ids[k], V);
+    return DFLASH_OK;
+}
+
+/* One JSON line per input line, in order. */
+static dflash_status print_lines(batch_run *r, long long *generated)
+{
+    for (int i = 0; i < r->n; i++) {
+        batch_line *l = &r->lines[i];
+        const int32_t *out;
+        size_t n_out;
+        dflash_session_output(l->session, &out, &n_out);
+        *generated += (long long)n_out;
+        printf("{\"line\":%d,\"prompt_ids\":", l->line_no);
+        cli_print_ids(stdout, l->ids, (int)l->n_ids);
+        printf(",\"output_ids\":");
+        cli_print_ids(stdout, out, (int)n_out);
+        if (l->text) {
+            char *text;
+            size_t len;
+            DFLASH_TRY(dflash_tokenizer_decode(r->e.tok, out, n_out, DFLASH_DECODE_SKIP_SPECIAL, &text, &len));
+            printf(",\"text\":");
+            cli_print_json_string(stdout, text, len);
+            free(text);
+        }
+        dflash_gen_stats st;
+        cli_session_stats(l->session, &st);
+        printf(",\"stats\":");
+        cli_print_stats_json(stdout, &st, l->go.sampler.seed);
+        printf("}\n");
+    }
+    return DFLASH_OK;
+}
+
 /* Open the engine for all lines, then run them together. */
 static dflash_status run_lines(batch_run *r, double *secs)
 {
     const cli_batch_args *a = r->a;
     cli_engine_plan plan;
     DFLASH_TRY(cli_engine_plan_load(a->e, 0, &plan));
-    long long longest = 0;
+    long long longest = 0, prompt = 0;
     for (int i = 0; i < r->n; i++) {
         batch_line *l = &r->lines[i];
         long long need = (long long)l->n_ids + l->go.n_new;
@@ -209,71 +253,33 @@ static dflash_status run_lines(batch_run *r, double *secs)
                                r->label, l->line_no, l->n_ids, l->go.n_new, plan.limit_desc,
                                cli_engine_limit_hint(&plan));
         longest = need > longest ? need : longest;
+        prompt += (long long)l->n_ids;
     }
     cli_engine_warn_long(a->e, &plan, longest);
-    /* one slot more: the engine's own sequence */
-    DFLASH_TRY(cli_engine_open(&r->e, a->e, (int)longest + plan.block, r->n + 1, plan.block));
-    if (a->chat)
-        cli_engine_chat_prepare(&r->e, a->e, &r->co);
-    const int V = r->e.target->cfg.vocab_size; /* known once the model is open */
-    const size_t n_lines = (size_t)r->n;       /* read_lines made it positive */
-    for (size_t i = 0; i < n_lines; i++)
-        for (size_t k = 0; k < r->lines[i].n_ids; k++)
-            if (r->lines[i].ids[k] >= V)
-                return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: prompt_ids[%zu] = %d is outside the model's "
-                                   "vocabulary [0, %d)", r->label, r->lines[i].line_no, k, r->lines[i].ids[k], V);
-    dflash_spec_item *items = calloc(n_lines, sizeof *items);
-    if (!items)
-        return dflash_fail(DFLASH_ERR_OOM, "out of memory for %d sequences", r->n);
-    dflash_status s = DFLASH_OK;
-    for (int i = 0; i < r->n && s == DFLASH_OK; i++) {
+    DFLASH_TRY(cli_engine_lib_stops(&r->e, a->e, a->chat ? &r->co : NULL));
+    DFLASH_TRY(open_engine(r, longest));
+    for (int i = 0; i < r->n; i++) {
         batch_line *l = &r->lines[i];
-        l->go.stop_ids = r->e.stop_ids; /* known once the engine is open */
-        l->go.n_stop = r->e.n_stop;
-        if (!(l->out = malloc(((size_t)l->go.n_new + 1) * sizeof *l->out)))
-            s = dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", l->go.n_new);
-        if (s == DFLASH_OK)
-            s = dflash_qwen3_seq_init(r->e.target, &l->seq);
-        if (s == DFLASH_OK && r->e.prop)
-            s = r->e.prop->ops->alloc_state(r->e.prop, r->e.target->opts.max_ctx, &l->pstate);
-        items[i] = (dflash_spec_item){ .seq = &l->seq, .pstate = l->pstate, .prompt = l->ids,
-                                       .n_prompt = (int)l->n_ids, .opts = l->go, .out = l->out };
+        dflash_session_opts so;
+        cli_session_opts(&r->e, a->e, &l->go.sampler, l->go.n_new, &so);
+        DFLASH_TRY(dflash_session_new(r->engine, &so, &l->session));
+        DFLASH_TRY(dflash_session_start_ids(l->session, l->ids, l->n_ids));
     }
     double t0 = cli_now_s();
-    if (s == DFLASH_OK)
-        s = dflash_spec_generate_many(r->e.target, r->e.prop, items, r->n, a->e->block_size, !a->e->block_fixed);
+    for (int active = 1; active;)
+        DFLASH_TRY(dflash_engine_step(r->engine, &active));
     *secs = cli_now_s() - t0;
-    for (int i = 0; i < r->n && s == DFLASH_OK; i++) {
-        batch_line *l = &r->lines[i];
-        printf("{\"line\":%d,\"prompt_ids\":", l->line_no);
-        cli_print_ids(stdout, l->ids, (int)l->n_ids);
-        printf(",\"output_ids\":");
-        cli_print_ids(stdout, l->out, items[i].n_out);
-        if (l->text) {
-            char *text;
-            size_t len;
-            s = dflash_tokenizer_decode(r->e.tok, l->out, (size_t)items[i].n_out, DFLASH_DECODE_SKIP_SPECIAL, &text,
-                                        &len);
-            if (s != DFLASH_OK)
-                break;
-            printf(",\"text\":");
-            cli_print_json_string(stdout, text, len);
-            free(text);
-        }
-        printf(",\"stats\":");
-        cli_print_stats_json(stdout, &items[i].stats, l->go.sampler.seed);
-        printf("}\n");
-    }
-    long long gen = 0, prompt = 0;
     for (int i = 0; i < r->n; i++) {
-        gen += items[i].n_out;
-        prompt += items[i].n_prompt;
+        const char *msg;
+        dflash_status s = dflash_session_error(r->lines[i].session, &msg);
+        if (s != DFLASH_OK)
+            return dflash_fail(s, "%s:%d: %s", r->label, r->lines[i].line_no, msg);
     }
-    if (s == DFLASH_OK)
-        fprintf(stderr, "[batch: %d sequences, %lld prompt + %lld generated tokens in %.3f s; %.1f generated "
-                "tokens/s]\n", r->n, prompt, gen, *secs, *secs > 0 ? gen / *secs : 0.0);
-    free(items);
-    return s;
+    long long gen = 0;
+    DFLASH_TRY(print_lines(r, &gen));
+    fprintf(stderr, "[batch: %d sequences, %lld prompt + %lld generated tokens in %.3f s; %.1f generated "
+            "tokens/s]\n", r->n, prompt, gen, *secs, *secs > 0 ? gen / *secs : 0.0);
+    return DFLASH_OK;
 }
 
 dflash_status cli_generate_batch(const cli_batch_args *a)
@@ -291,14 +297,10 @@ dflash_status cli_generate_batch(const cli_batch_args *a)
     if (s == DFLASH_OK)
         s = run_lines(&r, &secs);
     for (int i = 0; i < r.n; i++) {
-        batch_line *l = &r.lines[i];
-        if (l->pstate)
-            r.e.prop->ops->free_state(r.e.prop, l->pstate);
-        if (l->seq.table)
-            dflash_qwen3_seq_free(r.e.target, &l->seq);
-        free(l->ids);
-        free(l->out);
+        dflash_session_free(r.lines[i].session);
+        free(r.lines[i].ids);
     }
+    dflash_engine_close(r.engine);
     free(r.lines);
     cli_engine_close(&r.e);
     return s;

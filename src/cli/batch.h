@@ -1,6 +1,6 @@
 /* batch.h: `dflash generate --batch FILE`: every prompt of a JSON-lines
- * file generated together (dflash_spec_generate_many), one JSON line out
- * per line in, in input order. */
+ * file generated together (a session of one library engine each), one
+ * JSON line out per line in, in input order. */
 #ifndef DFLASH_CLI_BATCH_H
 #define DFLASH_CLI_BATCH_H
 

@@ -1,14 +1,15 @@
 /* cmd_chat.c: `dflash chat`: an interactive conversation in the model's chat
- * format (Qwen3 or Llama 3). The target's KV cache and the drafter's context persist across
- * turns: each turn runs only its new tokens (the previous answer's last,
- * still unverified token, then the user's message and the assistant prefix). */
+ * format (Qwen3 or Llama 3), one session of the library engine
+ * (include/dflash.h). The session keeps the target's KV cache and the
+ * drafter's context across turns: each turn starts it with only its new
+ * tokens (the user's message and the assistant prefix), and the engine
+ * runs the previous answer's last, still unverified token before them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/args.h"
-#include "core/idbuf.h"
 #include "cli/commands.h"
 #include "cli/engine.h"
 #include "core/file.h"
@@ -85,10 +86,10 @@ static int parse(int argc, char **argv, chat_args *a)
 }
 
 /* The ids of one turn. First turn: the whole rendered conversation so far.
- * Later turns: the last answer's final token (emitted, not yet run), the
- * end-of-turn marker if the answer was cut by the budget, then the format's
- * turn separator ("\n" for Qwen3) and the rendered user message with the
- * assistant prefix. */
+ * Later turns (the session runs the last answer's final token, emitted
+ * but not yet run, before them): the end-of-turn marker if the answer was
+ * cut by the budget, then the format's turn separator ("\n" for Qwen3) and
+ * the rendered user message with the assistant prefix. */
 static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int first, int32_t last, int stopped,
                               const char *msg, int32_t **ids, size_t *n)
 {
@@ -121,15 +122,14 @@ static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int fir
     DFLASH_TRY(s);
     int32_t eot = dflash_tokenizer_token_id(tok, dflash_chat_end_of_turn(co.format));
     /* The turn is closed already only if the answer ended on the marker. */
-    int extra = (stopped && last == eot) || eot < 0 ? 1 : 2;
-    *ids = malloc((n_body + 2) * sizeof(int32_t));
+    int extra = (stopped && last == eot) || eot < 0 ? 0 : 1;
+    *ids = malloc((n_body + 1) * sizeof(int32_t));
     if (!*ids) {
         free(body);
         return dflash_fail(DFLASH_ERR_OOM, "chat: out of memory");
     }
-    (*ids)[0] = last;
-    if (extra == 2)
-        (*ids)[1] = eot;
+    if (extra)
+        (*ids)[0] = eot;
     memcpy(*ids + extra, body, n_body * sizeof(int32_t));
     *n = n_body + (size_t)extra;
     free(body);
@@ -138,27 +138,26 @@ static dflash_status turn_ids(const chat_args *a, dflash_tokenizer *tok, int fir
 
 /* What a conversation carries from turn to turn. */
 typedef struct chat_state {
-    cli_engine e;
+    cli_engine e; /* the tokenizer and the stop ids the command line adds */
+    dflash_engine *engine;
+    dflash_session *session; /* the conversation: its cache, history and sampling */
     cli_engine_plan plan;
     cli_streamer sm;
-    int32_t *out; /* one answer, n_new ids */
+    long long positions; /* the conversation so far: every turn's ids and answer */
     int first, stopped;
     int32_t last; /* the last answer's final token, emitted but not yet run */
-    /* Every id of the conversation so far: the history the repetition
-     * penalty counts, as it would over the whole conversation. */
-    dflash_idbuf conv;
 } chat_state;
 
 /* The positions this turn may reach against the conversation's limit; the
  * message states exactly the sum it checks. */
 static dflash_status check_turn_fits(const chat_args *a, const chat_state *c, size_t n_ids)
 {
-    long long after = (long long)c->e.seq.len + (long long)n_ids + a->n_new;
+    long long after = c->positions + (long long)n_ids + a->n_new;
     if (after <= c->plan.limit)
         return DFLASH_OK;
-    return dflash_fail(DFLASH_ERR_INVALID_ARG, "this turn would bring the conversation to %lld positions (%d so far "
-                       "+ %zu for this message + -n %d), past %s; start a new chat, lower -n, or %s", after,
-                       c->e.seq.len, n_ids, a->n_new, c->plan.limit_desc, cli_engine_limit_hint(&c->plan));
+    return dflash_fail(DFLASH_ERR_INVALID_ARG, "this turn would bring the conversation to %lld positions (%lld so "
+                       "far + %zu for this message + -n %d), past %s; start a new chat, lower -n, or %s", after,
+                       c->positions, n_ids, a->n_new, c->plan.limit_desc, cli_engine_limit_hint(&c->plan));
 }
 
 /* One user message: its ids, the fit check, the answer streamed to stdout. */
@@ -168,29 +167,19 @@ static dflash_status chat_turn(const chat_args *a, chat_state *c, const char *ms
     size_t n_ids = 0;
     DFLASH_TRY(turn_ids(a, c->e.tok, c->first, c->last, c->stopped, msg, &ids, &n_ids));
     dflash_status s = check_turn_fits(a, c, n_ids);
-    if (s != DFLASH_OK) {
-        free(ids);
-        return s;
+    if (s == DFLASH_OK) {
+        dflash_detok_stream_reset(c->sm.ds);
+        s = cli_session_run(c->engine, c->session, ids, n_ids);
     }
-    dflash_gen_opts go;
-    cli_engine_gen_opts(&c->e, &a->e, &go);
-    go.n_new = a->n_new;
-    go.on_tokens = cli_streamer_on_tokens;
-    go.user = &c->sm;
-    go.history = c->conv.ids;
-    go.n_history = (int)c->conv.n;
-    dflash_gen_stats st = { 0 };
-    int n_out = 0;
-    dflash_detok_stream_reset(c->sm.ds);
-    s = dflash_spec_generate(c->e.target, &c->e.seq, c->e.prop, c->e.pstate, ids, (int)n_ids, &go, c->out, &n_out,
-                             &st);
-    if (s == DFLASH_OK)
-        s = dflash_idbuf_push(&c->conv, ids, n_ids, "chat");
-    if (s == DFLASH_OK)
-        s = dflash_idbuf_push(&c->conv, c->out, (size_t)n_out, "chat");
     free(ids);
     if (s == DFLASH_OK && c->sm.status != DFLASH_OK)
         s = c->sm.status;
+    const int32_t *out;
+    size_t n_out;
+    dflash_session_output(c->session, &out, &n_out);
+    dflash_gen_stats st;
+    cli_session_stats(c->session, &st);
+    c->positions += (long long)n_ids + (long long)n_out;
     const char *piece;
     size_t len;
     if (s == DFLASH_OK && (s = dflash_detok_stream_finish(c->sm.ds, &piece, &len)) == DFLASH_OK) {
@@ -202,11 +191,12 @@ static dflash_status chat_turn(const chat_args *a, chat_state *c, const char *ms
     }
     c->first = 0;
     c->stopped = st.stopped;
-    c->last = n_out > 0 ? c->out[n_out - 1] : c->last;
+    c->last = n_out > 0 ? out[n_out - 1] : c->last;
     return s;
 }
 
-/* Limits, models, the output buffer and the detokenizer stream. */
+/* Limits, tokenizer, the engine with the conversation's session, and the
+ * detokenizer stream. */
 static dflash_status chat_open(chat_args *a, chat_state *c)
 {
     DFLASH_TRY(cli_engine_plan_load(&a->e, CHAT_DEFAULT_MAX_CTX, &c->plan));
@@ -214,14 +204,17 @@ static dflash_status chat_open(chat_args *a, chat_state *c)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "-n %d leaves no room for a message within %s; lower -n or %s",
                            a->n_new, c->plan.limit_desc, cli_engine_limit_hint(&c->plan));
     cli_engine_warn_long(&a->e, &c->plan, c->plan.limit);
-    if (!(c->out = malloc((size_t)a->n_new * sizeof *c->out)))
-        return dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", a->n_new);
     DFLASH_TRY(cli_engine_load_tokenizer(&c->e, &a->e));
     DFLASH_TRY(cli_engine_chat_opts(&a->e, c->e.tok, a->think, &a->co));
-    /* The cache holds the conversation's limit and the block of a step. */
-    DFLASH_TRY(cli_engine_open(&c->e, &a->e, c->plan.limit + c->plan.block, 1, c->plan.block));
-    cli_engine_chat_prepare(&c->e, &a->e, &a->co);
-    return dflash_detok_stream_new(c->e.tok, DFLASH_DECODE_SKIP_SPECIAL, &c->sm.ds);
+    DFLASH_TRY(cli_engine_lib_stops(&c->e, &a->e, &a->co));
+    DFLASH_TRY(dflash_detok_stream_new(c->e.tok, DFLASH_DECODE_SKIP_SPECIAL, &c->sm.ds));
+    /* The engine's limit is the conversation's (it keeps one block more). */
+    DFLASH_TRY(cli_engine_open_lib(&a->e, 1, c->plan.limit, &c->engine));
+    dflash_session_opts so;
+    cli_session_opts(&c->e, &a->e, &a->e.sampler, a->n_new, &so);
+    so.on_tokens = cli_streamer_on_tokens;
+    so.user = &c->sm;
+    return dflash_session_new(c->engine, &so, &c->session);
 }
 
 /* Messages, one per line, until EOF; every line is bounded. */
@@ -266,9 +259,9 @@ int dflash_cmd_chat(int argc, char **argv)
         s = cli_close_output(stdout, "standard output");
     if (s != DFLASH_OK)
         fprintf(stderr, "dflash chat: %s\n", dflash_last_error());
+    dflash_session_free(c.session);
+    dflash_engine_close(c.engine);
     dflash_detok_stream_free(c.sm.ds);
     cli_engine_close(&c.e);
-    free(c.out);
-    dflash_idbuf_free(&c.conv);
     return s == DFLASH_OK ? 0 : 1;
 }

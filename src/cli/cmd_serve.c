@@ -147,7 +147,7 @@ static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_c
     eo.max_ctx = a->e.max_ctx ? a->e.max_ctx : 4096;
     eo.block_size = a->e.block_fixed ? a->e.block_size : 0;
     eo.width_auto = !a->e.block_fixed; /* as generate: the cost-aware width unless --block-size */
-    eo.drafter_fp8 = a->e.quant == DFLASH_QUANT_FP8_WEIGHTS;
+    eo.drafter_fp8 = a->e.quant < 0 ? -1 : a->e.quant == DFLASH_QUANT_FP8_WEIGHTS;
     eo.ctx_cap = a->e.ctx_cap;
     eo.long_context = a->e.allow_long_ctx;
     const char *tdir = a->e.tokenizer ? a->e.tokenizer : a->e.model;

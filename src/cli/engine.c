@@ -315,6 +315,86 @@ void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_g
     go->n_stop = e->n_stop;
 }
 
+dflash_status cli_engine_lib_stops(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co)
+{
+    if (!a->ignore_eos && e->tok) {
+        int32_t found[DFLASH_CHAT_MAX_EOS];
+        size_t nf = 0;
+        DFLASH_TRY(dflash_chat_eos_ids(a->model, e->tok, found, DFLASH_CHAT_MAX_EOS, &nf));
+        for (size_t i = 0; i < nf; i++)
+            dflash_stop_ids_add(e->stop_ids, (int)(sizeof e->stop_ids / sizeof e->stop_ids[0]), &e->n_stop, found[i]);
+    }
+    if (co)
+        cli_engine_chat_prepare(e, a, co);
+    return DFLASH_OK;
+}
+
+dflash_status cli_engine_open_lib(const cli_engine_args *a, int max_sessions, int max_ctx, dflash_engine **out)
+{
+    dflash_engine_opts eo;
+    dflash_engine_default_opts(&eo);
+    eo.model_dir = a->model;
+    eo.draft = a->draft;
+    eo.device = a->device;
+    eo.max_sessions = max_sessions;
+    eo.max_ctx = max_ctx;
+    eo.long_context = a->allow_long_ctx;
+    eo.block_size = a->block_size;
+    eo.width_auto = !a->block_fixed;
+    eo.drafter_fp8 = a->quant < 0 ? -1 : a->quant == DFLASH_QUANT_FP8_WEIGHTS;
+    eo.ctx_cap = a->ctx_cap;
+    return dflash_engine_open(&eo, out);
+}
+
+void cli_session_opts(const cli_engine *e, const cli_engine_args *a, const dflash_sampler_opts *sampler,
+                      int max_tokens, dflash_session_opts *so)
+{
+    dflash_session_default_opts(so);
+    so->max_tokens = max_tokens;
+    so->temperature = sampler->temperature;
+    so->top_k = sampler->top_k;
+    so->top_p = sampler->top_p;
+    so->min_p = sampler->min_p;
+    so->rep_penalty = sampler->rep_penalty;
+    so->seed = sampler->seed;
+    so->ignore_eos = a->ignore_eos;
+    so->stop_ids = e->stop_ids;
+    so->n_stop_ids = e->n_stop;
+}
+
+void cli_session_stats(const dflash_session *s, dflash_gen_stats *st)
+{
+    _Static_assert(DFLASH_STATS_POSITIONS == DFLASH_MAX_BLOCK, "both statistics cover the same positions");
+    dflash_session_stats ss;
+    dflash_session_stats_get(s, &ss);
+    memset(st, 0, sizeof *st);
+    st->n_prompt = ss.prompt_tokens;
+    st->n_generated = ss.generated_tokens;
+    st->n_steps = ss.steps;
+    st->stopped = ss.stopped;
+    st->mean_accept = ss.mean_accept;
+    memcpy(st->accept_hist, ss.commit_hist, sizeof st->accept_hist);
+    memcpy(st->pos_tried, ss.pos_tried, sizeof st->pos_tried);
+    memcpy(st->pos_accepted, ss.pos_accepted, sizeof st->pos_accepted);
+    memcpy(st->width_hist, ss.width_hist, sizeof st->width_hist);
+    st->prefill_ms = ss.prefill_ms;
+    st->draft_ms = ss.draft_ms;
+    st->verify_ms = ss.verify_ms;
+    st->observe_ms = ss.observe_ms;
+    st->total_ms = ss.total_ms;
+    st->tokens_per_s = ss.tokens_per_s;
+}
+
+dflash_status cli_session_run(dflash_engine *engine, dflash_session *s, const int32_t *ids, size_t n)
+{
+    DFLASH_TRY(dflash_session_start_ids(s, ids, n));
+    for (int active = 1; active;)
+        DFLASH_TRY(dflash_engine_step(engine, &active));
+    const char *msg;
+    dflash_status st = dflash_session_error(s, &msg);
+    return st == DFLASH_OK ? DFLASH_OK : dflash_fail(st, "%s", msg);
+}
+
 dflash_status cli_streamer_on_tokens(void *user, const int32_t *ids, int n)
 {
     cli_streamer *st = user;

@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 
+#include "dflash.h"
 #include "draft/proposer.h"
 #include "io/chat.h"
 #include "io/tokenizer.h"
@@ -94,6 +95,28 @@ dflash_status cli_engine_encode_prompt(dflash_tokenizer *tok, const char *text, 
 void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co);
 /* Generation options from the arguments (sampler, block size, stop ids). */
 void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_gen_opts *go);
+
+/* ---- through the library engine (include/dflash.h) ----
+ * The engine adds the model's end-of-sequence ids itself (unless
+ * --ignore-eos); e->stop_ids then holds what the command line adds: the
+ * ids the tokenizer in use (--tokenizer, else the model's) names, and for
+ * a chat format (co) its end of turn (with the tokenizer warning of
+ * cli_engine_chat_prepare). e holds only a tokenizer (or nothing). */
+dflash_status cli_engine_lib_stops(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co);
+/* The engine the arguments name, for max_sessions sessions of at most
+ * max_ctx positions each (prompt + output; --allow-long-context lets that
+ * pass the model's context length). */
+dflash_status cli_engine_open_lib(const cli_engine_args *a, int max_sessions, int max_ctx, dflash_engine **out);
+/* A session's options: the sampler, max_tokens, --ignore-eos and e's stop
+ * ids (the session copies them). */
+void cli_session_opts(const cli_engine *e, const cli_engine_args *a, const dflash_sampler_opts *sampler,
+                      int max_tokens, dflash_session_opts *so);
+/* A session's statistics of its last start, in the form the stats line
+ * and the stats JSON print. */
+void cli_session_stats(const dflash_session *s, dflash_gen_stats *st);
+/* Start s after ids and step the engine until no session is active; a
+ * session that failed to join or run is this call's failure. */
+dflash_status cli_session_run(dflash_engine *engine, dflash_session *s, const int32_t *ids, size_t n);
 
 /* Streams decoded text to stdout as the loop commits tokens (an
  * on_tokens callback; never splits a UTF-8 sequence). A write error

@@ -94,6 +94,7 @@ void dflash_engine_default_opts(dflash_engine_opts *o)
     o->max_sessions = 8;
     o->max_ctx = 4096;
     o->ctx_cap = -1;
+    o->drafter_fp8 = -1;
 }
 
 void dflash_session_default_opts(dflash_session_opts *o)
@@ -126,7 +127,10 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
     if (o->draft)
         DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, o->ctx_cap,
-                                        o->drafter_fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16, &e->prop));
+                                        o->drafter_fp8 < 0    ? -1
+                                        : o->drafter_fp8 ? DFLASH_QUANT_FP8_WEIGHTS
+                                                         : DFLASH_QUANT_BF16,
+                                        &e->prop));
     /* text in and out, and the tokenizer's end-of-sequence ids, when the
      * folder has a tokenizer; ids alone work without one */
     if (dflash_tokenizer_load(o->model_dir, &e->tok) != DFLASH_OK)
@@ -155,6 +159,8 @@ dflash_status dflash_engine_open(const dflash_engine_opts *o, dflash_engine **ou
                            "engine: max_sessions %d, max_ctx %d, block_size %d, kv_pages %d, ctx_cap %d (want > 0, > 0, "
                            ">= 0, >= 0, >= -1)",
                            o->max_sessions, o->max_ctx, o->block_size, o->kv_pages, o->ctx_cap);
+    if (o->drafter_fp8 < -1 || o->drafter_fp8 > 1)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "engine: drafter_fp8 %d (want -1, 0 or 1)", o->drafter_fp8);
     dflash_engine *e = calloc(1, sizeof *e);
     if (!e)
         return dflash_fail(DFLASH_ERR_OOM, "engine: out of memory");
