@@ -109,6 +109,12 @@ void dflash_engine_kv_usage(const dflash_engine *e, int *pages, int *reserved, i
 /* Called with the tokens each step commits, in order; a status other than
  * DFLASH_OK stops that session (the tokens so far are kept). */
 typedef dflash_status (*dflash_tokens_cb)(void *user, const int32_t *ids, int n);
+/* Called after each speculative step of a session: pos is the position of
+ * the step's first row (the token before the drafts), drafts[0..n_drafts)
+ * what the drafter proposed (none on a plain decoding step), accepted how
+ * many of them the target took, next the token it chose after them. */
+typedef void (*dflash_step_cb)(void *user, int32_t pos, const int32_t *drafts, int n_drafts, int accepted,
+                               int32_t next);
 
 #define DFLASH_MAX_STOP_IDS 16
 #define DFLASH_MAX_STOP_STRINGS 8
@@ -138,6 +144,8 @@ typedef struct dflash_session_opts {
     int n_stop_strings;
     dflash_tokens_cb on_tokens;
     void *user;
+    dflash_step_cb on_step; /* NULL: none */
+    void *step_user;
 } dflash_session_opts;
 
 void dflash_session_default_opts(dflash_session_opts *o);

@@ -11,6 +11,7 @@
 #include "draft/dflash_head.h"
 #include "fixture.h"
 #include "spec/spec.h"
+#include "step_log.h"
 
 static const char *k_drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
 /* Relative L2 error allowed against the reference's f32 outputs: observed
@@ -190,14 +191,14 @@ static void test_spec_runs_match_reference(void)
             void *state;
             int32_t out[64];
             int n_out = 0;
-            char trace_path[] = "/tmp/dflash_trace_XXXXXX";
-            int fd = mkstemp(trace_path);
-            FILE *trace = fdopen(fd, "w+");
+            static step_log log;
+            memset(&log, 0, sizeof log);
             dflash_gen_opts go;
             dflash_gen_stats st;
             dflash_gen_default_opts(&go);
             go.n_new = (int)N;
-            go.trace = trace;
+            go.on_step = step_log_add;
+            go.step_user = &log;
             CHECK_OK(dflash_qwen3_seq_init(p.t, &seq));
             CHECK_OK(p.h->proposer.ops->alloc_state(&p.h->proposer, 200, &state));
             CHECK_OK(dflash_spec_generate(p.t, &seq, &p.h->proposer, state, prompt, (int)P, &go, out, &n_out, &st));
@@ -209,34 +210,14 @@ static void test_spec_runs_match_reference(void)
             const int B = p.h->block_size, width = 2 + B - 1, n_steps = (int)(S / width);
             CHECKF(st.n_steps == n_steps, "%s cap %d: %d steps, reference %d", k_drafters[k], caps[ci], st.n_steps,
                    n_steps);
-            /* every step of the trace against the reference's row: a short
-             * trace or a short drafts list is a failure, not a shorter check */
-            rewind(trace);
-            char line[4096];
-            int lines = 0;
-            while (fgets(line, sizeof line, trace)) {
-                const int i = lines++;
-                if (i >= n_steps)
-                    continue;
-                json_error_t err;
-                json_t *j = json_loads(line, 0, &err);
-                const int32_t *r = steps + (size_t)i * width;
-                CHECK(j && json_integer_value(json_object_get(j, "pos")) == r[0]);
-                CHECK(j && json_integer_value(json_object_get(j, "accepted")) == r[1]);
-                json_t *d = json_object_get(j, "drafts");
-                size_t want_nd = 0;
-                while (want_nd < (size_t)B - 1 && r[2 + want_nd] >= 0)
-                    want_nd++;
-                CHECKF(json_array_size(d) == want_nd, "%s cap %d step %d: %zu drafts, reference %zu", k_drafters[k],
-                       caps[ci], i, json_array_size(d), want_nd);
-                for (size_t x = 0; x < json_array_size(d) && x < want_nd; x++)
-                    CHECKF(json_integer_value(json_array_get(d, x)) == r[2 + x], "%s cap %d step %d draft %zu",
-                           k_drafters[k], caps[ci], i, x);
-                json_decref(j);
-            }
-            CHECKF(lines == n_steps, "%s cap %d: %d trace lines, %d steps", k_drafters[k], caps[ci], lines, n_steps);
-            fclose(trace);
-            unlink(trace_path);
+            /* every step the loop reported against the reference's row: a
+             * missing step or a short drafts list is a failure, not a
+             * shorter check */
+            CHECKF(log.n == n_steps, "%s cap %d: %d steps reported, %d steps", k_drafters[k], caps[ci], log.n, n_steps);
+            for (int i = 0; i < log.n && i < n_steps; i++)
+                CHECKF(step_log_matches(&log, i, steps + (size_t)i * width, B - 1),
+                       "%s cap %d step %d: pos %d, %d drafts, %d accepted differ from the reference's", k_drafters[k],
+                       caps[ci], i, log.steps[i].pos, log.steps[i].k, log.steps[i].accepted);
             p.h->proposer.ops->free_state(&p.h->proposer, state);
             dflash_qwen3_seq_free(p.t, &seq);
             close_pair(&p);

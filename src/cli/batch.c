@@ -22,7 +22,8 @@ typedef struct batch_line {
     int32_t *ids;
     size_t n_ids;
     int text; /* the prompt was text */
-    dflash_gen_opts go; /* the command line's options, then the line's */
+    dflash_sampler_opts sampler; /* the command line's options, then the line's */
+    int max_tokens;
     dflash_session *session;
 } batch_line;
 
@@ -58,7 +59,7 @@ static dflash_status option_field(const batch_run *r, batch_line *l, const char 
     double d;
     if (!strcmp(key, "max_tokens")) {
         DFLASH_TRY(num_field(r, l, v, key, 0, 1 << 24, 1, &d));
-        l->go.n_new = (int)d;
+        l->max_tokens = (int)d;
     } else if (!strcmp(key, "temperature")) {
         DFLASH_TRY(num_field(r, l, v, key, 0, 1e6, 0, &so->temperature));
     } else if (!strcmp(key, "top_p")) {
@@ -122,7 +123,7 @@ static dflash_status parse_line(batch_run *r, batch_line *l, const char *text, s
     dflash_status s = DFLASH_OK;
     const char *key;
     json_t *v, *prompt = NULL, *ids = NULL;
-    dflash_sampler_opts *so = &l->go.sampler;
+    dflash_sampler_opts *so = &l->sampler;
     json_object_foreach(j, key, v)
     {
         if (!strcmp(key, "prompt"))
@@ -182,8 +183,8 @@ static dflash_status read_lines(batch_run *r)
             batch_line *l = &r->lines[r->n++];
             memset(l, 0, sizeof *l);
             l->line_no = line_no;
-            cli_engine_gen_opts(&r->e, r->a->e, &l->go);
-            l->go.n_new = r->a->n_new;
+            l->sampler = r->a->e->sampler;
+            l->max_tokens = r->a->n_new;
             s = parse_line(r, l, data + i, e - i);
         }
         i = e + 1;
@@ -232,7 +233,7 @@ static dflash_status print_lines(batch_run *r, long long *generated)
         dflash_gen_stats st;
         cli_session_stats(l->session, &st);
         printf(",\"stats\":");
-        cli_print_stats_json(stdout, &st, l->go.sampler.seed);
+        cli_print_stats_json(stdout, &st, l->sampler.seed);
         printf("}\n");
     }
     return DFLASH_OK;
@@ -247,10 +248,10 @@ static dflash_status run_lines(batch_run *r, double *secs)
     long long longest = 0, prompt = 0;
     for (int i = 0; i < r->n; i++) {
         batch_line *l = &r->lines[i];
-        long long need = (long long)l->n_ids + l->go.n_new;
+        long long need = (long long)l->n_ids + l->max_tokens;
         if (need > plan.limit)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s:%d: the prompt (%zu tokens) + max_tokens %d exceed %s; %s",
-                               r->label, l->line_no, l->n_ids, l->go.n_new, plan.limit_desc,
+                               r->label, l->line_no, l->n_ids, l->max_tokens, plan.limit_desc,
                                cli_engine_limit_hint(&plan));
         longest = need > longest ? need : longest;
         prompt += (long long)l->n_ids;
@@ -261,7 +262,7 @@ static dflash_status run_lines(batch_run *r, double *secs)
     for (int i = 0; i < r->n; i++) {
         batch_line *l = &r->lines[i];
         dflash_session_opts so;
-        cli_session_opts(&r->e, a->e, &l->go.sampler, l->go.n_new, &so);
+        cli_session_opts(&r->e, a->e, &l->sampler, l->max_tokens, &so);
         DFLASH_TRY(dflash_session_new(r->engine, &so, &l->session));
         DFLASH_TRY(dflash_session_start_ids(l->session, l->ids, l->n_ids));
     }

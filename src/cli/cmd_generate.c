@@ -1,6 +1,7 @@
 /* cmd_generate.c: `dflash generate`: one prompt (token ids, text, or a chat
- * message) through the speculative (or plain) loop; streams text or prints
- * ids, or one JSON object with statistics. */
+ * message) through a session of the library engine (include/dflash.h),
+ * speculative or plain; streams text or prints ids, or one JSON object
+ * with statistics. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,24 +165,40 @@ static dflash_status check_fit(const gen_args *a, const cli_engine_plan *p)
     return DFLASH_OK;
 }
 
-static dflash_status run(gen_args *a, cli_engine *e, int32_t *out, int *n_out, dflash_gen_stats *st)
+/* --trace: one JSON line per step. */
+static void trace_step(void *user, int32_t pos, const int32_t *drafts, int k, int accepted, int32_t next)
+{
+    FILE *f = user;
+    fprintf(f, "{\"pos\":%d,\"drafts\":[", pos);
+    for (int i = 0; i < k; i++)
+        fprintf(f, "%s%d", i ? "," : "", drafts[i]);
+    fprintf(f, "],\"accepted\":%d,\"next\":%d}\n", accepted, next);
+}
+
+/* The prompt through one session of the library engine: text streamed to
+ * stdout (a text prompt without --json), steps to --trace. */
+static dflash_status run(gen_args *a, cli_engine *e, dflash_engine *engine, dflash_session **session)
 {
     FILE *trace = NULL;
     cli_streamer sm = { NULL, DFLASH_OK };
-    dflash_gen_opts go;
-    cli_engine_gen_opts(e, &a->e, &go);
-    go.n_new = a->n_new;
+    dflash_session_opts so;
+    cli_session_opts(e, &a->e, &a->e.sampler, a->n_new, &so);
     if (a->trace && !(trace = fopen(a->trace, "w")))
         return dflash_fail(DFLASH_ERR_IO, "--trace %s: cannot open: %s", a->trace, strerror(errno));
-    go.trace = trace;
+    if (trace) {
+        so.on_step = trace_step;
+        so.step_user = trace;
+    }
     dflash_status s = DFLASH_OK;
     if (a->text && !a->json) {
         s = dflash_detok_stream_new(e->tok, DFLASH_DECODE_SKIP_SPECIAL, &sm.ds);
-        go.on_tokens = cli_streamer_on_tokens;
-        go.user = &sm;
+        so.on_tokens = cli_streamer_on_tokens;
+        so.user = &sm;
     }
     if (s == DFLASH_OK)
-        s = dflash_spec_generate(e->target, &e->seq, e->prop, e->pstate, a->prompt, a->n_prompt, &go, out, n_out, st);
+        s = dflash_session_new(engine, &so, session);
+    if (s == DFLASH_OK)
+        s = cli_session_run(engine, *session, a->prompt, (size_t)a->n_prompt);
     if (s == DFLASH_OK && sm.ds) {
         const char *piece;
         size_t len;
@@ -242,7 +259,8 @@ int dflash_cmd_generate(int argc, char **argv)
     cli_engine e;
     memset(&e, 0, sizeof e);
     cli_engine_plan plan;
-    int32_t *out = NULL;
+    dflash_engine *engine = NULL;
+    dflash_session *session = NULL;
     dflash_status s = cli_engine_plan_load(&a.e, 0, &plan);
     if (s == DFLASH_OK && a.text)
         s = cli_engine_load_tokenizer(&e, &a.e);
@@ -250,22 +268,25 @@ int dflash_cmd_generate(int argc, char **argv)
         s = encode_prompt(&a, e.tok);
     if (s == DFLASH_OK)
         s = check_fit(&a, &plan);
-    if (s == DFLASH_OK && !(out = malloc(((size_t)a.n_new + 1) * sizeof *out)))
-        s = dflash_fail(DFLASH_ERR_OOM, "out of memory for %d output ids", a.n_new);
-    /* The cache holds the prompt, the output and the block of the last step. */
     if (s == DFLASH_OK)
-        s = cli_engine_open(&e, &a.e, a.n_prompt + a.n_new + plan.block, 1, plan.block);
-    if (s == DFLASH_OK && a.chat)
-        cli_engine_chat_prepare(&e, &a.e, &a.chat_opts);
+        s = cli_engine_lib_stops(&e, &a.e, a.chat ? &a.chat_opts : NULL);
+    /* one session of the prompt and its output */
+    if (s == DFLASH_OK)
+        s = cli_engine_open_lib(&a.e, 1, a.n_prompt + a.n_new, &engine);
+    if (s == DFLASH_OK)
+        s = run(&a, &e, engine, &session);
+    const int32_t *out = NULL;
+    size_t n_out = 0;
     dflash_gen_stats st;
-    int n_out = 0;
-    if (s == DFLASH_OK)
-        s = run(&a, &e, out, &n_out, &st);
+    if (s == DFLASH_OK) {
+        dflash_session_output(session, &out, &n_out);
+        cli_session_stats(session, &st);
+    }
     if (s == DFLASH_OK && a.json) {
-        s = print_json(&a, &e, out, n_out, &st);
+        s = print_json(&a, &e, out, (int)n_out, &st);
     } else if (s == DFLASH_OK) {
         if (!a.text) {
-            for (int i = 0; i < n_out; i++)
+            for (size_t i = 0; i < n_out; i++)
                 printf("%s%d", i ? " " : "", out[i]);
             printf("\n");
         }
@@ -275,8 +296,9 @@ int dflash_cmd_generate(int argc, char **argv)
         s = cli_close_output(stdout, "standard output");
     if (s != DFLASH_OK)
         fprintf(stderr, "dflash generate: %s\n", dflash_last_error());
+    dflash_session_free(session);
+    dflash_engine_close(engine);
     cli_engine_close(&e);
-    free(out);
     free(a.prompt);
     return s == DFLASH_OK ? 0 : 1;
 }

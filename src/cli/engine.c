@@ -163,7 +163,8 @@ static dflash_status plan_block(const cli_engine_args *a, int *block)
 {
     int own;
     DFLASH_TRY(dflash_open_block(a->draft, a->block_size, block, &own));
-    /* the n-gram proposer takes any --block-size */
+    /* the n-gram proposer takes any --block-size (at most DFLASH_MAX_BLOCK:
+     * the parser's bound) */
     return a->draft && !strcmp(a->draft, "ngram") ? DFLASH_OK : check_block_option(a, own);
 }
 
@@ -269,50 +270,10 @@ dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a)
     return dflash_tokenizer_load(a->tokenizer ? a->tokenizer : a->model, &e->tok);
 }
 
-dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs, int block)
-{
-    /* Without a drafter, before loading anything; with one, once it is. */
-    DFLASH_TRY(check_block_option(a, a->draft ? DFLASH_MAX_BLOCK : 0));
-    DFLASH_TRY(dflash_open_backend(a->device, "--device cuda: ", &e->be));
-    dflash_qwen3_opts topts;
-    dflash_qwen3_default_opts(&topts);
-    topts.max_ctx = kv_positions;
-    topts.max_seqs = n_seqs;
-    topts.max_rows = dflash_open_target_rows(n_seqs, block);
-    DFLASH_TRY(dflash_qwen3_load(a->model, e->be, &topts, &e->target));
-    DFLASH_TRY(dflash_qwen3_seq_init(e->target, &e->seq));
-    if (a->draft) {
-        DFLASH_TRY(dflash_open_proposer(a->draft, e->target, a->block_size, a->ctx_cap, a->quant, &e->prop));
-        DFLASH_TRY(check_block_option(a, e->prop->ops->block_size(e->prop)));
-        DFLASH_TRY(e->prop->ops->alloc_state(e->prop, topts.max_ctx, &e->pstate));
-    }
-    if (!a->ignore_eos)
-        DFLASH_TRY(dflash_open_stop_ids(e->target, a->model, e->tok, e->stop_ids,
-                                        (int)(sizeof e->stop_ids / sizeof e->stop_ids[0]), &e->n_stop));
-    return DFLASH_OK;
-}
-
 void cli_engine_close(cli_engine *e)
 {
-    if (e->prop && e->pstate)
-        e->prop->ops->free_state(e->prop, e->pstate);
-    dflash_proposer_destroy(e->prop);
-    if (e->target && e->seq.table)
-        dflash_qwen3_seq_free(e->target, &e->seq);
-    dflash_qwen3_free(e->target);
     dflash_tokenizer_free(e->tok);
-    dflash_backend_destroy(e->be);
     memset(e, 0, sizeof *e);
-}
-
-void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_gen_opts *go)
-{
-    dflash_gen_default_opts(go);
-    go->block_size = a->block_size;
-    go->width_auto = !a->block_fixed;
-    go->sampler = a->sampler;
-    go->stop_ids = e->stop_ids;
-    go->n_stop = e->n_stop;
 }
 
 dflash_status cli_engine_lib_stops(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co)

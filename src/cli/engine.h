@@ -1,13 +1,13 @@
-/* engine.h: what `dflash generate` and `dflash chat` share: the model and
- * drafting options, their parsing and --help text, and opening everything
- * they name (backend, target, proposer and its state, tokenizer, stop ids). */
+/* engine.h: what `dflash generate`, `chat` and `serve` share: the model,
+ * drafting and sampling options, their parsing and --help text, the limits
+ * they imply, and opening what they name through the library engine
+ * (include/dflash.h) with the tokenizer and stop ids the command line adds. */
 #ifndef DFLASH_CLI_ENGINE_H
 #define DFLASH_CLI_ENGINE_H
 
 #include <stdio.h>
 
 #include "dflash.h"
-#include "draft/proposer.h"
 #include "io/chat.h"
 #include "io/tokenizer.h"
 #include "spec/spec.h"
@@ -36,14 +36,12 @@ typedef struct cli_engine_plan {
     char limit_desc[320]; /* "the model's context length 2048 (...)" or "--max-ctx 200" */
 } cli_engine_plan;
 
+/* What the command line keeps beside the library engine: the tokenizer
+ * it encodes and decodes with (--tokenizer, else the model's) and the stop
+ * ids it adds to the engine's own (cli_engine_lib_stops). */
 typedef struct cli_engine {
-    dflash_backend *be;
-    dflash_qwen3 *target;
-    dflash_kv_seq seq;
-    dflash_proposer *prop; /* NULL: plain decoding */
-    void *pstate;
     dflash_tokenizer *tok; /* NULL unless text was asked for */
-    int32_t stop_ids[16];
+    int32_t stop_ids[DFLASH_MAX_STOP_IDS];
     int n_stop;
 } cli_engine;
 
@@ -56,8 +54,8 @@ int cli_engine_parse_or_help(int argc, char **argv, int *i, cli_engine_args *a, 
                              void (*usage)(FILE *));
 void cli_engine_usage(FILE *f);
 
-/* Start an engine with only its tokenizer (--tokenizer, else the model
- * folder), so a text prompt can be measured before the models are sized. */
+/* Load the tokenizer (--tokenizer, else the model folder) into a zeroed e,
+ * so a text prompt can be measured before the engine is sized. */
 dflash_status cli_engine_load_tokenizer(cli_engine *e, const cli_engine_args *a);
 /* Read the target's (and drafter's) config.json and check the block
  * options; dflt_max_ctx: the limit when --max-ctx is not given (0: none).
@@ -69,14 +67,7 @@ const char *cli_engine_limit_hint(const cli_engine_plan *p);
 /* With --allow-long-context, `positions` past the model's context length
  * print a warning on stderr (once per call). */
 void cli_engine_warn_long(const cli_engine_args *a, const cli_engine_plan *p, long long positions);
-/* Open the models the arguments name with KV caches for n_seqs sequences
- * of `kv_positions` each (a sequence's limit + the plan's block) and a
- * target forward wide enough for all of them at `block` rows each
- * (dflash_open_target_rows); e->seq and e->pstate take one of them. `e` is zeroed or holds only a
- * tokenizer. Stop ids: the model's EOS ids (config.json, plus
- * tokenizer_config / generation_config when a tokenizer is loaded) unless
- * --ignore-eos. */
-dflash_status cli_engine_open(cli_engine *e, const cli_engine_args *a, int kv_positions, int n_seqs, int block);
+/* Frees the tokenizer. */
 void cli_engine_close(cli_engine *e);
 /* The chat options of a run: the format of the model (its tokenizer
  * folder: --tokenizer, else the model's; chat.h) and --think. */
@@ -88,13 +79,11 @@ dflash_status cli_engine_chat_opts(const cli_engine_args *a, const dflash_tokeni
  * <|begin_of_text|>; none for Qwen3). *ids is malloc'd. */
 dflash_status cli_engine_encode_prompt(dflash_tokenizer *tok, const char *text, size_t len, const char *system,
                                        const dflash_chat_opts *co, int32_t **ids, size_t *n);
-/* For a chat prompt, once the engine is open: warn (stderr) when the
- * tokenizer lacks the format's markup as added tokens, else add its
+/* For a chat prompt (cli_engine_lib_stops calls it): warn (stderr) when
+ * the tokenizer lacks the format's markup as added tokens, else add its
  * end-of-turn marker (<|im_end|>, <|eot_id|>) to the stop ids (unless
  * --ignore-eos). */
 void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co);
-/* Generation options from the arguments (sampler, block size, stop ids). */
-void cli_engine_gen_opts(const cli_engine *e, const cli_engine_args *a, dflash_gen_opts *go);
 
 /* ---- through the library engine (include/dflash.h) ----
  * The engine adds the model's end-of-sequence ids itself (unless

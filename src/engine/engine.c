@@ -556,6 +556,8 @@ dflash_status dflash_session_start_ids(dflash_session *s, const int32_t *ids, si
     it->opts.n_history = n_hist ? 0 : (int)s->held.n;
     it->opts.on_tokens = s->o.on_tokens;
     it->opts.user = s->o.user;
+    it->opts.on_step = s->o.on_step;
+    it->opts.step_user = s->o.step_user;
     s->stop_hit = 0;
     if (s->n_stop_str) {
         it->opts.stop_text = session_stop_text;

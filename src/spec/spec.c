@@ -118,14 +118,6 @@ dflash_status dflash_spec_sampled_probs(dflash_sampler *smp, const dflash_qwen3 
     return s;
 }
 
-static void trace_step(FILE *f, int32_t s, const int32_t *drafts, int k, int a, int32_t next)
-{
-    fprintf(f, "{\"pos\":%d,\"drafts\":[", s);
-    for (int i = 0; i < k; i++)
-        fprintf(f, "%s%d", i ? "," : "", drafts[i]);
-    fprintf(f, "],\"accepted\":%d,\"next\":%d}\n", a, next);
-}
-
 /* Committed rows on their way to the proposer. A step that drafted hands
  * them over at once; after a step that drafted nothing (the width model
  * chose plain decoding) they wait and go over in one call before the next
@@ -383,8 +375,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         st->stopped = stopped;
         if (o->on_tokens)
             DFLASH_TRY(o->on_tokens(o->user, emit, n_emit));
-        if (o->trace)
-            trace_step(o->trace, s, block + 1, k, a, bonus);
+        if (o->on_step)
+            o->on_step(o->step_user, s, block + 1, k, a, bonus);
         if (o->width_auto && p)
             dflash_width_observe(&wm, k, a, t3 - t2, t2 - t1 + handover_ms);
         st->n_steps++;

@@ -5,7 +5,6 @@
 #define DFLASH_SPEC_SPEC_H
 
 #include <stdint.h>
-#include <stdio.h>
 
 #include "draft/proposer.h"
 #include "spec/sampler.h"
@@ -30,7 +29,12 @@ typedef struct dflash_gen_opts {
      * hold nothing past it. NULL: none. */
     int (*stop_text)(void *user, const int32_t *out, int n_out, const int32_t *cand, int n);
     void *stop_user;
-    FILE *trace;             /* one JSON line per step, or NULL */
+    /* Called after each speculative step: pos, the position of the step's
+     * first row (the token before the drafts); the k drafts proposed; how
+     * many the target accepted; the token it chose after them (the bonus).
+     * NULL: none. */
+    void (*on_step)(void *user, int32_t pos, const int32_t *drafts, int k, int accepted, int32_t next);
+    void *step_user;
     /* Called with the tokens committed by each step, in order (streaming).
      * A status other than DFLASH_OK ends generation with that status (the
      * tokens so far stay in `out`): a consumer that cannot take more, such
@@ -88,10 +92,11 @@ typedef struct dflash_spec_item {
     void *pstate;           /* its state of the call's proposer (unused without one) */
     const int32_t *prompt;
     int n_prompt;
-    /* n_new, stop ids, sampler, history, on_tokens / user; block_size,
-     * width_auto and trace are not read (the call's block size applies, at
-     * the batch's width: the full block, or its cost-aware width). Here on_tokens returning other than DFLASH_OK ends
-     * this sequence (done, stats.stopped) and the others go on. */
+    /* n_new, stop ids and strings, sampler, history, on_tokens / user,
+     * on_step / step_user; block_size and width_auto are not read (the
+     * call's block size applies, at the batch's width: the full block, or
+     * its cost-aware width). Here on_tokens returning other than DFLASH_OK
+     * ends this sequence (done, stats.stopped) and the others go on. */
     dflash_gen_opts opts;
     int32_t *out;           /* [opts.n_new] */
     int n_out;              /* written: tokens generated */

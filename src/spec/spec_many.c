@@ -157,6 +157,8 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
             bonus = gr[a];
         }
         m->a = a;
+        if (it->opts.on_step)
+            it->opts.on_step(it->opts.step_user, m->s, m->block + 1, m->k, a, bonus);
         /* 5 COMMIT: d_1..d_a, bonus, cut by a stop token, a stop string or the budget */
         int32_t emitted[DFLASH_MAX_BLOCK];
         int stopped;

@@ -60,6 +60,7 @@
 #include "io/tokenizer.h"
 #include "oracle_proposer.h"
 #include "spec/spec.h"
+#include "step_log.h"
 
 #define BOUND_CPU 1e-4   /* GPU vs CPU: max|d| / max|cpu| */
 #define BOUND_REF 1e-4   /* GPU vs transformers / PyTorch: ||d|| / ||ref|| (f32 KV) */
@@ -647,15 +648,15 @@ static void check_spec_run(const char *drafter, dflash_st *ex, int cap)
     void *state = NULL;
     int32_t out[MAX_FX];
     int n_out = 0;
-    FILE *trace = tmpfile();
+    static step_log log;
+    memset(&log, 0, sizeof log);
     dflash_gen_opts go;
     dflash_gen_stats st;
     dflash_gen_default_opts(&go);
     go.n_new = (int)N;
-    go.trace = trace;
-    if (!trace)
-        add_row(what, 0, NULL, "tmpfile failed");
-    else if (step(dflash_qwen3_seq_init(p.t, &seq), what)) {
+    go.on_step = step_log_add;
+    go.step_user = &log;
+    if (step(dflash_qwen3_seq_init(p.t, &seq), what)) {
         if (step(pr->ops->alloc_state(pr, 200, &state), what)) {
             if (g_kv != DFLASH_DTYPE_F32 &&
                 step(dflash_spec_generate(p.t, &seq, pr, state, prompt, (int)P, &go, out, &n_out, &st), what)) {
@@ -664,7 +665,7 @@ static void check_spec_run(const char *drafter, dflash_st *ex, int cap)
                 int n_pout = 0;
                 dflash_kv_seq pseq;
                 dflash_gen_opts po = go;
-                po.trace = NULL;
+                po.on_step = NULL;
                 if (step(dflash_qwen3_seq_init(p.t, &pseq), what)) {
                     if (step(dflash_spec_generate(p.t, &pseq, NULL, NULL, prompt, (int)P, &po, pout, &n_pout, &st),
                              what)) {
@@ -681,22 +682,10 @@ static void check_spec_run(const char *drafter, dflash_st *ex, int cap)
                 cmp_ids(what, out, n_out, plain, (int)N);
                 /* steps: rows of (s, a, drafts[B-1] padded with -1) */
                 const int B = p.h->block_size, width = 2 + B - 1, n_steps = (int)(S / width);
-                int bad = st.n_steps == n_steps ? -1 : 0;
-                char line[4096];
-                rewind(trace);
-                for (int i = 0; bad < 0 && i < n_steps; i++) {
-                    json_error_t err;
-                    json_t *j = fgets(line, sizeof line, trace) ? json_loads(line, 0, &err) : NULL;
-                    const int32_t *r = steps + (size_t)i * width;
-                    json_t *d = j ? json_object_get(j, "drafts") : NULL;
-                    int same = j && json_integer_value(json_object_get(j, "pos")) == r[0] &&
-                               json_integer_value(json_object_get(j, "accepted")) == r[1];
-                    for (size_t x = 0; same && d && x < json_array_size(d) && x < (size_t)(B - 1); x++)
-                        same = json_integer_value(json_array_get(d, x)) == r[2 + x];
-                    if (!same)
+                int bad = st.n_steps == n_steps && log.n == n_steps ? -1 : 0;
+                for (int i = 0; bad < 0 && i < n_steps; i++)
+                    if (!step_log_matches(&log, i, steps + (size_t)i * width, B - 1))
                         bad = i;
-                    json_decref(j);
-                }
                 snprintf(what, sizeof what, "cap%d steps gpu==ref", cap);
                 if (bad >= 0)
                     add_row(what, 0, "equal", "%d steps (ref %d), first diff %d", st.n_steps, n_steps, bad);
@@ -707,8 +696,6 @@ static void check_spec_run(const char *drafter, dflash_st *ex, int cap)
         }
         dflash_qwen3_seq_free(p.t, &seq);
     }
-    if (trace)
-        fclose(trace);
     close_pair(&p);
 }
 
