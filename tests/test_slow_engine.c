@@ -13,7 +13,9 @@
  * a start that could never fit fails at once, and one whose pages are held
  * by a session waiting behind it stops with its reason; a long prompt
  * joins over several steps while another session keeps generating; a
- * session's own stop ids end it. */
+ * session's own stop ids end it; 32 sessions of different lengths,
+ * greedy and sampled, each give their plain output alone; a sampled
+ * session continued gives what sampling the whole conversation does. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -39,6 +41,9 @@ static int plain_run(const int32_t *ids, int n, const dflash_session_opts *so, i
     go.n_new = so->max_tokens;
     go.sampler.temperature = so->temperature;
     go.sampler.top_k = so->top_k;
+    go.sampler.top_p = so->top_p;
+    go.sampler.min_p = so->min_p;
+    go.sampler.rep_penalty = so->rep_penalty;
     go.sampler.seed = so->seed;
     int32_t eos = 4094; /* <|endoftext|> of the embedded tokenizer */
     go.stop_ids = &eos;
@@ -612,6 +617,114 @@ static dflash_session *run_session(dflash_engine *e, const dflash_session_opts *
     return s;
 }
 
+/* Session i of the many-sessions test: its prompt (3..39 ids) and its
+ * options (greedy or sampled with its own seed and filters, a repetition
+ * penalty on some, budgets of 5..40, a few ignoring the end of text). */
+#define MANY 32
+static int many_setup(int i, int32_t *ids, dflash_session_opts *so)
+{
+    const int n = 3 + (i * 7) % 37;
+    for (int j = 0; j < n; j++)
+        ids[j] = 1 + (int32_t)((i * 131 + j * 17 + j * j) % 4000);
+    dflash_session_default_opts(so);
+    so->max_tokens = 5 + (i * 11) % 36;
+    so->ignore_eos = i % 5 == 4;
+    if (i % 2) {
+        so->temperature = 0.6 + 0.1 * (i % 4);
+        so->seed = 100 + (uint64_t)i;
+        if (i % 4 == 1)
+            so->top_k = 40;
+        else
+            so->top_p = 0.9;
+    }
+    if (i % 3 == 0)
+        so->rep_penalty = 1.2;
+    return n;
+}
+
+/* 32 sessions of different lengths, greedy and sampled, stepped together
+ * (the drafter at the batch's cost-aware width): each gives what plain
+ * decoding of its prompt gives alone. */
+static void test_many_sessions_equal_alone(void)
+{
+    dflash_engine_opts eo = pair_opts(MANY);
+    eo.width_auto = 1;
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        return;
+    static int32_t ids[MANY][40];
+    int n[MANY];
+    dflash_session_opts so[MANY];
+    dflash_session *s[MANY] = { 0 };
+    for (int i = 0; i < MANY; i++) {
+        n[i] = many_setup(i, ids[i], &so[i]);
+        CHECK_OK(dflash_session_new(e, &so[i], &s[i]));
+        if (s[i])
+            CHECK_OK(dflash_session_start_ids(s[i], ids[i], (size_t)n[i]));
+    }
+    int active = 1, steps = 0;
+    while (active && steps++ < 400)
+        CHECK_OK(dflash_engine_step(e, &active));
+    int differ = 0, sampled = 0;
+    for (int i = 0; i < MANY; i++) {
+        int32_t want[N_NEW];
+        int nw = plain_run(ids[i], n[i], &so[i], want);
+        if (!s[i] || !same_output(s[i], want, nw)) {
+            differ++;
+            printf("  session %d (%s) differs from its plain decoding alone\n", i,
+                   so[i].temperature > 0 ? "sampled" : "greedy");
+        }
+        sampled += so[i].temperature > 0;
+        dflash_session_free(s[i]);
+    }
+    CHECKF(differ == 0 && sampled == MANY / 2, "%d of %d sessions differ", differ, MANY);
+    dflash_engine_close(e);
+}
+
+/* A sampled session continued (a chat's next turn) keeps its sampling: the
+ * second start gives what sampling the whole conversation in one start
+ * gives, repetition penalty included (it counts what the session holds). */
+static void test_sampled_continuation(void)
+{
+    dflash_engine_opts eo = pair_opts(1);
+    dflash_engine *e = NULL;
+    CHECK_OK(dflash_engine_open(&eo, &e));
+    if (!e)
+        return;
+    dflash_session_opts so;
+    dflash_session_default_opts(&so);
+    so.max_tokens = 20;
+    so.temperature = 0.9;
+    so.top_k = 50;
+    so.rep_penalty = 1.3;
+    so.seed = 77;
+    so.ignore_eos = 1;
+    int32_t first[] = { 754, 677, 198, 476 }, more[] = { 198, 476, 798, 1571, 11 };
+    dflash_session *s = run_session(e, &so, first, 4);
+    if (!s) {
+        dflash_engine_close(e);
+        return;
+    }
+    const int32_t *o1;
+    size_t n1;
+    dflash_session_output(s, &o1, &n1);
+    int32_t whole[4 + 20 + 5];
+    memcpy(whole, first, sizeof first);
+    memcpy(whole + 4, o1, n1 * sizeof *o1);
+    memcpy(whole + 4 + n1, more, sizeof more);
+    const int n_whole = 4 + (int)n1 + 5;
+    CHECK_OK(dflash_session_start_ids(s, more, 5));
+    int active = 1, steps = 0;
+    while (active && steps++ < 200)
+        CHECK_OK(dflash_engine_step(e, &active));
+    int32_t want[N_NEW];
+    int nw = plain_run(whole, n_whole, &so, want);
+    CHECKF(n1 == 20 && same_output(s, want, nw), "the second turn differs from sampling the whole conversation");
+    dflash_session_free(s);
+    dflash_engine_close(e);
+}
+
 /* Plain decoding's first token whose text (of want[0..t)) holds stop, or 0. */
 static int completing_token(const int32_t *want, int nw, const char *stop)
 {
@@ -800,6 +913,8 @@ int main(void)
         RUN(test_stop_ids);
         RUN(test_plain_block);
         RUN(test_stop_strings);
+        RUN(test_many_sessions_equal_alone);
+        RUN(test_sampled_continuation);
     }
     dflash_tokenizer_free(g_tok);
     dflash_qwen3_free(g_plain);
