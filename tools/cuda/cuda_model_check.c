@@ -25,7 +25,11 @@
  *     prompt); prompt 0 + its output is forwarded on both backends and
  *     every row's logits compared (long context); all prompts generated
  *     together by dflash_spec_generate_many (greedy, drafter, 8 sequences
- *     per forward) give each its own output alone; GPU tau and tokens/s of
+ *     per forward) give each its own output alone; 32 sessions of the
+ *     public engine (include/dflash.h, device cuda, cost-aware width), half
+ *     of them sampled with seeds of their own, give each its plain output
+ *     alone on the GPU (where the engine's bf16 pages are those of the
+ *     references; not with --cpu-as-gpu); GPU tau and tokens/s of
  *     both modes are printed (wall clock after a warm-up run; not a
  *     benchmark, the model is tiny).
  *  4. Acceptance on the GPU (tests/oracle_proposer.h): a proposer that
@@ -55,6 +59,7 @@
 #include <time.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "dflash.h"
 #include "draft/dflash_head.h"
 #include "fixture.h"
 #include "io/tokenizer.h"
@@ -75,6 +80,7 @@
 
 static dflash_backend *g_cpu, *g_gpu;
 static const char *g_gpu_name = "gpu";
+static int g_cpu_as_gpu; /* --cpu-as-gpu: the engine check opens the CPU */
 /* KV pool dtype of every model this run loads, on both backends. F32: the
  * references' own precision, compared tightly. BF16: the GPU default; the
  * CPU with bf16 pages is the tight reference, transformers a loose one, and
@@ -835,6 +841,83 @@ done:
     dflash_qwen3_free(t);
 }
 
+/* 32 sessions of the public engine on the GPU (include/dflash.h; the
+ * drafter at the batch's cost-aware width), prompt i % n, odd ones sampled
+ * with seeds of their own: each output equals its prompt's plain run alone
+ * on the same device (want[] for greedy; a plain sampled run here). Only
+ * where the engine's KV pages are the pages of these references. */
+#define ENGINE_SESSIONS 32
+static void check_pystd_engine(const char *tdir, const char *ddir, dflash_qwen3 *t, int32_t **ids,
+                               const size_t *n_ids, size_t n, int32_t (*want)[PYSTD_NEW], const int *n_want)
+{
+    if (g_kv != g_gpu->ops->kv_dtype)
+        return;
+    dflash_engine_opts eo;
+    dflash_engine_default_opts(&eo);
+    eo.model_dir = tdir;
+    eo.draft = ddir;
+    eo.device = g_cpu_as_gpu ? "cpu" : "cuda";
+    eo.max_sessions = ENGINE_SESSIONS;
+    eo.max_ctx = 512;
+    eo.width_auto = 1;
+    dflash_engine *e = NULL;
+    dflash_session *s[ENGINE_SESSIONS] = { 0 };
+    const char *what = "engine, 32 sessions == alone (gpu)";
+    if (!step(dflash_engine_open(&eo, &e), "engine: open"))
+        return;
+    int ok = 1;
+    for (int i = 0; i < ENGINE_SESSIONS && ok; i++) {
+        dflash_session_opts so;
+        dflash_session_default_opts(&so);
+        so.max_tokens = PYSTD_NEW;
+        so.ignore_eos = 1; /* as the references: the whole budget */
+        if (i % 2)
+            so.temperature = 0.8, so.top_k = 50, so.seed = 3000 + (uint64_t)i;
+        ok = step(dflash_session_new(e, &so, &s[i]), "engine: session") &&
+             step(dflash_session_start_ids(s[i], ids[i % n], n_ids[i % n]), "engine: start");
+    }
+    double t0 = now_s();
+    for (int active = 1; ok && active;)
+        ok = step(dflash_engine_step(e, &active), "engine: step");
+    double dt = now_s() - t0;
+    int same = 0, first_bad = -1;
+    long long tokens = 0;
+    dflash_sampler_opts samp;
+    dflash_sampler_default_opts(&samp);
+    samp.temperature = 0.8;
+    samp.top_k = 50;
+    for (int i = 0; i < ENGINE_SESSIONS && ok; i++) {
+        int32_t alone[PYSTD_NEW];
+        const int32_t *ref = want[i % n], *got;
+        int n_ref = n_want[i % n];
+        size_t n_got;
+        if (i % 2) {
+            samp.seed = 3000 + (uint64_t)i;
+            g_samp = &samp;
+            ok = gen_timed(t, NULL, 0, ids[i % n], (int)n_ids[i % n], alone, &n_ref, NULL, "engine: sampled alone");
+            g_samp = NULL;
+            ref = alone;
+        }
+        dflash_session_output(s[i], &got, &n_got);
+        tokens += (long long)n_got;
+        int eq = ok && (int)n_got == n_ref && !memcmp(got, ref, n_got * sizeof *got);
+        same += eq;
+        if (!eq && first_bad < 0)
+            first_bad = i;
+    }
+    if (!ok)
+        add_row(what, 0, "equal", "a step failed");
+    else if (first_bad >= 0)
+        add_row(what, 0, "equal", "%d/%d same, first diff session %d", same, ENGINE_SESSIONS, first_bad);
+    else
+        add_row(what, 1, "equal", "%d/%d sessions (half sampled)", same, ENGINE_SESSIONS);
+    printf("  engine (%d sessions, width auto): %lld tokens in %.3f s wall = %.1f tok/s\n", ENGINE_SESSIONS, tokens,
+           dt, dt > 0 ? tokens / dt : 0);
+    for (int i = 0; i < ENGINE_SESSIONS; i++)
+        dflash_session_free(s[i]);
+    dflash_engine_close(e);
+}
+
 static void check_pystd(void)
 {
     const char *tdir = "models/qwen3-pystd", *ddir = "models/qwen3-pystd-dflash";
@@ -943,6 +1026,8 @@ static void check_pystd(void)
         add_row("spec==plain (gpu)", 1, "equal", "%d/%zu prompts", same, n);
     if (!failed_runs)
         check_pystd_batch(tdir, ddir, ids, n_ids, n, plain_all, n_plain_all);
+    if (!failed_runs)
+        check_pystd_engine(tdir, ddir, t, ids, n_ids, n, plain_all, n_plain_all);
     /* Seeded sampling: each token drawn with its position's uniform, so
      * speculative (full block or auto width) equals plain token for token. */
     int samp_same = 0, samp_n = 0;
@@ -1085,6 +1170,7 @@ int main(int argc, char **argv)
         printf("cuda_model_check: --cpu-as-gpu: a second CPU backend stands in for the GPU (checks the checker, "
                "not CUDA)\n");
         g_gpu_name = "cpu-as-gpu";
+        g_cpu_as_gpu = 1;
         if (!step(dflash_backend_cpu_create(&g_gpu), "cpu-as-gpu backend")) {
             dflash_backend_destroy(g_cpu);
             return finish();
