@@ -199,7 +199,7 @@ static dflash_status read_lines(batch_run *r)
  * every prompt id within its vocabulary. */
 static dflash_status open_engine(batch_run *r, long long longest)
 {
-    DFLASH_TRY(cli_engine_open_lib(r->a->e, r->n, (int)longest, &r->engine));
+    DFLASH_TRY(cli_engine_open_lib(r->a->e, r->n, (int)longest, 0, &r->engine));
     const int V = dflash_engine_vocab_size(r->engine);
     for (int i = 0; i < r->n; i++)
         for (size_t k = 0; k < r->lines[i].n_ids; k++)

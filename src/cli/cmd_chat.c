@@ -209,7 +209,7 @@ static dflash_status chat_open(chat_args *a, chat_state *c)
     DFLASH_TRY(cli_engine_lib_stops(&c->e, &a->e, &a->co));
     DFLASH_TRY(dflash_detok_stream_new(c->e.tok, DFLASH_DECODE_SKIP_SPECIAL, &c->sm.ds));
     /* The engine's limit is the conversation's (it keeps one block more). */
-    DFLASH_TRY(cli_engine_open_lib(&a->e, 1, c->plan.limit, &c->engine));
+    DFLASH_TRY(cli_engine_open_lib(&a->e, 1, c->plan.limit, 0, &c->engine));
     dflash_session_opts so;
     cli_session_opts(&c->e, &a->e, &a->e.sampler, a->n_new, &so);
     so.on_tokens = cli_streamer_on_tokens;

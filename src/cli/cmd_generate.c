@@ -272,7 +272,7 @@ int dflash_cmd_generate(int argc, char **argv)
         s = cli_engine_lib_stops(&e, &a.e, a.chat ? &a.chat_opts : NULL);
     /* one session of the prompt and its output */
     if (s == DFLASH_OK)
-        s = cli_engine_open_lib(&a.e, 1, a.n_prompt + a.n_new, &engine);
+        s = cli_engine_open_lib(&a.e, 1, a.n_prompt + a.n_new, 0, &engine);
     if (s == DFLASH_OK)
         s = run(&a, &e, engine, &session);
     const int32_t *out = NULL;

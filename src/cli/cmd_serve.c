@@ -12,7 +12,6 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/serve.h"
-#include "draft/dflash_head.h"
 
 static void usage(FILE *f)
 {
@@ -137,21 +136,10 @@ static const char *base_name(const char *dir, char *buf, size_t cap)
 /* Model, drafter, tokenizer and chat format; 0 on success. */
 static int open_all(const serve_args *a, serve_ctx *c, char *name, size_t name_cap)
 {
-    dflash_engine_opts eo;
-    dflash_engine_default_opts(&eo);
-    eo.model_dir = a->e.model;
-    eo.draft = a->e.draft;
-    eo.device = a->e.device ? a->e.device : "cpu";
-    eo.max_sessions = a->max_sessions;
-    eo.kv_pages = a->kv_pages;
-    eo.max_ctx = a->e.max_ctx ? a->e.max_ctx : 4096;
-    eo.block_size = a->e.block_fixed ? a->e.block_size : 0;
-    eo.width_auto = !a->e.block_fixed; /* as generate: the cost-aware width unless --block-size */
-    eo.drafter_fp8 = a->e.quant < 0 ? -1 : a->e.quant == DFLASH_QUANT_FP8_WEIGHTS;
-    eo.ctx_cap = a->e.ctx_cap;
-    eo.long_context = a->e.allow_long_ctx;
     const char *tdir = a->e.tokenizer ? a->e.tokenizer : a->e.model;
-    if (dflash_engine_open(&eo, &c->engine) != DFLASH_OK || dflash_tokenizer_load(tdir, &c->tok) != DFLASH_OK) {
+    if (cli_engine_open_lib(&a->e, a->max_sessions, a->e.max_ctx ? a->e.max_ctx : 4096, a->kv_pages, &c->engine) !=
+            DFLASH_OK ||
+        dflash_tokenizer_load(tdir, &c->tok) != DFLASH_OK) {
         fprintf(stderr, "dflash serve: %s\n", dflash_last_error());
         return 1;
     }

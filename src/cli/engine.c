@@ -290,7 +290,8 @@ dflash_status cli_engine_lib_stops(cli_engine *e, const cli_engine_args *a, cons
     return DFLASH_OK;
 }
 
-dflash_status cli_engine_open_lib(const cli_engine_args *a, int max_sessions, int max_ctx, dflash_engine **out)
+dflash_status cli_engine_open_lib(const cli_engine_args *a, int max_sessions, int max_ctx, int kv_pages,
+                                  dflash_engine **out)
 {
     dflash_engine_opts eo;
     dflash_engine_default_opts(&eo);
@@ -304,6 +305,7 @@ dflash_status cli_engine_open_lib(const cli_engine_args *a, int max_sessions, in
     eo.width_auto = !a->block_fixed;
     eo.drafter_fp8 = a->quant < 0 ? -1 : a->quant == DFLASH_QUANT_FP8_WEIGHTS;
     eo.ctx_cap = a->ctx_cap;
+    eo.kv_pages = kv_pages;
     return dflash_engine_open(&eo, out);
 }
 

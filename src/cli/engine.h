@@ -94,8 +94,10 @@ void cli_engine_chat_prepare(cli_engine *e, const cli_engine_args *a, const dfla
 dflash_status cli_engine_lib_stops(cli_engine *e, const cli_engine_args *a, const dflash_chat_opts *co);
 /* The engine the arguments name, for max_sessions sessions of at most
  * max_ctx positions each (prompt + output; --allow-long-context lets that
- * pass the model's context length). */
-dflash_status cli_engine_open_lib(const cli_engine_args *a, int max_sessions, int max_ctx, dflash_engine **out);
+ * pass the model's context length); kv_pages: the shared pool (0: room for
+ * every session at max_ctx). The cost-aware width unless --block-size. */
+dflash_status cli_engine_open_lib(const cli_engine_args *a, int max_sessions, int max_ctx, int kv_pages,
+                                  dflash_engine **out);
 /* A session's options: the sampler, max_tokens, --ignore-eos and e's stop
  * ids (the session copies them). */
 void cli_session_opts(const cli_engine *e, const cli_engine_args *a, const dflash_sampler_opts *sampler,
