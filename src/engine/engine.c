@@ -107,7 +107,7 @@ void dflash_session_default_opts(dflash_session_opts *o)
 
 static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
 {
-    DFLASH_TRY(dflash_open_backend(o->device, "engine: device cuda: ", &e->be));
+    DFLASH_TRY(dflash_open_backend(o->device, "device cuda: ", &e->be));
     dflash_model_config cfg;
     DFLASH_TRY(dflash_config_load(o->model_dir, &cfg));
     int block = DFLASH_MAX_BLOCK; /* KV room for the widest step a drafter may take */
