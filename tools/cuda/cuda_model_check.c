@@ -841,33 +841,50 @@ done:
     dflash_qwen3_free(t);
 }
 
-/* 32 sessions of the public engine on the GPU (include/dflash.h; the
- * drafter at the batch's cost-aware width), prompt i % n, odd ones sampled
- * with seeds of their own: each output equals its prompt's plain run alone
- * on the same device (want[] for greedy; a plain sampled run here). Only
- * where the engine's KV pages are the pages of these references. */
+/* 32 sessions of the public engine on the GPU (include/dflash.h), prompt
+ * i % n, odd ones sampled with seeds of their own, all to the whole
+ * budget: once with the drafter at the batch's cost-aware width, once
+ * without a drafter. Each output equals its prompt's plain run alone on
+ * the same device (want[] for greedy; a plain sampled run here), and the
+ * two engines' aggregate tokens/s say whether speculation pays with 32
+ * sessions stepped together. Only where the engine's KV pages are the
+ * pages of these references. */
 #define ENGINE_SESSIONS 32
-static void check_pystd_engine(const char *tdir, const char *ddir, dflash_qwen3 *t, int32_t **ids,
-                               const size_t *n_ids, size_t n, int32_t (*want)[PYSTD_NEW], const int *n_want)
+typedef struct engine_run {
+    int32_t out[ENGINE_SESSIONS][PYSTD_NEW];
+    int n_out[ENGINE_SESSIONS];
+    long long tokens, steps;
+    double secs;
+} engine_run;
+
+static int run_engine(const char *tdir, const char *draft, int32_t **ids, const size_t *n_ids, size_t n,
+                      engine_run *r)
 {
-    if (g_kv != g_gpu->ops->kv_dtype)
-        return;
     dflash_engine_opts eo;
     dflash_engine_default_opts(&eo);
     eo.model_dir = tdir;
-    eo.draft = ddir;
+    eo.draft = draft;
     eo.device = g_cpu_as_gpu ? "cpu" : "cuda";
     eo.max_sessions = ENGINE_SESSIONS;
     eo.max_ctx = 512;
-    eo.width_auto = 1;
+    eo.width_auto = draft != NULL;
     dflash_engine *e = NULL;
     dflash_session *s[ENGINE_SESSIONS] = { 0 };
-    const char *what = "engine, 32 sessions == alone (gpu)";
+    memset(r, 0, sizeof *r);
     if (!step(dflash_engine_open(&eo, &e), "engine: open"))
-        return;
+        return 0;
     int ok = 1;
+    /* warm-up: one short session, so the timed run starts warm */
+    dflash_session_opts so;
+    dflash_session_default_opts(&so);
+    so.max_tokens = 8;
+    ok = step(dflash_session_new(e, &so, &s[0]), "engine: warm-up") &&
+         step(dflash_session_start_ids(s[0], ids[0], n_ids[0]), "engine: warm-up");
+    for (int active = 1; ok && active;)
+        ok = step(dflash_engine_step(e, &active), "engine: warm-up step");
+    dflash_session_free(s[0]);
+    s[0] = NULL;
     for (int i = 0; i < ENGINE_SESSIONS && ok; i++) {
-        dflash_session_opts so;
         dflash_session_default_opts(&so);
         so.max_tokens = PYSTD_NEW;
         so.ignore_eos = 1; /* as the references: the whole budget */
@@ -879,43 +896,75 @@ static void check_pystd_engine(const char *tdir, const char *ddir, dflash_qwen3 
     double t0 = now_s();
     for (int active = 1; ok && active;)
         ok = step(dflash_engine_step(e, &active), "engine: step");
-    double dt = now_s() - t0;
-    int same = 0, first_bad = -1;
-    long long tokens = 0;
+    r->secs = now_s() - t0;
+    for (int i = 0; i < ENGINE_SESSIONS && ok; i++) {
+        const int32_t *got;
+        size_t n_got;
+        dflash_session_output(s[i], &got, &n_got);
+        r->n_out[i] = (int)n_got;
+        memcpy(r->out[i], got, n_got * sizeof *got);
+        r->tokens += (long long)n_got;
+        dflash_session_stats st;
+        dflash_session_stats_get(s[i], &st);
+        r->steps += st.steps;
+    }
+    for (int i = 0; i < ENGINE_SESSIONS; i++)
+        dflash_session_free(s[i]);
+    dflash_engine_close(e);
+    return ok;
+}
+
+static void check_pystd_engine(const char *tdir, const char *ddir, dflash_qwen3 *t, int32_t **ids,
+                               const size_t *n_ids, size_t n, int32_t (*want)[PYSTD_NEW], const int *n_want)
+{
+    if (g_kv != g_gpu->ops->kv_dtype)
+        return;
+    static engine_run runs[2]; /* plain, speculative */
+    const char *names[2] = { "engine plain, 32 sessions == alone (gpu)", "engine spec, 32 sessions == alone (gpu)" };
     dflash_sampler_opts samp;
     dflash_sampler_default_opts(&samp);
     samp.temperature = 0.8;
     samp.top_k = 50;
+    int32_t alone[ENGINE_SESSIONS][PYSTD_NEW];
+    int n_alone[ENGINE_SESSIONS];
+    int ok = 1;
     for (int i = 0; i < ENGINE_SESSIONS && ok; i++) {
-        int32_t alone[PYSTD_NEW];
-        const int32_t *ref = want[i % n], *got;
-        int n_ref = n_want[i % n];
-        size_t n_got;
-        if (i % 2) {
-            samp.seed = 3000 + (uint64_t)i;
-            g_samp = &samp;
-            ok = gen_timed(t, NULL, 0, ids[i % n], (int)n_ids[i % n], alone, &n_ref, NULL, "engine: sampled alone");
-            g_samp = NULL;
-            ref = alone;
+        if (i % 2 == 0) {
+            n_alone[i] = n_want[i % n];
+            memcpy(alone[i], want[i % n], (size_t)n_alone[i] * sizeof(int32_t));
+            continue;
         }
-        dflash_session_output(s[i], &got, &n_got);
-        tokens += (long long)n_got;
-        int eq = ok && (int)n_got == n_ref && !memcmp(got, ref, n_got * sizeof *got);
-        same += eq;
-        if (!eq && first_bad < 0)
-            first_bad = i;
+        samp.seed = 3000 + (uint64_t)i;
+        g_samp = &samp;
+        ok = gen_timed(t, NULL, 0, ids[i % n], (int)n_ids[i % n], alone[i], &n_alone[i], NULL,
+                       "engine: sampled alone");
+        g_samp = NULL;
     }
-    if (!ok)
-        add_row(what, 0, "equal", "a step failed");
-    else if (first_bad >= 0)
-        add_row(what, 0, "equal", "%d/%d same, first diff session %d", same, ENGINE_SESSIONS, first_bad);
-    else
-        add_row(what, 1, "equal", "%d/%d sessions (half sampled)", same, ENGINE_SESSIONS);
-    printf("  engine (%d sessions, width auto): %lld tokens in %.3f s wall = %.1f tok/s\n", ENGINE_SESSIONS, tokens,
-           dt, dt > 0 ? tokens / dt : 0);
-    for (int i = 0; i < ENGINE_SESSIONS; i++)
-        dflash_session_free(s[i]);
-    dflash_engine_close(e);
+    for (int m = 0; m < 2 && ok; m++) {
+        engine_run *r = &runs[m];
+        if (!run_engine(tdir, m ? ddir : NULL, ids, n_ids, n, r)) {
+            add_row(names[m], 0, "equal", "a step failed");
+            continue;
+        }
+        int same = 0, first_bad = -1;
+        for (int i = 0; i < ENGINE_SESSIONS; i++) {
+            int eq = r->n_out[i] == n_alone[i] && !memcmp(r->out[i], alone[i], (size_t)n_alone[i] * sizeof(int32_t));
+            same += eq;
+            if (!eq && first_bad < 0)
+                first_bad = i;
+        }
+        if (first_bad >= 0)
+            add_row(names[m], 0, "equal", "%d/%d same, first diff session %d", same, ENGINE_SESSIONS, first_bad);
+        else
+            add_row(names[m], 1, "equal", "%d/%d sessions (half sampled)", same, ENGINE_SESSIONS);
+        printf("  engine %s (%d sessions%s): %lld tokens in %.3f s wall = %.1f tok/s, %.2f tokens per session "
+               "step\n", m ? "spec" : "plain", ENGINE_SESSIONS, m ? ", width auto" : "", r->tokens, r->secs,
+               r->secs > 0 ? r->tokens / r->secs : 0, r->steps ? (double)r->tokens / (double)r->steps : 0);
+    }
+    if (ok && runs[0].secs > 0 && runs[1].secs > 0)
+        add_row("engine 32 sessions tok/s spec/plain (gpu, info)", 1, NULL, "%.1f / %.1f (%.2fx)",
+                runs[1].tokens / runs[1].secs, runs[0].tokens / runs[0].secs,
+                (runs[1].tokens / runs[1].secs) / (runs[0].tokens / runs[0].secs));
 }
 
 static void check_pystd(void)
