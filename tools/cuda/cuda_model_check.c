@@ -26,10 +26,11 @@
  *     every row's logits compared (long context); all prompts generated
  *     together by dflash_spec_generate_many (greedy, drafter, 8 sequences
  *     per forward) give each its own output alone; 32 sessions of the
- *     public engine (include/dflash.h, device cuda, cost-aware width), half
- *     of them sampled with seeds of their own, give each its plain output
- *     alone on the GPU (where the engine's bf16 pages are those of the
- *     references; not with --cpu-as-gpu); GPU tau and tokens/s of
+ *     public engine (include/dflash.h, device cuda; plain, the drafter at
+ *     the cost-aware width, at its full block), all greedy and then half
+ *     sampled with seeds of their own, give each its plain output alone on
+ *     the GPU (where the engine's bf16 pages are those of the references;
+ *     not with --cpu-as-gpu), with their tokens/s; GPU tau and tokens/s of
  *     both modes are printed (wall clock after a warm-up run; not a
  *     benchmark, the model is tiny).
  *  4. Acceptance on the GPU (tests/oracle_proposer.h): a proposer that
@@ -842,13 +843,13 @@ done:
 }
 
 /* 32 sessions of the public engine on the GPU (include/dflash.h), prompt
- * i % n, odd ones sampled with seeds of their own, all to the whole
- * budget: once with the drafter at the batch's cost-aware width, once
- * without a drafter. Each output equals its prompt's plain run alone on
- * the same device (want[] for greedy; a plain sampled run here), and the
- * two engines' aggregate tokens/s say whether speculation pays with 32
- * sessions stepped together. Only where the engine's KV pages are the
- * pages of these references. */
+ * i % n, all to the whole budget; all greedy, then with the odd ones
+ * sampled (seeds of their own); each without a drafter, with the drafter
+ * at the batch's cost-aware width, and at its full block. Every output
+ * equals its prompt's plain run alone on the same device (want[] for
+ * greedy; a plain sampled run here), and the engines' aggregate tokens/s
+ * say whether speculation pays with 32 sessions stepped together. Only
+ * where the engine's KV pages are the pages of these references. */
 #define ENGINE_SESSIONS 32
 typedef struct engine_run {
     int32_t out[ENGINE_SESSIONS][PYSTD_NEW];
@@ -857,17 +858,18 @@ typedef struct engine_run {
     double secs;
 } engine_run;
 
-static int run_engine(const char *tdir, const char *draft, int32_t **ids, const size_t *n_ids, size_t n,
-                      engine_run *r)
+/* mode 0: no drafter, 1: cost-aware width, 2: the full block */
+static int run_engine(const char *tdir, const char *ddir, int mode, int sampled, int32_t **ids, const size_t *n_ids,
+                      size_t n, engine_run *r)
 {
     dflash_engine_opts eo;
     dflash_engine_default_opts(&eo);
     eo.model_dir = tdir;
-    eo.draft = draft;
+    eo.draft = mode ? ddir : NULL;
     eo.device = g_cpu_as_gpu ? "cpu" : "cuda";
     eo.max_sessions = ENGINE_SESSIONS;
     eo.max_ctx = 512;
-    eo.width_auto = draft != NULL;
+    eo.width_auto = mode == 1;
     dflash_engine *e = NULL;
     dflash_session *s[ENGINE_SESSIONS] = { 0 };
     memset(r, 0, sizeof *r);
@@ -888,7 +890,7 @@ static int run_engine(const char *tdir, const char *draft, int32_t **ids, const 
         dflash_session_default_opts(&so);
         so.max_tokens = PYSTD_NEW;
         so.ignore_eos = 1; /* as the references: the whole budget */
-        if (i % 2)
+        if (sampled && i % 2)
             so.temperature = 0.8, so.top_k = 50, so.seed = 3000 + (uint64_t)i;
         ok = step(dflash_session_new(e, &so, &s[i]), "engine: session") &&
              step(dflash_session_start_ids(s[i], ids[i % n], n_ids[i % n]), "engine: start");
@@ -919,52 +921,61 @@ static void check_pystd_engine(const char *tdir, const char *ddir, dflash_qwen3 
 {
     if (g_kv != g_gpu->ops->kv_dtype)
         return;
-    static engine_run runs[2]; /* plain, speculative */
-    const char *names[2] = { "engine plain, 32 sessions == alone (gpu)", "engine spec, 32 sessions == alone (gpu)" };
+    static const char *modes[3] = { "plain", "spec auto", "spec block" };
+    static engine_run runs[3];
+    static int32_t alone[ENGINE_SESSIONS][PYSTD_NEW];
+    int n_alone[ENGINE_SESSIONS];
     dflash_sampler_opts samp;
     dflash_sampler_default_opts(&samp);
     samp.temperature = 0.8;
     samp.top_k = 50;
-    int32_t alone[ENGINE_SESSIONS][PYSTD_NEW];
-    int n_alone[ENGINE_SESSIONS];
-    int ok = 1;
-    for (int i = 0; i < ENGINE_SESSIONS && ok; i++) {
-        if (i % 2 == 0) {
-            n_alone[i] = n_want[i % n];
-            memcpy(alone[i], want[i % n], (size_t)n_alone[i] * sizeof(int32_t));
-            continue;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        int ok = 1;
+        for (int i = 0; i < ENGINE_SESSIONS && ok; i++) {
+            if (!sampled || i % 2 == 0) {
+                n_alone[i] = n_want[i % n];
+                memcpy(alone[i], want[i % n], (size_t)n_alone[i] * sizeof(int32_t));
+                continue;
+            }
+            samp.seed = 3000 + (uint64_t)i;
+            g_samp = &samp;
+            ok = gen_timed(t, NULL, 0, ids[i % n], (int)n_ids[i % n], alone[i], &n_alone[i], NULL,
+                           "engine: sampled alone");
+            g_samp = NULL;
         }
-        samp.seed = 3000 + (uint64_t)i;
-        g_samp = &samp;
-        ok = gen_timed(t, NULL, 0, ids[i % n], (int)n_ids[i % n], alone[i], &n_alone[i], NULL,
-                       "engine: sampled alone");
-        g_samp = NULL;
+        for (int m = 0; m < 3 && ok; m++) {
+            engine_run *r = &runs[m];
+            char what[96];
+            snprintf(what, sizeof what, "engine %s, 32 %s == alone (gpu)", modes[m], sampled ? "half sampled" : "greedy");
+            if (!run_engine(tdir, ddir, m, sampled, ids, n_ids, n, r)) {
+                add_row(what, 0, "equal", "a step failed");
+                ok = 0;
+                break;
+            }
+            int same = 0, first_bad = -1;
+            for (int i = 0; i < ENGINE_SESSIONS; i++) {
+                int eq = r->n_out[i] == n_alone[i] &&
+                         !memcmp(r->out[i], alone[i], (size_t)n_alone[i] * sizeof(int32_t));
+                same += eq;
+                if (!eq && first_bad < 0)
+                    first_bad = i;
+            }
+            if (first_bad >= 0)
+                add_row(what, 0, "equal", "%d/%d same, first diff session %d", same, ENGINE_SESSIONS, first_bad);
+            else
+                add_row(what, 1, "equal", "%d/%d sessions", same, ENGINE_SESSIONS);
+            printf("  engine %s, 32 sessions %s: %lld tokens in %.3f s wall = %.1f tok/s, %.2f tokens per "
+                   "session step\n", modes[m], sampled ? "(half sampled)" : "(greedy)", r->tokens, r->secs,
+                   r->secs > 0 ? r->tokens / r->secs : 0, r->steps ? (double)r->tokens / (double)r->steps : 0);
+        }
+        if (ok && runs[0].secs > 0 && runs[1].secs > 0 && runs[2].secs > 0) {
+            const double p = runs[0].tokens / runs[0].secs;
+            char what[96];
+            snprintf(what, sizeof what, "engine 32 %s tok/s auto, block / plain (info)", sampled ? "half sampled" : "greedy");
+            add_row(what, 1, NULL, "%.2fx, %.2fx of %.0f", runs[1].tokens / runs[1].secs / p,
+                    runs[2].tokens / runs[2].secs / p, p);
+        }
     }
-    for (int m = 0; m < 2 && ok; m++) {
-        engine_run *r = &runs[m];
-        if (!run_engine(tdir, m ? ddir : NULL, ids, n_ids, n, r)) {
-            add_row(names[m], 0, "equal", "a step failed");
-            continue;
-        }
-        int same = 0, first_bad = -1;
-        for (int i = 0; i < ENGINE_SESSIONS; i++) {
-            int eq = r->n_out[i] == n_alone[i] && !memcmp(r->out[i], alone[i], (size_t)n_alone[i] * sizeof(int32_t));
-            same += eq;
-            if (!eq && first_bad < 0)
-                first_bad = i;
-        }
-        if (first_bad >= 0)
-            add_row(names[m], 0, "equal", "%d/%d same, first diff session %d", same, ENGINE_SESSIONS, first_bad);
-        else
-            add_row(names[m], 1, "equal", "%d/%d sessions (half sampled)", same, ENGINE_SESSIONS);
-        printf("  engine %s (%d sessions%s): %lld tokens in %.3f s wall = %.1f tok/s, %.2f tokens per session "
-               "step\n", m ? "spec" : "plain", ENGINE_SESSIONS, m ? ", width auto" : "", r->tokens, r->secs,
-               r->secs > 0 ? r->tokens / r->secs : 0, r->steps ? (double)r->tokens / (double)r->steps : 0);
-    }
-    if (ok && runs[0].secs > 0 && runs[1].secs > 0)
-        add_row("engine 32 sessions tok/s spec/plain (gpu, info)", 1, NULL, "%.1f / %.1f (%.2fx)",
-                runs[1].tokens / runs[1].secs, runs[0].tokens / runs[0].secs,
-                (runs[1].tokens / runs[1].secs) / (runs[0].tokens / runs[0].secs));
 }
 
 static void check_pystd(void)
