@@ -19,6 +19,8 @@
 #include "draft/dflash_head.h"
 #include "fixture.h"
 #include "spec/spec.h"
+#include "spec/spec_internal.h"
+#include "step_log.h"
 
 #define N_SEQ 3
 #define MAX_ROWS 64
@@ -312,7 +314,7 @@ static void test_join_and_leave(void)
         if (step == 3)
             CHECK_OK(dflash_spec_batch_add(b, &items[2]));
         if (step == 4)
-            dflash_spec_batch_remove(b, &items[3]);
+            CHECK_OK(dflash_spec_batch_remove(b, &items[3]));
         CHECK_OK(dflash_spec_batch_step(b, &active));
         if (active == 0 && step >= 4)
             break;
@@ -329,6 +331,118 @@ static void test_join_and_leave(void)
         dflash_qwen3_seq_free(g_t, &seqs[i]);
     }
     dflash_spec_batch_free(b);
+}
+
+/* What a fresh drafter state proposes (k drafts after cur at position
+ * s) once it took the committed rows full[0..s) in one call: the
+ * reference for a state that took them step by step or deferred. */
+static void fresh_drafts(dflash_proposer *p, const int32_t *full, int s, int k, int32_t *drafts)
+{
+    dflash_kv_seq sq;
+    void *ps = NULL;
+    int32_t unused;
+    CHECK_OK(dflash_qwen3_seq_init(g_t, &sq));
+    CHECK_OK(p->ops->alloc_state(p, 100, &ps));
+    if (ps) {
+        for (int done = 0; done < s;) { /* the target takes at most MAX_ROWS rows a call */
+            const int n = s - done < MAX_ROWS ? s - done : MAX_ROWS;
+            CHECK_OK(dflash_spec_prefill_chunk(g_t, &sq, p, ps, full + done, n, 0, NULL, &unused));
+            done += n;
+        }
+        const int32_t pos = s;
+        CHECK_OK(p->ops->propose(p, &ps, 1, &full[s], &pos, k, drafts));
+        p->ops->free_state(p, ps);
+    }
+    dflash_qwen3_seq_free(g_t, &sq);
+}
+
+/* Steps that draft nothing leave their rows waiting for the drafter, and
+ * the next drafting step hands them over first. With the widths forced to
+ * a pattern of plain and drafting steps: every output equals its own
+ * alone, and every drafting step of every sequence proposes exactly what
+ * a fresh drafter state proposes after taking that sequence's committed
+ * context in one call. A sequence removed after plain steps leaves a
+ * drafter state that proposes what a fresh one does. */
+static void test_deferred_handover(void)
+{
+    dflash_proposer *p = &g_h->proposer;
+    static const int widths[] = { 0, 0, 0, 5, 0, 0, 15, 0, 1, 0, 0, 0, 0, 3, 2 };
+    static int32_t prompt[N_ITEMS][32], alone[N_ITEMS][MAX_NEW], out[N_ITEMS][MAX_NEW], full[MAX_NEW + 32];
+    static step_log logs[N_ITEMS];
+    int32_t stop = -1, drafts[DFLASH_MAX_BLOCK];
+    int n_alone[N_ITEMS];
+    dflash_spec_item items[N_ITEMS];
+    dflash_kv_seq seqs[N_ITEMS];
+    void *states[N_ITEMS];
+    for (int phase = 0; phase < 2; phase++) {
+        for (int i = 0; i < N_ITEMS; i++) {
+            dflash_gen_opts o;
+            dflash_gen_stats st;
+            int np;
+            alone_run(p, i, prompt[i], &stop, alone[i], &n_alone[i], &o, &np, &st);
+            memset(&logs[i], 0, sizeof logs[i]);
+            o.on_step = step_log_add;
+            o.step_user = &logs[i];
+            CHECK_OK(dflash_qwen3_seq_init(g_t, &seqs[i]));
+            CHECK_OK(p->ops->alloc_state(p, 100, &states[i]));
+            items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = states[i], .prompt = prompt[i], .n_prompt = np,
+                                           .opts = o, .out = out[i] };
+        }
+        dflash_spec_batch *b;
+        CHECK_OK(dflash_spec_batch_new(g_t, p, 0, N_ITEMS, &b));
+        if (!b)
+            return;
+        static const int plain[] = { 0 };
+        dflash_spec_batch_set_widths(b, phase ? plain : widths, phase ? 1 : (int)(sizeof widths / sizeof *widths));
+        for (int i = 0; i < N_ITEMS; i++)
+            CHECK_OK(dflash_spec_batch_add(b, &items[i]));
+        int active = 1;
+        for (int step = 0; step < 300 && active; step++) {
+            CHECK_OK(dflash_spec_batch_step(b, &active));
+            if (phase && step == 6) { /* item 4 leaves with six plain steps' rows waiting */
+                CHECK_OK(dflash_spec_batch_remove(b, &items[4]));
+                break;
+            }
+        }
+        int checked = 0;
+        for (int i = 0; i < N_ITEMS; i++) {
+            const dflash_spec_item *it = &items[i];
+            const int n_full = it->n_prompt + it->n_out;
+            memcpy(full, it->prompt, (size_t)it->n_prompt * sizeof(int32_t));
+            memcpy(full + it->n_prompt, it->out, (size_t)it->n_out * sizeof(int32_t));
+            if (phase == 0) {
+                CHECKF(it->n_out == n_alone[i] && !memcmp(it->out, alone[i], (size_t)it->n_out * sizeof(int32_t)),
+                       "sequence %d: output differs from its own alone", i);
+                for (int j = 0; j < logs[i].n && j < STEP_LOG_MAX; j++) {
+                    const step_rec *r = &logs[i].steps[j];
+                    if (r->k == 0 || r->pos >= n_full)
+                        continue;
+                    fresh_drafts(p, full, r->pos, r->k, drafts);
+                    CHECKF(!memcmp(drafts, r->drafts, (size_t)r->k * sizeof(int32_t)),
+                           "sequence %d step %d (position %d, %d drafts): drafts differ from a fresh state's", i, j,
+                           r->pos, r->k);
+                    checked++;
+                }
+            } else if (i == 4) {
+                /* its state holds full[0..len): the next propose is a fresh state's */
+                const int len = seqs[4].len, k = g_h->block_size - 1;
+                CHECK(len == it->n_prompt + it->n_out - 1 && it->n_out > 1);
+                int32_t mine[DFLASH_MAX_BLOCK];
+                const int32_t pos = len;
+                CHECK_OK(p->ops->propose(p, &states[4], 1, &full[len], &pos, k, mine));
+                fresh_drafts(p, full, len, k, drafts);
+                CHECKF(!memcmp(drafts, mine, (size_t)k * sizeof(int32_t)),
+                       "removed after plain steps: its drafter state proposes other drafts than a fresh one");
+                checked++;
+            }
+        }
+        CHECKF(phase ? checked == 1 : checked >= 10, "phase %d: %d drafting steps checked", phase, checked);
+        dflash_spec_batch_free(b);
+        for (int i = 0; i < N_ITEMS; i++) {
+            p->ops->free_state(p, states[i]);
+            dflash_qwen3_seq_free(g_t, &seqs[i]);
+        }
+    }
 }
 
 int main(void)
@@ -351,6 +465,7 @@ int main(void)
         RUN(test_target_and_proposer);
         RUN(test_generate_many_equals_alone);
         RUN(test_join_and_leave);
+        RUN(test_deferred_handover);
     }
     dflash_head_free(g_h);
     dflash_qwen3_free(g_t);

@@ -133,6 +133,10 @@ int dflash_spec_batch_block(const dflash_spec_batch *b);
  * the steps run; a sequence near its budget drafts fewer), else the full
  * block. The output is the same either way. Starts a new width model. */
 void dflash_spec_batch_set_width_auto(dflash_spec_batch *b, int on);
+/* Tests: step i drafts widths[i % n] (capped by the block and each
+ * sequence's budget) instead of either; n = 0 undoes it. The array must
+ * outlive the batch's steps. */
+void dflash_spec_batch_set_widths(dflash_spec_batch *b, const int *widths, int n);
 /* One step: prompt rows of joining sequences, then one speculative step
  * of every generating one; *n_active: how many still take part. A failed
  * prefill ends that sequence alone (it->status); any other error makes
@@ -142,8 +146,11 @@ dflash_status dflash_spec_batch_step(dflash_spec_batch *b, int *n_active);
 int dflash_spec_batch_has(const dflash_spec_batch *b, const dflash_spec_item *it);
 /* `it` leaves before it is done (a cancelled request); its cache and
  * proposer state hold the rows so far, consistent, for the caller to free
- * or continue. */
-void dflash_spec_batch_remove(dflash_spec_batch *b, const dflash_spec_item *it);
+ * or continue. Committed rows the proposer had not taken yet (steps that
+ * drafted nothing) go over first; if that fails (the status returned),
+ * the target's cache and it->n_out go back to where the proposer's rows
+ * end. */
+dflash_status dflash_spec_batch_remove(dflash_spec_batch *b, const dflash_spec_item *it);
 void dflash_spec_batch_free(dflash_spec_batch *b);
 
 /* Generate for n sequences together: their prompts run in the first

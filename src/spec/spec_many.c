@@ -12,7 +12,11 @@
  *               it unless some are near their budget)
  *   3 VERIFY    one target forward over every sequence's block
  *   4-6         per sequence: accept, commit, roll its cache back
- *   7 OBSERVE   one after_verify over the group's accepted rows
+ *   7 OBSERVE   one after_verify over the group's accepted rows, after a
+ *               step that drafted; after one that drafted nothing the
+ *               rows wait and go over in one call before the next propose
+ *               (as spec.c's), when a block's worth waits, or when the
+ *               sequence ends
  *
  * A group holds sequences of one kind (greedy: argmax rows only;
  * sampling: logits rows to the host) whose blocks fit the target's rows
@@ -40,6 +44,16 @@ typedef struct many_seq {
     int row0;          /* its first row in the group's forward */
     double t_join;
     int32_t block[DFLASH_MAX_BLOCK];
+    /* Committed rows the proposer has not taken yet (steps that drafted
+     * nothing): tokens from position pend_pos0, their taps in pend_taps. A
+     * call for many rows reads the drafter's weights once, and a step that
+     * drafts nothing then costs what plain decoding does; the proposer's
+     * results do not depend on how rows are grouped, so only time changes. */
+    int32_t pend[DFLASH_MAX_BLOCK];
+    int n_pend;
+    int32_t pend_pos0;
+    float *pend_taps; /* backend [B, tap_cols]; NULL without taps */
+    int32_t len0;     /* the target cache's rows when it joined */
 } many_seq;
 
 struct dflash_spec_batch {
@@ -52,6 +66,9 @@ struct dflash_spec_batch {
     int n, cap;    /* sequences joined and generating */
     many_seq *ms;  /* [cap] */
     int width_auto; /* each step's width from wm, else B - 1 */
+    const int *widths; /* tests: step i's width widths[i % n_widths] */
+    int n_widths;
+    long steps;
     dflash_width wm;
 };
 
@@ -133,6 +150,51 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
     return DFLASH_OK;
 }
 
+/* The waiting rows of the sequences g[0..ng) that have any go to the
+ * proposer in one call; its time is added to *ms. */
+static dflash_status flush_pending(dflash_spec_batch *r, const int *g, int ng, double *ms)
+{
+    void *states[ng];
+    dflash_ctx_rows rows[ng];
+    int n = 0;
+    for (int j = 0; j < ng; j++) {
+        many_seq *m = &r->ms[g[j]];
+        if (m->n_pend == 0)
+            continue;
+        states[n] = m->it->pstate;
+        rows[n++] = (dflash_ctx_rows){ m->pend, m->n_pend, m->pend_pos0, m->pend_taps, r->tap_cols };
+    }
+    if (n == 0)
+        return DFLASH_OK;
+    const double t0 = dflash_spec_now_ms();
+    dflash_status s = r->p->ops->after_verify(r->p, states, n, rows);
+    const double dt = dflash_spec_now_ms() - t0;
+    *ms += dt;
+    for (int j = 0; j < ng; j++) {
+        many_seq *m = &r->ms[g[j]];
+        if (m->n_pend)
+            m->it->stats.observe_ms += dt;
+        m->n_pend = 0;
+    }
+    return s;
+}
+
+/* Step 7 for a sequence that drafted nothing: its committed rows wait,
+ * taps copied out of the forward's (the next forward overwrites them). */
+static dflash_status pend_rows(dflash_spec_batch *r, many_seq *m, const dflash_ctx_rows *rows)
+{
+    if (m->n_pend == 0)
+        m->pend_pos0 = rows->pos0;
+    memcpy(m->pend + m->n_pend, rows->tokens, (size_t)rows->n * sizeof(int32_t));
+    if (m->pend_taps) {
+        dflash_backend *be = r->t->be;
+        DFLASH_TRY(be->ops->copy_rows(be, m->pend_taps + (int64_t)m->n_pend * r->tap_cols, r->tap_cols, rows->taps,
+                                      r->tap_cols, NULL, rows->n, r->tap_cols));
+    }
+    m->n_pend += rows->n;
+    return DFLASH_OK;
+}
+
 /* 4-7 for one group after its verify; *observe_ms gets the time 7 took. */
 static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, const float *tap_rows,
                                   double draft_ms, double verify_ms, double *observe_ms)
@@ -182,19 +244,48 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
         st->draft_ms += draft_ms;
         st->verify_ms += verify_ms;
     }
-    /* 7 OBSERVE: the rows each cache now holds, in one call */
+    /* 7 OBSERVE: the rows each cache now holds. Those of sequences that
+     * drafted go over at once, in one call (their waiting rows went before
+     * the propose); those of sequences that drafted nothing wait, after
+     * the rows already waiting go over if a block's worth would not fit. */
+    *observe_ms = 0;
     if (r->p) {
-        double t0 = dflash_spec_now_ms();
+        int full[ng], nf = 0;
+        for (int j = 0; j < ng; j++)
+            if (r->ms[g[j]].k == 0 && r->ms[g[j]].n_pend + n_emit_of[j] > r->B)
+                full[nf++] = g[j];
+        if (nf)
+            DFLASH_TRY(flush_pending(r, full, nf, observe_ms));
+        const double t0 = dflash_spec_now_ms();
         void *states[ng];
+        dflash_ctx_rows now[ng];
+        int n_now = 0;
+        for (int j = 0; j < ng; j++) {
+            many_seq *m = &r->ms[g[j]];
+            if (m->k > 0) {
+                states[n_now] = m->it->pstate;
+                now[n_now++] = acc[j];
+            } else {
+                DFLASH_TRY(pend_rows(r, m, &acc[j]));
+            }
+        }
+        if (n_now)
+            DFLASH_TRY(r->p->ops->after_verify(r->p, states, n_now, now));
+        const double dt = dflash_spec_now_ms() - t0;
+        *observe_ms += dt;
         for (int j = 0; j < ng; j++)
-            states[j] = r->ms[g[j]].it->pstate;
-        DFLASH_TRY(r->p->ops->after_verify(r->p, states, ng, acc));
-        *observe_ms = dflash_spec_now_ms() - t0;
-        for (int j = 0; j < ng; j++)
-            r->ms[g[j]].it->stats.observe_ms += *observe_ms;
+            r->ms[g[j]].it->stats.observe_ms += dt;
     }
-    for (int j = 0; j < ng; j++)
+    int ended[ng], ne = 0;
+    for (int j = 0; j < ng; j++) {
         DFLASH_TRY(emit(&r->ms[g[j]], r->ms[g[j]].block + 1, n_emit_of[j], stopped_of[j]));
+        if (r->ms[g[j]].done)
+            ended[ne++] = g[j];
+    }
+    /* a sequence that ends hands over what waits: a later start continues
+     * it from caches that agree */
+    if (r->p && ne)
+        DFLASH_TRY(flush_pending(r, ended, ne, observe_ms));
     return DFLASH_OK;
 }
 
@@ -206,7 +297,12 @@ static dflash_status step_groups(dflash_spec_batch *r)
 {
     const int n = r->n, max_rows = r->t->opts.max_rows, max_seqs = r->t->opts.max_seqs;
     int g[n > 0 ? n : 1];
-    const int width = !r->p ? 0 : r->width_auto ? dflash_width_choose(&r->wm, r->B - 1) : r->B - 1;
+    int width = !r->p ? 0 : r->width_auto ? dflash_width_choose(&r->wm, r->B - 1) : r->B - 1;
+    if (r->p && r->n_widths) {
+        width = r->widths[r->steps % r->n_widths];
+        width = width < 0 ? 0 : width > r->B - 1 ? r->B - 1 : width;
+    }
+    r->steps++;
     double propose_ms = 0, verify_ms = 0, observe_ms = 0;
     for (int i = 0; i < n; i++)
         r->ms[i].in_step = 0;
@@ -227,9 +323,11 @@ static dflash_status step_groups(dflash_spec_batch *r)
             }
             /* run the group when the next sequence would not fit, or at the end */
             if (ng > 0 && (i == n || (take && (rows + need > max_rows || ng == max_seqs)))) {
-                double t0 = dflash_spec_now_ms();
-                if (r->p)
+                double t0 = dflash_spec_now_ms(), handover = 0;
+                if (r->p && width > 0) { /* 2 PROPOSE, the rows waiting first */
+                    DFLASH_TRY(flush_pending(r, g, ng, &handover));
                     DFLASH_TRY(propose_group(r, g, ng));
+                }
                 double t1 = dflash_spec_now_ms();
                 float *tap_rows = NULL;
                 DFLASH_TRY(verify_group(r, g, ng, sampled, &tap_rows));
@@ -254,11 +352,11 @@ static dflash_status step_groups(dflash_spec_batch *r)
                 ks[m] = r->ms[i].k;
                 as[m++] = r->ms[i].a;
             }
-        /* handing the rows to the drafter is part of what every step
-         * costs here (the drafter's context follows every step, plain or
-         * not), so it goes with the verify */
+        /* handing the rows to the drafter is a cost of drafting (a step
+         * that drafted nothing leaves them waiting), so it goes with the
+         * propose, as in spec.c */
         if (m > 0)
-            dflash_width_observe_many(&r->wm, ks, as, m, width, verify_ms + observe_ms, propose_ms);
+            dflash_width_observe_many(&r->wm, ks, as, m, width, verify_ms, propose_ms + observe_ms);
     }
     return DFLASH_OK;
 }
@@ -291,6 +389,8 @@ static void leave(dflash_spec_batch *r, int i)
     dflash_spec_final_stats(st, m->it->n_out);
     if (m->sampled)
         dflash_spec_sampling_free(&m->ss);
+    if (m->pend_taps)
+        r->t->be->ops->free(r->t->be, m->pend_taps);
     memmove(&r->ms[i], &r->ms[i + 1], (size_t)(r->n - i - 1) * sizeof *r->ms);
     r->n--;
 }
@@ -322,6 +422,12 @@ dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, in
     return DFLASH_OK;
 }
 
+void dflash_spec_batch_set_widths(dflash_spec_batch *r, const int *widths, int n)
+{
+    r->widths = n > 0 ? widths : NULL;
+    r->n_widths = n > 0 ? n : 0;
+}
+
 void dflash_spec_batch_set_width_auto(dflash_spec_batch *r, int on)
 {
     r->width_auto = on;
@@ -340,8 +446,16 @@ dflash_status dflash_spec_batch_add(dflash_spec_batch *r, dflash_spec_item *it)
     memset(m, 0, sizeof *m);
     m->it = it;
     m->t_join = dflash_spec_now_ms();
+    m->len0 = it->seq->len;
+    if (r->p && r->tap_cols)
+        DFLASH_TRY(dflash_be_alloc_f32(r->t->be, (size_t)r->B * (size_t)r->tap_cols, &m->pend_taps));
     if (!dflash_sampler_is_greedy(&it->opts.sampler)) {
-        DFLASH_TRY(dflash_spec_sampling_init(&m->ss, r->t, &it->opts.sampler, r->B, "batch"));
+        dflash_status s = dflash_spec_sampling_init(&m->ss, r->t, &it->opts.sampler, r->B, "batch");
+        if (s != DFLASH_OK) {
+            if (m->pend_taps)
+                r->t->be->ops->free(r->t->be, m->pend_taps);
+            return s;
+        }
         m->sampled = 1;
     }
     r->n++; /* from here on the slot is ours: leave() frees it */
@@ -407,13 +521,27 @@ int dflash_spec_batch_has(const dflash_spec_batch *r, const dflash_spec_item *it
     return 0;
 }
 
-void dflash_spec_batch_remove(dflash_spec_batch *r, const dflash_spec_item *it)
+dflash_status dflash_spec_batch_remove(dflash_spec_batch *r, const dflash_spec_item *it)
 {
     for (int i = 0; i < r->n; i++)
         if (r->ms[i].it == it) {
+            /* the rows still waiting go to the proposer, so both caches
+             * agree; if that fails, the target's goes back to where the
+             * proposer's rows end, and the output with it (the last token
+             * it keeps is the unverified one) */
+            many_seq *m = &r->ms[i];
+            double ms = 0;
+            dflash_status s = r->p ? flush_pending(r, &i, 1, &ms) : DFLASH_OK;
+            if (s != DFLASH_OK) {
+                dflash_kv_seq_truncate(m->it->seq, m->pend_pos0);
+                const int keep = m->pend_pos0 - (m->len0 + m->it->n_prompt) + 1;
+                if (keep < m->it->n_out)
+                    m->it->n_out = keep;
+            }
             leave(r, i);
-            return;
+            return s;
         }
+    return DFLASH_OK;
 }
 
 void dflash_spec_batch_free(dflash_spec_batch *r)

@@ -18,9 +18,9 @@
  * position that could not be reached (the draft before it is always
  * rejected) takes the rate of the one before it. verify and propose
  * times: decayed least-squares lines in the row count, fed by the loop's
- * own clock (handing the committed rows to the drafter is in them: with
- * the propose where only drafting steps pay it, with the verify where
- * every step does). The first four steps decode plainly
+ * own clock (handing the committed rows to the drafter is in them, with
+ * the propose: after a step that drafted nothing they wait for the next
+ * drafting step, which hands them over). The first four steps decode plainly
  * while the machine warms up and their times are dropped; the next three
  * try two drafts, one and none so both lines have points; later, a step
  * now and then tries a width next to the chosen one (or plain decoding,
