@@ -281,6 +281,26 @@ static void test_generate_many_equals_alone(void)
     }
 }
 
+/* Item i alone (its output into alone[], via alone_run), then as a batch
+ * item with fresh caches, its steps reported into `log` when given. */
+static void batch_item(dflash_proposer *p, int i, int32_t *prompt, int32_t *stop, int32_t *alone, int *n_alone,
+                       step_log *log, dflash_kv_seq *seq, void **state, int32_t *out, dflash_spec_item *item)
+{
+    dflash_gen_opts o;
+    dflash_gen_stats st;
+    int np;
+    alone_run(p, i, prompt, stop, alone, n_alone, &o, &np, &st);
+    if (log) {
+        memset(log, 0, sizeof *log);
+        o.on_step = step_log_add;
+        o.step_user = log;
+    }
+    CHECK_OK(dflash_qwen3_seq_init(g_t, seq));
+    CHECK_OK(p->ops->alloc_state(p, 100, state));
+    *item = (dflash_spec_item){ .seq = seq, .pstate = *state, .prompt = prompt, .n_prompt = np, .opts = o,
+                                .out = out };
+}
+
 static void test_join_and_leave(void)
 {
     dflash_proposer *p = &g_h->proposer;
@@ -289,16 +309,8 @@ static void test_join_and_leave(void)
     dflash_spec_item items[N_ITEMS];
     dflash_kv_seq seqs[N_ITEMS];
     void *states[N_ITEMS];
-    for (int i = 1; i < N_ITEMS; i++) {
-        dflash_gen_opts o;
-        dflash_gen_stats st;
-        int np;
-        alone_run(p, i, prompt[i], &stop, alone[i], &n_alone[i], &o, &np, &st);
-        CHECK_OK(dflash_qwen3_seq_init(g_t, &seqs[i]));
-        CHECK_OK(p->ops->alloc_state(p, 100, &states[i]));
-        items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = states[i], .prompt = prompt[i], .n_prompt = np,
-                                       .opts = o, .out = out[i] };
-    }
+    for (int i = 1; i < N_ITEMS; i++)
+        batch_item(p, i, prompt[i], &stop, alone[i], &n_alone[i], NULL, &seqs[i], &states[i], out[i], &items[i]);
     dflash_spec_batch *b;
     CHECK_OK(dflash_spec_batch_new(g_t, p, 0, N_ITEMS, &b));
     if (!b)
@@ -375,19 +387,9 @@ static void test_deferred_handover(void)
     dflash_kv_seq seqs[N_ITEMS];
     void *states[N_ITEMS];
     for (int phase = 0; phase < 2; phase++) {
-        for (int i = 0; i < N_ITEMS; i++) {
-            dflash_gen_opts o;
-            dflash_gen_stats st;
-            int np;
-            alone_run(p, i, prompt[i], &stop, alone[i], &n_alone[i], &o, &np, &st);
-            memset(&logs[i], 0, sizeof logs[i]);
-            o.on_step = step_log_add;
-            o.step_user = &logs[i];
-            CHECK_OK(dflash_qwen3_seq_init(g_t, &seqs[i]));
-            CHECK_OK(p->ops->alloc_state(p, 100, &states[i]));
-            items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = states[i], .prompt = prompt[i], .n_prompt = np,
-                                           .opts = o, .out = out[i] };
-        }
+        for (int i = 0; i < N_ITEMS; i++)
+            batch_item(p, i, prompt[i], &stop, alone[i], &n_alone[i], &logs[i], &seqs[i], &states[i], out[i],
+                       &items[i]);
         dflash_spec_batch *b;
         CHECK_OK(dflash_spec_batch_new(g_t, p, 0, N_ITEMS, &b));
         if (!b)
