@@ -319,6 +319,10 @@ static void test_integer_options_are_strict_decimal(void)
     }
     rc = sh(CMD("%s detokenize --tokenizer " M " 1,+2", g_bin), g_out, sizeof g_out);
     CHECKF(rc == 2 && strstr(g_out, "decimal"), "detokenize 1,+2: rc %d: %.300s", rc, g_out);
+    /* an id past the model's vocabulary is named with its position */
+    rc = sh(CMD("%s generate -m " M " --prompt-ids 1,99999 -n 2", g_bin), g_out, sizeof g_out);
+    CHECKF(rc == 1 && strstr(g_out, "--prompt-ids: token 99999 (position 1) is outside the model's vocabulary "
+                                    "[0, 4096)"), "--prompt-ids 1,99999: rc %d: %.300s", rc, g_out);
 }
 
 static void test_bench_ctx_message(void)

@@ -273,6 +273,11 @@ int dflash_cmd_generate(int argc, char **argv)
     /* one session of the prompt and its output */
     if (s == DFLASH_OK)
         s = cli_engine_open_lib(&a.e, 1, a.n_prompt + a.n_new, 0, &engine);
+    for (int i = 0; s == DFLASH_OK && i < a.n_prompt; i++)
+        if (a.prompt[i] >= dflash_engine_vocab_size(engine))
+            s = dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: token %d (position %d) is outside the model's vocabulary "
+                            "[0, %d)", a.text ? "the prompt" : "--prompt-ids", a.prompt[i], i,
+                            dflash_engine_vocab_size(engine));
     if (s == DFLASH_OK)
         s = run(&a, &e, engine, &session);
     const int32_t *out = NULL;
