@@ -369,16 +369,20 @@ static void fresh_drafts(dflash_proposer *p, const int32_t *full, int s, int k, 
 }
 
 /* Steps that draft nothing leave their rows waiting for the drafter, and
- * the next drafting step hands them over first. With the widths forced to
- * a pattern of plain and drafting steps: every output equals its own
- * alone, and every drafting step of every sequence proposes exactly what
- * a fresh drafter state proposes after taking that sequence's committed
- * context in one call. A sequence removed after plain steps leaves a
- * drafter state that proposes what a fresh one does. */
+ * the next drafting step hands them over first (or a full block of them
+ * goes over at once). With the widths forced to a pattern of plain and
+ * drafting steps: every output equals its own alone, every drafting step
+ * of every sequence proposes exactly what a fresh drafter state proposes
+ * after taking that sequence's committed context in one call, and so does
+ * each sequence's state once it is done (what waited went over at its
+ * end). A sequence removed after plain steps leaves a drafter state that
+ * proposes what a fresh one does. */
 static void test_deferred_handover(void)
 {
     dflash_proposer *p = &g_h->proposer;
-    static const int widths[] = { 0, 0, 0, 5, 0, 0, 15, 0, 1, 0, 0, 0, 0, 3, 2 };
+    /* plain and drafting steps; the run of ten plain steps passes the
+     * drafter's block of 8 (the waiting rows go over when full) */
+    static const int widths[] = { 0, 0, 0, 5, 0, 0, 15, 0, 1, 0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4 };
     static int32_t prompt[N_ITEMS][32], alone[N_ITEMS][MAX_NEW], out[N_ITEMS][MAX_NEW], full[MAX_NEW + 32];
     static step_log logs[N_ITEMS];
     int32_t stop = -1, drafts[DFLASH_MAX_BLOCK];
@@ -401,7 +405,7 @@ static void test_deferred_handover(void)
         int active = 1;
         for (int step = 0; step < 300 && active; step++) {
             CHECK_OK(dflash_spec_batch_step(b, &active));
-            if (phase && step == 6) { /* item 4 leaves with six plain steps' rows waiting */
+            if (phase && step == 6) { /* item 4 leaves with the rows of its plain steps waiting */
                 CHECK_OK(dflash_spec_batch_remove(b, &items[4]));
                 break;
             }
@@ -425,6 +429,16 @@ static void test_deferred_handover(void)
                            r->pos, r->k);
                     checked++;
                 }
+                /* done: what waited went over at the end, so the next
+                 * propose (a continuation's) is a fresh state's */
+                const int len = seqs[i].len, k = g_h->block_size - 1;
+                int32_t mine[DFLASH_MAX_BLOCK];
+                const int32_t pos = len;
+                CHECK(len == n_full - 1);
+                CHECK_OK(p->ops->propose(p, &states[i], 1, &full[len], &pos, k, mine));
+                fresh_drafts(p, full, len, k, drafts);
+                CHECKF(!memcmp(drafts, mine, (size_t)k * sizeof(int32_t)),
+                       "sequence %d, done: its drafter state proposes other drafts than a fresh one", i);
             } else if (i == 4) {
                 /* its state holds full[0..len): the next propose is a fresh state's */
                 const int len = seqs[4].len, k = g_h->block_size - 1;

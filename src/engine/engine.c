@@ -360,7 +360,7 @@ void dflash_session_free(dflash_session *s)
     if (!s)
         return;
     dflash_engine *e = s->e;
-    (void)dflash_spec_batch_remove(e->batch, &s->item); /* nothing when it is not generating; freed either way */
+    dflash_spec_batch_drop(e->batch, &s->item); /* nothing when it is not generating; its caches go next */
     for (int i = 0; i < e->n_queue; i++)
         if (e->queue[i] == s) {
             memmove(e->queue + i, e->queue + i + 1, (size_t)(e->n_queue - i - 1) * sizeof *e->queue);

@@ -140,7 +140,10 @@ void dflash_spec_batch_set_widths(dflash_spec_batch *b, const int *widths, int n
 /* One step: prompt rows of joining sequences, then one speculative step
  * of every generating one; *n_active: how many still take part. A failed
  * prefill ends that sequence alone (it->status); any other error makes
- * every sequence leave (their caches may hold rows of the failed step). */
+ * every sequence leave, and their caches may then disagree (the target's
+ * may hold rows of the failed step, the proposer's may lack rows of
+ * earlier steps that drafted nothing): such a sequence can be freed or
+ * run again from its history, not continued. */
 dflash_status dflash_spec_batch_step(dflash_spec_batch *b, int *n_active);
 /* 1 while `it` takes part (added, not yet done or removed). */
 int dflash_spec_batch_has(const dflash_spec_batch *b, const dflash_spec_item *it);
@@ -151,6 +154,9 @@ int dflash_spec_batch_has(const dflash_spec_batch *b, const dflash_spec_item *it
  * the target's cache and it->n_out go back to where the proposer's rows
  * end. */
 dflash_status dflash_spec_batch_remove(dflash_spec_batch *b, const dflash_spec_item *it);
+/* `it` leaves as it is, rows waiting for the proposer dropped: for a
+ * caller that frees its caches next. */
+void dflash_spec_batch_drop(dflash_spec_batch *b, const dflash_spec_item *it);
 void dflash_spec_batch_free(dflash_spec_batch *b);
 
 /* Generate for n sequences together: their prompts run in the first

@@ -52,7 +52,7 @@ typedef struct many_seq {
     int32_t pend[DFLASH_MAX_BLOCK];
     int n_pend;
     int32_t pend_pos0;
-    float *pend_taps; /* backend [B, tap_cols]; NULL without taps */
+    float *pend_taps; /* backend [B, tap_cols], from the first wait; NULL without taps */
     int32_t len0;     /* the target cache's rows when it joined */
 } many_seq;
 
@@ -151,7 +151,8 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
 }
 
 /* The waiting rows of the sequences g[0..ng) that have any go to the
- * proposer in one call; its time is added to *ms. */
+ * proposer in one call; its time is added to *ms (when given) and to
+ * those sequences' observe time. */
 static dflash_status flush_pending(dflash_spec_batch *r, const int *g, int ng, double *ms)
 {
     void *states[ng];
@@ -169,7 +170,8 @@ static dflash_status flush_pending(dflash_spec_batch *r, const int *g, int ng, d
     const double t0 = dflash_spec_now_ms();
     dflash_status s = r->p->ops->after_verify(r->p, states, n, rows);
     const double dt = dflash_spec_now_ms() - t0;
-    *ms += dt;
+    if (ms)
+        *ms += dt;
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
         if (m->n_pend)
@@ -186,8 +188,10 @@ static dflash_status pend_rows(dflash_spec_batch *r, many_seq *m, const dflash_c
     if (m->n_pend == 0)
         m->pend_pos0 = rows->pos0;
     memcpy(m->pend + m->n_pend, rows->tokens, (size_t)rows->n * sizeof(int32_t));
-    if (m->pend_taps) {
+    if (r->tap_cols) {
         dflash_backend *be = r->t->be;
+        if (!m->pend_taps) /* at the first wait: a fixed width never needs it */
+            DFLASH_TRY(dflash_be_alloc_f32(be, (size_t)r->B * (size_t)r->tap_cols, &m->pend_taps));
         DFLASH_TRY(be->ops->copy_rows(be, m->pend_taps + (int64_t)m->n_pend * r->tap_cols, r->tap_cols, rows->taps,
                                       r->tap_cols, NULL, rows->n, r->tap_cols));
     }
@@ -324,10 +328,10 @@ static dflash_status step_groups(dflash_spec_batch *r)
             /* run the group when the next sequence would not fit, or at the end */
             if (ng > 0 && (i == n || (take && (rows + need > max_rows || ng == max_seqs)))) {
                 /* 2 PROPOSE, after the rows still waiting go over (their
-                 * time is a cost of drafting, and the sequences' observe) */
-                double handover = 0;
+                 * time is the sequences' observe; as in spec.c, the width
+                 * model charges a drafting step only its own rows' hand-over) */
                 if (r->p && width > 0)
-                    DFLASH_TRY(flush_pending(r, g, ng, &handover));
+                    DFLASH_TRY(flush_pending(r, g, ng, NULL));
                 double t0 = dflash_spec_now_ms();
                 if (r->p && width > 0)
                     DFLASH_TRY(propose_group(r, g, ng));
@@ -337,7 +341,7 @@ static dflash_status step_groups(dflash_spec_batch *r)
                 double t2 = dflash_spec_now_ms();
                 double obs = 0;
                 DFLASH_TRY(accept_group(r, g, ng, tap_rows, t1 - t0, t2 - t1, &obs));
-                propose_ms += t1 - t0 + handover;
+                propose_ms += t1 - t0;
                 verify_ms += t2 - t1;
                 observe_ms += obs;
                 ng = rows = 0;
@@ -355,9 +359,9 @@ static dflash_status step_groups(dflash_spec_batch *r)
                 ks[m] = r->ms[i].k;
                 as[m++] = r->ms[i].a;
             }
-        /* handing the rows to the drafter is a cost of drafting (a step
-         * that drafted nothing leaves them waiting), so it goes with the
-         * propose, as in spec.c */
+        /* a drafting step hands its rows to the drafter at once, a cost of
+         * drafting, so it goes with the propose (a step that drafted
+         * nothing leaves them waiting), as in spec.c */
         if (m > 0)
             dflash_width_observe_many(&r->wm, ks, as, m, width, verify_ms, propose_ms + observe_ms);
     }
@@ -450,15 +454,8 @@ dflash_status dflash_spec_batch_add(dflash_spec_batch *r, dflash_spec_item *it)
     m->it = it;
     m->t_join = dflash_spec_now_ms();
     m->len0 = it->seq->len;
-    if (r->p && r->tap_cols)
-        DFLASH_TRY(dflash_be_alloc_f32(r->t->be, (size_t)r->B * (size_t)r->tap_cols, &m->pend_taps));
     if (!dflash_sampler_is_greedy(&it->opts.sampler)) {
-        dflash_status s = dflash_spec_sampling_init(&m->ss, r->t, &it->opts.sampler, r->B, "batch");
-        if (s != DFLASH_OK) {
-            if (m->pend_taps)
-                r->t->be->ops->free(r->t->be, m->pend_taps);
-            return s;
-        }
+        DFLASH_TRY(dflash_spec_sampling_init(&m->ss, r->t, &it->opts.sampler, r->B, "batch"));
         m->sampled = 1;
     }
     r->n++; /* from here on the slot is ours: leave() frees it */
@@ -524,6 +521,15 @@ int dflash_spec_batch_has(const dflash_spec_batch *r, const dflash_spec_item *it
     return 0;
 }
 
+void dflash_spec_batch_drop(dflash_spec_batch *r, const dflash_spec_item *it)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->ms[i].it == it) {
+            leave(r, i);
+            return;
+        }
+}
+
 dflash_status dflash_spec_batch_remove(dflash_spec_batch *r, const dflash_spec_item *it)
 {
     for (int i = 0; i < r->n; i++)
@@ -533,8 +539,7 @@ dflash_status dflash_spec_batch_remove(dflash_spec_batch *r, const dflash_spec_i
              * proposer's rows end, and the output with it (the last token
              * it keeps is the unverified one) */
             many_seq *m = &r->ms[i];
-            double ms = 0;
-            dflash_status s = r->p ? flush_pending(r, &i, 1, &ms) : DFLASH_OK;
+            dflash_status s = r->p ? flush_pending(r, &i, 1, NULL) : DFLASH_OK;
             if (s != DFLASH_OK) {
                 dflash_kv_seq_truncate(m->it->seq, m->pend_pos0);
                 const int keep = m->pend_pos0 - (m->len0 + m->it->n_prompt) + 1;

@@ -1399,10 +1399,10 @@ int main(int argc, char **argv)
         }
     }
     /* the many-row kernel against one row alone: every epilogue, both
-     * weight types, odd row counts, with the kernel's own tile (32 or 64
-     * rows here) and then with tiles of 128 rows forced; then with 16
-     * slices of 3 k-steps, 5 of them past the last step (empty), and an
-     * odd count of k32 steps (a last stage half full) */
+     * weight types, odd row counts, with the kernel's own tile choice and
+     * then with tiles of 128 rows forced; then with 16 slices of 3
+     * k-steps, 5 of them past the last step (empty), and an odd count of
+     * k32 steps (a last stage half full), also with 128-row tiles */
     {
         const int64_t lin_s[1] = { 200 }, qkv_s[3] = { 136, 40, 40 }, gu_s[2] = { 96, 96 }, head_s[1] = { 1000 };
         const int64_t lin_l[1] = { 4096 }, qkv_l[3] = { 4096, 512, 512 }, gu_l[2] = { 6144, 6144 };
@@ -1433,6 +1433,7 @@ int main(int argc, char **argv)
         dflash_levers_reload();
         case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 150);
         case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 130);
+        case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 150);
         dflash_backend_destroy(both);
     }
     /* linear_group: q/k/v and gate/up + SwiGLU of the seed drafter and the
