@@ -125,12 +125,10 @@ static dflash_status engine_load(dflash_engine *e, const dflash_engine_opts *o)
     to.max_rows = dflash_open_target_rows(o->max_sessions, per);
     to.kv_pages = o->kv_pages;
     DFLASH_TRY(dflash_qwen3_load(o->model_dir, e->be, &to, &e->target));
+    /* -1: the proposer asks DFLASH_DRAFTER_FP8 */
+    const int quant = o->drafter_fp8 < 0 ? -1 : o->drafter_fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16;
     if (o->draft)
-        DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, o->ctx_cap,
-                                        o->drafter_fp8 < 0    ? -1
-                                        : o->drafter_fp8 ? DFLASH_QUANT_FP8_WEIGHTS
-                                                         : DFLASH_QUANT_BF16,
-                                        &e->prop));
+        DFLASH_TRY(dflash_open_proposer(o->draft, e->target, o->block_size, o->ctx_cap, quant, &e->prop));
     /* text in and out, and the tokenizer's end-of-sequence ids, when the
      * folder has a tokenizer; ids alone work without one */
     if (dflash_tokenizer_load(o->model_dir, &e->tok) != DFLASH_OK)
