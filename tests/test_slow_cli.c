@@ -114,21 +114,34 @@ static void test_trace_one_line_per_step(void)
     json_error_t err;
     json_t *j = json_loads(out, 0, &err);
     long steps = j ? (long)json_integer_value(json_object_get(json_object_get(j, "stats"), "steps")) : -1;
-    json_decref(j);
+    json_t *ids = j ? json_object_get(j, "output_ids") : NULL;
+    /* the steps' accepted drafts and next tokens, in order, are the output
+     * after its first token (that one comes from the prompt) */
+    long lines = 0, at = 1, n_out = (long)json_array_size(ids), mismatch = -1, drafted = 0;
     FILE *f = fopen(path, "r");
-    long lines = 0;
     char line[4096];
     while (f && fgets(line, sizeof line, f)) {
         json_t *l = json_loads(line, 0, &err);
-        CHECK(l && json_object_get(l, "pos") && json_object_get(l, "drafts") && json_object_get(l, "accepted") &&
+        json_t *d = l ? json_object_get(l, "drafts") : NULL;
+        const long a = l ? (long)json_integer_value(json_object_get(l, "accepted")) : -1;
+        CHECK(l && json_object_get(l, "pos") && d && a >= 0 && a <= (long)json_array_size(d) &&
               json_object_get(l, "next"));
+        drafted += (long)json_array_size(d);
+        for (long i = 0; l && d && i <= a && at < n_out; i++, at++) {
+            json_t *tok = i < a ? json_array_get(d, (size_t)i) : json_object_get(l, "next");
+            if (mismatch < 0 && json_integer_value(tok) != json_integer_value(json_array_get(ids, (size_t)at)))
+                mismatch = at;
+        }
         json_decref(l);
         lines++;
     }
     if (f)
         fclose(f);
     unlink(path);
+    json_decref(j);
     CHECKF(lines == steps && steps > 0, "%ld trace lines, %ld steps", lines, steps);
+    CHECKF(at == n_out && mismatch < 0 && drafted > 0, "trace tokens cover %ld of %ld outputs, first mismatch %ld, "
+           "%ld drafts", at, n_out, mismatch, drafted);
 }
 
 static void test_chat_two_turns(void)
