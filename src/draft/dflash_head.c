@@ -156,7 +156,14 @@ static dflash_status alloc_scratch(dflash_head *h)
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         DFLASH_TRY(dflash_be_alloc_i32(h->be, R, ints[i]));
     DFLASH_TRY(dflash_be_alloc_i32(h->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
-    return dflash_be_alloc_i32(h->be, S * (size_t)h->pt_len, &s->page_tables);
+    DFLASH_TRY(dflash_be_alloc_i32(h->be, S * (size_t)h->pt_len, &s->page_tables));
+    s->h_pos = malloc(R * sizeof(int32_t));
+    s->h_row_seq = malloc(R * sizeof(int32_t));
+    s->h_info = malloc(S * DFLASH_SEQ_INFO_LEN * sizeof(int32_t));
+    s->h_tables = malloc(S * (size_t)h->pt_len * sizeof(int32_t));
+    if (!s->h_pos || !s->h_row_seq || !s->h_info || !s->h_tables)
+        return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory for %zu rows' staging", R);
+    return DFLASH_OK;
 }
 
 static void free_scratch(dflash_head *h)
@@ -167,6 +174,10 @@ static void free_scratch(dflash_head *h)
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             h->be->ops->free(h->be, p[i]);
+    free(s->h_pos);
+    free(s->h_row_seq);
+    free(s->h_info);
+    free(s->h_tables);
 }
 
 static const dflash_proposer_ops k_dflash_ops;
@@ -271,11 +282,9 @@ const float *dflash_head_last_logits(const dflash_head *h) { return h->keep_logi
 /* Append committed rows [pos0, pos0 + n) of one sequence: only the rows the
  * window keeps are projected, and whole pages that fall out of the window
  * go back to the pool first. */
-static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const dflash_ctx_rows *r)
+/* The checks of one sequence's context rows. */
+static dflash_status ctx_check(const dflash_head *h, const dflash_proposer_state *st, const dflash_ctx_rows *r)
 {
-    const dflash_model_config *c = &h->cfg;
-    const dflash_backend_ops *o = h->be->ops;
-    dflash_scratch *s = &h->s;
     if (r->pos0 != st->kv.len)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: context rows start at position %d, expected %d",
                            r->pos0, st->kv.len);
@@ -287,38 +296,86 @@ static dflash_status ctx_append(dflash_head *h, dflash_proposer_state *st, const
     if (!r->taps || r->taps_stride != h->fc.cols)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: context rows need taps of %lld values per row, "
                            "got %lld", (long long)h->fc.cols, (long long)(r->taps ? r->taps_stride : 0));
-    const int32_t end = r->pos0 + r->n;
-    if (end > st->budget)
+    if (r->pos0 + r->n > st->budget)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: position %d past the state's budget of %d",
-                           end - 1, st->budget);
-    int32_t lo = h->ctx_cap > 0 && end - h->ctx_cap > st->kv.lo ? end - h->ctx_cap : st->kv.lo;
-    int first = lo > r->pos0 ? lo - r->pos0 : 0, m = r->n - first;
-    dflash_status sl = dflash_kv_seq_slide(&h->kv, &st->kv, lo, end);
-    if (sl != DFLASH_OK)
-        return dflash_fail_prefix(sl, "drafter context: ");
+                           r->pos0 + r->n - 1, st->budget);
+    return DFLASH_OK;
+}
 
-    int32_t pos[m], zeros[m];
-    for (int i = 0; i < m; i++) {
-        pos[i] = r->pos0 + first + i;
-        zeros[i] = 0;
+/* Context rows of sequences states[0..n) (rows[q] for sequence q, at most
+ * max_rows in all) into their drafter caches, in one pass: fc(taps) per
+ * sequence into consecutive rows of z, then every layer's K/V projection,
+ * k norm + RoPE and page write once over all rows. Every op is row by
+ * row, so a row's K/V are the same bits whatever rows share the pass.
+ * With a context window, rows that would slide out at once are skipped. */
+static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **states, const dflash_ctx_rows *rows,
+                                     int n)
+{
+    const dflash_model_config *c = &h->cfg;
+    const dflash_backend_ops *o = h->be->ops;
+    dflash_scratch *s = &h->s;
+    int m = 0;
+    for (int q = 0; q < n; q++) {
+        dflash_proposer_state *st = states[q];
+        const dflash_ctx_rows *r = &rows[q];
+        if (r->n <= 0) {
+            memcpy(s->h_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
+            continue;
+        }
+        const int32_t end = r->pos0 + r->n;
+        int32_t lo = h->ctx_cap > 0 && end - h->ctx_cap > st->kv.lo ? end - h->ctx_cap : st->kv.lo;
+        const int first = lo > r->pos0 ? lo - r->pos0 : 0, mq = r->n - first;
+        dflash_status sl = dflash_kv_seq_slide(&h->kv, &st->kv, lo, end);
+        if (sl != DFLASH_OK)
+            return dflash_fail_prefix(sl, "drafter context: ");
+        /* z = hidden_norm(fc(taps)); input_layernorm is NOT applied to z. */
+        DFLASH_TRY(o->linear(h->be, r->taps + (int64_t)first * r->taps_stride, mq, &h->fc,
+                             s->z + (int64_t)m * c->hidden_size));
+        for (int i = 0; i < mq; i++) {
+            s->h_pos[m + i] = r->pos0 + first + i;
+            s->h_row_seq[m + i] = q;
+        }
+        memcpy(s->h_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
+        m += mq;
     }
-    DFLASH_TRY(o->upload(h->be, s->b.pos, pos, sizeof pos));
-    DFLASH_TRY(o->upload(h->be, s->row_seq, zeros, sizeof zeros));
-    DFLASH_TRY(o->upload(h->be, s->page_tables, st->kv.table, (size_t)h->pt_len * sizeof(int32_t)));
-    /* z = hidden_norm(fc(taps)); input_layernorm is NOT applied to z. */
-    DFLASH_TRY(o->linear(h->be, r->taps + (int64_t)first * r->taps_stride, m, &h->fc, s->z));
-    DFLASH_TRY(o->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps, s->b.xn));
-    for (int li = 0; li < c->num_hidden_layers; li++) {
-        const dflash_layer *l = &h->layers[li];
-        const dflash_weight *lin = layer_lin(h, l);
-        DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], s->b.k));
-        DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_V], s->b.v));
-        DFLASH_TRY(o->norm_rope(h->be, s->b.k, &l->w.k_norm, s->b.pos, m, c->num_key_value_heads, c->head_dim,
-                                c->rms_norm_eps, &c->rope_freq));
-        DFLASH_TRY(o->kv_write(h->be, &h->kv.layout, li, s->page_tables, h->pt_len, s->row_seq, s->b.pos, s->b.k,
-                               s->b.v, m));
+    if (m > 0) {
+        DFLASH_TRY(o->upload(h->be, s->b.pos, s->h_pos, (size_t)m * sizeof(int32_t)));
+        DFLASH_TRY(o->upload(h->be, s->row_seq, s->h_row_seq, (size_t)m * sizeof(int32_t)));
+        DFLASH_TRY(o->upload(h->be, s->page_tables, s->h_tables, (size_t)n * h->pt_len * sizeof(int32_t)));
+        DFLASH_TRY(o->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps, s->b.xn));
+        for (int li = 0; li < c->num_hidden_layers; li++) {
+            const dflash_layer *l = &h->layers[li];
+            const dflash_weight *lin = layer_lin(h, l);
+            DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], s->b.k));
+            DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_V], s->b.v));
+            DFLASH_TRY(o->norm_rope(h->be, s->b.k, &l->w.k_norm, s->b.pos, m, c->num_key_value_heads, c->head_dim,
+                                    c->rms_norm_eps, &c->rope_freq));
+            DFLASH_TRY(o->kv_write(h->be, &h->kv.layout, li, s->page_tables, h->pt_len, s->row_seq, s->b.pos, s->b.k,
+                                   s->b.v, m));
+        }
     }
-    st->kv.len = end;
+    for (int q = 0; q < n; q++)
+        if (rows[q].n > 0)
+            states[q]->kv.len = rows[q].pos0 + rows[q].n;
+    return DFLASH_OK;
+}
+
+/* Context rows of n sequences: checked first, then in passes of at most
+ * max_rows rows (and max_seqs sequences). */
+static dflash_status ctx_append(dflash_head *h, dflash_proposer_state **states, const dflash_ctx_rows *rows, int n)
+{
+    for (int q = 0; q < n; q++)
+        DFLASH_TRY(ctx_check(h, states[q], &rows[q]));
+    for (int q0 = 0, q1; q0 < n; q0 = q1) {
+        int total = 0;
+        for (q1 = q0; q1 < n && q1 - q0 < h->opts.max_seqs; q1++) { /* each alone fits (ctx_check) */
+            const int rn = rows[q1].n > 0 ? rows[q1].n : 0;
+            if (total + rn > h->max_rows)
+                break;
+            total += rn;
+        }
+        DFLASH_TRY(ctx_append_pass(h, states + q0, rows + q0, q1 - q0));
+    }
     return DFLASH_OK;
 }
 
@@ -347,13 +404,14 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
                 sel[q * n_drafts + j - 1] = q * B + j;
         }
         /* Context keys [lo, s) from the pages, then the block's own B rows. */
-        int32_t info[DFLASH_SEQ_INFO_LEN] = { st->kv.lo, st->kv.len, q * B, B, positions[q], q * B, B };
+        const int32_t info[DFLASH_SEQ_INFO_LEN] = { st->kv.lo, st->kv.len, q * B, B, positions[q], q * B, B };
         if (st->kv.len - st->kv.lo + B > max_keys)
             max_keys = st->kv.len - st->kv.lo + B;
-        DFLASH_TRY(o->upload(h->be, s->seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
-        DFLASH_TRY(o->upload(h->be, s->page_tables + (size_t)q * h->pt_len, st->kv.table,
-                             (size_t)h->pt_len * sizeof(int32_t)));
+        memcpy(s->h_info + (size_t)q * DFLASH_SEQ_INFO_LEN, info, sizeof info);
+        memcpy(s->h_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
     }
+    DFLASH_TRY(o->upload(h->be, s->seq_info, s->h_info, (size_t)n_seqs * DFLASH_SEQ_INFO_LEN * sizeof(int32_t)));
+    DFLASH_TRY(o->upload(h->be, s->page_tables, s->h_tables, (size_t)n_seqs * h->pt_len * sizeof(int32_t)));
     DFLASH_TRY(o->upload(h->be, s->ids, ids, sizeof ids));
     DFLASH_TRY(o->upload(h->be, s->b.pos, pos, sizeof pos));
     DFLASH_TRY(o->upload(h->be, s->row_seq, row_seq, sizeof row_seq));
@@ -457,7 +515,8 @@ static dflash_status head_reset(dflash_proposer *p, void *state)
 
 static dflash_status head_begin(dflash_proposer *p, void *state, const dflash_ctx_rows *rows)
 {
-    return ctx_append(p->self, state, rows);
+    dflash_proposer_state *st = state;
+    return ctx_append(p->self, &st, rows, 1);
 }
 
 static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
@@ -475,9 +534,7 @@ static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs,
 
 static dflash_status head_after_verify(dflash_proposer *p, void **states, int n_seqs, const dflash_ctx_rows *rows)
 {
-    for (int q = 0; q < n_seqs; q++)
-        DFLASH_TRY(ctx_append(p->self, states[q], &rows[q]));
-    return DFLASH_OK;
+    return ctx_append(p->self, (dflash_proposer_state **)states, rows, n_seqs);
 }
 
 static void head_destroy(dflash_proposer *p) { dflash_head_free(p->self); }

@@ -50,6 +50,10 @@ typedef struct dflash_scratch {
     int32_t *ids, *row_seq, *sel, *argmax; /* [R] */
     int32_t *seq_info;    /* [S * DFLASH_SEQ_INFO_LEN] */
     int32_t *page_tables;/* [S * pt_len] */
+    /* host staging of a call's per-row and per-sequence inputs, uploaded
+     * once per call: positions and row_seq [R], seq_info [S * INFO_LEN],
+     * page tables [S * pt_len] */
+    int32_t *h_pos, *h_row_seq, *h_info, *h_tables;
 } dflash_scratch;
 
 /* Backend kernels resolved once when the head is built. The CPU backend
