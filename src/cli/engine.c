@@ -157,12 +157,12 @@ static dflash_status check_block_option(const cli_engine_args *a, int drafter_bl
     return DFLASH_OK;
 }
 
-/* The block one step runs, as the loop will choose it (spec.c: the
- * proposer's block, capped by --block-size). */
-static dflash_status plan_block(const cli_engine_args *a, int *block)
+/* --block-size against the drafter the arguments name (its config.json's
+ * block), before anything loads. */
+static dflash_status plan_block(const cli_engine_args *a)
 {
-    int own;
-    DFLASH_TRY(dflash_open_block(a->draft, a->block_size, block, &own));
+    int block, own;
+    DFLASH_TRY(dflash_open_block(a->draft, a->block_size, &block, &own));
     /* the n-gram proposer takes any --block-size (at most DFLASH_MAX_BLOCK:
      * the parser's bound) */
     return a->draft && !strcmp(a->draft, "ngram") ? DFLASH_OK : check_block_option(a, own);
@@ -187,7 +187,7 @@ dflash_status cli_engine_plan_load(const cli_engine_args *a, int dflt_max_ctx, c
         DFLASH_TRY(dflash_config_check_folder(a->draft, "-d"));
     dflash_model_config tc;
     DFLASH_TRY(dflash_config_load(a->model, &tc));
-    DFLASH_TRY(plan_block(a, &p->block));
+    DFLASH_TRY(plan_block(a));
     p->model_ctx = tc.max_position_embeddings;
     char cfg[256];
     config_path(a->model, cfg, sizeof cfg);

@@ -24,10 +24,6 @@ typedef struct cli_engine_args {
 /* What sizes a run, known before any weights are loaded. */
 typedef struct cli_engine_plan {
     int model_ctx; /* the target's max_position_embeddings */
-    /* Positions one step runs past the sequence: the block in use (the
-     * drafter's block_size or --block-size; 16 for ngram; 1 plain). The KV
-     * cache holds the sequence plus these. */
-    int block;
     /* Positions a sequence may use (prompt + output, or a whole chat):
      * --max-ctx and, unless --allow-long-context, the model's context
      * length; INT_MAX when neither bounds it. */
