@@ -40,8 +40,6 @@ static dflash_status parse(const char *text, dflash_model_config *c)
     return dflash_config_parse(text, strlen(text), "cfg.json", c);
 }
 
-/* Parse `base` after setting top-level `key` to the JSON `value` (or
- * deleting it when value is NULL). */
 /* `base` with top-level keys[i] set to values[i] (JSON text; NULL: the key
  * removed), parsed. */
 static dflash_status parse_edits(const char *base, int n, const char *const *keys, const char *const *values,
@@ -309,12 +307,12 @@ static void test_architectures(void)
 {
     dflash_model_config c;
     CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"MistralForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
-                "cfg.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM and "
-                "LlamaForCausalLM targets and DFlashDraftModel drafters");
+                "cfg.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM, "
+                "Qwen3MoeForCausalLM and LlamaForCausalLM targets and DFlashDraftModel drafters");
     CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen2ForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
                 "architectures[0] is 'Qwen2ForCausalLM'");
-    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen3MoeForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
-                "'Qwen3MoeForCausalLM'");
+    CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen2MoeForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
+                "'Qwen2MoeForCausalLM'");
     /* Named before its other fields are judged: a Mistral config may lack head_dim. */
     json_t *other = json_loads(k_qwen3, 0, NULL);
     json_object_del(other, "head_dim");
@@ -338,7 +336,7 @@ static void test_architectures(void)
     CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"llama\"", &c), DFLASH_ERR_FORMAT,
                 "cfg.json: architectures[0] is 'Qwen3ForCausalLM' but model_type is 'llama' (expected 'qwen3')");
     CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"mistral\"", &c), DFLASH_ERR_UNSUPPORTED,
-                "cfg.json: model_type is 'mistral'; dflash runs Qwen3 and Llama models");
+                "cfg.json: model_type is 'mistral'; dflash runs Qwen3, Qwen3-MoE and Llama models");
     CHECK_FAILS(parse_edit(k_drafter, "model_type", "\"llama\"", &c), DFLASH_ERR_UNSUPPORTED,
                 "a DFlash drafter with model_type 'llama'; its layers are Qwen3's");
     CHECK_FAILS(parse_edit(k_drafter, "model_type", "\"qwen3_moe\"", &c), DFLASH_ERR_UNSUPPORTED, "'qwen3_moe'");
@@ -372,6 +370,63 @@ static void test_llama(void)
                 "head_dim is missing and hidden_size 256 is not a multiple of num_attention_heads 7");
     CHECK_OK(parse(k_qwen3, &c));
     CHECK(c.family == DFLASH_FAMILY_QWEN3 && dflash_config_qk_norm(&c));
+}
+
+/* Qwen3-30B-A3B's config.json (the published one): 48 sparse layers of
+ * 128 experts, 8 per token, renormalised; the expert count under either
+ * spelling, Qwen3MoeConfig's defaults where fields are absent, and the
+ * sparse-layer rule (mlp_only_layers, decoder_sparse_step). */
+static void test_qwen3_moe(void)
+{
+    static const char *moe =
+        "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"model_type\":\"qwen3_moe\",\"hidden_size\":2048,"
+        "\"intermediate_size\":6144,\"num_hidden_layers\":48,\"num_attention_heads\":32,\"num_key_value_heads\":4,"
+        "\"head_dim\":128,\"vocab_size\":151936,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000.0,"
+        "\"num_experts\":128,\"num_experts_per_tok\":8,\"moe_intermediate_size\":768,\"norm_topk_prob\":true,"
+        "\"decoder_sparse_step\":1,\"mlp_only_layers\":[],\"max_position_embeddings\":40960,"
+        "\"tie_word_embeddings\":false,\"use_sliding_window\":false,\"sliding_window\":null}";
+    dflash_model_config c;
+    CHECK_OK(parse(moe, &c));
+    CHECK(c.family == DFLASH_FAMILY_QWEN3_MOE && dflash_config_qk_norm(&c) && !c.is_dflash);
+    CHECK(strcmp(dflash_family_name(c.family), "Qwen3-MoE") == 0);
+    CHECK(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768 && c.norm_topk_prob);
+    int sparse = 0;
+    for (int i = 0; i < c.num_hidden_layers; i++)
+        sparse += c.layer_moe[i];
+    CHECK(sparse == 48);
+    /* num_local_experts, as transformers 5 writes it; both must agree */
+    static const char *const renamed_keys[] = { "num_experts", "num_local_experts" };
+    static const char *const renamed[] = { NULL, "64" };
+    CHECK_OK(parse_edits(moe, 2, renamed_keys, renamed, &c));
+    CHECK(c.num_experts == 64);
+    CHECK_OK(parse_edit(moe, "num_local_experts", "128", &c));
+    CHECK_FAILS(parse_edit(moe, "num_local_experts", "64", &c), DFLASH_ERR_FORMAT,
+                "cfg.json: field 'num_experts' = 128 but 'num_local_experts' = 64");
+    /* the defaults: 128 experts, 8 per token, 768 wide, no renormalising */
+    static const char *const moe_keys[] = { "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                            "norm_topk_prob" };
+    static const char *const absent[] = { NULL, NULL, NULL, NULL };
+    CHECK_OK(parse_edits(moe, 4, moe_keys, absent, &c));
+    CHECK(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768 &&
+          !c.norm_topk_prob);
+    /* dense layers: listed ones, and those off the sparse step */
+    CHECK_OK(parse_edit(moe, "mlp_only_layers", "[0, 47]", &c));
+    CHECK(!c.layer_moe[0] && c.layer_moe[1] && c.layer_moe[46] && !c.layer_moe[47]);
+    CHECK_OK(parse_edit(moe, "decoder_sparse_step", "2", &c));
+    CHECK(!c.layer_moe[0] && c.layer_moe[1] && !c.layer_moe[2] && c.layer_moe[47]);
+    CHECK_FAILS(parse_edit(moe, "mlp_only_layers", "[48]", &c), DFLASH_ERR_FORMAT,
+                "field 'mlp_only_layers[0]' = 48 is outside [0, num_hidden_layers 48)");
+    CHECK_FAILS(parse_edit(moe, "mlp_only_layers", "3", &c), DFLASH_ERR_FORMAT, "field 'mlp_only_layers' is");
+    CHECK_FAILS(parse_edit(moe, "num_experts_per_tok", "129", &c), DFLASH_ERR_FORMAT,
+                "field 'num_experts_per_tok' = 129, more than the 128 experts (num_experts)");
+    CHECK_FAILS(parse_edit(moe, "num_experts", "0", &c), DFLASH_ERR_FORMAT, "field 'num_experts' = 0, expected 1..");
+    CHECK_FAILS(parse_edit(moe, "decoder_sparse_step", "0", &c), DFLASH_ERR_FORMAT,
+                "field 'decoder_sparse_step' = 0, expected > 0");
+    CHECK_FAILS(parse_edit(moe, "model_type", "\"qwen3\"", &c), DFLASH_ERR_FORMAT,
+                "architectures[0] is 'Qwen3MoeForCausalLM' but model_type is 'qwen3' (expected 'qwen3_moe')");
+    /* a dense Qwen3 has no experts */
+    CHECK_OK(parse(k_qwen3, &c));
+    CHECK(c.num_experts == 0 && !c.layer_moe[0]);
 }
 
 /* ---- DFlash drafters ---------------------------------------------------- */
@@ -573,6 +628,7 @@ int main(void)
     RUN(test_drafter_explicit);
     RUN(test_default_target_layer_ids);
     RUN(test_drafter_errors);
+    RUN(test_qwen3_moe);
     RUN(test_drafter_top_level_fields_not_read);
     RUN(test_drafter_layouts);
     RUN(test_drafter_small_target);

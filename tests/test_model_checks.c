@@ -5,8 +5,9 @@
  * rotary inv_freq buffers; `dflash info` fails with the very message
  * loading gives; another architecture is refused by name; a file given
  * where the folder is expected is named; a header that leaves the data
- * misaligned loads and computes the same logits; every committed
- * checkpoint still passes. */
+ * misaligned loads and computes the same logits; a Qwen3-MoE config that
+ * does not match its experts is named; every committed checkpoint still
+ * passes. */
 #include "harness.h"
 
 #include <jansson.h>
@@ -226,8 +227,8 @@ static void test_other_architecture_refused(void)
     static char out[4096];
     CHECK(save_model(dir, 1, 1, NULL) && edit_config(dir, "architectures", json_pack("[s]", "MistralForCausalLM")));
     CHECK_FAILS(try_load(dir, msg, sizeof msg), DFLASH_ERR_UNSUPPORTED,
-                "/config.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM and "
-                "LlamaForCausalLM targets and DFlashDraftModel drafters");
+                "/config.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM, "
+                "Qwen3MoeForCausalLM and LlamaForCausalLM targets and DFlashDraftModel drafters");
     CHECK(run_info(dir, out, sizeof out) == 1 && strstr(out, "architectures[0] is 'MistralForCausalLM'"));
     testmodel_rmdir(dir);
 }
@@ -337,9 +338,69 @@ static void test_misaligned_checkpoint_loads(void)
 
 /* ---- committed checkpoints ---------------------------------------------- */
 
+/* ---- Qwen3-MoE ---------------------------------------------------------- */
+
+/* A committed fixture's config.json and model.safetensors copied into a
+ * fresh folder (dir[64]), so its config can be edited. */
+static int copy_fixture(char *dir, const char *family, const char *name)
+{
+    static const char *const files[] = { "config.json", "model.safetensors" };
+    char src[600], dst[600], from[512];
+    if (!testmodel_tmpdir(dir))
+        return 0;
+    fx_path(from, sizeof from, family, name);
+    int ok = 1;
+    for (size_t i = 0; i < 2 && ok; i++) {
+        snprintf(src, sizeof src, "%s/%s", from, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+        char buf[1 << 16];
+        size_t n;
+        ok = in && out;
+        while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+            ok = fwrite(buf, 1, n, out) == n;
+        if (in)
+            fclose(in);
+        if (out)
+            ok = fclose(out) == 0 && ok;
+    }
+    return ok;
+}
+
+/* A Qwen3-MoE config that does not match its experts names the tensor and
+ * both shapes, for either expert layout, at load and in `dflash info`. */
+static void test_moe_config_mismatch(void)
+{
+    static const struct {
+        const char *name, *key;
+        int value;
+        dflash_status want;
+        const char *msg;
+    } cases[] = {
+        { "moe_experts", "num_experts", 10, DFLASH_ERR_SHAPE,
+          "tensor 'model.layers.0.mlp.gate.weight' has shape [8, 96], expected [10, 96]" },
+        { "moe_experts", "moe_intermediate_size", 32, DFLASH_ERR_SHAPE,
+          "tensor 'model.layers.0.mlp.experts.0.gate_proj.weight' has shape [64, 96], expected [32, 96]" },
+        { "moe_experts", "decoder_sparse_step", 3, DFLASH_ERR_NOT_FOUND,
+          "tensor 'model.layers.0.mlp.gate_proj.weight' not found" },
+        { "moe_stacked", "moe_intermediate_size", 40, DFLASH_ERR_SHAPE,
+          "tensor 'model.layers.1.mlp.experts.gate_up_proj' has shape [6, 96, 64], expected [6, 80, 64]" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[64], msg[1024];
+        static char out[4096];
+        CHECK(copy_fixture(dir, "qwen3_moe", cases[i].name) &&
+              edit_config(dir, cases[i].key, json_integer(cases[i].value)));
+        CHECK_FAILS(try_load(dir, msg, sizeof msg), cases[i].want, cases[i].msg);
+        CHECK(run_info(dir, out, sizeof out) == 1);
+        CHECKF(strstr(out, cases[i].msg), "dflash info: %s", out);
+        testmodel_rmdir(dir);
+    }
+}
+
 static void test_committed_checkpoints_pass(void)
 {
-    char dirs[8][512], msg[1024];
+    char dirs[12][512], msg[1024];
     int n = 0;
     const char *qwen3[] = { "gqa_tied", "gqa_sharded", "mha_untied" };
     const char *dflash[] = { "d1_sharded", "d2_tied", "d3_sliding" };
@@ -347,6 +408,8 @@ static void test_committed_checkpoints_pass(void)
         fx_path(dirs[n++], sizeof dirs[0], "qwen3", qwen3[i]);
         fx_path(dirs[n++], sizeof dirs[0], "dflash", dflash[i]);
     }
+    fx_path(dirs[n++], sizeof dirs[0], "qwen3_moe", "moe_experts");
+    fx_path(dirs[n++], sizeof dirs[0], "qwen3_moe", "moe_stacked");
     snprintf(dirs[n++], sizeof dirs[0], "models/qwen3-pystd");
     snprintf(dirs[n++], sizeof dirs[0], "models/qwen3-pystd-dflash");
     for (int i = 0; i < n; i++)
@@ -364,6 +427,7 @@ int main(void)
     RUN(test_other_architecture_refused);
     RUN(test_file_given_for_folder);
     RUN(test_misaligned_checkpoint_loads);
+    RUN(test_moe_config_mismatch);
     RUN(test_committed_checkpoints_pass);
     dflash_backend_destroy(be);
     TEST_END();

@@ -1,12 +1,15 @@
 /* test_ops.c: the CPU reference ops against naive double-precision
  * recomputations on random inputs (attention over pages + extra keys with
- * every mask mode, linear in every weight dtype, norms, RoPE), and the
- * row-independence property the speculative loop relies on. */
+ * every mask mode, linear in every weight dtype, norms, RoPE, the weighted
+ * row sum of a MoE layer and its summation order), the MoE routing's
+ * choices, and the row-independence property the speculative loop relies
+ * on. */
 #include "harness.h"
 
 #include <stdlib.h>
 
 #include "backend/backend.h"
+#include "target/moe.h"
 
 static dflash_backend *be;
 static unsigned rng = 12345;
@@ -247,6 +250,62 @@ static void test_argmax_ties_low_index(void)
     CHECK(out == 1);
 }
 
+/* gather_sum: random rows against a double recomputation, then the order
+ * its contract fixes: ((0 + 1e8) + 1) + -1e8 is 0 in f32, where adding
+ * in another order gives 1. */
+static void test_gather_sum(void)
+{
+    enum { N = 5, K = 3, COLS = 37, SRC = 9 };
+    float src[SRC * COLS], w[N * K], out[N * COLS];
+    int32_t idx[N * K];
+    double ref[N * COLS];
+    for (int i = 0; i < SRC * COLS; i++)
+        src[i] = frand();
+    for (int i = 0; i < N * K; i++) {
+        w[i] = frand();
+        idx[i] = (int32_t)((i * 7 + 3) % SRC);
+    }
+    CHECK_OK(be->ops->gather_sum(be, out, src, idx, w, N, K, COLS));
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < COLS; c++) {
+            double a = 0;
+            for (int j = 0; j < K; j++)
+                a += (double)w[i * K + j] * src[idx[i * K + j] * COLS + c];
+            ref[i * COLS + c] = a;
+        }
+    CHECK(rel_err(out, ref, N * COLS) < 1e-6);
+    const float big[3] = { 1e8f, 1.0f, -1e8f }, ones[3] = { 1, 1, 1 };
+    const int32_t order[3] = { 0, 1, 2 }, other[3] = { 0, 2, 1 };
+    float o = -1;
+    CHECK_OK(be->ops->gather_sum(be, &o, big, order, ones, 1, 3, 1));
+    CHECKF(o == 0.0f, "in j order the sum is 0, got %g", o);
+    CHECK_OK(be->ops->gather_sum(be, &o, big, other, ones, 1, 3, 1));
+    CHECKF(o == 1.0f, "in the other order the sum is 1, got %g", o);
+}
+
+/* The routing of one row: softmax probabilities, the k largest (the lower
+ * expert first on ties), renormalised or not, listed by expert. */
+static void test_moe_route(void)
+{
+    const float logits[4] = { 0.5f, 2.0f, 1.0f, 2.0f };
+    double z = exp(-1.5) + 1 + exp(-1.0) + 1;
+    int32_t e[3];
+    float p[3];
+    qwen3_moe_route(logits, 4, 2, 0, e, p);
+    CHECK(e[0] == 1 && e[1] == 3);
+    CHECK(fabs(p[0] - 1 / z) < 1e-6 && fabs(p[1] - 1 / z) < 1e-6);
+    qwen3_moe_route(logits, 4, 2, 1, e, p);
+    CHECK(e[0] == 1 && e[1] == 3 && fabs(p[0] - 0.5) < 1e-6 && fabs(p[1] - 0.5) < 1e-6);
+    qwen3_moe_route(logits, 4, 3, 1, e, p);
+    CHECK(e[0] == 1 && e[1] == 2 && e[2] == 3);
+    double top = (2 + exp(-1.0)) / z;
+    CHECK(fabs(p[1] - exp(-1.0) / z / top) < 1e-6 && fabs(p[0] - 1 / z / top) < 1e-6);
+    /* a tie at the k-th place goes to the lower expert */
+    const float tie[4] = { 3.0f, 1.0f, 1.0f, 0.0f };
+    qwen3_moe_route(tie, 4, 2, 0, e, p);
+    CHECK(e[0] == 0 && e[1] == 1);
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
@@ -255,6 +314,8 @@ int main(void)
     RUN(test_attention_modes);
     RUN(test_linear_row_independent);
     RUN(test_argmax_ties_low_index);
+    RUN(test_gather_sum);
+    RUN(test_moe_route);
     dflash_backend_destroy(be);
     TEST_END();
 }

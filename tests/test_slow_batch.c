@@ -10,7 +10,8 @@
  * repetition penalty, a stop token, a budget of one token), with the
  * drafter and without, with more rows than one forward takes; and with
  * sequences joining between steps and one cancelled midway (its output a
- * prefix of its own, its caches consistent). */
+ * prefix of its own, its caches consistent). All of it on a Qwen3 target
+ * and again on a Qwen3-MoE. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -464,27 +465,36 @@ static void test_deferred_handover(void)
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&be));
-    char tdir[512], ddir[512];
-    dflash_qwen3_opts to;
-    dflash_qwen3_default_opts(&to);
-    to.max_ctx = 128;
-    to.max_rows = MAX_ROWS;
-    to.max_seqs = 2 * N_SEQ; /* 6: five items, more rows than MAX_ROWS */
-    CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, "qwen3", "gqa_tied"), be, &to, &g_t));
-    dflash_head_opts ho;
-    dflash_head_default_opts(&ho);
-    ho.max_ctx = 128;
-    ho.max_seqs = 2 * N_SEQ;
-    if (g_t)
-        CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), g_t, &ho, &g_h));
-    if (g_h) {
-        RUN(test_target_and_proposer);
-        RUN(test_generate_many_equals_alone);
-        RUN(test_join_and_leave);
-        RUN(test_deferred_handover);
+    /* Each test on a Qwen3 target, then on a Qwen3-MoE of the same
+     * geometry (hidden 96, vocabulary 640, 3 layers: the drafter fits
+     * both), whose rows are routed to experts one by one. */
+    static const char *const targets[][2] = { { "qwen3", "gqa_tied" }, { "qwen3_moe", "moe_experts" } };
+    for (size_t k = 0; k < sizeof targets / sizeof targets[0]; k++) {
+        char tdir[512], ddir[512];
+        dflash_qwen3_opts to;
+        dflash_qwen3_default_opts(&to);
+        to.max_ctx = 128;
+        to.max_rows = MAX_ROWS;
+        to.max_seqs = 2 * N_SEQ; /* 6: five items, more rows than MAX_ROWS */
+        g_t = NULL;
+        g_h = NULL;
+        CHECK_OK(dflash_qwen3_load(fx_path(tdir, sizeof tdir, targets[k][0], targets[k][1]), be, &to, &g_t));
+        dflash_head_opts ho;
+        dflash_head_default_opts(&ho);
+        ho.max_ctx = 128;
+        ho.max_seqs = 2 * N_SEQ;
+        if (g_t)
+            CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), g_t, &ho, &g_h));
+        if (g_h) {
+            printf("target %s/%s\n", targets[k][0], targets[k][1]);
+            RUN(test_target_and_proposer);
+            RUN(test_generate_many_equals_alone);
+            RUN(test_join_and_leave);
+            RUN(test_deferred_handover);
+        }
+        dflash_head_free(g_h);
+        dflash_qwen3_free(g_t);
     }
-    dflash_head_free(g_h);
-    dflash_qwen3_free(g_t);
     dflash_backend_destroy(be);
     TEST_END();
 }

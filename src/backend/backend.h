@@ -142,6 +142,12 @@ typedef struct dflash_backend_ops {
      * idx NULL means idx[i] = i. */
     dflash_status (*copy_rows)(dflash_backend *be, float *dst, int64_t dst_stride, const float *src,
                                int64_t src_stride, const int32_t *idx, int n, int64_t cols);
+    /* out[i, c] = the sum over j < k, in j order, of w[i * k + j] *
+     * src[idx[i * k + j] * cols + c], for c < cols: each product rounded
+     * to f32 before it is added (no fused multiply-add), so every backend
+     * gets the same bits (a MoE layer's weighted sum of its experts). */
+    dflash_status (*gather_sum)(dflash_backend *be, float *out, const float *src, const int32_t *idx, const float *w,
+                                int n, int k, int64_t cols);
     /* out[i] = index of the largest of x[i, 0..cols) (lowest index on ties);
      * -1 when the row holds a NaN or +inf or nothing above -inf: logits with
      * no usable number, which the caller reports instead of decoding a

@@ -19,20 +19,46 @@ void dflash_binder_free(dflash_binder *b)
     b->used = NULL;
 }
 
+/* BF16, F16 and F32: the dtypes a weight is bound from. */
+static dflash_status check_dtype(const dflash_tensor_info *t, const char *name)
+{
+    if (t->dtype != DFLASH_DTYPE_BF16 && t->dtype != DFLASH_DTYPE_F16 && t->dtype != DFLASH_DTYPE_F32)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
+                           t->file, name, dflash_dtype_name(t->dtype));
+    return DFLASH_OK;
+}
+
 dflash_status dflash_bind(dflash_binder *b, const char *name, int64_t rows, int64_t cols, dflash_weight *out)
 {
     const dflash_tensor_info *t;
     int64_t shape[2] = { rows ? rows : cols, cols };
     DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, rows ? 2 : 1, shape, &t));
-    if (t->dtype != DFLASH_DTYPE_BF16 && t->dtype != DFLASH_DTYPE_F16 && t->dtype != DFLASH_DTYPE_F32)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
-                           t->file, name, dflash_dtype_name(t->dtype));
+    DFLASH_TRY(check_dtype(t, name));
     /* dflash_tensor_info.data is aligned to the element size (safetensors.h),
      * so the elements can be read as uint16_t / float here and on upload. */
     *out = (dflash_weight){ t->dtype, rows ? rows : 1, cols, t->data, NULL, t->name };
     b->used[dflash_st_index_of(b->st, t)] = 1;
     b->n_params += out->rows * out->cols;
     return b->be ? b->be->ops->weight_from_host(b->be, out, t->data, NULL) : DFLASH_OK;
+}
+
+dflash_status dflash_bind_stack(dflash_binder *b, const char *name, int64_t n, int parts, int64_t rows, int64_t cols,
+                                dflash_weight *out)
+{
+    const dflash_tensor_info *t;
+    int64_t shape[3] = { n, parts * rows, cols };
+    DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, 3, shape, &t));
+    DFLASH_TRY(check_dtype(t, name));
+    const size_t part_bytes = (size_t)(rows * cols) * dflash_dtype_size(t->dtype);
+    b->used[dflash_st_index_of(b->st, t)] = 1;
+    b->n_params += t->numel;
+    for (int64_t i = 0; i < n * parts; i++) {
+        const void *data = (const char *)t->data + (size_t)i * part_bytes;
+        out[i] = (dflash_weight){ t->dtype, rows, cols, data, NULL, t->name };
+        if (b->be)
+            DFLASH_TRY(b->be->ops->weight_from_host(b->be, &out[i], data, NULL));
+    }
+    return DFLASH_OK;
 }
 
 size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max)

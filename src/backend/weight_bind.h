@@ -25,6 +25,13 @@ void dflash_binder_free(dflash_binder *b);
  * matrix [rows, cols]. Accepts BF16, F16 and F32 tensors. */
 dflash_status dflash_bind(dflash_binder *b, const char *name, int64_t rows, int64_t cols, dflash_weight *out);
 
+/* A stack of matrices in one tensor of shape [n, parts * rows, cols] (the
+ * experts of a MoE layer as transformers 5 stores them, e.g. gate and up
+ * joined: parts 2): out[i * parts + p] is rows [p * rows, (p + 1) * rows)
+ * of matrix i, each a weight of its own over the tensor's data. */
+dflash_status dflash_bind_stack(dflash_binder *b, const char *name, int64_t n, int parts, int64_t rows, int64_t cols,
+                                dflash_weight *out);
+
 /* Tensors of the set not bound yet, in name order: up to `max` of them into
  * names[], the total count returned. */
 size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max);

@@ -36,12 +36,20 @@ int dflash_cmd_info(int argc, char **argv)
         if ((unsigned)t->dtype < 8)
             by_dtype[t->dtype] += t->numel;
     }
-    printf("%s\n  architecture   %s%s\n", dir, c.architecture[0] ? c.architecture : "(not given)",
-           c.is_dflash ? " (DFlash drafter)" : c.family == DFLASH_FAMILY_LLAMA ? " (Llama target)" : " (Qwen3 target)");
+    printf("%s\n  architecture   %s (%s%s)\n", dir, c.architecture[0] ? c.architecture : "(not given)",
+           c.is_dflash ? "DFlash drafter" : dflash_family_name(c.family), c.is_dflash ? "" : " target");
     printf("  layers         %d\n  hidden         %d\n  heads          %d (kv %d, head_dim %d)\n",
            c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     printf("  intermediate   %d\n  vocab          %d%s\n", c.intermediate_size, c.vocab_size,
            c.tie_word_embeddings ? " (tied embeddings)" : "");
+    if (c.num_experts) {
+        int sparse = 0;
+        for (int i = 0; i < c.num_hidden_layers; i++)
+            sparse += c.layer_moe[i];
+        printf("  experts        %d, %d active per token%s, %d wide; %d of %d layers sparse\n", c.num_experts,
+               c.num_experts_per_tok, c.norm_topk_prob ? " (weights renormalised)" : "", c.moe_intermediate_size,
+               sparse, c.num_hidden_layers);
+    }
     const dflash_rope_params *r = &c.rope;
     printf("  rope           %s, theta %g", dflash_rope_kind_name(r->kind), r->theta);
     if (r->kind != DFLASH_ROPE_DEFAULT)

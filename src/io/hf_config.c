@@ -380,13 +380,15 @@ static const struct {
 } k_families[] = {
     { "qwen3", "Qwen3ForCausalLM", DFLASH_FAMILY_QWEN3 },
     { "llama", "LlamaForCausalLM", DFLASH_FAMILY_LLAMA },
+    { "qwen3_moe", "Qwen3MoeForCausalLM", DFLASH_FAMILY_QWEN3_MOE },
 };
 #define N_FAMILIES (sizeof k_families / sizeof k_families[0])
-#define CFG_RUNS "dflash runs Qwen3ForCausalLM and LlamaForCausalLM targets and DFlashDraftModel drafters"
+#define CFG_RUNS "dflash runs Qwen3ForCausalLM, Qwen3MoeForCausalLM and LlamaForCausalLM targets and " \
+                 "DFlashDraftModel drafters"
 
 const char *dflash_family_name(dflash_family f)
 {
-    return f == DFLASH_FAMILY_LLAMA ? "Llama" : "Qwen3";
+    return f == DFLASH_FAMILY_LLAMA ? "Llama" : f == DFLASH_FAMILY_QWEN3_MOE ? "Qwen3-MoE" : "Qwen3";
 }
 
 /* Which model: architectures[0] and model_type (each optional) name one
@@ -399,9 +401,8 @@ static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflas
     while (by_type < N_FAMILIES && strcmp(model_type, k_families[by_type].model_type) != 0)
         by_type++;
     if (model_type[0] && by_type == N_FAMILIES)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: model_type is '%s'; dflash runs Qwen3 and Llama models "
-                           "(model_type 'qwen3', 'llama'): Qwen3ForCausalLM and LlamaForCausalLM targets and "
-                           "DFlashDraftModel drafters", label, model_type);
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: model_type is '%s'; dflash runs Qwen3, Qwen3-MoE and Llama "
+                           "models (model_type 'qwen3', 'qwen3_moe', 'llama'): " CFG_RUNS, label, model_type);
     const int has_dflash_config = cfg_field(root, "dflash_config") != NULL;
     const char *arch = c->architecture;
     c->family = DFLASH_FAMILY_QWEN3;
@@ -480,6 +481,56 @@ static dflash_status cfg_parse_layer_types(const char *label, const json_t *root
                                "%s: field 'layer_types[%zu]' is \"sliding_attention\" but sliding_window is absent",
                                label, i);
     }
+    return DFLASH_OK;
+}
+
+/* ---- Qwen3-MoE ---------------------------------------------------------- */
+
+/* The sparse MLP's fields, with Qwen3MoeConfig's defaults where absent
+ * (128 experts, 8 per token, 768 wide, renormalisation off, every layer
+ * sparse). The expert count may be spelled num_experts or
+ * num_local_experts (transformers maps one onto the other); given both,
+ * they must agree. */
+static dflash_status cfg_parse_moe(const char *label, const json_t *root, dflash_model_config *c)
+{
+    if (c->family != DFLASH_FAMILY_QWEN3_MOE)
+        return DFLASH_OK;
+    int a = 128, b = 128;
+    const int has_a = cfg_field(root, "num_experts") != NULL, has_b = cfg_field(root, "num_local_experts") != NULL;
+    DFLASH_TRY(cfg_int(label, root, "num_experts", "num_experts", 0, 128, &a));
+    DFLASH_TRY(cfg_int(label, root, "num_local_experts", "num_local_experts", 0, 128, &b));
+    if (has_a && has_b && a != b)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_experts' = %d but 'num_local_experts' = %d", label, a,
+                           b);
+    c->num_experts = has_b ? b : a;
+    const char *experts_field = has_b ? "num_local_experts" : "num_experts";
+    if (c->num_experts < 1 || c->num_experts > DFLASH_MAX_EXPERTS)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %d, expected 1..%d", label, experts_field,
+                           c->num_experts, DFLASH_MAX_EXPERTS);
+    DFLASH_TRY(cfg_positive_int(label, root, "num_experts_per_tok", 0, 8, &c->num_experts_per_tok));
+    if (c->num_experts_per_tok > c->num_experts)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_experts_per_tok' = %d, more than the %d experts (%s)",
+                           label, c->num_experts_per_tok, c->num_experts, experts_field);
+    DFLASH_TRY(cfg_positive_int(label, root, "moe_intermediate_size", 0, 768, &c->moe_intermediate_size));
+    DFLASH_TRY(cfg_bool(label, root, "norm_topk_prob", &c->norm_topk_prob));
+    int step = 1;
+    DFLASH_TRY(cfg_positive_int(label, root, "decoder_sparse_step", 0, 1, &step));
+    unsigned char dense[DFLASH_MAX_LAYERS] = { 0 };
+    const json_t *only = cfg_field(root, "mlp_only_layers");
+    if (only && !json_is_array(only))
+        return cfg_wrong_type(label, "mlp_only_layers", only, "a list of layer indices");
+    for (size_t i = 0; only && i < json_array_size(only); i++) {
+        char field[48];
+        int id = 0;
+        snprintf(field, sizeof field, "mlp_only_layers[%zu]", i);
+        DFLASH_TRY(cfg_int_value(label, field, json_array_get(only, i), &id));
+        if (id < 0 || id >= c->num_hidden_layers)
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %d is outside [0, num_hidden_layers %d)", label,
+                               field, id, c->num_hidden_layers);
+        dense[id] = 1;
+    }
+    for (int i = 0; i < c->num_hidden_layers; i++)
+        c->layer_moe[i] = !dense[i] && (i + 1) % step == 0;
     return DFLASH_OK;
 }
 
@@ -600,6 +651,7 @@ static dflash_status cfg_parse_root(const char *label, const json_t *root, dflas
     DFLASH_TRY(cfg_parse_rope(label, root, c));
     DFLASH_TRY(cfg_parse_tokens(label, root, c));
     DFLASH_TRY(cfg_parse_layer_types(label, root, c));
+    DFLASH_TRY(cfg_parse_moe(label, root, c));
     DFLASH_TRY(cfg_parse_dflash(label, root, c));
     int sliding = 0;
     DFLASH_TRY(cfg_bool(label, root, "use_sliding_window", &sliding));

@@ -14,15 +14,21 @@
 #define DFLASH_MAX_EOS 8
 #define DFLASH_MAX_TAPS 64
 
-/* The model families a target can be: both are pre-norm decoder stacks
+/* The model families a target can be: all are pre-norm decoder stacks
  * with SwiGLU MLPs and NeoX RoPE; Qwen3 adds a per-head RMSNorm on q and k
- * (q_norm, k_norm). A DFlash drafter's layers are Qwen3's. */
+ * (q_norm, k_norm); Qwen3-MoE is Qwen3 whose MLP is, on its sparse layers,
+ * a router choosing num_experts_per_tok of num_experts SwiGLU experts per
+ * token. A DFlash drafter's layers are Qwen3's. */
 typedef enum dflash_family {
     DFLASH_FAMILY_QWEN3 = 0, /* Qwen3ForCausalLM, model_type "qwen3" */
     DFLASH_FAMILY_LLAMA,     /* LlamaForCausalLM, model_type "llama" */
+    DFLASH_FAMILY_QWEN3_MOE, /* Qwen3MoeForCausalLM, model_type "qwen3_moe" */
 } dflash_family;
 
-/* "Qwen3", "Llama". */
+/* The most experts a MoE layer may have (published Qwen3-MoE: 128). */
+#define DFLASH_MAX_EXPERTS 1024
+
+/* "Qwen3", "Llama", "Qwen3-MoE". */
 const char *dflash_family_name(dflash_family f);
 
 typedef struct dflash_model_config {
@@ -52,6 +58,18 @@ typedef struct dflash_model_config {
     /* Per-layer attention kind from `layer_types` (all full when absent). */
     unsigned char layer_sliding[DFLASH_MAX_LAYERS];
     int sliding_window;      /* 0 when absent/null */
+    /* Qwen3-MoE (0 elsewhere): layer i's MLP is sparse when layer_moe[i]
+     * (not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0),
+     * else a dense MLP of intermediate_size. A sparse MLP routes each row
+     * to the num_experts_per_tok experts of highest softmax probability
+     * (over num_experts, or num_local_experts), their weights renormalised
+     * to sum to 1 when norm_topk_prob; each expert is a SwiGLU MLP of
+     * moe_intermediate_size. */
+    int num_experts;
+    int num_experts_per_tok;
+    int moe_intermediate_size;
+    int norm_topk_prob;
+    unsigned char layer_moe[DFLASH_MAX_LAYERS];
 
     /* DFlash drafter fields; is_dflash: architectures[0] is "DFlashDraftModel",
      * or there is no architectures and a dflash_config object is present
@@ -68,10 +86,11 @@ typedef struct dflash_model_config {
     int target_layer_ids[DFLASH_MAX_TAPS]; /* explicit, or spread evenly */
 } dflash_model_config;
 
-/* The layers hold q_norm and k_norm (Qwen3 targets and drafters; not a Llama). */
+/* The layers hold q_norm and k_norm (Qwen3 and Qwen3-MoE targets and
+ * drafters; not a Llama). */
 static inline int dflash_config_qk_norm(const dflash_model_config *c)
 {
-    return c->family == DFLASH_FAMILY_QWEN3;
+    return c->family != DFLASH_FAMILY_LLAMA;
 }
 
 /* `path` is a config.json file or a folder holding one. */

@@ -122,7 +122,7 @@ void dflash_qwen3_free(dflash_qwen3 *m)
     free_scratch(m);
     if (m->kv.free_list)
         dflash_kv_pool_free(&m->kv);
-    free(m->layers);
+    qwen3_layers_free(m->layers, m->cfg.num_hidden_layers);
     dflash_st_close(m->st);
     free(m);
 }

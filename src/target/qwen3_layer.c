@@ -11,7 +11,8 @@
 
 #include "core/log.h"
 
-dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_layer *l)
+dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, int sparse,
+                               qwen3_layer *l)
 {
     const int64_t H = c->hidden_size, D = c->head_dim, Hq = c->num_attention_heads,
                   Hkv = c->num_key_value_heads, I = c->intermediate_size;
@@ -37,10 +38,20 @@ dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflas
     for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
         if ((spec[k].w == &l->q_norm || spec[k].w == &l->k_norm) && !dflash_config_qk_norm(c))
             continue; /* a Llama layer: no per-head q/k norm */
+        if (sparse && (spec[k].w == &l->lin[QWEN3_LIN_GATE] || spec[k].w == &l->lin[QWEN3_LIN_UP] ||
+                       spec[k].w == &l->lin[QWEN3_LIN_DOWN]))
+            continue; /* the experts replace the dense MLP */
         snprintf(name, sizeof name, "%s%s", prefix, spec[k].suffix);
         DFLASH_TRY(dflash_bind(b, name, spec[k].rows, spec[k].cols, spec[k].w));
     }
-    return DFLASH_OK;
+    return sparse ? qwen3_moe_bind(b, prefix, c, &l->moe) : DFLASH_OK;
+}
+
+void qwen3_layers_free(qwen3_layer *layers, int n)
+{
+    for (int i = 0; layers && i < n; i++)
+        qwen3_moe_release(&layers[i].moe);
+    free(layers);
 }
 
 /* ---- checkpoint layout ------------------------------------------------- */
@@ -75,7 +86,7 @@ static dflash_status ckpt_bind_tensors(dflash_binder *b, const dflash_model_conf
     char prefix[64];
     for (int i = 0; i < c->num_hidden_layers; i++) {
         snprintf(prefix, sizeof prefix, "%s%d.", ckpt_layer_prefix(c), i);
-        DFLASH_TRY(qwen3_layer_bind(b, prefix, c, &w->layers[i]));
+        DFLASH_TRY(qwen3_layer_bind(b, prefix, c, !c->is_dflash && c->layer_moe[i], &w->layers[i]));
     }
     return DFLASH_OK;
 }
@@ -169,9 +180,9 @@ static dflash_status ckpt_refuse_unused(const dflash_binder *b, const dflash_mod
         snprintf(list + len, sizeof list - len, " and %zu more", n - SHOWN);
     ckpt_unused_cause(b, c, names, n, why, sizeof why);
     free(names);
-    return dflash_fail(DFLASH_ERR_FORMAT, "%s: %zu tensor%s of the checkpoint %s not used by this %d-layer %s: %s; %s",
+    return dflash_fail(DFLASH_ERR_FORMAT, "%s: %zu tensor%s of the checkpoint %s not used by this %d-layer %s%s: %s; %s",
                        dflash_st_path(b->st), n, n == 1 ? "" : "s", n == 1 ? "is" : "are", c->num_hidden_layers,
-                       c->is_dflash ? "DFlash drafter" : c->family == DFLASH_FAMILY_LLAMA ? "Llama target" : "Qwen3 target",
+                       c->is_dflash ? "DFlash drafter" : dflash_family_name(c->family), c->is_dflash ? "" : " target",
                        list, why);
 }
 
@@ -195,7 +206,7 @@ dflash_status qwen3_checkpoint_check(const dflash_model_config *c, const dflash_
         s = qwen3_checkpoint_bind(&b, c, &w);
         dflash_binder_free(&b);
     }
-    free(w.layers);
+    qwen3_layers_free(w.layers, c->num_hidden_layers);
     return s;
 }
 
@@ -211,7 +222,8 @@ dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c,
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         DFLASH_TRY(dflash_be_alloc_f32(be, f[i].n, f[i].p));
-    return dflash_be_alloc_i32(be, R, &b->pos);
+    DFLASH_TRY(dflash_be_alloc_i32(be, R, &b->pos));
+    return c->num_experts ? qwen3_moe_bufs_alloc(be, c, rows, &b->moe) : DFLASH_OK;
 }
 
 void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b)
@@ -220,6 +232,7 @@ void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b)
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             be->ops->free(be, p[i]);
+    qwen3_moe_bufs_free(be, &b->moe);
     *b = (qwen3_bufs){ 0 };
 }
 
@@ -243,6 +256,8 @@ dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_co
     const dflash_backend_ops *o = be->ops;
     DFLASH_TRY(o->linear(be, b->attn, n, &lin[QWEN3_LIN_O], b->delta));
     DFLASH_TRY(o->add_rmsnorm(be, b->x, b->delta, &l->post_norm, n, c->hidden_size, c->rms_norm_eps, b->xn));
+    if (l->moe.experts)
+        return qwen3_moe_forward(be, c, &l->moe, &b->moe, b->xn, n, b->delta);
     /* gate = silu(gate(xn)) * up(xn) (up is scratch) */
     float *const gu[2] = { b->gate, b->up };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_GATE], 2, gu, DFLASH_ACT_SWIGLU));

@@ -10,7 +10,8 @@
  *   (caller)      attn = attention(q, keys...)
  *   attn_out_mlp: delta = o(attn); x += delta; xn = rmsnorm(x);
  *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
- *                 layer's attn_in or the final norm)
+ *                 layer's attn_in or the final norm); on a Qwen3-MoE
+ *                 layer with a sparse MLP, delta = moe(xn) (target/moe.h)
  */
 #ifndef DFLASH_TARGET_QWEN3_LAYER_H
 #define DFLASH_TARGET_QWEN3_LAYER_H
@@ -19,6 +20,7 @@
 #include "backend/weight_bind.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "target/moe.h"
 
 enum { QWEN3_LIN_Q, QWEN3_LIN_K, QWEN3_LIN_V, QWEN3_LIN_O, QWEN3_LIN_GATE, QWEN3_LIN_UP, QWEN3_LIN_DOWN,
        QWEN3_LIN_COUNT };
@@ -27,7 +29,8 @@ typedef struct qwen3_layer {
     dflash_weight input_norm, post_norm;   /* [H] */
     dflash_weight q_norm, k_norm;          /* [D]; unbound (no data) without q/k norms (dflash_config_qk_norm) */
     dflash_weight lin[QWEN3_LIN_COUNT];    /* q [Hq*D, H], k/v [Hkv*D, H], o [H, Hq*D],
-                                              gate/up [I, H], down [H, I] */
+                                              gate/up [I, H], down [H, I] (unbound on a sparse layer) */
+    qwen3_moe moe;                         /* a sparse MLP: moe.experts != NULL */
 } qwen3_layer;
 
 /* Activation buffers of a layer, [R, ...] with R rows at most. */
@@ -41,11 +44,16 @@ typedef struct qwen3_bufs {
     float *gate;   /* [R, I] */
     float *up;     /* [R, I] */
     int32_t *pos;  /* [R] absolute positions */
+    qwen3_moe_bufs moe; /* a Qwen3-MoE model's sparse MLP scratch (else unallocated) */
 } qwen3_bufs;
 
 /* Bind "<prefix>input_layernorm.weight", "<prefix>self_attn.q_proj.weight",
- * ... with shape checks. */
-dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_layer *l);
+ * ... with shape checks; `sparse`: the MLP is a MoE's (moe.h). */
+dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, int sparse,
+                               qwen3_layer *l);
+/* Frees what binding allocated for layers[0 .. n) (the experts tables),
+ * then the array itself. */
+void qwen3_layers_free(qwen3_layer *layers, int n);
 
 /* A checkpoint's weights by role. A target binds embed
  * (model.embed_tokens), final_norm (model.norm) and lm_head (the embedding

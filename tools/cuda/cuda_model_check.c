@@ -6,7 +6,8 @@
  * and on the CPU reference backend side by side; every GPU result is
  * downloaded and compared:
  *  1. target fixtures (tests/data/qwen3/{mha_untied,gqa_tied,gqa_sharded,
- *     yarn_tied}, tests/data/llama/llama31_gqa):
+ *     yarn_tied}, tests/data/llama/llama31_gqa,
+ *     tests/data/qwen3_moe/{moe_experts,moe_stacked}):
  *     input_ids forwarded with logits for every row and every layer tapped;
  *     GPU vs CPU (max|gpu - cpu| / max|cpu| <= 1e-4) and GPU vs the
  *     transformers expectation (the CPU tests' criterion, ||gpu - hf|| /
@@ -33,7 +34,8 @@
  *     not with --cpu-as-gpu), with their tokens/s; GPU tau and tokens/s of
  *     both modes are printed (wall clock after a warm-up run; not a
  *     benchmark, the model is tiny).
- *  4. Acceptance on the GPU (tests/oracle_proposer.h): a proposer that
+ *  4. Acceptance on the GPU (tests/oracle_proposer.h; targets gqa_tied,
+ *     mha_untied and the Qwen3-MoE moe_experts): a proposer that
  *     drafts the GPU target's own greedy continuation has every draft
  *     accepted and commits a whole block per step, for block sizes 2..16,
  *     without and with a repetition penalty; its mirror has none accepted;
@@ -1189,12 +1191,12 @@ done:
 #define ORACLE_PROMPT 24
 #define ORACLE_NEW 60
 
-static void check_oracle(const char *name)
+static void check_oracle(const char *family, const char *name)
 {
     char dir[512];
     dflash_qwen3 *t = NULL;
     case_begin("oracle %s", name);
-    if (!step(load_target(fx_path(dir, sizeof dir, "qwen3", name), g_gpu, 256, &t), "gpu load target"))
+    if (!step(load_target(fx_path(dir, sizeof dir, family, name), g_gpu, 256, &t), "gpu load target"))
         goto done;
     int32_t expect[ORACLE_PROMPT + ORACLE_NEW];
     for (int i = 0; i < ORACLE_PROMPT; i++)
@@ -1280,7 +1282,7 @@ int main(int argc, char **argv)
     add_row("gpu backend", 1, NULL, "%.30s", g_gpu_name);
     double t0 = now_s();
     static const char *qwen3[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
-                                   "llama/llama31_gqa" };
+                                   "llama/llama31_gqa", "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked" };
     static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
     for (int pass = 0; pass < 2; pass++) {
         g_kv = pass ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
@@ -1291,8 +1293,9 @@ int main(int argc, char **argv)
             check_dflash(drafters[i]);
     }
     /* Acceptance and the embedded pair with the GPU's default pages (bf16). */
-    check_oracle("gqa_tied");
-    check_oracle("mha_untied");
+    check_oracle("qwen3", "gqa_tied");
+    check_oracle("qwen3", "mha_untied");
+    check_oracle("qwen3_moe", "moe_experts");
     if (pair)
         check_pystd();
     printf("cuda_model_check: %.1f s\n", now_s() - t0);

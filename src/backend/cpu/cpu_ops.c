@@ -409,6 +409,26 @@ static dflash_status cpu_copy_rows(dflash_backend *be, float *dst, int64_t dst_s
     return DFLASH_OK;
 }
 
+static dflash_status cpu_gather_sum(dflash_backend *be, float *out, const float *src, const int32_t *idx, const float *w,
+                                    int n, int k, int64_t cols)
+{
+    (void)be;
+    for (int i = 0; i < n; i++) {
+        float *o = out + (int64_t)i * cols;
+        for (int64_t c = 0; c < cols; c++)
+            o[c] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            const float wj = w[(int64_t)i * k + j], *s = src + (int64_t)idx[(int64_t)i * k + j] * cols;
+            /* two roundings: a separate statement, and ISO C mode (-std=c11) does not contract it into an fma */
+            for (int64_t c = 0; c < cols; c++) {
+                const float p = wj * s[c];
+                o[c] += p;
+            }
+        }
+    }
+    return DFLASH_OK;
+}
+
 static dflash_status cpu_argmax(dflash_backend *be, const float *x, int n, int cols, int32_t *out)
 {
     (void)be;
@@ -444,5 +464,6 @@ const dflash_backend_ops dflash_cpu_ops_table = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .copy_rows = cpu_copy_rows,
+    .gather_sum = cpu_gather_sum,
     .argmax = cpu_argmax,
 };

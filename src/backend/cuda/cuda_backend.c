@@ -451,6 +451,20 @@ static dflash_status cuda_copy_rows(dflash_backend *be, float *dst, int64_t dst_
     return cuda_launch(c, DFK_COPY_ROWS, (unsigned)n, chunks, 256, args);
 }
 
+static dflash_status cuda_gather_sum(dflash_backend *be, float *out, const float *src, const int32_t *idx,
+                                     const float *w, int n, int k, int64_t cols)
+{
+    cuda_ctx *c = CTX(be);
+    if (n <= 0 || cols <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    unsigned chunks = cdiv(cols, 256 * 4);
+    if (chunks > 65535)
+        chunks = 65535;
+    void *args[] = { &out, (void *)&src, (void *)&idx, (void *)&w, &k, &cols };
+    return cuda_launch(c, DFK_GATHER_SUM, (unsigned)n, chunks, 256, args);
+}
+
 static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int cols, int32_t *out)
 {
     cuda_ctx *c = CTX(be);
@@ -484,6 +498,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .kv_write = cuda_kv_write,
     .attention = cuda_attention,
     .copy_rows = cuda_copy_rows,
+    .gather_sum = cuda_gather_sum,
     .argmax = cuda_argmax,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,

@@ -25,6 +25,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ADD] = { "elementwise.cu", "dflash_add" },
     [DFK_SWIGLU] = { "elementwise.cu", "dflash_swiglu" },
     [DFK_COPY_ROWS] = { "elementwise.cu", "dflash_copy_rows" },
+    [DFK_GATHER_SUM] = { "elementwise.cu", "dflash_gather_sum" },
     [DFK_KV_WRITE] = { "elementwise.cu", "dflash_kv_write" },
     [DFK_ADD_RMSNORM] = { "norm.cu", "dflash_add_rmsnorm" },
     [DFK_NORM_ROPE] = { "norm.cu", "dflash_norm_rope" },

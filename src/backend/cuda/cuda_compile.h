@@ -17,6 +17,7 @@ typedef enum dflash_cuda_kernel_id {
     DFK_ADD,
     DFK_SWIGLU,
     DFK_COPY_ROWS,
+    DFK_GATHER_SUM,
     DFK_KV_WRITE,
     DFK_ADD_RMSNORM,
     DFK_NORM_ROPE,

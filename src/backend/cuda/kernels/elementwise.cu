@@ -1,5 +1,6 @@
 /* elementwise.cu: the memory-moving ops: embed (table row gather, widened to
- * f32), add, swiglu, copy_rows and kv_write (rows into paged KV pages).
+ * f32), add, swiglu, copy_rows, gather_sum (a weighted sum of gathered
+ * rows) and kv_write (rows into paged KV pages).
  * Each is a straight copy or a per-element function, so they match the CPU
  * reference exactly (swiglu within expf's rounding). */
 #include "common.cuh"
@@ -89,6 +90,23 @@ extern "C" __global__ void dflash_copy_rows(float *dst, i64 dst_stride, const fl
     } else {
         for (; c < cols; c += step)
             d[c] = s[c];
+    }
+}
+
+/* grid (n, column chunks): out[i, c] = sum over j < k, in j order, of
+ * w[i * k + j] * src[idx[i * k + j] * cols + c], the product rounded before
+ * the add (__fmul_rn / __fadd_rn are never fused), as the CPU computes it. */
+extern "C" __global__ void dflash_gather_sum(float *out, const float *src, const int *idx, const float *w, int k,
+                                             i64 cols)
+{
+    pdl_trigger();
+    pdl_wait();
+    const int i = blockIdx.x;
+    for (i64 c = (i64)blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.y * blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++)
+            acc = __fadd_rn(acc, __fmul_rn(w[(i64)i * k + j], src[(i64)idx[(i64)i * k + j] * cols + c]));
+        out[(i64)i * cols + c] = acc;
     }
 }
 

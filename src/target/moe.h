@@ -1,0 +1,62 @@
+/* moe.h: the sparse MLP of a Qwen3-MoE layer: its weights (a router and
+ * num_experts SwiGLU experts, bound from either checkpoint layout) and its
+ * forward over a batch of rows.
+ *
+ * For each row: router logits = x R^T; softmax over the experts (f32); the
+ * num_experts_per_tok most probable experts, their probabilities divided
+ * by their sum when norm_topk_prob; out = sum over those experts, in
+ * ascending expert order, of p_e * down_e(silu(gate_e(x)) * up_e(x)). This
+ * is the order transformers adds them in (index_add per expert, experts
+ * ascending), and it does not depend on the other rows.
+ *
+ * The rows are grouped by expert, so each expert's weights are read once
+ * per forward however many rows chose it. Routing runs on the host: the
+ * router logits come back from the backend once per sparse layer (on a
+ * GPU, a wait for the device). */
+#ifndef DFLASH_TARGET_MOE_H
+#define DFLASH_TARGET_MOE_H
+
+#include "backend/backend.h"
+#include "backend/weight_bind.h"
+#include "io/hf_config.h"
+
+enum { QWEN3_MOE_GATE, QWEN3_MOE_UP, QWEN3_MOE_DOWN, QWEN3_MOE_PARTS };
+
+typedef struct qwen3_moe {
+    dflash_weight router;   /* [E, H]: mlp.gate.weight */
+    dflash_weight *experts; /* [E * QWEN3_MOE_PARTS]: expert e's gate, up [I, H] and down [H, I] at
+                               e * QWEN3_MOE_PARTS; NULL on a dense layer (owned, see qwen3_moe_release) */
+} qwen3_moe;
+
+/* Scratch of the sparse MLP for R rows (k = num_experts_per_tok). */
+typedef struct qwen3_moe_bufs {
+    float *logits;            /* backend [R, E] router logits */
+    float *xg, *y;            /* backend [R * k, H]: rows gathered by expert, and the experts' outputs */
+    float *gate, *up;         /* backend [R * k, I] */
+    int32_t *src, *slot;      /* backend [R * k]: source row of each gathered row; row r's j-th expert's
+                                 gathered row at r * k + j */
+    float *prob;              /* backend [R * k]: row r's j-th expert's weight */
+    float *h_logits, *h_prob; /* host copies */
+    int32_t *h_src, *h_slot, *h_expert, *h_first; /* host; h_expert [R * k], h_first [E + 1] */
+} qwen3_moe_bufs;
+
+/* Binds "<prefix>mlp.gate.weight" and the experts, stored either one
+ * tensor per expert and projection ("<prefix>mlp.experts.<e>.gate_proj.weight",
+ * the published layout) or stacked ("<prefix>mlp.experts.gate_up_proj"
+ * [E, 2I, H], gate rows first, and "<prefix>mlp.experts.down_proj"
+ * [E, H, I], as transformers 5 holds them). */
+dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m);
+void qwen3_moe_release(qwen3_moe *m);
+
+dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_moe_bufs *b);
+void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b);
+
+/* out [n, H] = the sparse MLP of rows x [n, H] (backend memory). */
+dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c, const qwen3_moe *m,
+                                const qwen3_moe_bufs *b, const float *x, int n, float *out);
+
+/* Host routing of one row (exposed for tests): logits [E] -> the k chosen
+ * experts in ascending order and their weights. */
+void qwen3_moe_route(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts, float *prob);
+
+#endif
