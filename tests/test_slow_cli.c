@@ -42,8 +42,8 @@ static void test_help_lists_every_option(void)
         { "tokenize", { "--tokenizer", "--json", "--special", NULL } },
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
-        { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target", "tiny",
-                     "tiny-llama", "--ctx", "--rows", "--sessions", "--reps",
+        { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target",
+                     "qwen3-30b-a3b-target", "tiny", "tiny-llama", "tiny-moe", "--ctx", "--rows", "--sessions", "--reps",
                      "--device", "--json", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -299,6 +299,20 @@ static void test_bench_tiny(void)
     CHECK(sh(cmd, out, sizeof out, 0) == 0);
     CHECKF(strstr(out, "Llama target 4 layers") && strstr(out, "\nverify ") && strstr(out, "\ndecode "),
            "output: %s", out);
+    /* a Qwen3-MoE target: more rows are routed to more experts, so the
+     * verify's floor counts more bytes than the decode's */
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny-moe --reps 1 --ctx 8 --json", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0);
+    json_t *j = json_loads(out, 0, NULL);
+    json_t *rows = j ? json_object_get(j, "rows") : NULL;
+    double mb[2] = { 0, 0 };
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        const char *op = json_string_value(json_object_get(json_array_get(rows, i), "op"));
+        if (op)
+            mb[strcmp(op, "verify") == 0] = json_number_value(json_object_get(json_array_get(rows, i), "bytes"));
+    }
+    CHECKF(mb[0] > 0 && mb[1] > mb[0], "tiny-moe: decode %g bytes, verify %g: %s", mb[0], mb[1], out);
+    json_decref(j);
 }
 
 int main(void)

@@ -18,7 +18,7 @@
 #     tools/gpu/fetch-debs.sh put in .debs/ (carried to the GPU machine:
 #     carry [".debs"]) are unpacked with `dpkg -x` into $B/sysroot (never
 #     into /) and the build points -I, -L and -Wl,-rpath there. Then runs it:
-#     target (Qwen3, YaRN Qwen3, Llama) and DFlash fixtures on the GPU vs
+#     target (Qwen3, YaRN Qwen3, Llama, Qwen3-MoE) and DFlash fixtures on the GPU vs
 #     the CPU and the references with f32 and with bf16 KV pages, greedy
 #     and speculative outputs, the embedded pair (spec == plain with the
 #     full block and the auto width,
@@ -29,7 +29,8 @@
 #     with verifies of 2..16 rows and with 4, 8 and 32 sequences per
 #     forward (again with the many-row GEMM off, and with its 64-row
 #     tile), the Llama 3.1 8B
-#     target, the embedded pair's geometry), then the
+#     target, the embedded pair's geometry, the Qwen3-30B-A3B MoE
+#     target), then the
 #     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
 #     in the same run;
 #  6. compute-sanitizer memcheck, racecheck, synccheck on cuda_ops_check
@@ -211,6 +212,10 @@ if want bench; then
             step bench-8b-sessions-t64 bench_8b_sessions_t64.txt 200 env DFLASH_CUDA_GEMM_TILE=64 \
                 $D --preset qwen3-8b-target --ctx 1024 --sessions 8,32 --rows 4,8,16 --reps 10
             step bench-pystd bench_pystd.txt 60 $D --preset pystd --ctx 1,256 --rows 1,2,4,8,16
+            # Qwen3-30B-A3B (61 GB of random weights built on the host,
+            # then copied): rows grouped by expert, routing on the host
+            step bench-30b-moe bench_30b_moe.txt 300 $D --preset qwen3-30b-a3b-target --ctx 1,1024 --rows 4,16 \
+                --sessions 8 --reps 5
         fi
     else
         names+=("bench"); rcs+=("no-libs"); secs+=(0)
@@ -315,7 +320,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"

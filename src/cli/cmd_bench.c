@@ -60,18 +60,25 @@ typedef struct bench_preset {
     bench_geom t;
     int tied;               /* the target's LM head is its embedding */
     int llama;              /* the target is a Llama (no q/k norms, Llama 3.1's RoPE) */
+    int experts, topk, moe_inter; /* experts > 0: a Qwen3-MoE target, every MLP sparse, top-k renormalised */
 } bench_preset;
 
 static const bench_preset k_presets[] = {
-    { "seed-drafter", 151936, 1, { 8, 2048, 32, 4, 128, 6144 }, 16, 40, 5, { 1, 10, 19, 28, 37 }, 0, { 0 }, 0, 0 },
-    { "qwen3-8b-drafter", 151936, 1, { 5, 4096, 32, 8, 128, 12288 }, 16, 36, 5, { 1, 9, 17, 25, 33 }, 0, { 0 }, 0, 0 },
-    { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0, 0 },
-    { "llama31-8b-target", 128256, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 32, 4096, 32, 8, 128, 14336 }, 0, 1 },
+    { "seed-drafter", 151936, 1, { 8, 2048, 32, 4, 128, 6144 }, 16, 40, 5, { 1, 10, 19, 28, 37 }, 0, { 0 }, 0, 0,
+      0, 0, 0 },
+    { "qwen3-8b-drafter", 151936, 1, { 5, 4096, 32, 8, 128, 12288 }, 16, 36, 5, { 1, 9, 17, 25, 33 }, 0, { 0 }, 0, 0,
+      0, 0, 0 },
+    { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0, 0, 0, 0, 0 },
+    { "llama31-8b-target", 128256, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 32, 4096, 32, 8, 128, 14336 }, 0, 1, 0, 0, 0 },
+    /* Qwen3-30B-A3B (Qwen3-Coder-30B-A3B has the same geometry) */
+    { "qwen3-30b-a3b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 48, 2048, 32, 4, 128, 6144 }, 0, 0, 128, 8,
+      768 },
     /* The embedded pair's geometry (models/qwen3-pystd and its drafter). */
-    { "pystd", 4096, 1, { 5, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1, 0 },
+    { "pystd", 4096, 1, { 5, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1, 0, 0, 0, 0 },
     /* A few MB: both benches' code paths in seconds on a 2-core CPU (tests). */
-    { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 0 },
-    { "tiny-llama", 512, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 1 },
+    { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 0, 0, 0, 0 },
+    { "tiny-llama", 512, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 1, 0, 0, 0 },
+    { "tiny-moe", 512, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 0, 8, 2, 32 },
 };
 
 static const bench_preset *find_preset(const char *name)
@@ -114,10 +121,14 @@ static void usage(FILE *f)
             "                   vocab 151936, untied LM head\n"
             "                 llama31-8b-target: Llama 3.1 8B: 32 layers, H 4096, I 14336,\n"
             "                   32:8 x 128, vocab 128256, untied LM head, llama3 RoPE\n"
+            "                 qwen3-30b-a3b-target: Qwen3-30B-A3B (a Qwen3-MoE): 48 layers,\n"
+            "                   H 2048, 32:4 x 128, 128 experts of I 768, 8 per token,\n"
+            "                   vocab 151936 (61 GB of weights; its floor counts the\n"
+            "                   experts the call's rows were routed to, read once each)\n"
             "                 pystd: the embedded pair (models/qwen3-pystd and its drafter):\n"
             "                   6 + 5 layers, H 256, I 768, 4:2 x 64, vocab 4096, block 16\n"
-            "                 tiny: a few MB (drafter and target), for tests; tiny-llama:\n"
-            "                   its target as a Llama\n"
+            "                 tiny: a few MB (drafter and target), for tests; tiny-llama,\n"
+            "                   tiny-moe: its target as a Llama, as a Qwen3-MoE\n"
             "  --ctx LIST     context lengths, comma-separated (default 1024,4096 for a\n"
             "                 drafter, 1,1024,4096 for a target)\n"
             "  --rows LIST    verify widths in rows, comma-separated (default 16, at most %d):\n"
@@ -189,7 +200,8 @@ static int parse(int argc, char **argv, bench_args *a)
                 return 0;
             if (!(a->preset = find_preset(v))) {
                 fprintf(stderr, "dflash bench: unknown preset '%s' (seed-drafter, qwen3-8b-drafter, "
-                                "qwen3-8b-target, llama31-8b-target, pystd, tiny, tiny-llama)\n", v);
+                                "qwen3-8b-target, llama31-8b-target, qwen3-30b-a3b-target, pystd, tiny, "
+                                "tiny-llama, tiny-moe)\n", v);
                 return 0;
             }
         } else if (!strcmp(o, "--ctx")) {
@@ -325,8 +337,9 @@ static dflash_status img_add(bench_image *im, const char *prefix, const char *na
 }
 
 /* The tensors qwen3_layer_bind reads, under `prefix` (a Llama layer: no
- * q/k norms). */
-static dflash_status img_add_layer(bench_image *im, const char *prefix, const bench_geom *g, int llama)
+ * q/k norms; a MoE layer: a router and each expert's three projections). */
+static dflash_status img_add_layer(bench_image *im, const char *prefix, const bench_geom *g, int llama,
+                                   const bench_preset *p)
 {
     const int64_t H = g->hidden, D = g->head_dim, QD = (int64_t)g->heads * D, KD = (int64_t)g->kv_heads * D,
                   I = g->inter;
@@ -340,6 +353,19 @@ static dflash_status img_add_layer(bench_image *im, const char *prefix, const be
     DFLASH_TRY(img_add(im, prefix, "self_attn.k_proj.weight", KD, H, 0, W_AMP));
     DFLASH_TRY(img_add(im, prefix, "self_attn.v_proj.weight", KD, H, 0, W_AMP));
     DFLASH_TRY(img_add(im, prefix, "self_attn.o_proj.weight", H, QD, 0, W_AMP));
+    if (p && p->experts) {
+        char name[96];
+        DFLASH_TRY(img_add(im, prefix, "mlp.gate.weight", p->experts, H, 0, W_AMP));
+        for (int e = 0; e < p->experts; e++) {
+            static const char *const proj[] = { "gate_proj", "up_proj", "down_proj" };
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "mlp.experts.%d.%s.weight", e, proj[k]);
+                DFLASH_TRY(img_add(im, prefix, name, k == 2 ? H : p->moe_inter, k == 2 ? p->moe_inter : H, 0,
+                                   W_AMP));
+            }
+        }
+        return DFLASH_OK;
+    }
     DFLASH_TRY(img_add(im, prefix, "mlp.gate_proj.weight", I, H, 0, W_AMP));
     DFLASH_TRY(img_add(im, prefix, "mlp.up_proj.weight", I, H, 0, W_AMP));
     return img_add(im, prefix, "mlp.down_proj.weight", H, I, 0, W_AMP);
@@ -433,22 +459,28 @@ static dflash_status img_open(const bench_image *im, const char *json, const cha
     return dflash_st_open_memory(im->buf, im->len, label, st);
 }
 
-/* config.json text of a target (a Qwen3, or a Llama 3.1 when `llama`), or
- * (drafter != NULL) of that preset's DFlash drafter. */
+/* config.json text of a target (a Qwen3, a Llama 3.1 when `llama`, a
+ * Qwen3-MoE when moe != NULL), or (drafter != NULL) of that preset's DFlash
+ * drafter. */
 static void config_json(char *buf, size_t cap, const bench_geom *g, int vocab, int tied, int llama,
-                        const bench_preset *drafter)
+                        const bench_preset *moe, const bench_preset *drafter)
 {
     size_t k = (size_t)snprintf(
         buf, cap,
         "{\"architectures\":[\"%s\"],\"torch_dtype\":\"bfloat16\",\"hidden_size\":%d,\"num_hidden_layers\":%d,"
         "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"intermediate_size\":%d,"
         "\"vocab_size\":%d,\"tie_word_embeddings\":%s,%s",
-        drafter ? "DFlashDraftModel" : llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM", g->hidden, g->layers, g->heads,
-        g->kv_heads, g->head_dim, g->inter, vocab, tied ? "true" : "false",
+        drafter ? "DFlashDraftModel" : llama ? "LlamaForCausalLM" : moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM",
+        g->hidden, g->layers, g->heads, g->kv_heads, g->head_dim, g->inter, vocab, tied ? "true" : "false",
         llama ? "\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-05,\"rope_theta\":500000.0,"
                 "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
                 "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}"
               : "\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000");
+    if (moe)
+        k += (size_t)snprintf(buf + k, cap - k,
+                              ",\"num_experts\":%d,\"num_experts_per_tok\":%d,\"moe_intermediate_size\":%d,"
+                              "\"norm_topk_prob\":true",
+                              moe->experts, moe->topk, moe->moe_inter);
     if (drafter) {
         k += (size_t)snprintf(buf + k, cap - k,
                               ",\"block_size\":%d,\"num_target_layers\":%d,\"dflash_config\":{\"mask_token_id\":%d,"
@@ -461,9 +493,10 @@ static void config_json(char *buf, size_t cap, const bench_geom *g, int vocab, i
     snprintf(buf + k, cap - k, "}");
 }
 
-/* A target image: embedding, final norm, LM head unless tied, layers. */
+/* A target image: embedding, final norm, LM head unless tied, layers (a
+ * Qwen3-MoE's when moe != NULL). */
 static dflash_status target_image(bench_image *im, const bench_geom *g, int vocab, int tied, int llama,
-                                  const char *what, uint64_t seed)
+                                  const bench_preset *moe, const char *what, uint64_t seed)
 {
     DFLASH_TRY(img_add(im, "", "model.embed_tokens.weight", vocab, g->hidden, 0, W_AMP));
     DFLASH_TRY(img_add(im, "", "model.norm.weight", 0, g->hidden, 1, NORM_AMP));
@@ -472,7 +505,7 @@ static dflash_status target_image(bench_image *im, const bench_geom *g, int voca
     char prefix[64];
     for (int l = 0; l < g->layers; l++) {
         snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
-        DFLASH_TRY(img_add_layer(im, prefix, g, llama));
+        DFLASH_TRY(img_add_layer(im, prefix, g, llama, moe));
     }
     return img_build(im, what, seed);
 }
@@ -752,8 +785,8 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
      * ~4 GB nobody reads). Its LM head is tied: the same V x H bytes. */
     const bench_geom mini = { p->target_layers, p->d.hidden, 1, 1, 2, 1 };
     snprintf(label, sizeof label, "%s target (embedding and LM head only)", p->name);
-    DFLASH_TRY(target_image(&d->timg, &mini, p->vocab, 1, 0, label, 1));
-    config_json(json, sizeof json, &mini, p->vocab, 1, 0, NULL);
+    DFLASH_TRY(target_image(&d->timg, &mini, p->vocab, 1, 0, NULL, label, 1));
+    config_json(json, sizeof json, &mini, p->vocab, 1, 0, NULL, NULL);
     DFLASH_TRY(img_open(&d->timg, json, label, &cfg, &st));
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
@@ -770,10 +803,10 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     char prefix[64];
     for (int l = 0; l < p->d.layers; l++) {
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        DFLASH_TRY(img_add_layer(&d->dimg, prefix, &p->d, 0));
+        DFLASH_TRY(img_add_layer(&d->dimg, prefix, &p->d, 0, NULL));
     }
     DFLASH_TRY(img_build(&d->dimg, label, 2));
-    config_json(json, sizeof json, &p->d, p->vocab, 1, 0, p);
+    config_json(json, sizeof json, &p->d, p->vocab, 1, 0, NULL, p);
     DFLASH_TRY(img_open(&d->dimg, json, label, &cfg, &st));
     d->n_states = 1;
     for (int i = 0; i < r->a->n_sess; i++)
@@ -957,6 +990,17 @@ static dflash_status prefill(dflash_qwen3 *m, dflash_kv_seq *seq, int32_t to)
     return DFLASH_OK;
 }
 
+/* One expert's three projections (0 without experts); every expert of a
+ * bench target has the same size. */
+static double expert_bytes(const dflash_qwen3 *m)
+{
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (m->layers[l].moe.experts)
+            return weight_bytes(&m->layers[l].moe.experts[0]) + weight_bytes(&m->layers[l].moe.experts[1]) +
+                   weight_bytes(&m->layers[l].moe.experts[2]);
+    return 0;
+}
+
 /* Time one forward of `width` rows per sequence for the first n_seqs of
  * seqs (each at ctx) and add its row. */
 static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
@@ -968,11 +1012,23 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
     double med, min, host;
     bench_counts counts;
     dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
+    /* A MoE reads the experts its rows were routed to: one more call
+     * (the same inputs on the same state, so the same routing) counts them. */
+    double experts = 0;
+    if (s == DFLASH_OK && m->cfg.num_experts) {
+        *m->s.b.moe.experts_run = 0;
+        s = forward_run(&o);
+        if (s == DFLASH_OK)
+            s = forward_after(&o);
+        experts = (double)*m->s.b.moe.experts_run;
+    }
     if (s == DFLASH_OK) {
-        /* Weights once, the rows' embeddings, and the K/V of every
-         * position each sequence's last row sees (its context and rows). */
+        /* Weights once (of a MoE: those experts), the rows' embeddings, and
+         * the K/V of every position each sequence's last row sees (its
+         * context and rows). */
         const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
-        double bytes = weights + o.n * embed_row + (double)n_seqs * (ctx + width) * kv_bytes_per_pos(&m->kv.layout);
+        double bytes = weights + experts * expert_bytes(m) + o.n * embed_row +
+                       (double)n_seqs * (ctx + width) * kv_bytes_per_pos(&m->kv.layout);
         add_row(r, name, n_seqs, o.n, ctx, med, min, bytes, host, &counts);
     }
     free(o.tokens);
@@ -983,8 +1039,8 @@ static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **
                                  int n_ctx, int verbose)
 {
     double weights = weight_bytes(&m->final_norm) + weight_bytes(&m->lm_head);
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-        weights += layer_bytes(&m->layers[l], m->layers[l].lin);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) /* a sparse layer: the router here, experts per call */
+        weights += layer_bytes(&m->layers[l], m->layers[l].lin) + weight_bytes(&m->layers[l].moe.router);
     const int n_w = r->a->n_rows ? r->a->n_rows : 1;
     for (int c = 0; c < n_ctx; c++) {
         if (verbose)
@@ -1024,8 +1080,9 @@ static dflash_status bench_target(bench_run *r)
         seqs[i] = &seq_store[i];
     dflash_model_config cfg;
     dflash_st *st;
-    config_json(json, sizeof json, &p->t, p->vocab, p->tied, p->llama, NULL);
-    dflash_status s = target_image(&im, &p->t, p->vocab, p->tied, p->llama, label, 4);
+    const bench_preset *moe = p->experts ? p : NULL;
+    config_json(json, sizeof json, &p->t, p->vocab, p->tied, p->llama, moe, NULL);
+    dflash_status s = target_image(&im, &p->t, p->vocab, p->tied, p->llama, moe, label, 4);
     if (s == DFLASH_OK)
         s = img_open(&im, json, label, &cfg, &st);
     if (s == DFLASH_OK) {
@@ -1063,7 +1120,11 @@ static void describe_preset(FILE *f, const bench_preset *p)
             fprintf(f, "%s%d", i ? "," : "", p->taps[i]);
         fprintf(f, "] of %d; ", p->target_layers);
     }
-    if (p->target)
+    if (p->target && p->experts)
+        fprintf(f, "Qwen3-MoE target %d layers, H %d, %d experts of I %d, %d per token, %d:%d x %d, %s LM head; ",
+                p->t.layers, p->t.hidden, p->experts, p->moe_inter, p->topk, p->t.heads, p->t.kv_heads,
+                p->t.head_dim, p->tied ? "tied" : "untied");
+    else if (p->target)
         fprintf(f, "%s target %d layers, H %d, I %d, %d:%d x %d, %s LM head; ", p->llama ? "Llama" : "Qwen3",
                 p->t.layers, p->t.hidden, p->t.inter, p->t.heads, p->t.kv_heads, p->t.head_dim,
                 p->tied ? "tied" : "untied");

@@ -91,7 +91,8 @@ dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config
     b->h_slot = malloc(RK * sizeof(int32_t));
     b->h_expert = malloc(RK * sizeof(int32_t));
     b->h_first = malloc((2 * E + 1) * sizeof(int32_t)); /* first [E + 1], then a cursor per expert */
-    if (!b->h_logits || !b->h_prob || !b->h_src || !b->h_slot || !b->h_expert || !b->h_first)
+    b->experts_run = calloc(1, sizeof(int64_t));
+    if (!b->h_logits || !b->h_prob || !b->h_src || !b->h_slot || !b->h_expert || !b->h_first || !b->experts_run)
         return dflash_fail(DFLASH_ERR_OOM, "moe: out of memory for the routing of %d rows", rows);
     return DFLASH_OK;
 }
@@ -102,7 +103,7 @@ void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b)
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             be->ops->free(be, dev[i]);
-    void *host[] = { b->h_logits, b->h_prob, b->h_src, b->h_slot, b->h_expert, b->h_first };
+    void *host[] = { b->h_logits, b->h_prob, b->h_src, b->h_slot, b->h_expert, b->h_first, b->experts_run };
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         free(host[i]);
     *b = (qwen3_moe_bufs){ 0 };
@@ -196,6 +197,7 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
         const int32_t at = b->h_first[e], rows = b->h_first[e + 1] - at;
         if (!rows)
             continue;
+        ++*b->experts_run;
         const dflash_weight *w = &m->experts[e * QWEN3_MOE_PARTS];
         float *const gu[2] = { b->gate + at * I, b->up + at * I };
         DFLASH_TRY(dflash_be_linear_group(be, b->xg + at * H, rows, &w[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));

@@ -38,6 +38,9 @@ typedef struct qwen3_moe_bufs {
     float *prob;              /* backend [R * k]: row r's j-th expert's weight */
     float *h_logits, *h_prob; /* host copies */
     int32_t *h_src, *h_slot, *h_expert, *h_first; /* host; h_expert [R * k], h_first [E + 1] */
+    int64_t *experts_run; /* host [1]: experts given rows, summed over every sparse layer of every
+                             forward since the caller last zeroed it (a benchmark's floor counts
+                             the bytes of these experts only) */
 } qwen3_moe_bufs;
 
 /* Binds "<prefix>mlp.gate.weight" and the experts, stored either one
