@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "io/safetensors.h"
 
@@ -19,7 +20,8 @@ static inline const char *fx_path(char *buf, size_t n, const char *a, const char
     return buf;
 }
 
-/* The target folder a drafter fixture names in its meta.json; 0 if none. */
+/* The target folder a drafter fixture names in its meta.json (a Qwen3
+ * fixture's name, or "<family>/<name>"); 0 if none. */
 static inline int fx_drafter_target(const char *drafter, char *out, size_t n)
 {
     char path[512];
@@ -27,7 +29,9 @@ static inline int fx_drafter_target(const char *drafter, char *out, size_t n)
     json_error_t err;
     json_t *j = json_load_file(path, 0, &err);
     const char *t = j ? json_string_value(json_object_get(j, "target")) : NULL;
-    if (t)
+    if (t && strchr(t, '/')) /* "<family>/<name>" */
+        snprintf(out, n, "%s/%s", test_data_dir(), t);
+    else if (t) /* a Qwen3 target's name */
         snprintf(out, n, "%s/qwen3/%s", test_data_dir(), t);
     json_decref(j);
     return t != NULL;

@@ -400,14 +400,14 @@ static void test_moe_config_mismatch(void)
 
 static void test_committed_checkpoints_pass(void)
 {
-    char dirs[12][512], msg[1024];
+    char dirs[16][512], msg[1024];
     int n = 0;
     const char *qwen3[] = { "gqa_tied", "gqa_sharded", "mha_untied" };
-    const char *dflash[] = { "d1_sharded", "d2_tied", "d3_sliding" };
-    for (int i = 0; i < 3; i++) {
+    const char *dflash[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
+    for (int i = 0; i < 3; i++)
         fx_path(dirs[n++], sizeof dirs[0], "qwen3", qwen3[i]);
+    for (int i = 0; i < 6; i++)
         fx_path(dirs[n++], sizeof dirs[0], "dflash", dflash[i]);
-    }
     fx_path(dirs[n++], sizeof dirs[0], "qwen3_moe", "moe_experts");
     fx_path(dirs[n++], sizeof dirs[0], "qwen3_moe", "moe_stacked");
     snprintf(dirs[n++], sizeof dirs[0], "models/qwen3-pystd");

@@ -13,7 +13,7 @@
 #include "spec/spec.h"
 #include "step_log.h"
 
-static const char *k_drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
+static const char *k_drafters[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
 /* Relative L2 error allowed against the reference's f32 outputs: observed
  * 4e-7..1e-6, so 1e-5 leaves a margin of ten. */
 #define TOL 1e-5

@@ -44,7 +44,7 @@ static void prompt_for(int V, int n, int seed, int32_t *out)
 
 static void test_dflash_equals_plain(void)
 {
-    const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
+    const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
     const int blocks[] = { 2, 4, 8, 16 }, caps[] = { 0, 3, 16, 37 };
     for (size_t k = 0; k < sizeof drafters / sizeof drafters[0]; k++) {
         char tdir[512], ddir[512];
@@ -389,7 +389,7 @@ static void test_deferred_rows_keep_caches_in_step(void)
  * drafter and the n-gram proposer. */
 static void test_auto_width_equals_plain(void)
 {
-    const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
+    const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
     for (size_t k = 0; k <= sizeof drafters / sizeof drafters[0]; k++) {
         const int ngram = k == sizeof drafters / sizeof drafters[0];
         char tdir[512], ddir[512];

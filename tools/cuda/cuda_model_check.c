@@ -14,7 +14,8 @@
  *     ||hf|| < 1e-4, max error printed too); greedy generation on the GPU
  *     equals the fixture's greedy_ids.
  *  2. DFlash fixtures (tests/data/dflash/{d1_sharded,d2_tied,d3_sliding},
- *     target from meta.json), bf16 drafter weights: taps, context K/V (no
+ *     and d4_llama, d5_yarn, d6_moe on the Llama, YaRN and Qwen3-MoE
+ *     targets; target from meta.json), bf16 drafter weights: taps, context K/V (no
  *     cap), block logits and drafts with context cap 0 and 7 against the
  *     reference and the CPU; whole greedy speculative runs (spec_prompt,
  *     caps 0 and 5) equal spec_out.capN, greedy_plain and every step of
@@ -1283,7 +1284,7 @@ int main(int argc, char **argv)
     double t0 = now_s();
     static const char *qwen3[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
                                    "llama/llama31_gqa", "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked" };
-    static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding" };
+    static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
     for (int pass = 0; pass < 2; pass++) {
         g_kv = pass ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
         printf("=== KV pages %s\n", dflash_dtype_name(g_kv));

@@ -9,7 +9,7 @@
 # Stages (each timed; output tee'd to $OUT/log.txt):
 #   1 fixtures   tools/fixtures/make_qwen3.py, make_dflash.py, check_dflash_ref.py,
 #                make_rope.py
-#                -> tests/data/qwen3/<name>/, tests/data/dflash/<name>/,
+#                -> tests/data/{qwen3,llama,qwen3_moe}/<name>/, tests/data/dflash/<name>/,
 #                   tests/data/rope/<case>/
 #   2 golden     tools/fixtures/tokenizer_golden.py <tokenizer.json> <out>
 #                (for each carried tokenizer: Qwen3's, Llama 3.1's)
