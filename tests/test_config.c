@@ -344,7 +344,7 @@ static void test_architectures(void)
 
 /* A Llama-3.1-style config: LlamaConfig's defaults (kv heads = heads,
  * head_dim = hidden / heads, 2048 positions), no q/k norms, llama3 RoPE;
- * biases are refused by name. */
+ * projection biases where the config asks for them. */
 static void test_llama(void)
 {
     static const char *llama =
@@ -363,9 +363,20 @@ static void test_llama(void)
     CHECK(c.family == DFLASH_FAMILY_LLAMA && !dflash_config_qk_norm(&c));
     CHECK_OK(parse_edit(llama, "num_key_value_heads", "2", &c));
     CHECK(c.num_key_value_heads == 2);
-    CHECK_FAILS(parse_edit(llama, "attention_bias", "true", &c), DFLASH_ERR_UNSUPPORTED,
-                "field 'attention_bias' = true is not supported");
-    CHECK_FAILS(parse_edit(llama, "mlp_bias", "true", &c), DFLASH_ERR_UNSUPPORTED, "field 'mlp_bias' = true");
+    CHECK(!c.attention_bias && !c.mlp_bias);
+    CHECK_OK(parse_edit(llama, "attention_bias", "true", &c));
+    CHECK(c.attention_bias && !c.mlp_bias);
+    CHECK_OK(parse_edit(llama, "mlp_bias", "true", &c));
+    CHECK(!c.attention_bias && c.mlp_bias);
+    /* Qwen3 takes attention_bias; its MLP never has biases (as in transformers) */
+    CHECK_OK(parse_edit(k_qwen3, "attention_bias", "true", &c));
+    CHECK(c.attention_bias);
+    CHECK_OK(parse_edit(k_qwen3, "mlp_bias", "true", &c));
+    CHECK(!c.mlp_bias);
+    /* a drafter's context K/V has no biases: refused, not run without */
+    CHECK_FAILS(parse_edit(k_drafter, "attention_bias", "true", &c), DFLASH_ERR_UNSUPPORTED,
+                "field 'attention_bias' = true is not supported for a DFlash drafter");
+    CHECK_FAILS(parse_edit(llama, "attention_bias", "1", &c), DFLASH_ERR_FORMAT, "'attention_bias' is");
     CHECK_FAILS(parse_edit(llama, "num_attention_heads", "7", &c), DFLASH_ERR_FORMAT,
                 "head_dim is missing and hidden_size 256 is not a multiple of num_attention_heads 7");
     CHECK_OK(parse(k_qwen3, &c));

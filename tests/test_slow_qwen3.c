@@ -2,6 +2,7 @@
  * (fixtures from tools/fixtures/make_qwen3.py: logits, every layer's output,
  * greedy tokens; three Qwen3 geometries, a Qwen3 with YaRN RoPE and a Llama
  * with Llama 3.1's RoPE, both configs in the published rope_scaling form,
+ * a Llama with attention and MLP biases, a Qwen3 with attention biases,
  * and two Qwen3-MoE: experts one tensor each with a dense layer, and
  * stacked experts on every second layer),
  * plus the row-independence property: a 16-row verify
@@ -14,7 +15,8 @@
 
 /* <family>/<name> under the test data */
 static const char *k_models[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
-                                  "llama/llama31_gqa", "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked" };
+                                  "llama/llama31_gqa", "llama/llama_bias", "qwen3/qwen3_bias",
+                                  "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked" };
 /* Relative L2 error allowed against transformers' f32 outputs: the errors
  * observed are 4e-7..1e-6 (summation order), so 1e-5 leaves a margin of
  * ten while a real mistake (a wrong eps, a missing norm, a RoPE slip) is

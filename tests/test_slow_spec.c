@@ -131,11 +131,12 @@ static void test_ngram_equals_plain_and_accepts(void)
 }
 
 /* The other targets (a Llama with Llama 3.1's RoPE, a Qwen3 with YaRN,
- * two Qwen3-MoE): speculative output equals plain output, with the n-gram
- * proposer. */
+ * a Llama and a Qwen3 with projection biases, two Qwen3-MoE): speculative
+ * output equals plain output, with the n-gram proposer. */
 static void test_other_targets_equal_plain(void)
 {
     static const char *const targets[][2] = { { "llama", "llama31_gqa" }, { "qwen3", "yarn_tied" },
+                                              { "llama", "llama_bias" },      { "qwen3", "qwen3_bias" },
                                               { "qwen3_moe", "moe_experts" }, { "qwen3_moe", "moe_stacked" } };
     for (size_t k = 0; k < sizeof targets / sizeof targets[0]; k++) {
         char tdir[512];

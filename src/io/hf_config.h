@@ -52,6 +52,10 @@ typedef struct dflash_model_config {
     dflash_rope_params rope;
     dflash_rope rope_freq;
     int tie_word_embeddings; /* 0/1 */
+    /* Biases on the projections: attention_bias (q, k, v and o; a
+     * target's, any family) and mlp_bias (gate, up and down; a Llama's:
+     * Qwen3's MLP has none, as in transformers). */
+    int attention_bias, mlp_bias;
     int bos_token_id;        /* -1 if absent */
     int n_eos;
     int eos_token_ids[DFLASH_MAX_EOS]; /* int or list in the json */

@@ -33,8 +33,16 @@ dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflas
         { "mlp.up_proj.weight", &l->lin[QWEN3_LIN_UP], I, H },
         { "mlp.down_proj.weight", &l->lin[QWEN3_LIN_DOWN], H, I },
     };
+    enum { FIRST_LIN = 4 }; /* spec[FIRST_LIN + k] is lin[k] */
     char name[200];
     *l = (qwen3_layer){ 0 };
+    for (int k = 0; k < QWEN3_LIN_COUNT; k++) { /* "<prefix>self_attn.q_proj.bias", ... */
+        if (!(k <= QWEN3_LIN_O ? c->attention_bias : c->mlp_bias && !sparse))
+            continue;
+        const char *suffix = spec[FIRST_LIN + k].suffix;
+        snprintf(name, sizeof name, "%s%.*sbias", prefix, (int)(strlen(suffix) - strlen("weight")), suffix);
+        DFLASH_TRY(dflash_bind(b, name, 0, spec[FIRST_LIN + k].rows, &l->bias[k]));
+    }
     for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
         if ((spec[k].w == &l->q_norm || spec[k].w == &l->k_norm) && !dflash_config_qk_norm(c))
             continue; /* a Llama layer: no per-head q/k norm */
@@ -159,8 +167,8 @@ static void ckpt_unused_cause(const dflash_binder *b, const dflash_model_config 
     else if (own_head)
         snprintf(why, cap, "a DFlash drafter uses its target's embedding and LM head and has none of its own");
     else
-        snprintf(why, cap, "config.json does not describe these weights (another architecture, or options such "
-                 "as attention biases that dflash does not run)");
+        snprintf(why, cap, "config.json does not describe these weights (another architecture, or an option it "
+                 "leaves off, such as attention_bias)");
 }
 
 /* Fails naming the first few unused tensors, how many there are, and why. */
@@ -244,6 +252,8 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
                               c->rms_norm_eps, b->xn));
     float *const qkv[3] = { b->q, b->k, b->v };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
+    for (int k = 0; c->attention_bias && k < 3; k++)
+        DFLASH_TRY(o->add_bias(be, qkv[k], &l->bias[QWEN3_LIN_Q + k], n, (int)lin[QWEN3_LIN_Q + k].rows));
     const int qk = dflash_config_qk_norm(c);
     return dflash_be_qk_norm_rope(be, b->q, qk ? &l->q_norm : NULL, c->num_attention_heads, b->k,
                                   qk ? &l->k_norm : NULL, c->num_key_value_heads, b->pos, n, c->head_dim,
@@ -255,9 +265,21 @@ dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_co
 {
     const dflash_backend_ops *o = be->ops;
     DFLASH_TRY(o->linear(be, b->attn, n, &lin[QWEN3_LIN_O], b->delta));
+    if (c->attention_bias)
+        DFLASH_TRY(o->add_bias(be, b->delta, &l->bias[QWEN3_LIN_O], n, c->hidden_size));
     DFLASH_TRY(o->add_rmsnorm(be, b->x, b->delta, &l->post_norm, n, c->hidden_size, c->rms_norm_eps, b->xn));
     if (l->moe.experts)
         return qwen3_moe_forward(be, c, &l->moe, &b->moe, b->xn, n, b->delta);
+    if (c->mlp_bias) { /* the biases go in before the activation, so no fused gate/up */
+        const int I = c->intermediate_size;
+        DFLASH_TRY(o->linear(be, b->xn, n, &lin[QWEN3_LIN_GATE], b->gate));
+        DFLASH_TRY(o->add_bias(be, b->gate, &l->bias[QWEN3_LIN_GATE], n, I));
+        DFLASH_TRY(o->linear(be, b->xn, n, &lin[QWEN3_LIN_UP], b->up));
+        DFLASH_TRY(o->add_bias(be, b->up, &l->bias[QWEN3_LIN_UP], n, I));
+        DFLASH_TRY(o->swiglu(be, b->gate, b->up, (size_t)n * I, b->gate));
+        DFLASH_TRY(o->linear(be, b->gate, n, &lin[QWEN3_LIN_DOWN], b->delta));
+        return o->add_bias(be, b->delta, &l->bias[QWEN3_LIN_DOWN], n, c->hidden_size);
+    }
     /* gate = silu(gate(xn)) * up(xn) (up is scratch) */
     float *const gu[2] = { b->gate, b->up };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_GATE], 2, gu, DFLASH_ACT_SWIGLU));

@@ -7,6 +7,7 @@
  *
  *   attn_in:      x += delta (pending); xn = rmsnorm(x); q,k,v = proj(xn);
  *                 q,k = rope(qk_norm(q,k))   (Llama: rope(q,k))
+ * (every projection plus its bias where the config has them)
  *   (caller)      attn = attention(q, keys...)
  *   attn_out_mlp: delta = o(attn); x += delta; xn = rmsnorm(x);
  *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
@@ -30,6 +31,8 @@ typedef struct qwen3_layer {
     dflash_weight q_norm, k_norm;          /* [D]; unbound (no data) without q/k norms (dflash_config_qk_norm) */
     dflash_weight lin[QWEN3_LIN_COUNT];    /* q [Hq*D, H], k/v [Hkv*D, H], o [H, Hq*D],
                                               gate/up [I, H], down [H, I] (unbound on a sparse layer) */
+    dflash_weight bias[QWEN3_LIN_COUNT];   /* each projection's [rows], bound with attention_bias (q, k, v,
+                                              o) and mlp_bias (gate, up, down), else unbound */
     qwen3_moe moe;                         /* a sparse MLP: moe.experts != NULL */
 } qwen3_layer;
 

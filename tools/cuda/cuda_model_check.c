@@ -6,7 +6,7 @@
  * and on the CPU reference backend side by side; every GPU result is
  * downloaded and compared:
  *  1. target fixtures (tests/data/qwen3/{mha_untied,gqa_tied,gqa_sharded,
- *     yarn_tied}, tests/data/llama/llama31_gqa,
+ *     yarn_tied,qwen3_bias}, tests/data/llama/{llama31_gqa,llama_bias},
  *     tests/data/qwen3_moe/{moe_experts,moe_stacked}):
  *     input_ids forwarded with logits for every row and every layer tapped;
  *     GPU vs CPU (max|gpu - cpu| / max|cpu| <= 1e-4) and GPU vs the
@@ -1283,7 +1283,8 @@ int main(int argc, char **argv)
     add_row("gpu backend", 1, NULL, "%.30s", g_gpu_name);
     double t0 = now_s();
     static const char *qwen3[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
-                                   "llama/llama31_gqa", "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked" };
+                                   "llama/llama31_gqa", "llama/llama_bias", "qwen3/qwen3_bias",
+                                   "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked" };
     static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
     for (int pass = 0; pass < 2; pass++) {
         g_kv = pass ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;

@@ -413,6 +413,24 @@ static void case_elementwise(size_t count, size_t offset, int timed)
     gpu_reset();
 }
 
+/* add_bias: rows plus a bias vector of each weight dtype, the same bits as
+ * the CPU (one f32 add per element). */
+static void case_add_bias(dflash_dtype dt, int n, int cols)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s %d rows x %d", dflash_dtype_name(dt), n, cols);
+    float *x = rand_f32((size_t)n * cols, 4.0f);
+    float *dx = gpu_copy(x, (size_t)n * cols * sizeof(float));
+    wpair b;
+    make_weight(&b, dt, 1, cols, 1.0f);
+    MUST(g_cpu->ops->add_bias(g_cpu, x, &b.h, n, cols));
+    MUST(g_gpu->ops->add_bias(g_gpu, dx, &b.d, n, cols));
+    check_f32("add_bias", shape, dx, x, (size_t)n * cols, 0.0);
+    free(x);
+    free_weight(&b);
+    gpu_reset();
+}
+
 /* ---- linear ------------------------------------------------------------- */
 
 typedef struct lin_arg {
@@ -1376,12 +1394,16 @@ int main(int argc, char **argv)
     if (g_small) {
         case_elementwise(1000, 0, 0);
         case_elementwise(333, 1, 0);
+        case_add_bias(DFLASH_DTYPE_BF16, 3, 100);
     } else {
         case_elementwise((size_t)16 * 6144, 0, T);
         case_elementwise((size_t)16 * 12288, 0, T);
         case_elementwise((size_t)64 * 12288, 0, 0);
         case_elementwise((size_t)1 * 2048, 0, 0);
         case_elementwise(100003, 3, 0);
+        case_add_bias(DFLASH_DTYPE_BF16, 16, 4096);
+        case_add_bias(DFLASH_DTYPE_F16, 5, 1000);
+        case_add_bias(DFLASH_DTYPE_F32, 64, 14336);
     }
 
     /* linear */

@@ -64,6 +64,21 @@ static dflash_status cpu_embed(dflash_backend *be, const dflash_weight *table, c
     return DFLASH_OK;
 }
 
+static dflash_status cpu_add_bias(dflash_backend *be, float *x, const dflash_weight *b, int n, int cols)
+{
+    (void)be;
+    DFLASH_TRY(check_weight(b, "bias"));
+    if (b->rows * b->cols != cols)
+        return dflash_fail(DFLASH_ERR_SHAPE, "bias: %s has %lld elements, rows have %d", b->name ? b->name : "?",
+                           (long long)(b->rows * b->cols), cols);
+    float bf[cols];
+    dflash_cpu_weight_row(&(dflash_weight){ b->dtype, 1, cols, b->data, NULL, NULL }, 0, bf);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < cols; j++)
+            x[(int64_t)i * cols + j] += bf[j];
+    return DFLASH_OK;
+}
+
 static dflash_status cpu_add_rmsnorm(dflash_backend *be, float *x, const float *delta, const dflash_weight *w,
                                      int n, int dim, float eps, float *out)
 {
@@ -458,6 +473,7 @@ const dflash_backend_ops dflash_cpu_ops_table = {
     .embed = cpu_embed,
     .add_rmsnorm = cpu_add_rmsnorm,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .linear = cpu_linear,
     .norm_rope = cpu_norm_rope,
     .swiglu = cpu_swiglu,

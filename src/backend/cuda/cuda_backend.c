@@ -338,6 +338,23 @@ static dflash_status cuda_add(dflash_backend *be, float *x, const float *delta, 
     return cuda_launch(c, DFK_ADD, elem_blocks(c, vec ? n / 4 : n), 1, 256, args);
 }
 
+static dflash_status cuda_add_bias(dflash_backend *be, float *x, const dflash_weight *b, int n, int cols)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(cuda_check_weight(b, "bias"));
+    if (b->rows * b->cols != cols)
+        return dflash_fail(DFLASH_ERR_SHAPE, "bias: %s has %lld elements, rows have %d", b->name ? b->name : "?",
+                           (long long)(b->rows * b->cols), cols);
+    if (n <= 0 || cols <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    int dt = (int)b->dtype;
+    int64_t n_cols = cols;
+    unsigned chunks = cdiv(n_cols, 256 * 4);
+    void *args[] = { &x, (void *)&b->data, &dt, &n_cols };
+    return cuda_launch(c, DFK_ADD_BIAS, (unsigned)n, chunks, 256, args);
+}
+
 /* The device copy of a RoPE table (computed on the host by core/rope.c,
  * the same table the CPU rotates with, so both see the same angles). Kept
  * per distinct table for the backend's life: target and drafter may
@@ -492,6 +509,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .embed = cuda_embed,
     .add_rmsnorm = cuda_add_rmsnorm,
     .add = cuda_add,
+    .add_bias = cuda_add_bias,
     .linear = cuda_linear,
     .norm_rope = cuda_norm_rope,
     .swiglu = cuda_swiglu,

@@ -23,6 +23,7 @@
 const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_EMBED] = { "elementwise.cu", "dflash_embed" },
     [DFK_ADD] = { "elementwise.cu", "dflash_add" },
+    [DFK_ADD_BIAS] = { "elementwise.cu", "dflash_add_bias" },
     [DFK_SWIGLU] = { "elementwise.cu", "dflash_swiglu" },
     [DFK_COPY_ROWS] = { "elementwise.cu", "dflash_copy_rows" },
     [DFK_GATHER_SUM] = { "elementwise.cu", "dflash_gather_sum" },

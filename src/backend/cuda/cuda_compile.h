@@ -15,6 +15,7 @@
 typedef enum dflash_cuda_kernel_id {
     DFK_EMBED,
     DFK_ADD,
+    DFK_ADD_BIAS,
     DFK_SWIGLU,
     DFK_COPY_ROWS,
     DFK_GATHER_SUM,

@@ -1,5 +1,5 @@
 /* elementwise.cu: the memory-moving ops: embed (table row gather, widened to
- * f32), add, swiglu, copy_rows, gather_sum (a weighted sum of gathered
+ * f32), add, add_bias, swiglu, copy_rows, gather_sum (a weighted sum of gathered
  * rows) and kv_write (rows into paged KV pages).
  * Each is a straight copy or a per-element function, so they match the CPU
  * reference exactly (swiglu within expf's rounding). */
@@ -45,6 +45,16 @@ extern "C" __global__ void dflash_add(float *x, const float *delta, i64 count, i
         for (; t < count; t += stride)
             x[t] += delta[t];
     }
+}
+
+/* grid (n, column chunks): x[i, c] += b[c] (b widened from its dtype). */
+extern "C" __global__ void dflash_add_bias(float *x, const void *b, int dt, i64 cols)
+{
+    pdl_trigger();
+    pdl_wait();
+    const i64 i = blockIdx.x;
+    for (i64 c = (i64)blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.y * blockDim.x)
+        x[i * cols + c] += load_elem(b, dt, c);
 }
 
 __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
