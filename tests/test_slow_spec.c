@@ -160,7 +160,8 @@ static void test_other_targets_equal_plain(void)
  * caps and the cost-aware width. Rows of a verify are routed to experts
  * independently of each other, so this holds bit for bit. That drafter was
  * made for another target and is never right here (tau 1): the accepting
- * paths on these targets are the n-gram cases above. */
+ * paths on these targets are the n-gram cases above. (d6_moe, a drafter
+ * fixture of moe_stacked, runs in the fixture-pair tests.) */
 static void test_dflash_on_moe_equals_plain(void)
 {
     char tdir[512], ddir[512];
@@ -189,17 +190,11 @@ static void test_dflash_on_moe_equals_plain(void)
         if (blocks[i]) {
             run(t, &h->proposer, prompt, 50, 80, blocks[i], out, &n_out, &st);
         } else {
-            dflash_kv_seq seq;
-            void *state = NULL;
             dflash_gen_opts go;
             dflash_gen_default_opts(&go);
             go.n_new = 80;
             go.width_auto = 1;
-            CHECK_OK(dflash_qwen3_seq_init(t, &seq));
-            CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 200, &state));
-            CHECK_OK(dflash_spec_generate(t, &seq, &h->proposer, state, prompt, 50, &go, out, &n_out, &st));
-            h->proposer.ops->free_state(&h->proposer, state);
-            dflash_qwen3_seq_free(t, &seq);
+            CHECK_OK(generate_fresh(t, &h->proposer, prompt, 50, &go, out, &n_out, &st));
         }
         CHECKF(n_out == n_plain && memcmp(out, plain, sizeof plain) == 0,
                "moe_experts + d2_tied block %d cap %d: speculative output differs", blocks[i], caps[i]);
