@@ -120,8 +120,8 @@ typedef struct dflash_backend_ops {
                                  int n, int dim, float eps, float *out);
     /* x += delta over n * dim elements */
     dflash_status (*add)(dflash_backend *be, float *x, const float *delta, size_t count);
-    /* x[i, c] += b[c] for i < n, c < cols (b: a vector of cols elements,
-     * widened to f32): a projection's bias. */
+    /* x[i, c] += b[c] for i < n, c < cols (b: a BF16, F16 or F32 vector of
+     * cols elements, widened to f32): a projection's bias. */
     dflash_status (*add_bias)(dflash_backend *be, float *x, const dflash_weight *b, int n, int cols);
     /* out[n, W.rows] = x[n, W.cols] * W^T, f32 accumulation */
     dflash_status (*linear)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out);

@@ -1142,7 +1142,8 @@ static void print_table(const bench_run *r)
         printf(", driver device copy %.1f GB/s", r->bw_driver / 1e9);
     printf(")\n");
     printf("timing: median and min of %d calls after %d warm-up; floor = bytes moved / bandwidth\n"
-           "        (weights once + context K/V in the pool's dtype; propose excludes fc: the context is built);\n"
+           "        (weights once, of a MoE only the experts the rows were routed to, + context K/V in the\n"
+           "        pool's dtype; propose excludes fc: the context is built);\n"
            "        host_us: host time inside the call (launching; propose also waits for its drafts)\n",
            r->a->reps, BENCH_WARMUP);
     if (r->a->preset->drafter)

@@ -27,7 +27,8 @@ void cli_engine_usage(FILE *f)
 {
     fprintf(f,
             "model and drafting:\n"
-            "  -m, --model DIR        target checkpoint folder, Qwen3 or Llama (config.json + safetensors)\n"
+            "  -m, --model DIR        target checkpoint folder, Qwen3, Qwen3-MoE or Llama (config.json +\n"
+            "                         safetensors)\n"
             "  -d, --draft DIR|ngram  DFlash drafter folder, or 'ngram' for prompt-lookup drafting;\n"
             "                         without it, plain decoding\n"
             "  --tokenizer PATH       tokenizer.json or its folder (default: the model folder)\n"

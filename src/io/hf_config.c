@@ -139,18 +139,24 @@ static dflash_status cfg_token_id(const char *label, const char *field, int id, 
  * The fallbacks other tools use (num_attention_heads, hidden_size /
  * num_attention_heads) would run another model than transformers does, so
  * an omitted field is accepted only where both readings agree. LlamaConfig
- * defaults to exactly those fallbacks. */
+ * defaults to exactly those fallbacks; Qwen3MoeConfig to 4 kv heads and,
+ * having no head_dim field, hidden_size / num_attention_heads. */
 #define CFG_HF_KV_HEADS 32
 #define CFG_HF_HEAD_DIM 128
+#define CFG_HF_MOE_KV_HEADS 4
 
 /* An explicit null means num_attention_heads (transformers' backward
  * compatibility rule, and a Llama's default); absent means CFG_HF_KV_HEADS
- * for Qwen3. */
+ * for Qwen3, CFG_HF_MOE_KV_HEADS for Qwen3-MoE. */
 static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *v = json_object_get(root, "num_key_value_heads");
     if ((v && json_is_null(v)) || (!v && c->family == DFLASH_FAMILY_LLAMA)) {
         c->num_key_value_heads = c->num_attention_heads;
+        return DFLASH_OK;
+    }
+    if (!v && c->family == DFLASH_FAMILY_QWEN3_MOE) {
+        c->num_key_value_heads = CFG_HF_MOE_KV_HEADS;
         return DFLASH_OK;
     }
     if (!v && c->num_attention_heads != CFG_HF_KV_HEADS)
@@ -163,13 +169,13 @@ static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, d
 
 /* Absent means CFG_HF_HEAD_DIM for Qwen3 (an explicit null transformers
  * cannot run: its attention would size with None, so it is read the same
- * way), hidden_size / num_attention_heads for a Llama. */
+ * way), hidden_size / num_attention_heads for a Llama and a Qwen3-MoE. */
 static dflash_status cfg_parse_head_dim(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *v = json_object_get(root, "head_dim");
     if (!v || json_is_null(v)) {
         int split = c->hidden_size % c->num_attention_heads == 0 ? c->hidden_size / c->num_attention_heads : -1;
-        if (c->family == DFLASH_FAMILY_LLAMA) {
+        if (c->family == DFLASH_FAMILY_LLAMA || c->family == DFLASH_FAMILY_QWEN3_MOE) {
             if (split <= 0)
                 return dflash_fail(DFLASH_ERR_FORMAT, "%s: head_dim is %s and hidden_size %d is not a multiple of "
                                    "num_attention_heads %d: set it explicitly", label, v ? "null" : "missing",

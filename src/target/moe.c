@@ -33,7 +33,7 @@ static dflash_status bind_stacked(dflash_binder *b, const char *prefix, const df
     const int64_t H = c->hidden_size, I = c->moe_intermediate_size;
     dflash_weight *tmp = malloc((size_t)E * 2 * sizeof *tmp);
     if (!tmp)
-        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dflash_st_path(b->st));
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d experts' weights", dflash_st_path(b->st), E);
     char name[256];
     snprintf(name, sizeof name, "%smlp.experts.gate_up_proj", prefix);
     dflash_status s = dflash_bind_stack(b, name, E, 2, I, H, tmp);
@@ -58,10 +58,15 @@ dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_
     DFLASH_TRY(dflash_bind(b, name, c->num_experts, c->hidden_size, &m->router));
     m->experts = calloc((size_t)c->num_experts * QWEN3_MOE_PARTS, sizeof *m->experts);
     if (!m->experts)
-        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dflash_st_path(b->st));
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d experts' weights", dflash_st_path(b->st),
+                           c->num_experts);
     snprintf(name, sizeof name, "%smlp.experts.gate_up_proj", prefix);
-    return dflash_st_find(b->st, name) ? bind_stacked(b, prefix, c, m->experts)
-                                       : bind_per_expert(b, prefix, c, m->experts);
+    if (dflash_st_find(b->st, name))
+        return bind_stacked(b, prefix, c, m->experts);
+    dflash_status s = bind_per_expert(b, prefix, c, m->experts);
+    if (s == DFLASH_ERR_NOT_FOUND) /* neither layout: say both were looked for */
+        return dflash_fail_prefix(s, "%s: no '%s' either: ", dflash_st_path(b->st), name);
+    return s;
 }
 
 void qwen3_moe_release(qwen3_moe *m)
@@ -111,7 +116,8 @@ void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b)
 
 /* ---- routing ------------------------------------------------------------ */
 
-/* As transformers: softmax in f32 (the largest logit subtracted, the
+/* As transformers computes it (up to rounding: its vectorised softmax may
+ * sum in another order): softmax in f32 (the largest logit subtracted, the
  * exponentials summed in expert order), the k largest probabilities
  * (lowest expert first on ties) in descending order, renormalised by their
  * sum taken in that order; then reordered by expert, the order the

@@ -6,8 +6,10 @@
  * num_experts_per_tok most probable experts, their probabilities divided
  * by their sum when norm_topk_prob; out = sum over those experts, in
  * ascending expert order, of p_e * down_e(silu(gate_e(x)) * up_e(x)). This
- * is the order transformers adds them in (index_add per expert, experts
- * ascending), and it does not depend on the other rows.
+ * is the order transformers' eager experts path adds them in (index_add per
+ * expert, experts ascending; its grouped path sums a row's k outputs in
+ * top-k order, which differs by rounding only), and it does not depend on
+ * the other rows.
  *
  * The rows are grouped by expert, so each expert's weights are read once
  * per forward however many rows chose it. Routing runs on the host: the

@@ -1,4 +1,4 @@
-/* qwen3.c: the target (Qwen3 or Llama): load (bind every tensor by name with shape checks,
+/* qwen3.c: the target (Qwen3, Llama or Qwen3-MoE): load (bind every tensor by name with shape checks,
  * refuse tensors nothing uses, size scratch and KV once) and the batched
  * forward with taps. */
 #include "target/qwen3.h"

@@ -1,5 +1,6 @@
-/* qwen3.h: the target model (Qwen3, or a Llama: the same stack without the
- * q/k norms): weights bound by name from a Hugging Face
+/* qwen3.h: the target model (Qwen3; a Llama: the same stack without the
+ * q/k norms; a Qwen3-MoE: sparse MLPs, target/moe.h): weights bound by name
+ * from a Hugging Face
  * checkpoint, a forward over a batch of rows (prefill chunks, one-token
  * decode, multi-row verify) that returns logits for requested rows and the
  * hidden-state taps a DFlash drafter needs.

@@ -68,8 +68,8 @@ typedef struct qwen3_checkpoint {
     qwen3_layer *layers;
 } qwen3_checkpoint;
 
-/* Binds every tensor a checkpoint of `c` must hold (a Qwen3 or Llama
- * target, or a DFlash drafter when c->is_dflash) with shape and dtype
+/* Binds every tensor a checkpoint of `c` must hold (a Qwen3, Llama or
+ * Qwen3-MoE target, or a DFlash drafter when c->is_dflash) with shape and dtype
  * checks, then
  * refuses the tensors nothing bound (naming the first few and the likely
  * cause), except those transformers ignores too (see qwen3_layer.c). */

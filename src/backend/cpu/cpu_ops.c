@@ -68,6 +68,8 @@ static dflash_status cpu_add_bias(dflash_backend *be, float *x, const dflash_wei
 {
     (void)be;
     DFLASH_TRY(check_weight(b, "bias"));
+    if (b->dtype == DFLASH_DTYPE_F8_E4M3)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "bias: %s is fp8 (BF16, F16 or F32 only)", b->name ? b->name : "?");
     if (b->rows * b->cols != cols)
         return dflash_fail(DFLASH_ERR_SHAPE, "bias: %s has %lld elements, rows have %d", b->name ? b->name : "?",
                            (long long)(b->rows * b->cols), cols);

@@ -342,6 +342,8 @@ static dflash_status cuda_add_bias(dflash_backend *be, float *x, const dflash_we
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_check_weight(b, "bias"));
+    if (b->dtype == DFLASH_DTYPE_F8_E4M3)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "bias: %s is fp8 (BF16, F16 or F32 only)", b->name ? b->name : "?");
     if (b->rows * b->cols != cols)
         return dflash_fail(DFLASH_ERR_SHAPE, "bias: %s has %lld elements, rows have %d", b->name ? b->name : "?",
                            (long long)(b->rows * b->cols), cols);
@@ -351,6 +353,8 @@ static dflash_status cuda_add_bias(dflash_backend *be, float *x, const dflash_we
     int dt = (int)b->dtype;
     int64_t n_cols = cols;
     unsigned chunks = cdiv(n_cols, 256 * 4);
+    if (chunks > 65535)
+        chunks = 65535;
     void *args[] = { &x, (void *)&b->data, &dt, &n_cols };
     return cuda_launch(c, DFK_ADD_BIAS, (unsigned)n, chunks, 256, args);
 }
