@@ -420,6 +420,14 @@ static void test_qwen3_moe(void)
     CHECK_OK(parse_edits(moe, 4, moe_keys, absent, &c));
     CHECK(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768 &&
           !c.norm_topk_prob);
+    /* Qwen3MoeConfig's own defaults: 4 kv heads, head_dim hidden / heads
+     * (not Qwen3's 32 and 128) */
+    static const char *const geom_keys[] = { "num_key_value_heads", "head_dim" };
+    static const char *const geom_absent[] = { NULL, NULL };
+    CHECK_OK(parse_edits(moe, 2, geom_keys, geom_absent, &c));
+    CHECK(c.num_key_value_heads == 4 && c.head_dim == 64);
+    CHECK_OK(parse_edit(moe, "num_key_value_heads", "null", &c)); /* null: num_attention_heads */
+    CHECK(c.num_key_value_heads == 32);
     /* dense layers: listed ones, and those off the sparse step */
     CHECK_OK(parse_edit(moe, "mlp_only_layers", "[0, 47]", &c));
     CHECK(!c.layer_moe[0] && c.layer_moe[1] && c.layer_moe[46] && !c.layer_moe[47]);

@@ -396,6 +396,14 @@ static void test_moe_config_mismatch(void)
         CHECKF(strstr(out, cases[i].msg), "dflash info: %s", out);
         testmodel_rmdir(dir);
     }
+    /* and `dflash info` on the fixture itself names the family and its experts */
+    char dir[512];
+    static char out[4096];
+    CHECK(run_info(fx_path(dir, sizeof dir, "qwen3_moe", "moe_experts"), out, sizeof out) == 0);
+    CHECKF(strstr(out, "Qwen3MoeForCausalLM (Qwen3-MoE target)") &&
+               strstr(out, "experts        8, 2 active per token (weights renormalised), 64 wide; 2 of 3 layers "
+                           "sparse"),
+           "dflash info: %s", out);
 }
 
 static void test_committed_checkpoints_pass(void)

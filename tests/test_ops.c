@@ -283,6 +283,28 @@ static void test_gather_sum(void)
     CHECKF(o == 1.0f, "in the other order the sum is 1, got %g", o);
 }
 
+/* add_bias: every row gets the bias, widened from each dtype; fp8 is
+ * refused. */
+static void test_add_bias(void)
+{
+    float x[2 * 3] = { 1, 2, 3, 4, 5, 6 };
+    const float bf[3] = { 0.5f, -1.0f, 2.0f };
+    uint16_t bb[3];
+    for (int i = 0; i < 3; i++)
+        bb[i] = dflash_f32_to_bf16(bf[i]); /* exact in bf16 */
+    const dflash_weight b32 = { DFLASH_DTYPE_F32, 1, 3, bf, NULL, "b32" }, b16 = { DFLASH_DTYPE_BF16, 1, 3, bb, NULL,
+                                                                                   "b16" };
+    CHECK_OK(be->ops->add_bias(be, x, &b32, 2, 3));
+    CHECK(x[0] == 1.5f && x[1] == 1.0f && x[2] == 5.0f && x[3] == 4.5f && x[4] == 4.0f && x[5] == 8.0f);
+    CHECK_OK(be->ops->add_bias(be, x, &b16, 2, 3));
+    CHECK(x[0] == 2.0f && x[2] == 7.0f && x[5] == 10.0f);
+    CHECK_FAILS(be->ops->add_bias(be, x, &b32, 2, 4), DFLASH_ERR_SHAPE, "bias: b32 has 3 elements, rows have 4");
+    const uint8_t b8[3] = { 0 };
+    const float sc = 1;
+    const dflash_weight f8 = { DFLASH_DTYPE_F8_E4M3, 1, 3, b8, &sc, "b8" };
+    CHECK_FAILS(be->ops->add_bias(be, x, &f8, 2, 3), DFLASH_ERR_UNSUPPORTED, "bias: b8 is fp8");
+}
+
 /* The routing of one row: softmax probabilities, the k largest (the lower
  * expert first on ties), renormalised or not, listed by expert. */
 static void test_moe_route(void)
@@ -315,6 +337,7 @@ int main(void)
     RUN(test_linear_row_independent);
     RUN(test_argmax_ties_low_index);
     RUN(test_gather_sum);
+    RUN(test_add_bias);
     RUN(test_moe_route);
     dflash_backend_destroy(be);
     TEST_END();

@@ -15,14 +15,14 @@
 
 static dflash_backend *be;
 
-static void check_model(const char *name)
+static void check_model(const char *family, const char *name)
 {
     char dir[512];
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
     to.max_ctx = 256;
     dflash_qwen3 *t = NULL;
-    CHECK_OK(dflash_qwen3_load(fx_path(dir, sizeof dir, "qwen3", name), be, &to, &t));
+    CHECK_OK(dflash_qwen3_load(fx_path(dir, sizeof dir, family, name), be, &to, &t));
     if (!t)
         return;
     const int V = t->cfg.vocab_size;
@@ -111,8 +111,9 @@ static void test_continue_after_a_cut_step(void)
 
 static void test_oracle_accepts_everything(void)
 {
-    check_model("gqa_tied");
-    check_model("mha_untied");
+    check_model("qwen3", "gqa_tied");
+    check_model("qwen3", "mha_untied");
+    check_model("qwen3_moe", "moe_experts");
 }
 
 int main(void)

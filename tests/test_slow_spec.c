@@ -148,8 +148,13 @@ static void test_other_targets_equal_plain(void)
         dflash_gen_stats st;
         prompt_for(t->cfg.vocab_size, 40, 5, prompt);
         run(t, NULL, prompt, 40, 120, 0, plain, &n_plain, &st);
-        for (int block = 4; block <= 16; block *= 4)
+        for (int block = 4; block <= 16; block *= 4) {
             ngram_equals_plain(t, prompt, plain, n_plain, block, targets[k][1], &st);
+            /* measured 2.1-14.9 on these prompts: a loop that stopped
+             * accepting (tau 1) would still give plain's output */
+            CHECKF(st.mean_accept >= 1.8, "%s ngram block %d: tau %.2f below 1.8", targets[k][1], block,
+                   st.mean_accept);
+        }
         dflash_qwen3_free(t);
     }
 }

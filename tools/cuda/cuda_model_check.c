@@ -40,7 +40,9 @@
  *     drafts the GPU target's own greedy continuation has every draft
  *     accepted and commits a whole block per step, for block sizes 2..16,
  *     without and with a repetition penalty; its mirror has none accepted;
- *     both give the plain output.
+ *     both give the plain output. And the Qwen3-MoE with many rows per
+ *     expert: 32 sequences through the batched loop (n-gram proposer,
+ *     block 16, up to 512 rows a forward) equal their plain runs alone.
  * Any compared GPU tensor holding a NaN fails its row. Every CUDA-side step
  * is guarded: a failure becomes a FAIL row with dflash_last_error() and the
  * remaining checks still run. Output: progress lines, then a table (check,
@@ -65,6 +67,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "dflash.h"
 #include "draft/dflash_head.h"
+#include "draft/ngram.h"
 #include "fixture.h"
 #include "io/tokenizer.h"
 #include "oracle_proposer.h"
@@ -1192,6 +1195,80 @@ done:
 #define ORACLE_PROMPT 24
 #define ORACLE_NEW 60
 
+/* A Qwen3-MoE target on the GPU with many rows per expert: 32 sequences
+ * stepped together by the batched loop with the n-gram proposer at block
+ * 16 (up to 512 rows in one forward, so up to ~128 rows for each of
+ * moe_experts' 8 experts: the experts' GEMMs take the many-row kernel too),
+ * each output equal to its plain run alone on the GPU. */
+#define MOE_SEQS 32
+#define MOE_PROMPT 40
+#define MOE_NEW 48
+static void check_moe_batch(void)
+{
+    char dir[512];
+    dflash_qwen3 *t = NULL;
+    dflash_proposer *p = NULL;
+    static int32_t prompt[MOE_SEQS][MOE_PROMPT], alone[MOE_SEQS][MOE_NEW], out[MOE_SEQS][MOE_NEW];
+    int n_alone[MOE_SEQS];
+    dflash_spec_item items[MOE_SEQS];
+    dflash_kv_seq seqs[MOE_SEQS];
+    void *states[MOE_SEQS] = { 0 };
+    memset(seqs, 0, sizeof seqs);
+    case_begin("%s, 32 sequences", "moe_experts");
+    dflash_qwen3_opts o;
+    dflash_qwen3_default_opts(&o);
+    o.max_rows = MOE_SEQS * 16;
+    o.max_ctx = 256;
+    o.max_seqs = MOE_SEQS;
+    o.kv_dtype = g_kv;
+    if (!step(dflash_qwen3_load(fx_path(dir, sizeof dir, "qwen3_moe", "moe_experts"), g_gpu, &o, &t),
+              "moe: gpu load") ||
+        !step(dflash_ngram_create(16, 1, 3, &p), "moe: ngram"))
+        goto done;
+    dflash_gen_opts go;
+    dflash_gen_default_opts(&go);
+    go.n_new = MOE_NEW;
+    for (int i = 0; i < MOE_SEQS; i++) {
+        for (int j = 0; j < MOE_PROMPT; j++) /* repeats, so the n-gram lookups find matches */
+            prompt[i][j] = (int32_t)(((j % 7) * 31 + i * 17 + j / 21) % t->cfg.vocab_size);
+        dflash_gen_stats st;
+        if (!step(generate_fresh(t, NULL, prompt[i], MOE_PROMPT, &go, alone[i], &n_alone[i], &st), "moe: alone"))
+            goto done;
+    }
+    for (int i = 0; i < MOE_SEQS; i++) {
+        if (!step(dflash_qwen3_seq_init(t, &seqs[i]), "moe: seq") ||
+            !step(p->ops->alloc_state(p, 200, &states[i]), "moe: ngram state"))
+            goto done;
+        items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = states[i], .prompt = prompt[i],
+                                       .n_prompt = MOE_PROMPT, .opts = go, .out = out[i] };
+    }
+    if (!step(dflash_spec_generate_many(t, p, items, MOE_SEQS, 0, 0), "moe: generate many"))
+        goto done;
+    int same = 0, first_bad = -1;
+    double tau = 0;
+    for (int i = 0; i < MOE_SEQS; i++) {
+        int eq = items[i].n_out == n_alone[i] && !memcmp(out[i], alone[i], (size_t)n_alone[i] * sizeof(int32_t));
+        same += eq;
+        tau += items[i].stats.mean_accept / MOE_SEQS;
+        if (!eq && first_bad < 0)
+            first_bad = i;
+    }
+    if (first_bad >= 0)
+        add_row("moe 32 seqs ngram block 16 == alone (gpu)", 0, "equal", "%d/%d same, first diff %d", same, MOE_SEQS,
+                first_bad);
+    else
+        add_row("moe 32 seqs ngram block 16 == alone (gpu)", 1, "equal", "%d/%d, tau %.2f", same, MOE_SEQS, tau);
+done:
+    for (int i = 0; i < MOE_SEQS; i++) {
+        if (states[i])
+            p->ops->free_state(p, states[i]);
+        if (seqs[i].table)
+            dflash_qwen3_seq_free(t, &seqs[i]);
+    }
+    dflash_proposer_destroy(p);
+    dflash_qwen3_free(t);
+}
+
 static void check_oracle(const char *family, const char *name)
 {
     char dir[512];
@@ -1298,6 +1375,7 @@ int main(int argc, char **argv)
     check_oracle("qwen3", "gqa_tied");
     check_oracle("qwen3", "mha_untied");
     check_oracle("qwen3_moe", "moe_experts");
+    check_moe_batch();
     if (pair)
         check_pystd();
     printf("cuda_model_check: %.1f s\n", now_s() - t0);
