@@ -2,7 +2,8 @@
  * -inf) are reported, never decoded into tokens: the argmax op's -1, the
  * fused LM head + argmax, and the loop's DFLASH_ERR_NUMERIC naming the
  * model and the position, greedy and sampled, plain and speculative, for
- * the target and for the drafter. */
+ * the target and for the drafter, and for a Qwen3-MoE whose router goes
+ * NaN. */
 #include "harness.h"
 
 #include <jansson.h>
@@ -199,6 +200,57 @@ static void test_loop_reports_drafter(void)
     rmdir(dir);
 }
 
+/* A Qwen3-MoE whose router holds a NaN: every row's routing probabilities
+ * are NaN, the experts chosen anyway (the first k), and the NaN reaches the
+ * logits, which the loop reports naming the model, plain and speculative;
+ * no token comes out. */
+static void test_moe_router_nan(void)
+{
+    char src[512], dir[64], a[600], b[600];
+    CHECK(testmodel_tmpdir(dir));
+    fx_path(src, sizeof src, "qwen3_moe", "moe_experts");
+    for (int i = 0; i < 2; i++) {
+        const char *f = i ? "model.safetensors" : "config.json";
+        snprintf(a, sizeof a, "%s/%s", src, f);
+        snprintf(b, sizeof b, "%s/%s", dir, f);
+        CHECK(copy_file(a, b));
+    }
+    CHECK(poison_tensor(b, "model.layers.0.mlp.gate.weight"));
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
+    for (int spec = 0; spec < 2 && t; spec++) {
+        dflash_kv_seq seq;
+        dflash_proposer *p = NULL;
+        void *ps = NULL;
+        CHECK_OK(dflash_qwen3_seq_init(t, &seq));
+        if (spec) {
+            CHECK_OK(dflash_ngram_create(4, 1, 3, &p));
+            CHECK_OK(p->ops->alloc_state(p, 200, &ps));
+        }
+        const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
+        dflash_gen_opts go;
+        dflash_gen_default_opts(&go);
+        go.n_new = 8;
+        int32_t out[8];
+        int n_out = 0;
+        dflash_gen_stats st;
+        dflash_status s = dflash_spec_generate(t, &seq, p, ps, prompt, 7, &go, out, &n_out, &st);
+        CHECKF(s == DFLASH_ERR_NUMERIC, "spec %d: %s (%s)", spec, dflash_status_name(s), dflash_last_error());
+        CHECKF(strstr(dflash_last_error(), dir), "spec %d message: %s", spec, dflash_last_error());
+        CHECKF(n_out == 0, "spec %d emitted %d tokens", spec, n_out);
+        if (p) {
+            p->ops->free_state(p, ps);
+            dflash_proposer_destroy(p);
+        }
+        dflash_qwen3_seq_free(t, &seq);
+    }
+    dflash_qwen3_free(t);
+    remove(b);
+    snprintf(a, sizeof a, "%s/config.json", dir);
+    remove(a);
+    rmdir(dir);
+}
+
 int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&be));
@@ -206,6 +258,7 @@ int main(void)
     RUN(test_linear_argmax_nan_weight);
     RUN(test_loop_reports_target);
     RUN(test_loop_reports_drafter);
+    RUN(test_moe_router_nan);
     dflash_backend_destroy(be);
     TEST_END();
 }
