@@ -448,6 +448,63 @@ static void test_qwen3_moe(void)
     CHECK(c.num_experts == 0 && !c.layer_moe[0]);
 }
 
+/* A Qwen3.5 hybrid, text-only and in the multimodal layout (the text model
+ * under text_config): layer kinds, the linear attention's geometry, the
+ * partial RoPE's table over the rotary dimensions only, a MoE with its
+ * shared expert; what is left implicit takes transformers' defaults, and
+ * a factor below 1 stays refused on the other families. */
+static void test_qwen35(void)
+{
+    static const char *text =
+        "{\"architectures\":[\"Qwen3_5ForCausalLM\"],\"model_type\":\"qwen3_5_text\",\"hidden_size\":64,"
+        "\"intermediate_size\":128,\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"head_dim\":16,\"vocab_size\":512,\"rms_norm_eps\":1e-06,\"linear_conv_kernel_dim\":4,"
+        "\"linear_key_head_dim\":16,\"linear_value_head_dim\":8,\"linear_num_key_heads\":2,"
+        "\"linear_num_value_heads\":4,\"layer_types\":[\"linear_attention\",\"linear_attention\","
+        "\"linear_attention\",\"full_attention\"],\"rope_parameters\":{\"rope_type\":\"default\","
+        "\"rope_theta\":10000000.0,\"partial_rotary_factor\":0.25},\"tie_word_embeddings\":false}";
+    dflash_model_config c;
+    CHECK_OK(parse(text, &c));
+    CHECK(c.family == DFLASH_FAMILY_QWEN35 && !c.multimodal && !c.num_experts);
+    CHECK(strcmp(dflash_family_name(c.family), "Qwen3.5") == 0);
+    CHECK(c.layer_linear[0] && c.layer_linear[2] && !c.layer_linear[3]);
+    CHECK(c.linear_num_value_heads == 4 && c.linear_value_head_dim == 8 && c.linear_conv_kernel == 4);
+    /* the table covers the 4 rotary dimensions: inv_freq[j] = theta^(-2j/4) */
+    CHECK(c.rotary_dim == 4 && c.rope_freq.n_pairs == 2 && c.rope_freq.inv_freq[0] == 1.0f &&
+          fabs(c.rope_freq.inv_freq[1] - 1.0 / sqrt(1e7)) < 1e-9);
+    /* defaults: layer kinds from full_attention_interval, partial 0.25 */
+    static const char *const keys[] = { "layer_types", "rope_parameters", "full_attention_interval" };
+    static const char *const vals[] = { NULL, "{\"rope_type\":\"default\",\"rope_theta\":10000.0}", "2" };
+    CHECK_OK(parse_edits(text, 3, keys, vals, &c));
+    CHECK(c.layer_linear[0] && !c.layer_linear[1] && c.layer_linear[2] && !c.layer_linear[3] && c.rotary_dim == 4);
+    CHECK_FAILS(parse_edit(text, "head_dim", NULL, &c), DFLASH_ERR_FORMAT, "head_dim is missing: set it explicitly");
+    CHECK_FAILS(parse_edit(text, "linear_num_value_heads", "3", &c), DFLASH_ERR_FORMAT,
+                "linear_num_value_heads = 3 is not a multiple of linear_num_key_heads = 2");
+    CHECK_FAILS(parse_edit(text, "rope_parameters", "{\"rope_type\":\"default\",\"partial_rotary_factor\":0.1}", &c),
+                DFLASH_ERR_FORMAT, "gives 1 rotary dimensions of head_dim 16");
+    /* the multimodal folder: the same text model under text_config */
+    json_t *mm = json_pack("{s:[s], s:s, s:b, s:{}}", "architectures", "Qwen3_5MoeForConditionalGeneration",
+                           "model_type", "qwen3_5_moe", "tie_word_embeddings", 0, "vision_config");
+    json_t *t = json_loads(text, 0, NULL);
+    json_object_set_new(t, "model_type", json_string("qwen3_5_moe_text"));
+    json_object_del(t, "intermediate_size");
+    json_object_set_new(t, "num_experts", json_integer(8));
+    json_object_set_new(t, "num_experts_per_tok", json_integer(2));
+    json_object_set_new(t, "shared_expert_intermediate_size", json_integer(48));
+    json_object_set_new(mm, "text_config", t);
+    char *mm_text = json_dumps(mm, 0);
+    json_decref(mm);
+    CHECK_OK(parse(mm_text, &c));
+    CHECK(c.family == DFLASH_FAMILY_QWEN35_MOE && c.multimodal && c.hidden_size == 64 && c.intermediate_size == 0);
+    CHECK(c.num_experts == 8 && c.num_experts_per_tok == 2 && c.moe_intermediate_size == 512 && c.norm_topk_prob &&
+          c.shared_expert_intermediate_size == 48 && c.layer_moe[0] && c.layer_moe[3]);
+    CHECK_FAILS(parse_edit(mm_text, "text_config", "3", &c), DFLASH_ERR_FORMAT, "field 'text_config' is");
+    free(mm_text);
+    /* the other families still refuse a partial rotation */
+    CHECK_FAILS(parse_edit(k_qwen3, "partial_rotary_factor", "0.5", &c), DFLASH_ERR_UNSUPPORTED,
+                "'partial_rotary_factor' = 0.5 is not supported");
+}
+
 /* ---- DFlash drafters ---------------------------------------------------- */
 
 static void test_drafter_explicit(void)
@@ -648,6 +705,7 @@ int main(void)
     RUN(test_default_target_layer_ids);
     RUN(test_drafter_errors);
     RUN(test_qwen3_moe);
+    RUN(test_qwen35);
     RUN(test_drafter_top_level_fields_not_read);
     RUN(test_drafter_layouts);
     RUN(test_drafter_small_target);

@@ -61,6 +61,16 @@ dflash_status dflash_bind_stack(dflash_binder *b, const char *name, int64_t n, i
     return DFLASH_OK;
 }
 
+dflash_status dflash_bind_check(dflash_binder *b, const char *name, int ndim, const int64_t *shape)
+{
+    const dflash_tensor_info *t;
+    DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, ndim, shape, &t));
+    DFLASH_TRY(check_dtype(t, name));
+    b->used[dflash_st_index_of(b->st, t)] = 1;
+    b->n_params += t->numel;
+    return DFLASH_OK;
+}
+
 size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max)
 {
     size_t n = 0;

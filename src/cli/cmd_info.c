@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "target/qwen35.h"
 #include "target/qwen3_layer.h"
 
 int dflash_cmd_info(int argc, char **argv)
@@ -23,8 +24,11 @@ int dflash_cmd_info(int argc, char **argv)
     const char *dir = argv[1];
     dflash_model_config c;
     dflash_st *st = NULL;
+    qwen35_extra extra = { 0 };
     if (dflash_config_check_folder(dir, "dflash info") != DFLASH_OK || dflash_config_load(dir, &c) != DFLASH_OK ||
-        dflash_st_open(dir, &st) != DFLASH_OK || qwen3_checkpoint_check(&c, st) != DFLASH_OK) {
+        dflash_st_open(dir, &st) != DFLASH_OK ||
+        (dflash_family_is_qwen35(c.family) ? qwen35_checkpoint_check(&c, st, &extra)
+                                           : qwen3_checkpoint_check(&c, st)) != DFLASH_OK) {
         fprintf(stderr, "dflash info: %s\n", dflash_last_error());
         dflash_st_close(st);
         return 1;
@@ -40,15 +44,34 @@ int dflash_cmd_info(int argc, char **argv)
            c.is_dflash ? "DFlash drafter" : dflash_family_name(c.family), c.is_dflash ? "" : " target");
     printf("  layers         %d\n  hidden         %d\n  heads          %d (kv %d, head_dim %d)\n",
            c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    printf("  intermediate   %d\n  vocab          %d%s\n", c.intermediate_size, c.vocab_size,
-           c.tie_word_embeddings ? " (tied embeddings)" : "");
+    if (c.intermediate_size)
+        printf("  intermediate   %d\n", c.intermediate_size);
+    printf("  vocab          %d%s\n", c.vocab_size, c.tie_word_embeddings ? " (tied embeddings)" : "");
+    if (dflash_family_is_qwen35(c.family)) {
+        int linear = 0;
+        for (int i = 0; i < c.num_hidden_layers; i++)
+            linear += c.layer_linear[i];
+        printf("  layer kinds    %d Gated DeltaNet linear attention (key heads %d x %d, value heads %d x %d, "
+               "conv %d), %d gated full attention (RoPE on %d of %d dimensions)\n", linear, c.linear_num_key_heads,
+               c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_kernel,
+               c.num_hidden_layers - linear, c.rotary_dim, c.head_dim);
+        if (c.multimodal)
+            printf("  layout         multimodal (text_config, model.language_model.*): %d vision and %d mtp "
+                   "tensors not used\n", extra.vision_tensors, extra.mtp_tensors);
+        else if (extra.mtp_tensors)
+            printf("  not used       %d mtp tensors\n", extra.mtp_tensors);
+        printf("  runs           not yet: recognised and checked only\n");
+    }
     if (c.num_experts) {
         int sparse = 0;
         for (int i = 0; i < c.num_hidden_layers; i++)
             sparse += c.layer_moe[i];
-        printf("  experts        %d, %d active per token%s, %d wide; %d of %d layers sparse\n", c.num_experts,
+        printf("  experts        %d, %d active per token%s, %d wide; %d of %d layers sparse", c.num_experts,
                c.num_experts_per_tok, c.norm_topk_prob ? " (weights renormalised)" : "", c.moe_intermediate_size,
                sparse, c.num_hidden_layers);
+        if (c.shared_expert_intermediate_size)
+            printf("; a shared expert %d wide", c.shared_expert_intermediate_size);
+        printf("\n");
     }
     const dflash_rope_params *r = &c.rope;
     printf("  rope           %s, theta %g", dflash_rope_kind_name(r->kind), r->theta);

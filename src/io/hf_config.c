@@ -151,6 +151,8 @@ static dflash_status cfg_token_id(const char *label, const char *field, int id, 
 static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *v = json_object_get(root, "num_key_value_heads");
+    if (!v && dflash_family_is_qwen35(c->family)) /* its class default differs between versions */
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: num_key_value_heads is missing: set it explicitly", label);
     if ((v && json_is_null(v)) || (!v && c->family == DFLASH_FAMILY_LLAMA)) {
         c->num_key_value_heads = c->num_attention_heads;
         return DFLASH_OK;
@@ -173,6 +175,8 @@ static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, d
 static dflash_status cfg_parse_head_dim(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *v = json_object_get(root, "head_dim");
+    if ((!v || json_is_null(v)) && dflash_family_is_qwen35(c->family))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: head_dim is %s: set it explicitly", label, v ? "null" : "missing");
     if (!v || json_is_null(v)) {
         int split = c->hidden_size % c->num_attention_heads == 0 ? c->hidden_size / c->num_attention_heads : -1;
         if (c->family == DFLASH_FAMILY_LLAMA || c->family == DFLASH_FAMILY_QWEN3_MOE) {
@@ -208,7 +212,9 @@ static dflash_status cfg_parse_sizes(const char *label, const json_t *root, dfla
                            "%s: num_attention_heads = %d is not divisible by num_key_value_heads = %d", label,
                            c->num_attention_heads, c->num_key_value_heads);
     DFLASH_TRY(cfg_parse_head_dim(label, root, c));
-    DFLASH_TRY(cfg_positive_int(label, root, "intermediate_size", 1, 0, &c->intermediate_size));
+    /* a Qwen3.5-MoE has no dense MLP, hence no intermediate_size (0) */
+    if (c->family != DFLASH_FAMILY_QWEN35_MOE || cfg_field(root, "intermediate_size"))
+        DFLASH_TRY(cfg_positive_int(label, root, "intermediate_size", 1, 0, &c->intermediate_size));
     DFLASH_TRY(cfg_positive_int(label, root, "vocab_size", 1, 0, &c->vocab_size));
     /* transformers' defaults: Qwen3Config 32768, LlamaConfig 2048 */
     DFLASH_TRY(cfg_positive_int(label, root, "max_position_embeddings", 0,
@@ -258,7 +264,7 @@ static dflash_status cfg_parse_rope_kind(const char *label, const char *field, c
     char partial_field[96];
     snprintf(partial_field, sizeof partial_field, "%s.partial_rotary_factor", field);
     DFLASH_TRY(cfg_number(label, obj, "partial_rotary_factor", partial_field, 1, &partial));
-    if (partial != 1)
+    if (partial != 1 && !dflash_family_is_qwen35(c->family)) /* Qwen3.5's is read by cfg_parse_rope */
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field '%s' = %g is not supported (only 1: every dimension "
                            "rotates)", label, partial_field, partial);
     size_t k = 0;
@@ -303,7 +309,11 @@ static dflash_status cfg_parse_rope_kind(const char *label, const char *field, c
 
 /* RoPE: rope_theta at the top level or in rope_parameters; the kind from
  * rope_scaling (published configs) or else rope_parameters (what
- * transformers 5 writes); then the frequency table for head_dim. */
+ * transformers 5 writes); then the frequency table for head_dim, or for a
+ * Qwen3.5's rotary part: its first head_dim * partial_rotary_factor
+ * dimensions (rope_parameters' value, else the top-level one, else 0.25;
+ * the other families' transformers code rotates every dimension, so a
+ * factor below 1 there is refused). */
 static dflash_status cfg_parse_rope(const char *label, const json_t *root, dflash_model_config *c)
 {
     c->rope = (dflash_rope_params){ .kind = DFLASH_ROPE_DEFAULT, .factor = 1 };
@@ -323,12 +333,21 @@ static dflash_status cfg_parse_rope(const char *label, const json_t *root, dflas
         DFLASH_TRY(cfg_parse_rope_kind(label, "rope_scaling", scaling, c));
     if (params && c->rope.kind == DFLASH_ROPE_DEFAULT)
         DFLASH_TRY(cfg_parse_rope_kind(label, "rope_parameters", params, c));
-    double partial = 1;
-    DFLASH_TRY(cfg_number(label, root, "partial_rotary_factor", "partial_rotary_factor", 1, &partial));
-    if (partial != 1)
+    const int q35 = dflash_family_is_qwen35(c->family);
+    double partial = q35 ? 0.25 : 1;
+    const char *partial_field = "partial_rotary_factor";
+    if (q35 && cfg_field(params, "partial_rotary_factor"))
+        partial_field = "rope_parameters.partial_rotary_factor";
+    DFLASH_TRY(cfg_number(label, q35 && cfg_field(params, "partial_rotary_factor") ? params : root,
+                          "partial_rotary_factor", partial_field, partial, &partial));
+    if (partial != 1 && !q35)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: field 'partial_rotary_factor' = %g is not supported (only 1: "
                            "every dimension rotates)", label, partial);
-    dflash_status s = dflash_rope_init(&c->rope, c->head_dim, &c->rope_freq);
+    c->rotary_dim = (int)(c->head_dim * partial); /* transformers' int(): truncation */
+    if (q35 && (!(partial > 0 && partial <= 1) || c->rotary_dim < 2 || c->rotary_dim % 2))
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field '%s' = %g gives %d rotary dimensions of head_dim %d, expected "
+                           "an even count of at least 2", label, partial_field, partial, c->rotary_dim, c->head_dim);
+    dflash_status s = dflash_rope_init(&c->rope, c->rotary_dim, &c->rope_freq);
     return s == DFLASH_OK ? s : dflash_fail_prefix(s, "%s: ", label);
 }
 
@@ -387,6 +406,10 @@ static const struct {
     { "qwen3", "Qwen3ForCausalLM", DFLASH_FAMILY_QWEN3 },
     { "llama", "LlamaForCausalLM", DFLASH_FAMILY_LLAMA },
     { "qwen3_moe", "Qwen3MoeForCausalLM", DFLASH_FAMILY_QWEN3_MOE },
+    { "qwen3_5_text", "Qwen3_5ForCausalLM", DFLASH_FAMILY_QWEN35 },
+    { "qwen3_5", "Qwen3_5ForConditionalGeneration", DFLASH_FAMILY_QWEN35 },
+    { "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", DFLASH_FAMILY_QWEN35_MOE },
+    { "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", DFLASH_FAMILY_QWEN35_MOE },
 };
 #define N_FAMILIES (sizeof k_families / sizeof k_families[0])
 #define CFG_RUNS "dflash runs Qwen3ForCausalLM, Qwen3MoeForCausalLM and LlamaForCausalLM targets and " \
@@ -394,7 +417,13 @@ static const struct {
 
 const char *dflash_family_name(dflash_family f)
 {
-    return f == DFLASH_FAMILY_LLAMA ? "Llama" : f == DFLASH_FAMILY_QWEN3_MOE ? "Qwen3-MoE" : "Qwen3";
+    switch (f) {
+    case DFLASH_FAMILY_LLAMA: return "Llama";
+    case DFLASH_FAMILY_QWEN3_MOE: return "Qwen3-MoE";
+    case DFLASH_FAMILY_QWEN35: return "Qwen3.5";
+    case DFLASH_FAMILY_QWEN35_MOE: return "Qwen3.5-MoE";
+    default: return "Qwen3";
+    }
 }
 
 /* Which model: architectures[0] and model_type (each optional) name one
@@ -426,7 +455,7 @@ static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflas
         k++;
     if (k == N_FAMILIES)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: architectures[0] is '%s'; " CFG_RUNS, label, arch);
-    if (model_type[0] && by_type != k)
+    if (model_type[0] && k_families[by_type].family != k_families[k].family)
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: architectures[0] is '%s' but model_type is '%s' (expected '%s')",
                            label, arch, model_type, k_families[k].model_type);
     if (has_dflash_config)
@@ -475,6 +504,8 @@ static dflash_status cfg_parse_layer_types(const char *label, const json_t *root
             c->layer_sliding[i] = 0;
         else if (s && strcmp(s, "sliding_attention") == 0)
             c->layer_sliding[i] = 1;
+        else if (s && strcmp(s, "linear_attention") == 0 && dflash_family_is_qwen35(c->family))
+            c->layer_linear[i] = 1;
         else if (s)
             return dflash_fail(DFLASH_ERR_FORMAT,
                                "%s: field 'layer_types[%zu]' = \"%s\", expected \"full_attention\" or \"sliding_attention\"",
@@ -539,6 +570,55 @@ static dflash_status cfg_parse_moe(const char *label, const json_t *root, dflash
     }
     for (int i = 0; i < c->num_hidden_layers; i++)
         c->layer_moe[i] = !dense[i] && (i + 1) % step == 0;
+    return DFLASH_OK;
+}
+
+/* ---- Qwen3.5 ------------------------------------------------------------ */
+
+/* The hybrid's own fields, with Qwen3_5TextConfig / Qwen3_5MoeTextConfig's
+ * defaults where absent: without layer_types, every
+ * full_attention_interval-th layer (default 4) is full attention and the
+ * rest linear; a MoE always renormalises its top-k weights and every
+ * layer's MLP is sparse. */
+static dflash_status cfg_parse_qwen35(const char *label, const json_t *root, dflash_model_config *c)
+{
+    if (!dflash_family_is_qwen35(c->family))
+        return DFLASH_OK;
+    const struct {
+        const char *key;
+        int def, *out;
+    } ints[] = { { "linear_conv_kernel_dim", 4, &c->linear_conv_kernel },
+                 { "linear_key_head_dim", 128, &c->linear_key_head_dim },
+                 { "linear_value_head_dim", 128, &c->linear_value_head_dim },
+                 { "linear_num_key_heads", 16, &c->linear_num_key_heads },
+                 { "linear_num_value_heads", 32, &c->linear_num_value_heads } };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        DFLASH_TRY(cfg_positive_int(label, root, ints[i].key, 0, ints[i].def, ints[i].out));
+    if (c->linear_num_value_heads % c->linear_num_key_heads)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: linear_num_value_heads = %d is not a multiple of "
+                           "linear_num_key_heads = %d", label, c->linear_num_value_heads, c->linear_num_key_heads);
+    if (!cfg_field(root, "layer_types")) {
+        int every = 4;
+        DFLASH_TRY(cfg_positive_int(label, root, "full_attention_interval", 0, 4, &every));
+        for (int i = 0; i < c->num_hidden_layers; i++)
+            c->layer_linear[i] = (i + 1) % every != 0;
+    }
+    if (c->family != DFLASH_FAMILY_QWEN35_MOE)
+        return DFLASH_OK;
+    DFLASH_TRY(cfg_positive_int(label, root, "num_experts", 0, 256, &c->num_experts));
+    if (c->num_experts > DFLASH_MAX_EXPERTS)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_experts' = %d, expected 1..%d", label, c->num_experts,
+                           DFLASH_MAX_EXPERTS);
+    DFLASH_TRY(cfg_positive_int(label, root, "num_experts_per_tok", 0, 8, &c->num_experts_per_tok));
+    if (c->num_experts_per_tok > c->num_experts)
+        return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'num_experts_per_tok' = %d, more than the %d experts "
+                           "(num_experts)", label, c->num_experts_per_tok, c->num_experts);
+    DFLASH_TRY(cfg_positive_int(label, root, "moe_intermediate_size", 0, 512, &c->moe_intermediate_size));
+    DFLASH_TRY(cfg_positive_int(label, root, "shared_expert_intermediate_size", 0, 512,
+                                &c->shared_expert_intermediate_size));
+    c->norm_topk_prob = 1;
+    for (int i = 0; i < c->num_hidden_layers; i++)
+        c->layer_moe[i] = 1;
     return DFLASH_OK;
 }
 
@@ -654,12 +734,26 @@ static dflash_status cfg_parse_root(const char *label, const json_t *root, dflas
                            dflash_json_type_name(root));
     DFLASH_TRY(cfg_parse_names(label, root, c));
     DFLASH_TRY(cfg_parse_kind(label, root, c)); /* first: another model is named before its fields are judged */
+    /* A multimodal Qwen3.5 folder keeps the text model under text_config
+     * (its top-level tie_word_embeddings, read above, is the one
+     * transformers applies); every field below is read from there. */
+    char text_label[600];
+    const json_t *text = cfg_field(root, "text_config");
+    if (text && dflash_family_is_qwen35(c->family)) {
+        if (!json_is_object(text))
+            return cfg_wrong_type(label, "text_config", text, "an object");
+        snprintf(text_label, sizeof text_label, "%s (text_config)", label);
+        label = text_label;
+        root = text;
+        c->multimodal = 1;
+    }
     DFLASH_TRY(cfg_parse_sizes(label, root, c));
     DFLASH_TRY(cfg_parse_biases(label, root, c));
     DFLASH_TRY(cfg_parse_rope(label, root, c));
     DFLASH_TRY(cfg_parse_tokens(label, root, c));
     DFLASH_TRY(cfg_parse_layer_types(label, root, c));
     DFLASH_TRY(cfg_parse_moe(label, root, c));
+    DFLASH_TRY(cfg_parse_qwen35(label, root, c));
     DFLASH_TRY(cfg_parse_dflash(label, root, c));
     int sliding = 0;
     DFLASH_TRY(cfg_bool(label, root, "use_sliding_window", &sliding));

@@ -23,12 +23,25 @@ typedef enum dflash_family {
     DFLASH_FAMILY_QWEN3 = 0, /* Qwen3ForCausalLM, model_type "qwen3" */
     DFLASH_FAMILY_LLAMA,     /* LlamaForCausalLM, model_type "llama" */
     DFLASH_FAMILY_QWEN3_MOE, /* Qwen3MoeForCausalLM, model_type "qwen3_moe" */
+    /* Qwen3.5 hybrids: most layers Gated DeltaNet linear attention, every
+     * few a gated full attention with a partial RoPE; text-only
+     * (Qwen3_5ForCausalLM, "qwen3_5_text") or the multimodal folder
+     * (Qwen3_5ForConditionalGeneration, "qwen3_5": the text model under
+     * text_config, its weights under model.language_model.). Recognised and
+     * checked; not run yet. */
+    DFLASH_FAMILY_QWEN35,
+    DFLASH_FAMILY_QWEN35_MOE, /* the same with a MoE + shared expert MLP (Qwen3_5Moe*, "qwen3_5_moe[_text]") */
 } dflash_family;
+
+static inline int dflash_family_is_qwen35(dflash_family f)
+{
+    return f == DFLASH_FAMILY_QWEN35 || f == DFLASH_FAMILY_QWEN35_MOE;
+}
 
 /* The most experts a MoE layer may have (published Qwen3-MoE: 128). */
 #define DFLASH_MAX_EXPERTS 1024
 
-/* "Qwen3", "Llama", "Qwen3-MoE". */
+/* "Qwen3", "Llama", "Qwen3-MoE", "Qwen3.5", "Qwen3.5-MoE". */
 const char *dflash_family_name(dflash_family f);
 
 typedef struct dflash_model_config {
@@ -74,6 +87,20 @@ typedef struct dflash_model_config {
     int moe_intermediate_size;
     int norm_topk_prob;
     unsigned char layer_moe[DFLASH_MAX_LAYERS];
+    /* Qwen3.5 (0 elsewhere): layer i is Gated DeltaNet linear attention when
+     * layer_linear[i] (layer_types "linear_attention", or absent: all but
+     * every full_attention_interval-th), else gated full attention over the
+     * first rotary_dim dimensions of each head (partial_rotary_factor).
+     * The linear attention has linear_num_key_heads key heads of
+     * linear_key_head_dim, linear_num_value_heads value heads of
+     * linear_value_head_dim, a causal convolution of linear_conv_kernel_dim;
+     * the MoE adds a shared expert of shared_expert_intermediate_size. */
+    unsigned char layer_linear[DFLASH_MAX_LAYERS];
+    int rotary_dim;
+    int linear_conv_kernel, linear_key_head_dim, linear_value_head_dim, linear_num_key_heads,
+        linear_num_value_heads;
+    int shared_expert_intermediate_size;
+    int multimodal; /* a *ForConditionalGeneration folder (text_config, model.language_model.*) */
 
     /* DFlash drafter fields; is_dflash: architectures[0] is "DFlashDraftModel",
      * or there is no architectures and a dflash_config object is present

@@ -82,6 +82,13 @@ dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st
     dflash_status s = DFLASH_OK;
     if (m->cfg.is_dflash)
         s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a target model", label);
+    if (s == DFLASH_OK && dflash_family_is_qwen35(m->cfg.family)) { /* the file's own problems first */
+        s = qwen3_checkpoint_check(&m->cfg, st);
+        if (s == DFLASH_OK)
+            s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: a %s target (Gated DeltaNet linear attention and gated "
+                            "attention layers): recognised and checked, but dflash does not run this family yet",
+                            label, dflash_family_name(m->cfg.family));
+    }
     if (s == DFLASH_OK && (m->opts.max_rows <= 0 || m->opts.max_seqs <= 0 || m->opts.max_ctx <= 0))
         s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows %d, max_seqs %d and max_ctx %d must be positive",
                         m->opts.max_rows, m->opts.max_seqs, m->opts.max_ctx);

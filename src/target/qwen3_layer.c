@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "target/qwen35.h"
 
 dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, int sparse,
                                qwen3_layer *l)
@@ -206,6 +207,10 @@ dflash_status qwen3_checkpoint_bind(dflash_binder *b, const dflash_model_config 
 
 dflash_status qwen3_checkpoint_check(const dflash_model_config *c, const dflash_st *st)
 {
+    if (dflash_family_is_qwen35(c->family)) {
+        qwen35_extra extra;
+        return qwen35_checkpoint_check(c, st, &extra);
+    }
     qwen3_checkpoint w = { .layers = calloc((size_t)c->num_hidden_layers + 1, sizeof *w.layers) };
     dflash_binder b;
     dflash_status s = w.layers ? dflash_binder_init(&b, NULL, st)
