@@ -151,7 +151,7 @@ static dflash_status cfg_token_id(const char *label, const char *field, int id, 
 static dflash_status cfg_parse_kv_heads(const char *label, const json_t *root, dflash_model_config *c)
 {
     const json_t *v = json_object_get(root, "num_key_value_heads");
-    if (!v && dflash_family_is_qwen35(c->family)) /* its class default differs between versions */
+    if (!v && dflash_family_is_qwen35(c->family)) /* published configs give it; the two classes' defaults differ */
         return dflash_fail(DFLASH_ERR_FORMAT, "%s: num_key_value_heads is missing: set it explicitly", label);
     if ((v && json_is_null(v)) || (!v && c->family == DFLASH_FAMILY_LLAMA)) {
         c->num_key_value_heads = c->num_attention_heads;
@@ -507,9 +507,9 @@ static dflash_status cfg_parse_layer_types(const char *label, const json_t *root
         else if (s && strcmp(s, "linear_attention") == 0 && dflash_family_is_qwen35(c->family))
             c->layer_linear[i] = 1;
         else if (s)
-            return dflash_fail(DFLASH_ERR_FORMAT,
-                               "%s: field 'layer_types[%zu]' = \"%s\", expected \"full_attention\" or \"sliding_attention\"",
-                               label, i, s);
+            return dflash_fail(DFLASH_ERR_FORMAT, "%s: field 'layer_types[%zu]' = \"%s\", expected \"full_attention\" or "
+                               "\"%s\"", label, i, s,
+                               dflash_family_is_qwen35(c->family) ? "linear_attention" : "sliding_attention");
         else {
             char field[40];
             snprintf(field, sizeof field, "layer_types[%zu]", i);
