@@ -19,26 +19,30 @@ void dflash_binder_free(dflash_binder *b)
     b->used = NULL;
 }
 
-/* BF16, F16 and F32: the dtypes a weight is bound from. */
-static dflash_status check_dtype(const dflash_tensor_info *t, const char *name)
+/* Tensor `name` of exactly shape[0 .. ndim) and dtype BF16, F16 or F32 (the
+ * dtypes a weight is bound from), counted as used. */
+static dflash_status take(dflash_binder *b, const char *name, int ndim, const int64_t *shape,
+                          const dflash_tensor_info **out)
 {
+    const dflash_tensor_info *t;
+    DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, ndim, shape, &t));
     if (t->dtype != DFLASH_DTYPE_BF16 && t->dtype != DFLASH_DTYPE_F16 && t->dtype != DFLASH_DTYPE_F32)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
                            t->file, name, dflash_dtype_name(t->dtype));
+    b->used[dflash_st_index_of(b->st, t)] = 1;
+    b->n_params += t->numel;
+    *out = t;
     return DFLASH_OK;
 }
 
 dflash_status dflash_bind(dflash_binder *b, const char *name, int64_t rows, int64_t cols, dflash_weight *out)
 {
     const dflash_tensor_info *t;
-    int64_t shape[2] = { rows ? rows : cols, cols };
-    DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, rows ? 2 : 1, shape, &t));
-    DFLASH_TRY(check_dtype(t, name));
+    const int64_t shape[2] = { rows ? rows : cols, cols };
+    DFLASH_TRY(take(b, name, rows ? 2 : 1, shape, &t));
     /* dflash_tensor_info.data is aligned to the element size (safetensors.h),
      * so the elements can be read as uint16_t / float here and on upload. */
     *out = (dflash_weight){ t->dtype, rows ? rows : 1, cols, t->data, NULL, t->name };
-    b->used[dflash_st_index_of(b->st, t)] = 1;
-    b->n_params += out->rows * out->cols;
     return b->be ? b->be->ops->weight_from_host(b->be, out, t->data, NULL) : DFLASH_OK;
 }
 
@@ -46,12 +50,9 @@ dflash_status dflash_bind_stack(dflash_binder *b, const char *name, int64_t n, i
                                 dflash_weight *out)
 {
     const dflash_tensor_info *t;
-    int64_t shape[3] = { n, parts * rows, cols };
-    DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, 3, shape, &t));
-    DFLASH_TRY(check_dtype(t, name));
+    const int64_t shape[3] = { n, parts * rows, cols };
+    DFLASH_TRY(take(b, name, 3, shape, &t));
     const size_t part_bytes = (size_t)(rows * cols) * dflash_dtype_size(t->dtype);
-    b->used[dflash_st_index_of(b->st, t)] = 1;
-    b->n_params += t->numel;
     for (int64_t i = 0; i < n * parts; i++) {
         const void *data = (const char *)t->data + (size_t)i * part_bytes;
         out[i] = (dflash_weight){ t->dtype, rows, cols, data, NULL, t->name };
@@ -64,11 +65,7 @@ dflash_status dflash_bind_stack(dflash_binder *b, const char *name, int64_t n, i
 dflash_status dflash_bind_check(dflash_binder *b, const char *name, int ndim, const int64_t *shape)
 {
     const dflash_tensor_info *t;
-    DFLASH_TRY(dflash_st_get(b->st, name, DFLASH_DTYPE_INVALID, ndim, shape, &t));
-    DFLASH_TRY(check_dtype(t, name));
-    b->used[dflash_st_index_of(b->st, t)] = 1;
-    b->n_params += t->numel;
-    return DFLASH_OK;
+    return take(b, name, ndim, shape, &t);
 }
 
 size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max)
