@@ -67,12 +67,8 @@ static inline const dflash_tensor_info *fx_tensor(const dflash_st *st, const cha
     return t;
 }
 
-/* The provenance an expected file records in its safetensors
- * __metadata__: `by_key` (the producer of the expected values) must name
- * Hugging Face transformers, and "crosscheck" must be "ok" (the independent
- * second computation, or the safetensors library's re-read, agreed). A
- * fixture made by a fallback, or never checked, fails the case. */
-static inline void fx_check_provenance(const char *path, const char *by_key)
+/* The __metadata__ of a safetensors file (a new reference; NULL if none). */
+static inline json_t *fx_metadata(const char *path)
 {
     FILE *f = fopen(path, "rb");
     unsigned char len8[8];
@@ -89,13 +85,33 @@ static inline void fx_check_provenance(const char *path, const char *by_key)
     }
     if (f)
         fclose(f);
-    json_t *meta = json_object_get(h, "__metadata__");
+    json_t *meta = json_incref(json_object_get(h, "__metadata__"));
+    json_decref(h);
+    return meta;
+}
+
+/* The provenance an expected file records in its safetensors
+ * __metadata__: `by_key` (the producer of the expected values) must name
+ * Hugging Face transformers. A fixture made by a fallback fails the case. */
+static inline void fx_check_producer(const char *path, const char *by_key)
+{
+    json_t *meta = fx_metadata(path);
     const char *by = json_string_value(json_object_get(meta, by_key));
-    const char *cc = json_string_value(json_object_get(meta, "crosscheck"));
     CHECKF(by && strncmp(by, "transformers ", 13) == 0, "%s: __metadata__ %s is '%s', want 'transformers <version>'",
            path, by_key, by ? by : "(absent)");
+    json_decref(meta);
+}
+
+/* ... and "crosscheck" must be "ok" (the independent second computation,
+ * or the safetensors library's re-read, agreed): a fixture never checked
+ * fails the case. */
+static inline void fx_check_provenance(const char *path, const char *by_key)
+{
+    fx_check_producer(path, by_key);
+    json_t *meta = fx_metadata(path);
+    const char *cc = json_string_value(json_object_get(meta, "crosscheck"));
     CHECKF(cc && strcmp(cc, "ok") == 0, "%s: __metadata__ crosscheck is '%s', want 'ok'", path, cc ? cc : "(absent)");
-    json_decref(h);
+    json_decref(meta);
 }
 
 /* ||a - b|| / ||b||; NaN anywhere gives infinity. */

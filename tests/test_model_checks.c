@@ -407,28 +407,26 @@ static void test_moe_config_mismatch(void)
 }
 
 /* The Qwen3.5 hybrids (made by transformers): every tensor of both
- * layouts is accounted for, `dflash info` describes them, loading one says
- * the family is recognised but not run, and a config that does not match
- * its weights names the tensor and both shapes. */
-static void test_qwen35_checked_not_run(void)
+ * layouts is accounted for, `dflash info` describes them, they load, and a
+ * config that does not match its weights names the tensor and both
+ * shapes. */
+static void test_qwen35_checks(void)
 {
     static char out[4096];
     char dir[512], msg[1024];
     CHECK(run_info(fx_path(dir, sizeof dir, "qwen35", "q35_dense"), out, sizeof out) == 0);
     CHECKF(strstr(out, "Qwen3_5ForCausalLM (Qwen3.5 target)") &&
                strstr(out, "3 Gated DeltaNet linear attention (key heads 2 x 16, value heads 4 x 8, conv 4), 1 gated "
-                           "full attention (RoPE on 4 of 16 dimensions)") &&
-               strstr(out, "runs           not yet"),
+                           "full attention (RoPE on 4 of 16 dimensions)"),
            "dflash info: %s", out);
-    CHECK_FAILS(try_load(dir, msg, sizeof msg), DFLASH_ERR_UNSUPPORTED,
-                "a Qwen3.5 target (Gated DeltaNet linear attention and gated attention layers): recognised and "
-                "checked, but dflash does not run this family yet");
+    CHECKF(try_load(dir, msg, sizeof msg) == DFLASH_OK, "%s: %s", dir, msg);
     CHECK(run_info(fx_path(dir, sizeof dir, "qwen35", "q35_moe_mm"), out, sizeof out) == 0);
     CHECKF(strstr(out, "(Qwen3.5-MoE target)") &&
                strstr(out, "multimodal (text_config, model.language_model.*): 2 vision and 0 mtp tensors not used") &&
                strstr(out, "experts        8, 2 active per token (weights renormalised), 32 wide; 4 of 4 layers "
                            "sparse; a shared expert 48 wide"),
            "dflash info: %s", out);
+    CHECKF(try_load(dir, msg, sizeof msg) == DFLASH_OK, "%s: %s", dir, msg);
     char tmp[64];
     CHECK(copy_fixture(tmp, "qwen35", "q35_dense") && edit_config(tmp, "linear_value_head_dim", json_integer(16)));
     CHECK_FAILS(try_load(tmp, msg, sizeof msg), DFLASH_ERR_SHAPE,
@@ -466,7 +464,7 @@ int main(void)
     RUN(test_file_given_for_folder);
     RUN(test_misaligned_checkpoint_loads);
     RUN(test_moe_config_mismatch);
-    RUN(test_qwen35_checked_not_run);
+    RUN(test_qwen35_checks);
     RUN(test_committed_checkpoints_pass);
     dflash_backend_destroy(be);
     TEST_END();

@@ -11,7 +11,7 @@
  * drafter and without, with more rows than one forward takes; and with
  * sequences joining between steps and one cancelled midway (its output a
  * prefix of its own, its caches consistent). All of it on a Qwen3 target
- * and again on a Qwen3-MoE. */
+ * and again on a Qwen3-MoE and on a Qwen3.5 hybrid. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -466,9 +466,13 @@ int main(void)
 {
     CHECK_OK(dflash_backend_cpu_create(&be));
     /* Each test on a Qwen3 target, then on a Qwen3-MoE of the same
-     * geometry (hidden 96, vocabulary 640, 3 layers: the drafter fits
-     * both), whose rows are routed to experts one by one. */
-    static const char *const targets[][2] = { { "qwen3", "gqa_tied" }, { "qwen3_moe", "moe_experts" } };
+     * geometry (hidden 96, vocabulary 640, 3 layers: the drafter d2_tied
+     * fits both), whose rows are routed to experts one by one, then on a
+     * Qwen3.5 hybrid (hidden 64, vocabulary 512: d6_moe's drafter fits),
+     * whose sequences each carry a recurrent state. */
+    static const char *const targets[][3] = { { "qwen3", "gqa_tied", "d2_tied" },
+                                              { "qwen3_moe", "moe_experts", "d2_tied" },
+                                              { "qwen35", "q35_dense", "d6_moe" } };
     for (size_t k = 0; k < sizeof targets / sizeof targets[0]; k++) {
         char tdir[512], ddir[512];
         dflash_qwen3_opts to;
@@ -484,7 +488,7 @@ int main(void)
         ho.max_ctx = 128;
         ho.max_seqs = 2 * N_SEQ;
         if (g_t)
-            CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", "d2_tied"), g_t, &ho, &g_h));
+            CHECK_OK(dflash_head_load(fx_path(ddir, sizeof ddir, "dflash", targets[k][2]), g_t, &ho, &g_h));
         if (g_h) {
             printf("target %s/%s\n", targets[k][0], targets[k][1]);
             RUN(test_target_and_proposer);

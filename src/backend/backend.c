@@ -52,7 +52,7 @@ dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n,
 
 dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim)
 {
-    if (!rope || rope->n_pairs * 2 != head_dim)
+    if (!rope || rope->n_pairs < 0 || rope->n_pairs * 2 > head_dim)
         return dflash_fail(DFLASH_ERR_SHAPE, "norm_rope: RoPE table of %d dimension pairs for head_dim %d",
                            rope ? rope->n_pairs : 0, head_dim);
     return DFLASH_OK;

@@ -80,6 +80,44 @@ typedef struct dflash_attn_args {
     int n_seqs, max_seq_rows, max_keys;
 } dflash_attn_args;
 
+/* The recurrent state of a linear-attention layer (a Qwen3.5's Gated
+ * DeltaNet) lives in slots: slot s of a layer at state + s * slot_stride
+ * floats, in backend memory. conv_silu and delta_rule walk each
+ * sequence's rows in order from its slot_in state; one int32 record of
+ * DFLASH_REC_INFO_LEN fields per sequence of the call:
+ *   [0] row0, [1] n_rows: its rows (sequence-major)
+ *   [2] slot_in: the state its first row starts from; -1: all zeros (a
+ *       sequence's start)
+ *   [3] slot_out: where the state after its last row goes (may be slot_in)
+ *   [4] snap: 0, or 0 < snap < n_rows: the state after its first snap rows
+ *       is also written to [5] slot_snap (a point a caller can resume
+ *       from; slot_snap may be slot_in, which is read before it is written)
+ * Sequences of one call must use distinct slots. */
+#define DFLASH_REC_INFO_LEN 6
+typedef struct dflash_rec_args {
+    int n_seqs, max_seq_rows; /* max_seq_rows: a bound a device backend sizes its grid by */
+    const int32_t *info;      /* [n_seqs * DFLASH_REC_INFO_LEN] */
+    float *state;
+    int64_t slot_stride;
+} dflash_rec_args;
+
+/* A Gated DeltaNet's recurrence (delta_rule) over rows of y = [q | k | v]
+ * (n_k_heads * k_dim, n_k_heads * k_dim, n_v_heads * v_dim columns, the
+ * causal convolution's output). Per row and value head j (key head
+ * h = j / (n_v_heads / n_k_heads)), state S_j [k_dim, v_dim]:
+ *   q, k = the row's key head h of q and k, each times
+ *          1 / sqrt(sum of squares + 1e-6); q also times 1 / sqrt(k_dim)
+ *   beta = sigmoid(b[j]); decay = exp(-exp(A_log[j]) * softplus(a[j] + dt_bias[j]))
+ *   S_j *= decay; d = beta * (v_j - S_j^T k); S_j += k d^T; out_j = S_j^T q
+ * A slot holds S_0 .. S_{n_v_heads-1}, f32. */
+typedef struct dflash_delta_args {
+    int n_rows, n_k_heads, n_v_heads, k_dim, v_dim;
+    const float *y;                       /* [n_rows, 2 * n_k_heads * k_dim + n_v_heads * v_dim] */
+    const float *a, *b;                   /* [n_rows, n_v_heads] */
+    const dflash_weight *A_log, *dt_bias; /* [n_v_heads] */
+    float *out;                           /* [n_rows, n_v_heads * v_dim] */
+} dflash_delta_args;
+
 /* Activation applied by linear_group to its two outputs. */
 enum dflash_act {
     DFLASH_ACT_NONE = 0,
@@ -126,10 +164,11 @@ typedef struct dflash_backend_ops {
     /* out[n, W.rows] = x[n, W.cols] * W^T, f32 accumulation */
     dflash_status (*linear)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out);
     /* In place on x [n, n_heads, head_dim]: optional per-head RMSNorm with
-     * `norm` [head_dim] (NULL: none), then NeoX RoPE: dimension pairs
-     * (j, j + head_dim / 2) turn by angle (float)pos[i] * rope->inv_freq[j],
-     * with cos and sin times rope->attn_factor (rope->n_pairs must be
-     * head_dim / 2; core/rope.h computes the table). */
+     * `norm` [head_dim] (NULL: none), then NeoX RoPE over the first
+     * 2 * rope->n_pairs dimensions (all of them, or a partial rotation;
+     * n_pairs 0: none): pairs (j, j + n_pairs) turn by angle
+     * (float)pos[i] * rope->inv_freq[j], with cos and sin times
+     * rope->attn_factor; core/rope.h computes the table. */
     dflash_status (*norm_rope)(dflash_backend *be, float *x, const dflash_weight *norm, const int32_t *pos,
                                int n, int n_heads, int head_dim, float eps, const dflash_rope *rope);
     /* out = silu(gate) * up over count elements */
@@ -141,6 +180,20 @@ typedef struct dflash_backend_ops {
                               const int32_t *page_tables, int pt_len, const int32_t *row_seq,
                               const int32_t *pos, const float *k, const float *v, int n);
     dflash_status (*attention)(dflash_backend *be, const dflash_attn_args *a);
+    /* x[i, c] *= sigmoid(g[i * g_cols + (g_cols == 1 ? 0 : c)]) for i < n,
+     * c < cols; g_cols is 1 (one gate per row) or cols (an output gate). */
+    dflash_status (*sigmoid_mul)(dflash_backend *be, float *x, const float *g, int n, int64_t cols, int64_t g_cols);
+    /* Causal depthwise convolution then SiLU over each sequence's rows of
+     * x [n, channels]: out[t, c] = silu(sum over i < kernel of w[c, i] *
+     * x'[t - kernel + 1 + i, c]), in i order, where x' is the sequence's
+     * earlier inputs (the slot's window: [kernel - 1, channels] f32,
+     * oldest first) followed by its rows; the window after the rows
+     * replaces it (see dflash_rec_args). w: [channels, kernel]. */
+    dflash_status (*conv_silu)(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
+                               int n, int channels, int kernel, float *out);
+    /* The recurrence of dflash_delta_args over each sequence's rows, its
+     * state in the slots of `r`. */
+    dflash_status (*delta_rule)(dflash_backend *be, const dflash_rec_args *r, const dflash_delta_args *a);
     /* dst[i * dst_stride + c] = src[idx[i] * src_stride + c] for c < cols;
      * idx NULL means idx[i] = i. */
     dflash_status (*copy_rows)(dflash_backend *be, float *dst, int64_t dst_stride, const float *src,
@@ -194,7 +247,7 @@ void dflash_backend_destroy(dflash_backend *be);
  * the composition of primitives. */
 dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                      float *const *out, enum dflash_act act);
-/* The checks every norm_rope makes: a table for head_dim's pairs. */
+/* The checks every norm_rope makes: a table of at most head_dim / 2 pairs. */
 dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim);
 dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                      float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,

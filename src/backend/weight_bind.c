@@ -62,6 +62,36 @@ dflash_status dflash_bind_stack(dflash_binder *b, const char *name, int64_t n, i
     return DFLASH_OK;
 }
 
+dflash_status dflash_bind_as(dflash_binder *b, const char *name, int ndim, const int64_t *shape, int64_t rows,
+                             int64_t cols, dflash_weight *out)
+{
+    const dflash_tensor_info *t;
+    DFLASH_TRY(take(b, name, ndim, shape, &t));
+    if (rows * cols != t->numel)
+        return dflash_fail(DFLASH_ERR_SHAPE, "%s: tensor '%s' has %lld elements, bound as [%lld, %lld]", t->file,
+                           name, (long long)t->numel, (long long)rows, (long long)cols);
+    *out = (dflash_weight){ t->dtype, rows, cols, t->data, NULL, t->name };
+    return b->be ? b->be->ops->weight_from_host(b->be, out, t->data, NULL) : DFLASH_OK;
+}
+
+dflash_status dflash_bind_shifted(dflash_binder *b, const char *name, int64_t n, float *host, dflash_weight *out)
+{
+    const dflash_tensor_info *t;
+    DFLASH_TRY(take(b, name, 1, &n, &t));
+    for (int64_t i = 0; i < n; i++) {
+        float w;
+        if (t->dtype == DFLASH_DTYPE_F32)
+            w = ((const float *)t->data)[i];
+        else if (t->dtype == DFLASH_DTYPE_BF16)
+            w = dflash_bf16_to_f32(((const uint16_t *)t->data)[i]);
+        else
+            w = dflash_f16_to_f32(((const uint16_t *)t->data)[i]);
+        host[i] = 1.0f + w; /* as transformers: in f32, after widening */
+    }
+    *out = (dflash_weight){ DFLASH_DTYPE_F32, 1, n, host, NULL, t->name };
+    return b->be ? b->be->ops->weight_from_host(b->be, out, host, NULL) : DFLASH_OK;
+}
+
 dflash_status dflash_bind_check(dflash_binder *b, const char *name, int ndim, const int64_t *shape)
 {
     const dflash_tensor_info *t;

@@ -32,6 +32,16 @@ dflash_status dflash_bind(dflash_binder *b, const char *name, int64_t rows, int6
 dflash_status dflash_bind_stack(dflash_binder *b, const char *name, int64_t n, int parts, int64_t rows, int64_t cols,
                                 dflash_weight *out);
 
+/* A tensor of exactly shape[0 .. ndim) bound as a [rows, cols] matrix of
+ * the same elements (a convolution's [C, 1, K] as [C, K]). */
+dflash_status dflash_bind_as(dflash_binder *b, const char *name, int ndim, const int64_t *shape, int64_t rows,
+                             int64_t cols, dflash_weight *out);
+
+/* A vector of n elements bound as the F32 vector 1 + w (an RMSNorm whose
+ * checkpoint stores its weight centred on zero): host [n] receives the
+ * values and must outlive the weight (the CPU backend points at it). */
+dflash_status dflash_bind_shifted(dflash_binder *b, const char *name, int64_t n, float *host, dflash_weight *out);
+
 /* Checks that tensor `name` has dtype BF16, F16 or F32 and exactly the
  * shape shape[0 .. ndim), and counts it as used, without making it a
  * weight (for layouts that are checked, not run). */

@@ -60,7 +60,6 @@ int dflash_cmd_info(int argc, char **argv)
                    "tensors not used\n", extra.vision_tensors, extra.mtp_tensors);
         else if (extra.mtp_tensors)
             printf("  not used       %d mtp tensors\n", extra.mtp_tensors);
-        printf("  runs           not yet: recognised and checked only\n");
     }
     if (c.num_experts) {
         int sparse = 0;

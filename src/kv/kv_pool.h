@@ -26,6 +26,7 @@ typedef struct dflash_kv_seq {
     int32_t lo;        /* first stored position (> 0 once a window dropped pages) */
     int32_t len;       /* positions [lo, len) hold valid K/V */
     int32_t alloc_end; /* pages cover positions [lo rounded down, alloc_end) */
+    int32_t rec;       /* a hybrid target's recurrent-state record + 1 (target/qwen35_state.h); 0: none */
 } dflash_kv_seq;
 
 /* dtype: F32 or BF16; DFLASH_DTYPE_INVALID takes the backend's kv_dtype. */

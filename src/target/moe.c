@@ -90,6 +90,13 @@ dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config
     DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->src));
     DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->slot));
     DFLASH_TRY(dflash_be_alloc_f32(be, RK, &b->prob));
+    if (c->shared_expert_intermediate_size > 0) {
+        const size_t Is = (size_t)c->shared_expert_intermediate_size;
+        DFLASH_TRY(dflash_be_alloc_f32(be, R * Is, &b->sh_gate));
+        DFLASH_TRY(dflash_be_alloc_f32(be, R * Is, &b->sh_up));
+        DFLASH_TRY(dflash_be_alloc_f32(be, R * H, &b->sh_out));
+        DFLASH_TRY(dflash_be_alloc_f32(be, R, &b->sh_logit));
+    }
     b->h_logits = malloc(R * E * sizeof(float));
     b->h_prob = malloc(RK * sizeof(float));
     b->h_src = malloc(RK * sizeof(int32_t));
@@ -104,7 +111,8 @@ dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config
 
 void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b)
 {
-    void *dev[] = { b->logits, b->xg, b->y, b->gate, b->up, b->src, b->slot, b->prob };
+    void *dev[] = { b->logits, b->xg, b->y, b->gate, b->up, b->src, b->slot, b->prob, b->sh_gate, b->sh_up,
+                    b->sh_out, b->sh_logit };
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             be->ops->free(be, dev[i]);
@@ -209,5 +217,14 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
         DFLASH_TRY(dflash_be_linear_group(be, b->xg + at * H, rows, &w[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
         DFLASH_TRY(o->linear(be, gu[0], rows, &w[QWEN3_MOE_DOWN], b->y + at * H));
     }
-    return o->gather_sum(be, out, b->y, b->slot, b->prob, n, k, H);
+    DFLASH_TRY(o->gather_sum(be, out, b->y, b->slot, b->prob, n, k, H));
+    if (!m->shared_gate.data)
+        return DFLASH_OK;
+    /* transformers adds sigmoid(gate) * shared to the routed sum */
+    float *const gu[2] = { b->sh_gate, b->sh_up };
+    DFLASH_TRY(dflash_be_linear_group(be, x, n, &m->shared[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
+    DFLASH_TRY(o->linear(be, b->sh_gate, n, &m->shared[QWEN3_MOE_DOWN], b->sh_out));
+    DFLASH_TRY(o->linear(be, x, n, &m->shared_gate, b->sh_logit));
+    DFLASH_TRY(o->sigmoid_mul(be, b->sh_out, b->sh_logit, n, H, 1));
+    return o->add(be, out, b->sh_out, (size_t)n * (size_t)H);
 }

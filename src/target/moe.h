@@ -5,7 +5,8 @@
  * For each row: router logits = x R^T; softmax over the experts (f32); the
  * num_experts_per_tok most probable experts, their probabilities divided
  * by their sum when norm_topk_prob; out = sum over those experts, in
- * ascending expert order, of p_e * down_e(silu(gate_e(x)) * up_e(x)). This
+ * ascending expert order, of p_e * down_e(silu(gate_e(x)) * up_e(x)), then
+ * plus the shared expert's output where there is one (Qwen3.5-MoE). This
  * is the order transformers' eager experts path adds them in (index_add per
  * expert, experts ascending; its grouped path sums a row's k outputs in
  * top-k order, which differs by rounding only), and it does not depend on
@@ -28,6 +29,10 @@ typedef struct qwen3_moe {
     dflash_weight router;   /* [E, H]: mlp.gate.weight */
     dflash_weight *experts; /* [E * QWEN3_MOE_PARTS]: expert e's gate, up [I, H] and down [H, I] at
                                e * QWEN3_MOE_PARTS; NULL on a dense layer (owned, see qwen3_moe_release) */
+    /* A Qwen3.5-MoE's shared expert (shared_gate.data == NULL: none), which
+     * every row runs: out += sigmoid(x shared_gate^T) * down(silu(gate(x)) * up(x)). */
+    dflash_weight shared[QWEN3_MOE_PARTS]; /* gate, up [Is, H], down [H, Is] */
+    dflash_weight shared_gate;             /* [1, H] */
 } qwen3_moe;
 
 /* Scratch of the sparse MLP for R rows (k = num_experts_per_tok). */
@@ -40,6 +45,8 @@ typedef struct qwen3_moe_bufs {
     float *prob;              /* backend [R * k]: row r's j-th expert's weight */
     float *h_logits, *h_prob; /* host copies */
     int32_t *h_src, *h_slot, *h_expert, *h_first; /* host; h_expert [R * k], h_first [E + 1] */
+    float *sh_gate, *sh_up;   /* backend [R, Is]: the shared expert's (with shared_expert_intermediate_size) */
+    float *sh_out, *sh_logit; /* backend [R, H] and [R] */
     int64_t *experts_run; /* host [1]: experts given rows, summed over every sparse layer of every
                              forward since the caller last zeroed it (a benchmark's floor counts
                              the bytes of these experts only) */

@@ -1,7 +1,9 @@
-/* qwen3.c: the target (Qwen3, Llama or Qwen3-MoE): load (bind every tensor by name with shape checks,
+/* qwen3.c: the target (Qwen3, Llama, Qwen3-MoE or a Qwen3.5 hybrid): load (bind every tensor by name with shape checks,
  * refuse tensors nothing uses, size scratch and KV once) and the batched
  * forward with taps. */
 #include "target/qwen3.h"
+
+#include "target/qwen35.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@ static dflash_status bind_weights(dflash_qwen3 *m)
     dflash_binder b;
     DFLASH_TRY(dflash_binder_init(&b, m->be, m->st));
     dflash_status s = qwen3_checkpoint_bind(&b, c, &w);
+    m->norm_host = w.norm_host;
     m->embed = w.embed;
     m->final_norm = w.final_norm;
     m->lm_head = w.lm_head;
@@ -82,23 +85,29 @@ dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st
     dflash_status s = DFLASH_OK;
     if (m->cfg.is_dflash)
         s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: is a DFlash drafter, not a target model", label);
-    if (s == DFLASH_OK && dflash_family_is_qwen35(m->cfg.family)) { /* the file's own problems first */
-        s = qwen3_checkpoint_check(&m->cfg, st);
-        if (s == DFLASH_OK)
-            s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: a %s target (Gated DeltaNet linear attention and gated "
-                            "attention layers): recognised and checked, but dflash does not run this family yet",
-                            label, dflash_family_name(m->cfg.family));
-    }
+    if (s == DFLASH_OK && dflash_family_is_qwen35(m->cfg.family) &&
+        (!be->ops->conv_silu || !be->ops->delta_rule || !be->ops->sigmoid_mul))
+        s = dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: a %s target needs the linear-attention primitives (conv_silu, "
+                        "delta_rule, sigmoid_mul), which the %s backend does not have", label,
+                        dflash_family_name(m->cfg.family), be->ops->name);
     if (s == DFLASH_OK && (m->opts.max_rows <= 0 || m->opts.max_seqs <= 0 || m->opts.max_ctx <= 0))
         s = dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3: max_rows %d, max_seqs %d and max_ctx %d must be positive",
                         m->opts.max_rows, m->opts.max_seqs, m->opts.max_ctx);
     if (s == DFLASH_OK)
         s = bind_weights(m);
     if (s == DFLASH_OK) {
+        int n_kv = 0;
+        for (int i = 0; i < m->cfg.num_hidden_layers; i++)
+            m->kv_layer[i] = m->cfg.layer_linear[i] ? -1 : n_kv++;
         m->pt_len = (m->opts.max_ctx + DFLASH_KV_PAGE - 1) / DFLASH_KV_PAGE;
         int pages = m->opts.kv_pages > 0 ? m->opts.kv_pages : m->opts.max_seqs * m->pt_len;
-        s = dflash_kv_pool_init(&m->kv, be, pages, m->cfg.num_hidden_layers, m->cfg.num_key_value_heads,
-                                m->cfg.head_dim, m->opts.kv_dtype);
+        s = dflash_kv_pool_init(&m->kv, be, pages, n_kv, m->cfg.num_key_value_heads, m->cfg.head_dim,
+                                m->opts.kv_dtype);
+    }
+    if (s == DFLASH_OK && dflash_family_is_qwen35(m->cfg.family)) {
+        m->rec = calloc(1, sizeof *m->rec);
+        s = m->rec ? qwen35_state_init(m->rec, be, &m->cfg, m->opts.max_seqs, m->opts.max_rows)
+                   : dflash_fail(DFLASH_ERR_OOM, "qwen3: out of memory");
     }
     if (s == DFLASH_OK)
         s = alloc_scratch(m);
@@ -129,17 +138,37 @@ void dflash_qwen3_free(dflash_qwen3 *m)
     free_scratch(m);
     if (m->kv.free_list)
         dflash_kv_pool_free(&m->kv);
+    if (m->rec)
+        qwen35_state_free(m->rec, m->be);
+    free(m->rec);
     qwen3_layers_free(m->layers, m->cfg.num_hidden_layers);
+    free(m->norm_host);
     dflash_st_close(m->st);
     free(m);
 }
 
 dflash_status dflash_qwen3_seq_init(dflash_qwen3 *m, dflash_kv_seq *seq)
 {
-    return dflash_kv_seq_init(seq, m->pt_len);
+    DFLASH_TRY(dflash_kv_seq_init(seq, m->pt_len));
+    if (!m->rec)
+        return DFLASH_OK;
+    int id;
+    dflash_status s = qwen35_state_acquire(m->rec, &id);
+    if (s != DFLASH_OK) {
+        dflash_kv_seq_free(&m->kv, seq);
+        return s;
+    }
+    seq->rec = id + 1;
+    return DFLASH_OK;
 }
 
-void dflash_qwen3_seq_free(dflash_qwen3 *m, dflash_kv_seq *seq) { dflash_kv_seq_free(&m->kv, seq); }
+void dflash_qwen3_seq_free(dflash_qwen3 *m, dflash_kv_seq *seq)
+{
+    if (m->rec && seq->rec > 0)
+        qwen35_state_release(m->rec, seq->rec - 1);
+    seq->rec = 0;
+    dflash_kv_seq_free(&m->kv, seq);
+}
 
 /* Check the batch and reserve KV for its rows: every sequence's rows are
  * consecutive positions that start at its current length. A failed forward
@@ -239,23 +268,42 @@ static dflash_status capture_taps(dflash_qwen3 *m, const dflash_qwen3_batch *b, 
     return DFLASH_OK;
 }
 
+/* A hybrid's linear-attention layer: its mixer in place of attention. */
+static dflash_status linear_layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, int li)
+{
+    const qwen3_layer *l = &m->layers[li];
+    const qwen3_bufs *bufs = &m->s.b;
+    const int n = b->n_rows;
+    DFLASH_TRY(m->be->ops->add_rmsnorm(m->be, bufs->x, li > 0 ? bufs->delta : NULL, &l->input_norm, n,
+                                       m->cfg.hidden_size, m->cfg.rms_norm_eps, bufs->xn));
+    if (li)
+        DFLASH_TRY(capture_taps(m, b, li - 1));
+    DFLASH_TRY(qwen35_state_layer(m->rec, m->be, &m->cfg, l, li, bufs, n));
+    return qwen3_layer_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
+}
+
 static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, const dflash_attn_args *bounds,
                                    int li)
 {
     const qwen3_layer *l = &m->layers[li];
     const qwen3_bufs *bufs = &m->s.b;
-    const int n = b->n_rows;
+    const int n = b->n_rows, hybrid = m->rec != NULL;
+    if (m->cfg.layer_linear[li])
+        return linear_layer_forward(m, b, li);
     /* The previous layer's MLP output is added here, fused with this norm. */
-    DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, li > 0));
+    if (hybrid)
+        DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, li > 0));
+    else
+        DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, li > 0));
     if (li)
         DFLASH_TRY(capture_taps(m, b, li - 1));
-    DFLASH_TRY(m->be->ops->kv_write(m->be, &m->kv.layout, li, m->s.page_tables, m->pt_len, m->s.row_seq, bufs->pos,
-                                    bufs->k, bufs->v, n));
+    DFLASH_TRY(m->be->ops->kv_write(m->be, &m->kv.layout, m->kv_layer[li], m->s.page_tables, m->pt_len,
+                                    m->s.row_seq, bufs->pos, bufs->k, bufs->v, n));
     dflash_attn_args a = qwen3_attn_args(&m->cfg, bufs, n);
     a.row_seq = m->s.row_seq;
     a.seq_info = m->s.seq_info;
     a.kv = &m->kv.layout;
-    a.layer = li;
+    a.layer = m->kv_layer[li];
     a.page_tables = m->s.page_tables;
     a.pt_len = m->pt_len;
     a.causal = 1;
@@ -263,7 +311,32 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     a.max_seq_rows = bounds->max_seq_rows;
     a.max_keys = bounds->max_keys;
     DFLASH_TRY(m->be->ops->attention(m->be, &a));
+    if (hybrid)
+        DFLASH_TRY(qwen35_attn_gate(m->be, &m->cfg, bufs, n));
     return qwen3_layer_attn_out_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
+}
+
+/* A hybrid's sequences brought to their first rows' positions. */
+static dflash_status rec_begin(dflash_qwen3 *m, const dflash_qwen3_batch *b)
+{
+    const int S = b->n_seqs;
+    int recs[S];
+    int32_t p0[S], row0[S], rows[S];
+    for (int q = 0; q < S; q++) {
+        recs[q] = b->seqs[q]->rec - 1;
+        rows[q] = 0;
+    }
+    for (int i = b->n_rows - 1; i >= 0; i--) { /* sequence-major: the first row of each wins */
+        const int q = b->row_seq[i];
+        p0[q] = b->positions[i];
+        row0[q] = i;
+        rows[q]++;
+    }
+    for (int q = 0; q < S; q++)
+        if (!rows[q])
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: sequence %d of the batch has no rows (a hybrid "
+                               "target's sequences each need at least one)", q);
+    return qwen35_state_begin(m->rec, m->be, &m->cfg, m->layers, &m->s.b, S, recs, p0, row0, rows);
 }
 
 dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps)
@@ -277,9 +350,13 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     dflash_attn_args bounds;
     DFLASH_TRY(prepare_batch(m, b, new_len));
     DFLASH_TRY(upload_batch(m, b, new_len, &bounds));
+    if (m->rec)
+        DFLASH_TRY(rec_begin(m, b));
     DFLASH_TRY(o->embed(m->be, &m->embed, m->s.ids, b->n_rows, m->s.b.x));
     for (int li = 0; li < c->num_hidden_layers; li++)
         DFLASH_TRY(layer_forward(m, b, &bounds, li));
+    if (m->rec)
+        qwen35_state_end(m->rec);
     DFLASH_TRY(o->add_rmsnorm(m->be, m->s.b.x, m->s.b.delta, &m->final_norm, b->n_rows, c->hidden_size,
                               c->rms_norm_eps, m->s.b.xn));
     DFLASH_TRY(capture_taps(m, b, c->num_hidden_layers - 1));

@@ -1,5 +1,7 @@
 /* qwen3.h: the target model (Qwen3; a Llama: the same stack without the
- * q/k norms; a Qwen3-MoE: sparse MLPs, target/moe.h): weights bound by name
+ * q/k norms; a Qwen3-MoE: sparse MLPs, target/moe.h; a Qwen3.5 hybrid:
+ * linear-attention layers with a recurrent state per sequence and gated
+ * attention, target/qwen35.h): weights bound by name
  * from a Hugging Face
  * checkpoint, a forward over a batch of rows (prefill chunks, one-token
  * decode, multi-row verify) that returns logits for requested rows and the
@@ -16,6 +18,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "kv/kv_pool.h"
+#include "target/qwen35_state.h"
 #include "target/qwen3_layer.h"
 
 typedef struct dflash_qwen3_opts {
@@ -49,7 +52,10 @@ typedef struct dflash_qwen3 {
     dflash_weight final_norm; /* [H] */
     dflash_weight lm_head;  /* [V, H], the embedding when tied */
     qwen3_layer *layers;    /* [L] */
-    dflash_kv_pool kv;
+    dflash_kv_pool kv;      /* pages for the attention layers (a hybrid's linear-attention layers have none) */
+    int kv_layer[DFLASH_MAX_LAYERS]; /* layer -> its layer in the pool */
+    qwen35_state *rec;      /* a Qwen3.5 hybrid's recurrent state, else NULL */
+    float *norm_host;       /* a Qwen3.5's norm weights as 1 + w (qwen3_checkpoint.norm_host) */
     int pt_len;             /* page table length of every sequence */
     qwen3_scratch s;
     int64_t n_params;

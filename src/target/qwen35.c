@@ -1,41 +1,65 @@
-/* qwen35.c: see qwen35.h. Owns the Qwen3.5 hybrid's checkpoint layout: the
- * names and shapes of its text model's tensors in both layouts, and which
- * other tensors a folder may hold. */
+/* qwen35.c: see qwen35.h. Owns the Qwen3.5 hybrid's checkpoint layout (the
+ * names and shapes of its text model's tensors in both layouts, bound into
+ * the target's layers, and which other tensors a folder may hold) and its
+ * gated full attention. */
 #include "target/qwen35.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/weight_bind.h"
 
-/* One tensor "<base><name>" of the given shape. */
-static dflash_status need(dflash_binder *b, const char *base, const char *name, int ndim, int64_t d0, int64_t d1,
-                          int64_t d2)
+/* Binding state: where the tensors are ("model." or
+ * "model.language_model.") and the next free floats of the shifted norms. */
+typedef struct q35_bind {
+    dflash_binder *b;
+    const dflash_model_config *c;
+    float *norm_next;
+} q35_bind;
+
+static dflash_status bind(q35_bind *q, const char *p, const char *name, int64_t rows, int64_t cols,
+                          dflash_weight *out)
 {
     char full[256];
-    const int64_t shape[3] = { d0, d1, d2 };
-    snprintf(full, sizeof full, "%s%s", base, name);
-    return dflash_bind_check(b, full, ndim, shape);
+    snprintf(full, sizeof full, "%s%s", p, name);
+    return dflash_bind(q->b, full, rows, cols, out);
 }
 
-static dflash_status check_linear_attn(dflash_binder *b, const char *p, const dflash_model_config *c)
+/* A Qwen3.5 RMSNorm's weight, stored centred on zero and applied as 1 + w. */
+static dflash_status bind_norm(q35_bind *q, const char *p, const char *name, int64_t n, dflash_weight *out)
 {
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", p, name);
+    DFLASH_TRY(dflash_bind_shifted(q->b, full, n, q->norm_next, out));
+    q->norm_next += n;
+    return DFLASH_OK;
+}
+
+static dflash_status bind_linear_attn(q35_bind *q, const char *p, qwen3_gdn *g)
+{
+    const dflash_model_config *c = q->c;
     const int64_t H = c->hidden_size, Kd = (int64_t)c->linear_num_key_heads * c->linear_key_head_dim,
-                  Hv = c->linear_num_value_heads, Vd = Hv * c->linear_value_head_dim, C = 2 * Kd + Vd;
-    DFLASH_TRY(need(b, p, "linear_attn.in_proj_qkv.weight", 2, C, H, 0));
-    DFLASH_TRY(need(b, p, "linear_attn.in_proj_z.weight", 2, Vd, H, 0));
-    DFLASH_TRY(need(b, p, "linear_attn.in_proj_b.weight", 2, Hv, H, 0));
-    DFLASH_TRY(need(b, p, "linear_attn.in_proj_a.weight", 2, Hv, H, 0));
-    DFLASH_TRY(need(b, p, "linear_attn.conv1d.weight", 3, C, 1, c->linear_conv_kernel));
-    DFLASH_TRY(need(b, p, "linear_attn.dt_bias", 1, Hv, 0, 0));
-    DFLASH_TRY(need(b, p, "linear_attn.A_log", 1, Hv, 0, 0));
-    DFLASH_TRY(need(b, p, "linear_attn.norm.weight", 1, c->linear_value_head_dim, 0, 0));
-    return need(b, p, "linear_attn.out_proj.weight", 2, H, Vd, 0);
+                  Hv = c->linear_num_value_heads, Vd = Hv * c->linear_value_head_dim, C = 2 * Kd + Vd,
+                  K = c->linear_conv_kernel;
+    DFLASH_TRY(bind(q, p, "linear_attn.in_proj_qkv.weight", C, H, &g->in_qkv));
+    DFLASH_TRY(bind(q, p, "linear_attn.in_proj_z.weight", Vd, H, &g->in_z));
+    DFLASH_TRY(bind(q, p, "linear_attn.in_proj_b.weight", Hv, H, &g->in_b));
+    DFLASH_TRY(bind(q, p, "linear_attn.in_proj_a.weight", Hv, H, &g->in_a));
+    char name[256];
+    snprintf(name, sizeof name, "%slinear_attn.conv1d.weight", p);
+    const int64_t conv_shape[3] = { C, 1, K };
+    DFLASH_TRY(dflash_bind_as(q->b, name, 3, conv_shape, C, K, &g->conv));
+    DFLASH_TRY(bind(q, p, "linear_attn.dt_bias", 0, Hv, &g->dt_bias));
+    DFLASH_TRY(bind(q, p, "linear_attn.A_log", 0, Hv, &g->A_log));
+    DFLASH_TRY(bind(q, p, "linear_attn.norm.weight", 0, c->linear_value_head_dim, &g->norm));
+    return bind(q, p, "linear_attn.out_proj.weight", H, Vd, &g->out);
 }
 
-static dflash_status check_full_attn(dflash_binder *b, const char *p, const dflash_model_config *c)
+/* q_proj holds 2 x heads x head_dim rows: each head's query rows, then its
+ * gate rows. */
+static dflash_status bind_full_attn(q35_bind *q, const char *p, qwen3_layer *l)
 {
+    const dflash_model_config *c = q->c;
     const int64_t H = c->hidden_size, D = c->head_dim, QD = (int64_t)c->num_attention_heads * D,
                   KD = (int64_t)c->num_key_value_heads * D;
     const struct {
@@ -43,48 +67,46 @@ static dflash_status check_full_attn(dflash_binder *b, const char *p, const dfla
         int64_t rows, cols;
     } proj[] = { { "q_proj", 2 * QD, H }, { "k_proj", KD, H }, { "v_proj", KD, H }, { "o_proj", H, QD } };
     char name[64];
-    for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) {
+    for (int i = 0; i < 4; i++) { /* QWEN3_LIN_Q .. QWEN3_LIN_O */
         snprintf(name, sizeof name, "self_attn.%s.weight", proj[i].name);
-        DFLASH_TRY(need(b, p, name, 2, proj[i].rows, proj[i].cols, 0));
+        DFLASH_TRY(bind(q, p, name, proj[i].rows, proj[i].cols, &l->lin[QWEN3_LIN_Q + i]));
         if (c->attention_bias) {
             snprintf(name, sizeof name, "self_attn.%s.bias", proj[i].name);
-            DFLASH_TRY(need(b, p, name, 1, proj[i].rows, 0, 0));
+            DFLASH_TRY(bind(q, p, name, 0, proj[i].rows, &l->bias[QWEN3_LIN_Q + i]));
         }
     }
-    DFLASH_TRY(need(b, p, "self_attn.q_norm.weight", 1, D, 0, 0));
-    return need(b, p, "self_attn.k_norm.weight", 1, D, 0, 0);
+    DFLASH_TRY(bind_norm(q, p, "self_attn.q_norm.weight", D, &l->q_norm));
+    return bind_norm(q, p, "self_attn.k_norm.weight", D, &l->k_norm);
 }
 
-/* gate/up [I, H], down [H, I] under "<p><mlp>" */
-static dflash_status check_swiglu(dflash_binder *b, const char *p, const char *mlp, int64_t H, int64_t I)
+/* gate/up [I, H], down [H, I] under "<p><mlp>" into w[0..3) */
+static dflash_status bind_swiglu(q35_bind *q, const char *p, const char *mlp, int64_t I, dflash_weight *w)
 {
+    static const char *const proj[3] = { "gate_proj", "up_proj", "down_proj" };
+    const int64_t H = q->c->hidden_size;
     char name[160];
-    snprintf(name, sizeof name, "%sgate_proj.weight", mlp);
-    DFLASH_TRY(need(b, p, name, 2, I, H, 0));
-    snprintf(name, sizeof name, "%sup_proj.weight", mlp);
-    DFLASH_TRY(need(b, p, name, 2, I, H, 0));
-    snprintf(name, sizeof name, "%sdown_proj.weight", mlp);
-    return need(b, p, name, 2, H, I, 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "%s%s.weight", mlp, proj[i]);
+        DFLASH_TRY(bind(q, p, name, i == 2 ? H : I, i == 2 ? I : H, &w[i]));
+    }
+    return DFLASH_OK;
 }
 
-static dflash_status check_moe(dflash_binder *b, const char *p, const dflash_model_config *c)
+static dflash_status bind_moe(q35_bind *q, const char *p, qwen3_moe *m)
 {
-    const int64_t H = c->hidden_size, E = c->num_experts, Im = c->moe_intermediate_size;
-    char name[256];
-    DFLASH_TRY(need(b, p, "mlp.gate.weight", 2, E, H, 0));
-    snprintf(name, sizeof name, "%smlp.experts.gate_up_proj", p);
-    if (dflash_st_find(b->st, name)) { /* stacked, gate rows first */
-        DFLASH_TRY(need(b, p, "mlp.experts.gate_up_proj", 3, E, 2 * Im, H));
-        DFLASH_TRY(need(b, p, "mlp.experts.down_proj", 3, E, H, Im));
-    } else {
-        for (int e = 0; e < E; e++) {
-            char mlp[64];
-            snprintf(mlp, sizeof mlp, "mlp.experts.%d.", e);
-            DFLASH_TRY(check_swiglu(b, p, mlp, H, Im));
-        }
-    }
-    DFLASH_TRY(check_swiglu(b, p, "mlp.shared_expert.", H, c->shared_expert_intermediate_size));
-    return need(b, p, "mlp.shared_expert_gate.weight", 2, 1, H, 0);
+    DFLASH_TRY(qwen3_moe_bind(q->b, p, q->c, m));
+    DFLASH_TRY(bind_swiglu(q, p, "mlp.shared_expert.", q->c->shared_expert_intermediate_size, m->shared));
+    return bind(q, p, "mlp.shared_expert_gate.weight", 1, q->c->hidden_size, &m->shared_gate);
+}
+
+/* Floats of every shifted norm weight. */
+static size_t norm_floats(const dflash_model_config *c)
+{
+    size_t n = (size_t)c->hidden_size * (2 * (size_t)c->num_hidden_layers + 1);
+    for (int i = 0; i < c->num_hidden_layers; i++)
+        if (!c->layer_linear[i])
+            n += 2 * (size_t)c->head_dim;
+    return n;
 }
 
 static int starts_with(const char *s, const char *head) { return strncmp(s, head, strlen(head)) == 0; }
@@ -118,33 +140,81 @@ static dflash_status account_unused(dflash_binder *b, const dflash_model_config 
     return DFLASH_OK;
 }
 
-dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash_st *st, qwen35_extra *extra)
+static dflash_status bind_layer(q35_bind *q, const char *p, int i, qwen3_layer *l)
+{
+    const dflash_model_config *c = q->c;
+    const int64_t H = c->hidden_size;
+    DFLASH_TRY(bind_norm(q, p, "input_layernorm.weight", H, &l->input_norm));
+    DFLASH_TRY(bind_norm(q, p, "post_attention_layernorm.weight", H, &l->post_norm));
+    DFLASH_TRY(c->layer_linear[i] ? bind_linear_attn(q, p, &l->gdn) : bind_full_attn(q, p, l));
+    if (c->family == DFLASH_FAMILY_QWEN35_MOE)
+        return bind_moe(q, p, &l->moe);
+    return bind_swiglu(q, p, "mlp.", c->intermediate_size, &l->lin[QWEN3_LIN_GATE]);
+}
+
+dflash_status qwen35_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w,
+                                     qwen35_extra *extra)
 {
     *extra = (qwen35_extra){ 0 };
-    dflash_binder b;
-    DFLASH_TRY(dflash_binder_init(&b, NULL, st));
+    w->norm_host = malloc(norm_floats(c) * sizeof(float));
+    if (!w->norm_host)
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dflash_st_path(b->st));
+    q35_bind q = { b, c, w->norm_host };
     const char *base = c->multimodal ? "model.language_model." : "model.";
     const int64_t H = c->hidden_size, V = c->vocab_size;
+    DFLASH_TRY(bind(&q, base, "embed_tokens.weight", V, H, &w->embed));
+    DFLASH_TRY(bind_norm(&q, base, "norm.weight", H, &w->final_norm));
+    if (c->tie_word_embeddings)
+        w->lm_head = w->embed; /* a stored copy is left unused, as transformers does */
+    else
+        DFLASH_TRY(bind(&q, "", "lm_head.weight", V, H, &w->lm_head));
     char p[96];
-    dflash_status s = need(&b, base, "embed_tokens.weight", 2, V, H, 0);
-    if (s == DFLASH_OK)
-        s = need(&b, base, "norm.weight", 1, H, 0, 0);
-    if (s == DFLASH_OK && (!c->tie_word_embeddings || dflash_st_find(st, "lm_head.weight")))
-        s = need(&b, "", "lm_head.weight", 2, V, H, 0);
-    for (int i = 0; s == DFLASH_OK && i < c->num_hidden_layers; i++) {
+    for (int i = 0; i < c->num_hidden_layers; i++) {
         snprintf(p, sizeof p, "%slayers.%d.", base, i);
-        s = need(&b, p, "input_layernorm.weight", 1, H, 0, 0);
-        if (s == DFLASH_OK)
-            s = need(&b, p, "post_attention_layernorm.weight", 1, H, 0, 0);
-        if (s == DFLASH_OK)
-            s = c->layer_linear[i] ? check_linear_attn(&b, p, c) : check_full_attn(&b, p, c);
-        if (s == DFLASH_OK)
-            s = c->family == DFLASH_FAMILY_QWEN35_MOE ? check_moe(&b, p, c)
-                                                     : check_swiglu(&b, p, "mlp.", H, c->intermediate_size);
+        DFLASH_TRY(bind_layer(&q, p, i, &w->layers[i]));
     }
-    if (s == DFLASH_OK)
-        s = account_unused(&b, c, extra);
-    extra->n_params = b.n_params;
-    dflash_binder_free(&b);
+    DFLASH_TRY(account_unused(b, c, extra));
+    extra->n_params = b->n_params;
+    return DFLASH_OK;
+}
+
+dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash_st *st, qwen35_extra *extra)
+{
+    qwen3_checkpoint w = { .layers = calloc((size_t)c->num_hidden_layers + 1, sizeof *w.layers) };
+    dflash_binder b;
+    dflash_status s = w.layers ? dflash_binder_init(&b, NULL, st)
+                               : dflash_fail(DFLASH_ERR_OOM, "%s: out of memory", dflash_st_path(st));
+    if (s == DFLASH_OK) {
+        s = qwen35_checkpoint_bind(&b, c, &w, extra);
+        dflash_binder_free(&b);
+    }
+    qwen3_layers_free(w.layers, c->num_hidden_layers);
+    free(w.norm_host);
     return s;
+}
+
+/* ---- gated full attention ------------------------------------------------ */
+
+dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                             const qwen3_bufs *b, int n, int add_delta)
+{
+    const dflash_backend_ops *o = be->ops;
+    const int D = c->head_dim, Hq = c->num_attention_heads;
+    DFLASH_TRY(o->add_rmsnorm(be, b->x, add_delta ? b->delta : NULL, &l->input_norm, n, c->hidden_size,
+                              c->rms_norm_eps, b->xn));
+    float *const qkv[3] = { b->qg, b->k, b->v };
+    DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &l->lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
+    for (int k = 0; c->attention_bias && k < 3; k++)
+        DFLASH_TRY(o->add_bias(be, qkv[k], &l->bias[QWEN3_LIN_Q + k], n, (int)l->lin[QWEN3_LIN_Q + k].rows));
+    /* [n * Hq rows of (query D | gate D)] -> q and the gates, D each */
+    DFLASH_TRY(o->copy_rows(be, b->q, D, b->qg, 2 * D, NULL, n * Hq, D));
+    DFLASH_TRY(o->copy_rows(be, b->attn_gate, D, b->qg + D, 2 * D, NULL, n * Hq, D));
+    return dflash_be_qk_norm_rope(be, b->q, &l->q_norm, Hq, b->k, &l->k_norm, c->num_key_value_heads, b->pos, n, D,
+                                  c->rms_norm_eps, &c->rope_freq);
+}
+
+dflash_status qwen35_attn_gate(dflash_backend *be, const dflash_model_config *c, const qwen3_bufs *b, int n)
+{
+    const int64_t QD = (int64_t)c->num_attention_heads * c->head_dim;
+    return be->ops->sigmoid_mul(be, b->attn, b->attn_gate, n, QD, QD);
 }

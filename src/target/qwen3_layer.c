@@ -197,6 +197,10 @@ static dflash_status ckpt_refuse_unused(const dflash_binder *b, const dflash_mod
 
 dflash_status qwen3_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w)
 {
+    if (dflash_family_is_qwen35(c->family)) {
+        qwen35_extra extra;
+        return qwen35_checkpoint_bind(b, c, w, &extra);
+    }
     /* an odd head_dim never gets here: the config's RoPE table refuses it */
     DFLASH_TRY(ckpt_bind_tensors(b, c, w));
     ckpt_tolerate(b, c);
@@ -236,16 +240,22 @@ dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c,
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         DFLASH_TRY(dflash_be_alloc_f32(be, f[i].n, f[i].p));
     DFLASH_TRY(dflash_be_alloc_i32(be, R, &b->pos));
+    if (dflash_family_is_qwen35(c->family) && !c->is_dflash) {
+        DFLASH_TRY(dflash_be_alloc_f32(be, R * 2 * QD, &b->qg));
+        DFLASH_TRY(dflash_be_alloc_f32(be, R * QD, &b->attn_gate));
+        DFLASH_TRY(qwen3_gdn_bufs_alloc(be, c, rows, &b->gdn));
+    }
     return c->num_experts ? qwen3_moe_bufs_alloc(be, c, rows, &b->moe) : DFLASH_OK;
 }
 
 void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b)
 {
-    void *p[] = { b->x, b->xn, b->q, b->k, b->v, b->attn, b->delta, b->gate, b->up, b->pos };
+    void *p[] = { b->x, b->xn, b->q, b->k, b->v, b->attn, b->delta, b->gate, b->up, b->pos, b->qg, b->attn_gate };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             be->ops->free(be, p[i]);
     qwen3_moe_bufs_free(be, &b->moe);
+    qwen3_gdn_bufs_free(be, &b->gdn);
     *b = (qwen3_bufs){ 0 };
 }
 
@@ -272,6 +282,13 @@ dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_co
     DFLASH_TRY(o->linear(be, b->attn, n, &lin[QWEN3_LIN_O], b->delta));
     if (c->attention_bias)
         DFLASH_TRY(o->add_bias(be, b->delta, &l->bias[QWEN3_LIN_O], n, c->hidden_size));
+    return qwen3_layer_mlp(be, c, l, lin, b, n);
+}
+
+dflash_status qwen3_layer_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                              const dflash_weight *lin, const qwen3_bufs *b, int n)
+{
+    const dflash_backend_ops *o = be->ops;
     DFLASH_TRY(o->add_rmsnorm(be, b->x, b->delta, &l->post_norm, n, c->hidden_size, c->rms_norm_eps, b->xn));
     if (l->moe.experts)
         return qwen3_moe_forward(be, c, &l->moe, &b->moe, b->xn, n, b->delta);

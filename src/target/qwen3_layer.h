@@ -21,6 +21,7 @@
 #include "backend/weight_bind.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "target/gdn.h"
 #include "target/moe.h"
 
 enum { QWEN3_LIN_Q, QWEN3_LIN_K, QWEN3_LIN_V, QWEN3_LIN_O, QWEN3_LIN_GATE, QWEN3_LIN_UP, QWEN3_LIN_DOWN,
@@ -34,6 +35,8 @@ typedef struct qwen3_layer {
     dflash_weight bias[QWEN3_LIN_COUNT];   /* each projection's [rows], bound with attention_bias (q, k, v,
                                               o) and mlp_bias (gate, up, down), else unbound */
     qwen3_moe moe;                         /* a sparse MLP: moe.experts != NULL */
+    qwen3_gdn gdn;                         /* a Qwen3.5 linear-attention layer: its mixer instead of q..o
+                                              (gdn.out.data != NULL) */
 } qwen3_layer;
 
 /* Activation buffers of a layer, [R, ...] with R rows at most. */
@@ -48,6 +51,10 @@ typedef struct qwen3_bufs {
     float *up;     /* [R, I] */
     int32_t *pos;  /* [R] absolute positions */
     qwen3_moe_bufs moe; /* a Qwen3-MoE model's sparse MLP scratch (else unallocated) */
+    /* a Qwen3.5 hybrid's (else unallocated): */
+    float *qg;          /* [R, 2 * Hq*D] a gated attention's q_proj output: per head its query, then its gate */
+    float *attn_gate;   /* [R, Hq*D] the gates gathered (the queries go to q) */
+    qwen3_gdn_bufs gdn; /* the linear-attention layers' scratch */
 } qwen3_bufs;
 
 /* Bind "<prefix>input_layernorm.weight", "<prefix>self_attn.q_proj.weight",
@@ -66,6 +73,8 @@ typedef struct qwen3_checkpoint {
     dflash_weight embed, lm_head, final_norm; /* target (final_norm: both) */
     dflash_weight fc, hidden_norm;            /* drafter */
     qwen3_layer *layers;
+    float *norm_host; /* a Qwen3.5's norm weights as 1 + w (the weights point at it on the CPU; owned,
+                         free() it after the layers), else NULL */
 } qwen3_checkpoint;
 
 /* Binds every tensor a checkpoint of `c` must hold (a Qwen3, Llama or
@@ -85,6 +94,11 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
                                   const dflash_weight *lin, const qwen3_bufs *b, int n, int add_delta);
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                                        const dflash_weight *lin, const qwen3_bufs *b, int n);
+
+/* The MLP half after the mixer's output is in b->delta: x += delta;
+ * xn = rmsnorm(x); delta = mlp(xn) (what attn_out_mlp runs after o_proj). */
+dflash_status qwen3_layer_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                              const dflash_weight *lin, const qwen3_bufs *b, int n);
 
 /* The attention arguments every Qwen3 layer shares (geometry, q, out, scale). */
 dflash_attn_args qwen3_attn_args(const dflash_model_config *c, const qwen3_bufs *b, int n);

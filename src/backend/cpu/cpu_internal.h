@@ -1,6 +1,6 @@
 /* cpu_internal.h: what cpu_backend.c (memory), cpu_ops.c (ops),
- * cpu_gemm.c (the linear's SIMD kernels) and cpu_pool.c (its threads)
- * share. */
+ * cpu_recurrent.c (the recurrent-state ops), cpu_gemm.c (the linear's
+ * SIMD kernels) and cpu_pool.c (its threads) share. */
 #ifndef DFLASH_BACKEND_CPU_INTERNAL_H
 #define DFLASH_BACKEND_CPU_INTERNAL_H
 
@@ -43,6 +43,11 @@ void dflash_cpu_pool_run(void (*fn)(void *ctx, int chunk), void *ctx, int n_chun
 /* The calling thread's scratch of at least `count` floats (NULL when out
  * of memory), valid until its next call on this thread. */
 float *dflash_cpu_scratch(size_t count);
+
+/* The recurrent-state primitives (cpu_recurrent.c); see backend.h. */
+dflash_status dflash_cpu_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x,
+                                   const dflash_weight *w, int n, int channels, int kernel, float *out);
+dflash_status dflash_cpu_delta_rule(dflash_backend *be, const dflash_rec_args *r, const dflash_delta_args *a);
 
 extern const dflash_backend_ops dflash_cpu_ops_table;
 

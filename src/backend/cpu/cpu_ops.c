@@ -127,7 +127,7 @@ static dflash_status cpu_norm_rope(dflash_backend *be, float *x, const dflash_we
 {
     (void)be;
     DFLASH_TRY(dflash_be_check_rope(rope, head_dim));
-    const int half = head_dim / 2;
+    const int half = rope->n_pairs;
     const float *inv_freq = rope->inv_freq, attn = rope->attn_factor;
     float nw[head_dim];
     if (norm) {
@@ -167,6 +167,22 @@ static dflash_status cpu_swiglu(dflash_backend *be, const float *gate, const flo
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
     }
+    return DFLASH_OK;
+}
+
+static dflash_status cpu_sigmoid_mul(dflash_backend *be, float *x, const float *g, int n, int64_t cols,
+                                     int64_t g_cols)
+{
+    (void)be;
+    if (g_cols != 1 && g_cols != cols)
+        return dflash_fail(DFLASH_ERR_SHAPE, "sigmoid_mul: %lld gate columns for %lld columns", (long long)g_cols,
+                           (long long)cols);
+#pragma omp parallel for schedule(static) if ((int64_t)n * cols > PAR_MIN_WORK)
+    for (int i = 0; i < n; i++)
+        for (int64_t c = 0; c < cols; c++) {
+            const float gv = g[(int64_t)i * g_cols + (g_cols == 1 ? 0 : c)];
+            x[(int64_t)i * cols + c] *= 1.0f / (1.0f + expf(-gv));
+        }
     return DFLASH_OK;
 }
 
@@ -483,5 +499,8 @@ const dflash_backend_ops dflash_cpu_ops_table = {
     .attention = cpu_attention,
     .copy_rows = cpu_copy_rows,
     .gather_sum = cpu_gather_sum,
+    .sigmoid_mul = cpu_sigmoid_mul,
+    .conv_silu = dflash_cpu_conv_silu,
+    .delta_rule = dflash_cpu_delta_rule,
     .argmax = cpu_argmax,
 };

@@ -1,0 +1,316 @@
+/* test_slow_qwen35.c: the CPU Qwen3.5 hybrid target (Gated DeltaNet
+ * linear attention and gated full attention; dense and MoE with a shared
+ * expert, the latter in the multimodal folder layout) against Hugging Face
+ * transformers (fixtures from tools/fixtures/make_qwen35.py: logits and
+ * every layer's output over 80 tokens, greedy tokens), and the properties
+ * speculative decoding over a recurrent state rests on: a row's result
+ * does not depend on how rows are split into forwards (one prefill, chunks,
+ * a verify, one-row decodes: the same bits), a truncation inside the last
+ * forward's rows resumes exactly where a run that never went past it
+ * would be, and speculative output equals plain output, with a DFlash
+ * drafter, an oracle that is always right and one that is always wrong. */
+#include "harness.h"
+
+#include "draft/dflash_head.h"
+#include "fixture.h"
+#include "oracle_proposer.h"
+#include "spec/spec.h"
+
+static const char *const k_models[] = { "q35_dense", "q35_moe_mm" };
+/* Relative L2 error allowed against transformers' f32 outputs. The
+ * prefill there runs the chunked form of the delta rule (chunks of 64),
+ * which differs from the token-by-token recurrence run here by rounding
+ * (observed up to ~1e-6); a real mistake (a missing 1 + w, a wrong gate, a
+ * RoPE slip) is 1e-3 or more. */
+#define TOL 1e-5
+#define T_MAX 96
+static dflash_backend *be;
+
+static dflash_status load(const char *name, int max_rows, int max_seqs, dflash_qwen3 **m)
+{
+    char dir[512];
+    dflash_qwen3_opts o;
+    dflash_qwen3_default_opts(&o);
+    o.max_rows = max_rows;
+    o.max_ctx = 256;
+    o.max_seqs = max_seqs;
+    return dflash_qwen3_load(fx_path(dir, sizeof dir, "qwen35", name), be, &o, m);
+}
+
+/* Forward rows tokens[0..n) of one sequence from its current length. */
+static dflash_status run_rows(dflash_qwen3 *m, dflash_kv_seq *seq, const int32_t *tokens, int n, int want_logits,
+                              int n_taps, const int *taps, float **logits, float **tap_out)
+{
+    int32_t pos[T_MAX], row_seq[T_MAX], rows[T_MAX];
+    for (int i = 0; i < n; i++) {
+        pos[i] = seq->len + i;
+        row_seq[i] = 0;
+        rows[i] = i;
+    }
+    dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, want_logits ? n : 0, rows, n_taps, taps, 0 };
+    return dflash_qwen3_forward(m, &b, logits, tap_out);
+}
+
+static double rel_err_layer(const float *taps, int T, int L, int H, int l, const float *want)
+{
+    double num = 0, den = 0;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < H; j++) {
+            double d = taps[(size_t)t * L * H + (size_t)l * H + j] - want[(size_t)t * H + j];
+            num += d * d;
+            den += (double)want[(size_t)t * H + j] * want[(size_t)t * H + j];
+        }
+    return sqrt(num / den);
+}
+
+static void test_logits_and_layers_match_hf(void)
+{
+    for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
+        dflash_qwen3 *m = NULL;
+        dflash_st *ex = NULL;
+        char path[512];
+        CHECK_OK(load(k_models[k], T_MAX, 1, &m));
+        snprintf(path, sizeof path, "%s/qwen35/%s/expected.safetensors", test_data_dir(), k_models[k]);
+        fx_check_producer(path, "producer");
+        CHECK_OK(dflash_st_open(path, &ex));
+        int64_t T = 0;
+        const int32_t *ids = ex ? fx_i32(ex, "input_ids", &T) : NULL;
+        const float *want = ex ? fx_f32(ex, "logits", NULL) : NULL;
+        CHECKF(ids && T > 64 && T <= T_MAX, "%s: input_ids of %lld tokens, want 65..%d", k_models[k], (long long)T,
+               T_MAX);
+        if (!m || !ids || !want || T <= 64 || T > T_MAX) {
+            dflash_qwen3_free(m);
+            dflash_st_close(ex);
+            continue;
+        }
+        const int L = m->cfg.num_hidden_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+        int taps[DFLASH_MAX_TAPS];
+        for (int i = 0; i < L; i++)
+            taps[i] = i;
+        dflash_kv_seq seq;
+        CHECK_OK(dflash_qwen3_seq_init(m, &seq));
+        float *logits = NULL, *tap_out = NULL;
+        CHECK_OK(run_rows(m, &seq, ids, (int)T, 1, L, taps, &logits, &tap_out));
+        if (logits) {
+            double e = fx_rel_err(logits, want, (size_t)T * V);
+            printf("  %s: logits rel err %.2e\n", k_models[k], e);
+            CHECKF(e < TOL, "%s logits rel err %g", k_models[k], e);
+        }
+        for (int l = 0; tap_out && l < L; l++) {
+            char name[64];
+            snprintf(name, sizeof name, "layer_out.%d", l);
+            const float *hl = fx_f32(ex, name, NULL);
+            double e = hl ? rel_err_layer(tap_out, (int)T, L, H, l, hl) : 1;
+            CHECKF(e < TOL, "%s layer %d rel err %g", k_models[k], l, e);
+        }
+        dflash_qwen3_seq_free(m, &seq);
+        dflash_qwen3_free(m);
+        dflash_st_close(ex);
+    }
+}
+
+static void test_greedy_matches_hf(void)
+{
+    for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
+        dflash_qwen3 *m = NULL;
+        dflash_st *ex = NULL;
+        char path[512];
+        snprintf(path, sizeof path, "%s/qwen35/%s/expected.safetensors", test_data_dir(), k_models[k]);
+        CHECK_OK(load(k_models[k], 64, 1, &m));
+        CHECK_OK(dflash_st_open(path, &ex));
+        int64_t P = 0, N = 0;
+        const int32_t *prompt = ex ? fx_i32(ex, "greedy_prompt", &P) : NULL,
+                      *want = ex ? fx_i32(ex, "greedy_ids", &N) : NULL;
+        if (!m || !prompt || !want || N <= 0 || N > 64) {
+            CHECK(0);
+            dflash_qwen3_free(m);
+            dflash_st_close(ex);
+            continue;
+        }
+        int32_t out[64];
+        int n_out = 0;
+        dflash_gen_stats st;
+        CHECK_OK(oracle_generate(m, NULL, prompt, (int)P, (int)N, 0, 1.0, out, &n_out, &st));
+        CHECKF(n_out == N && memcmp(out, want, (size_t)N * sizeof(int32_t)) == 0, "%s greedy tokens differ from HF",
+               k_models[k]);
+        dflash_qwen3_free(m);
+        dflash_st_close(ex);
+    }
+}
+
+/* However the rows are split into forwards (one prefill of 50, chunks of
+ * 7, a 16-row verify, one-row decodes, a prefill longer than the rows a
+ * forward keeps for taking back), every row's logits and taps are the same
+ * bits; and truncating inside a forward's rows then going on gives the
+ * rows a run that stopped there gives. */
+static void test_row_splits_and_rollback(void)
+{
+    enum { P = 50, B = 16 };
+    for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
+        dflash_qwen3 *m = NULL;
+        CHECK_OK(load(k_models[k], 64, 2, &m));
+        if (!m)
+            continue;
+        const int V = m->cfg.vocab_size, L = m->cfg.num_hidden_layers, H = m->cfg.hidden_size;
+        int taps[2] = { 0, L - 1 };
+        int32_t toks[P + B];
+        for (int i = 0; i < P + B; i++)
+            toks[i] = (i * 37 + 5) % V;
+        static float ref_logits[(P + B) * 512], ref_taps[(P + B) * 2 * 64];
+        CHECK(V <= 512 && H <= 64);
+        dflash_kv_seq a, b;
+        float *logits, *tp;
+        CHECK_OK(dflash_qwen3_seq_init(m, &a));
+        CHECK_OK(dflash_qwen3_seq_init(m, &b));
+        /* a: the prompt in one forward, the block as a verify */
+        CHECK_OK(run_rows(m, &a, toks, P, 1, 2, taps, &logits, &tp));
+        memcpy(ref_logits, logits, (size_t)P * V * sizeof(float));
+        memcpy(ref_taps, tp, (size_t)P * 2 * H * sizeof(float));
+        CHECK_OK(run_rows(m, &a, toks + P, B, 1, 2, taps, &logits, &tp));
+        memcpy(ref_logits + (size_t)P * V, logits, (size_t)B * V * sizeof(float));
+        memcpy(ref_taps + (size_t)P * 2 * H, tp, (size_t)B * 2 * H * sizeof(float));
+        /* b: chunks of 7, then one row at a time */
+        int same = 1;
+        for (int i = 0; i < P + B;) {
+            const int n = i < P ? (P - i < 7 ? P - i : 7) : 1;
+            CHECK_OK(run_rows(m, &b, toks + i, n, 1, 2, taps, &logits, &tp));
+            same &= memcmp(logits, ref_logits + (size_t)i * V, (size_t)n * V * sizeof(float)) == 0;
+            same &= memcmp(tp, ref_taps + (size_t)i * 2 * H, (size_t)n * 2 * H * sizeof(float)) == 0;
+            i += n;
+        }
+        CHECKF(same, "%s: rows split differently give different bits", k_models[k]);
+        /* rollbacks of a: keep 5 of the verify's rows and go on, then none */
+        dflash_kv_seq_truncate(&a, P + 5);
+        CHECK_OK(run_rows(m, &a, toks + P + 5, B - 5, 1, 0, NULL, &logits, NULL));
+        CHECKF(memcmp(logits, ref_logits + (size_t)(P + 5) * V, (size_t)(B - 5) * V * sizeof(float)) == 0,
+               "%s: resumed inside the kept rows, the rows differ", k_models[k]);
+        dflash_kv_seq_truncate(&a, P + 5);
+        CHECK_OK(run_rows(m, &a, toks + P + 5, 3, 1, 0, NULL, &logits, NULL));
+        CHECK(memcmp(logits, ref_logits + (size_t)(P + 5) * V, (size_t)3 * V * sizeof(float)) == 0);
+        /* a prefill longer than the kept rows (64 rows, keep 64: the same
+         * is covered by max_rows 64; past them only the end can resume) */
+        dflash_kv_seq_truncate(&a, 2);
+        CHECK_FAILS(run_rows(m, &a, toks + 2, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
+                    "recurrent state can resume only at");
+        /* back to the start: a fresh state, the same rows again */
+        dflash_kv_seq_truncate(&a, 0);
+        CHECK_OK(run_rows(m, &a, toks, 9, 1, 0, NULL, &logits, NULL));
+        CHECK(memcmp(logits, ref_logits, (size_t)9 * V * sizeof(float)) == 0);
+        dflash_qwen3_seq_free(m, &a);
+        dflash_qwen3_seq_free(m, &b);
+        dflash_qwen3_free(m);
+    }
+}
+
+/* A prefill of more rows than a forward keeps (max_rows 96, keep 65):
+ * the state after its first rows is checkpointed, so the rows after it
+ * can still be taken back, and the result is still the one-row result. */
+static void test_long_forward_keeps_its_tail(void)
+{
+    dflash_qwen3 *m = NULL;
+    CHECK_OK(load("q35_dense", T_MAX, 2, &m));
+    if (!m)
+        return;
+    const int V = m->cfg.vocab_size;
+    enum { N = 90 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = (i * 11 + 3) % V;
+    static float ref[N * 512];
+    dflash_kv_seq a, b;
+    float *logits;
+    CHECK_OK(dflash_qwen3_seq_init(m, &a));
+    CHECK_OK(dflash_qwen3_seq_init(m, &b));
+    CHECK_OK(run_rows(m, &b, toks, 40, 1, 0, NULL, &logits, NULL));
+    memcpy(ref, logits, (size_t)40 * V * sizeof(float));
+    CHECK_OK(run_rows(m, &b, toks + 40, N - 40, 1, 0, NULL, &logits, NULL));
+    memcpy(ref + (size_t)40 * V, logits, (size_t)(N - 40) * V * sizeof(float));
+    CHECK_OK(run_rows(m, &a, toks, N, 1, 0, NULL, &logits, NULL));
+    CHECK(memcmp(logits, ref, (size_t)N * V * sizeof(float)) == 0);
+    /* 90 rows, 65 kept: positions 25..90 can resume, 24 cannot */
+    dflash_kv_seq_truncate(&a, 30);
+    CHECK_OK(run_rows(m, &a, toks + 30, 4, 1, 0, NULL, &logits, NULL));
+    CHECK(memcmp(logits, ref + (size_t)30 * V, (size_t)4 * V * sizeof(float)) == 0);
+    dflash_kv_seq_truncate(&a, 24);
+    CHECK_FAILS(run_rows(m, &a, toks + 24, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
+                "can resume only at 30..34");
+    dflash_qwen3_seq_free(m, &a);
+    dflash_qwen3_seq_free(m, &b);
+    dflash_qwen3_free(m);
+}
+
+/* Speculative output equals plain output: a DFlash drafter (d6_moe's
+ * weights: hidden 64, vocabulary 512, taps 1 and 3, which fit these
+ * targets) at several block sizes and context caps, and the oracle and
+ * its mirror (every draft accepted; none). */
+static void test_spec_equals_plain(void)
+{
+    const int blocks[] = { 2, 4, 16 }, caps[] = { 0, 16 };
+    for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
+        dflash_qwen3 *t = NULL;
+        CHECK_OK(load(k_models[k], 32, 1, &t));
+        if (!t)
+            continue;
+        enum { NP = 40, NN = 60 };
+        int32_t seq[NP + NN], out[NN];
+        int n_plain = 0, n_out;
+        dflash_gen_stats st;
+        for (int i = 0; i < NP; i++)
+            seq[i] = (int32_t)(((i % 7) * 31 + (i / 21) + 3) % t->cfg.vocab_size);
+        CHECK_OK(oracle_generate(t, NULL, seq, NP, NN, 0, 1.0, seq + NP, &n_plain, &st));
+        CHECK(n_plain == NN);
+        char ddir[512];
+        fx_path(ddir, sizeof ddir, "dflash", "d6_moe");
+        for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
+            for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+                dflash_head_opts ho;
+                dflash_head_default_opts(&ho);
+                ho.max_ctx = 256;
+                ho.ctx_cap = caps[ci];
+                ho.block_size = blocks[bi];
+                dflash_head *h = NULL;
+                CHECK_OK(dflash_head_load(ddir, t, &ho, &h));
+                if (!h)
+                    continue;
+                CHECK_OK(oracle_generate(t, &h->proposer, seq, NP, NN, blocks[bi], 1.0, out, &n_out, &st));
+                CHECKF(n_out == NN && memcmp(out, seq + NP, sizeof out) == 0,
+                       "%s drafter block %d cap %d: speculative output differs", k_models[k], blocks[bi], caps[ci]);
+                dflash_head_free(h);
+            }
+        char msg[256];
+        for (int mirror = 0; mirror < 2; mirror++)
+            for (int block = 4; block <= 16; block *= 4)
+                CHECKF(oracle_check(t, seq, NP, NN, block, 1.0, mirror, msg, sizeof msg), "%s: %s", k_models[k],
+                       msg);
+        dflash_qwen3_free(t);
+    }
+}
+
+/* Records: a target of max_seqs 1 holds one sequence's state at a time. */
+static void test_state_records(void)
+{
+    dflash_qwen3 *m = NULL;
+    CHECK_OK(load("q35_dense", 8, 1, &m));
+    if (!m)
+        return;
+    dflash_kv_seq a, b;
+    CHECK_OK(dflash_qwen3_seq_init(m, &a));
+    CHECK_FAILS(dflash_qwen3_seq_init(m, &b), DFLASH_ERR_KV_FULL, "recurrent states are in use");
+    dflash_qwen3_seq_free(m, &a);
+    CHECK_OK(dflash_qwen3_seq_init(m, &b));
+    dflash_qwen3_seq_free(m, &b);
+    dflash_qwen3_free(m);
+}
+
+int main(void)
+{
+    dflash_backend_cpu_create(&be);
+    RUN(test_logits_and_layers_match_hf);
+    RUN(test_greedy_matches_hf);
+    RUN(test_row_splits_and_rollback);
+    RUN(test_long_forward_keeps_its_tail);
+    RUN(test_spec_equals_plain);
+    RUN(test_state_records);
+    dflash_backend_destroy(be);
+    TEST_END();
+}
