@@ -7,7 +7,8 @@
  * downloaded and compared:
  *  1. target fixtures (tests/data/qwen3/{mha_untied,gqa_tied,gqa_sharded,
  *     yarn_tied,qwen3_bias}, tests/data/llama/{llama31_gqa,llama_bias},
- *     tests/data/qwen3_moe/{moe_experts,moe_stacked}):
+ *     tests/data/qwen3_moe/{moe_experts,moe_stacked}, the Qwen3.5 hybrids
+ *     tests/data/qwen35/{q35_dense,q35_moe_mm}):
  *     input_ids forwarded with logits for every row and every layer tapped;
  *     GPU vs CPU (max|gpu - cpu| / max|cpu| <= 1e-4) and GPU vs the
  *     transformers expectation (the CPU tests' criterion, ||gpu - hf|| /
@@ -40,7 +41,10 @@
  *     drafts the GPU target's own greedy continuation has every draft
  *     accepted and commits a whole block per step, for block sizes 2..16,
  *     without and with a repetition penalty; its mirror has none accepted;
- *     both give the plain output. And the Qwen3-MoE with many rows per
+ *     both give the plain output (also on the Qwen3.5 hybrids, whose
+ *     rejected rows are taken back from a recurrent state; and there rows
+ *     split differently into forwards give the same bits, and a DFlash
+ *     drafter's speculative output equals plain). And the Qwen3-MoE with many rows per
  *     expert: 32 sequences through the batched loop (n-gram proposer,
  *     block 16, up to 512 rows a forward) equal their plain runs alone.
  * Any compared GPU tensor holding a NaN fails its row. Every CUDA-side step
@@ -83,7 +87,7 @@
  * the GPU's attention weights enter P V as bf16 (~1e-3 more). */
 #define BOUND_CPU_BF16 1e-2
 #define PYSTD_NEW 128
-#define MAX_FX 64        /* fixture rows / tokens at most */
+#define MAX_FX 96        /* fixture rows / tokens at most */
 
 static dflash_backend *g_cpu, *g_gpu;
 static const char *g_gpu_name = "gpu";
@@ -1304,6 +1308,92 @@ done:
     dflash_qwen3_free(t);
 }
 
+/* A Qwen3.5 hybrid on the GPU: rows split differently into forwards (one
+ * prefill, then one row at a time) give the same bits, a truncation inside
+ * a verify's rows resumes with the rows of a run that stopped there, and
+ * greedy speculative output with a DFlash drafter (d6_moe's weights fit:
+ * hidden 64, vocabulary 512, taps 1 and 3) equals plain output. */
+static void check_hybrid(const char *name)
+{
+    char dir[512], ddir[512];
+    dflash_qwen3 *t = NULL;
+    case_begin("hybrid %s", name);
+    if (!step(load_target(fx_path(dir, sizeof dir, "qwen35", name), g_gpu, 256, &t), "gpu load target"))
+        goto done;
+    enum { P = 40, B = 16, NN = 60 };
+    const int V = t->cfg.vocab_size;
+    int32_t toks[P + NN];
+    for (int i = 0; i < P; i++)
+        toks[i] = (int32_t)(((i % 7) * 31 + (i / 21) + 3) % V);
+    float *one = malloc((size_t)(P + B) * V * sizeof(float)), *split = malloc((size_t)(P + B) * V * sizeof(float));
+    dflash_kv_seq a, b;
+    int ok = one && split && step(dflash_qwen3_seq_init(t, &a), "seq") && step(dflash_qwen3_seq_init(t, &b), "seq");
+    int32_t pos[P + B], rs[P + B], sel[P + B];
+    for (int i = 0; i < P + B; i++)
+        rs[i] = 0, sel[i] = i;
+    for (int i = P; i < P + B; i++)
+        toks[i] = (int32_t)((i * 13 + 1) % V);
+    /* a: the prompt in one forward, the block as a verify; b: one row at a time */
+    for (int k = 0; ok && k < 2; k++) {
+        dflash_kv_seq *sp = k ? &b : &a;
+        float *dst = k ? split : one;
+        for (int i = 0; ok && i < P + B;) {
+            const int n = k ? 1 : (i < P ? P : B);
+            for (int j = 0; j < n; j++)
+                pos[j] = i + j;
+            dflash_qwen3_batch bt = { n, toks + i, pos, rs, 1, &sp, n, sel, 0, NULL, 0 };
+            float *dl = NULL;
+            ok = step(dflash_qwen3_forward(t, &bt, &dl, NULL), "forward") &&
+                 step(g_gpu->ops->download(g_gpu, dst + (size_t)i * V, dl, (size_t)n * V * sizeof(float)), "download");
+            i += n;
+        }
+    }
+    if (ok)
+        add_row("rows split: prefill+verify==1 by 1", memcmp(one, split, (size_t)(P + B) * V * sizeof(float)) == 0,
+                "bits", "%d rows", P + B);
+    if (ok) { /* keep 5 of the verify's rows, go on with the rest */
+        dflash_kv_seq_truncate(&a, P + 5);
+        dflash_kv_seq *sp = &a;
+        for (int j = 0; j < B - 5; j++)
+            pos[j] = P + 5 + j;
+        dflash_qwen3_batch bt = { B - 5, toks + P + 5, pos, rs, 1, &sp, B - 5, sel, 0, NULL, 0 };
+        float *dl = NULL;
+        ok = step(dflash_qwen3_forward(t, &bt, &dl, NULL), "forward") &&
+             step(g_gpu->ops->download(g_gpu, split, dl, (size_t)(B - 5) * V * sizeof(float)), "download");
+        if (ok)
+            add_row("rollback inside a verify", memcmp(split, one + (size_t)(P + 5) * V,
+                                                       (size_t)(B - 5) * V * sizeof(float)) == 0, "bits", "%d rows",
+                    B - 5);
+    }
+    if (one)
+        dflash_qwen3_seq_free(t, &a), dflash_qwen3_seq_free(t, &b);
+    free(one), free(split);
+    int32_t out[NN];
+    int n_plain = 0, n_out = 0;
+    dflash_gen_stats st;
+    if (!step(oracle_generate(t, NULL, toks, P, NN, 0, 1.0, toks + P, &n_plain, &st), "gpu plain run"))
+        goto done;
+    fx_path(ddir, sizeof ddir, "dflash", "d6_moe");
+    for (int block = 4; block <= 16; block *= 2) {
+        dflash_head_opts ho;
+        dflash_head_default_opts(&ho);
+        ho.max_ctx = 256;
+        ho.block_size = block;
+        dflash_head *h = NULL;
+        char what[64];
+        snprintf(what, sizeof what, "drafter block %d: spec==plain", block);
+        if (!step(dflash_head_load(ddir, t, &ho, &h), "gpu load drafter"))
+            continue;
+        if (step(oracle_generate(t, &h->proposer, toks, P, NN, block, 1.0, out, &n_out, &st), what))
+            add_row(what, n_out == n_plain && memcmp(out, toks + P, sizeof out) == 0, "tokens", "tau %.2f",
+                    st.mean_accept);
+        dflash_head_free(h);
+    }
+done:
+    case_end();
+    dflash_qwen3_free(t);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 static int finish(void)
@@ -1361,7 +1451,8 @@ int main(int argc, char **argv)
     double t0 = now_s();
     static const char *qwen3[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
                                    "llama/llama31_gqa", "llama/llama_bias", "qwen3/qwen3_bias",
-                                   "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked" };
+                                   "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked", "qwen35/q35_dense",
+                                   "qwen35/q35_moe_mm" };
     static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
     for (int pass = 0; pass < 2; pass++) {
         g_kv = pass ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
@@ -1375,6 +1466,10 @@ int main(int argc, char **argv)
     check_oracle("qwen3", "gqa_tied");
     check_oracle("qwen3", "mha_untied");
     check_oracle("qwen3_moe", "moe_experts");
+    check_oracle("qwen35", "q35_dense");
+    check_oracle("qwen35", "q35_moe_mm");
+    check_hybrid("q35_dense");
+    check_hybrid("q35_moe_mm");
     check_moe_batch();
     if (pair)
         check_pystd();

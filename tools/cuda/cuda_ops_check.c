@@ -858,11 +858,13 @@ static dflash_status run_qk_rope(void *p)
     return dflash_be_qk_norm_rope(g_gpu, a->q, a->qn, a->hq, a->k, a->kn, a->hkv, a->pos, a->n, a->hd, 1e-6f, a->rope);
 }
 
-static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
+/* rot: the dimensions rotated (head_dim: all; fewer: a partial rotation, as
+ * a Qwen3.5's gated attention does, where the general kernel runs) */
+static void case_qk_norm_rope_rot(int n, int hq, int hkv, int hd, int rot, int timed)
 {
     char shape[112];
-    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d, yarn", n, hq, hkv, hd);
-    const dflash_rope rope = make_rope(hd, 1e6, DFLASH_ROPE_YARN, 4);
+    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d, yarn on %d dims", n, hq, hkv, hd, rot);
+    const dflash_rope rope = make_rope(rot, 1e6, DFLASH_ROPE_YARN, 4);
     size_t nq = (size_t)n * hq * hd, nk = (size_t)n * hkv * hd;
     float *q = rand_f32(nq, 2.0f), *k = rand_f32(nk, 2.0f);
     int32_t *pos = xmalloc((size_t)n * sizeof(int32_t));
@@ -885,6 +887,122 @@ static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
     free_weight(&qn);
     free_weight(&kn);
     gpu_reset();
+}
+
+static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
+{
+    case_qk_norm_rope_rot(n, hq, hkv, hd, hd, timed);
+}
+
+/* ---- recurrent state: conv_silu, delta_rule, sigmoid_mul ---------------- */
+
+/* Gated DeltaNet geometry of a case. */
+typedef struct gdn_geom {
+    int Hk, Hv, dk, dv, K;
+} gdn_geom;
+
+/* conv_silu then delta_rule over n_seqs sequences of rows[q] rows, against
+ * the CPU: outputs and every state slot within 1e-5. Sequence q reads
+ * slot 2q (or zeros for q % 3 == 0), writes slot 2q + 1 (slot 2q in place
+ * for q % 3 == 2) and, with more than 2 rows, snapshots its first row into
+ * slot 2q (not when in place). Then the GPU's own invariance, which
+ * speculative decoding on the GPU rests on: the same rows fed one call per
+ * row give the same bits. */
+static void case_recurrent(gdn_geom g, int n_seqs, const int *rows)
+{
+    char shape[112];
+    int n = 0;
+    for (int q = 0; q < n_seqs; q++)
+        n += rows[q];
+    snprintf(shape, sizeof shape, "%d seqs, %d rows, k %dx%d, v %dx%d, conv %d", n_seqs, n, g.Hk, g.dk, g.Hv, g.dv,
+             g.K);
+    const int64_t Kd = (int64_t)g.Hk * g.dk, C = 2 * Kd + (int64_t)g.Hv * g.dv, Vd = (int64_t)g.Hv * g.dv;
+    const int64_t conv_sz = (int64_t)(g.K - 1) * C, delta_sz = (int64_t)g.Hv * g.dk * g.dv, slots = 2 * n_seqs;
+    float *x = rand_f32((size_t)n * C, 2.0f), *a = rand_f32((size_t)n * g.Hv, 2.0f),
+          *b = rand_f32((size_t)n * g.Hv, 3.0f);
+    float *cst = rand_f32((size_t)(slots * conv_sz + 1), 1.0f), *dst = rand_f32((size_t)(slots * delta_sz), 0.5f);
+    wpair cw, alog, dtb;
+    make_weight(&cw, DFLASH_DTYPE_BF16, C, g.K, 0.5f);
+    make_weight(&alog, DFLASH_DTYPE_F32, 1, g.Hv, 1.0f);
+    make_weight(&dtb, DFLASH_DTYPE_BF16, 1, g.Hv, 1.0f);
+    int32_t *info = xmalloc((size_t)n_seqs * DFLASH_REC_INFO_LEN * sizeof(int32_t));
+    for (int q = 0, row0 = 0; q < n_seqs; q++) {
+        int32_t *f = info + q * DFLASH_REC_INFO_LEN;
+        const int in_place = q % 3 == 2;
+        f[0] = row0, f[1] = rows[q], f[2] = q % 3 == 0 ? -1 : 2 * q, f[3] = in_place ? 2 * q : 2 * q + 1;
+        f[4] = rows[q] > 2 && !in_place ? 1 : 0, f[5] = 2 * q;
+        row0 += rows[q];
+    }
+    float *dx = gpu_copy(x, (size_t)n * C * sizeof(float)), *da = gpu_copy(a, (size_t)n * g.Hv * sizeof(float)),
+          *db = gpu_copy(b, (size_t)n * g.Hv * sizeof(float));
+    float *dcst = gpu_copy(cst, (size_t)(slots * conv_sz + 1) * sizeof(float)),
+          *ddst = gpu_copy(dst, (size_t)(slots * delta_sz) * sizeof(float));
+    int32_t *dinfo = gpu_copy(info, (size_t)n_seqs * DFLASH_REC_INFO_LEN * sizeof(int32_t));
+    float *y = xmalloc((size_t)n * C * sizeof(float)), *o = xmalloc((size_t)n * Vd * sizeof(float));
+    float *dy = gpu_poison((size_t)n * C), *dO = gpu_poison((size_t)n * Vd);
+    int max_rows = 0;
+    for (int q = 0; q < n_seqs; q++)
+        max_rows = rows[q] > max_rows ? rows[q] : max_rows;
+    dflash_rec_args hc = { n_seqs, max_rows, info, cst, conv_sz }, hd = { n_seqs, max_rows, info, dst, delta_sz };
+    dflash_rec_args gc = { n_seqs, max_rows, dinfo, dcst, conv_sz }, gd = { n_seqs, max_rows, dinfo, ddst, delta_sz };
+    dflash_delta_args ha = { n, g.Hk, g.Hv, g.dk, g.dv, y, a, b, &alog.h, &dtb.h, o };
+    dflash_delta_args ga = { n, g.Hk, g.Hv, g.dk, g.dv, dy, da, db, &alog.d, &dtb.d, dO };
+    MUST(g_cpu->ops->conv_silu(g_cpu, &hc, x, &cw.h, n, (int)C, g.K, y));
+    MUST(g_cpu->ops->delta_rule(g_cpu, &hd, &ha));
+    MUST(g_gpu->ops->conv_silu(g_gpu, &gc, dx, &cw.d, n, (int)C, g.K, dy));
+    MUST(g_gpu->ops->delta_rule(g_gpu, &gd, &ga));
+    check_f32("conv_silu", shape, dy, y, (size_t)n * C, 1e-5);
+    check_f32("conv_silu state", shape, dcst, cst, (size_t)(slots * conv_sz), 1e-5);
+    check_f32("delta_rule", shape, dO, o, (size_t)n * Vd, 1e-5);
+    check_f32("delta_rule state", shape, ddst, dst, (size_t)(slots * delta_sz), 1e-5);
+
+    /* sequence 0 again from zeros, one row per call, each call continuing
+     * from the slot the previous one wrote: the bits of the one call */
+    float *y1 = xmalloc((size_t)rows[0] * C * sizeof(float)), *o1 = xmalloc((size_t)rows[0] * Vd * sizeof(float));
+    gpu_get(y1, dy, (size_t)rows[0] * C * sizeof(float));
+    gpu_get(o1, dO, (size_t)rows[0] * Vd * sizeof(float));
+    float *s1 = xmalloc((size_t)delta_sz * sizeof(float));
+    gpu_get(s1, ddst + delta_sz, (size_t)delta_sz * sizeof(float));
+    float *dy2 = gpu_poison((size_t)rows[0] * C), *do2 = gpu_poison((size_t)rows[0] * Vd);
+    int same = 1;
+    for (int t = 0; t < rows[0]; t++) {
+        const int32_t f[DFLASH_REC_INFO_LEN] = { t, 1, t == 0 ? -1 : 0, 0, 0, 0 };
+        MUST(g_gpu->ops->upload(g_gpu, dinfo, f, sizeof f));
+        dflash_rec_args c1 = { 1, 1, dinfo, dcst, conv_sz }, d1 = { 1, 1, dinfo, ddst, delta_sz };
+        dflash_delta_args a1 = { rows[0], g.Hk, g.Hv, g.dk, g.dv, dy2, da, db, &alog.d, &dtb.d, do2 };
+        MUST(g_gpu->ops->conv_silu(g_gpu, &c1, dx, &cw.d, rows[0], (int)C, g.K, dy2));
+        MUST(g_gpu->ops->delta_rule(g_gpu, &d1, &a1));
+    }
+    float *y2 = xmalloc((size_t)rows[0] * C * sizeof(float)), *o2 = xmalloc((size_t)rows[0] * Vd * sizeof(float)),
+          *s2 = xmalloc((size_t)delta_sz * sizeof(float));
+    gpu_get(y2, dy2, (size_t)rows[0] * C * sizeof(float));
+    gpu_get(o2, do2, (size_t)rows[0] * Vd * sizeof(float));
+    gpu_get(s2, ddst, (size_t)delta_sz * sizeof(float));
+    same &= memcmp(y1, y2, (size_t)rows[0] * C * sizeof(float)) == 0;
+    same &= memcmp(o1, o2, (size_t)rows[0] * Vd * sizeof(float)) == 0;
+    same &= memcmp(s1, s2, (size_t)delta_sz * sizeof(float)) == 0;
+    record("rec rows 1 by 1", shape, same ? 0.0 : 1.0, 0.0);
+    free(x), free(a), free(b), free(cst), free(dst), free(info), free(y), free(o);
+    free(y1), free(o1), free(s1), free(y2), free(o2), free(s2);
+    free_weight(&cw), free_weight(&alog), free_weight(&dtb);
+    gpu_reset();
+}
+
+/* sigmoid_mul with one gate per row and with a gate per element */
+static void case_sigmoid_mul(int n, int64_t cols)
+{
+    char shape[112];
+    for (int per_row = 0; per_row < 2; per_row++) {
+        const int64_t g_cols = per_row ? 1 : cols;
+        snprintf(shape, sizeof shape, "%d rows x %lld, gate %s", n, (long long)cols, per_row ? "per row" : "per elem");
+        float *x = rand_f32((size_t)n * cols, 2.0f), *gt = rand_f32((size_t)n * g_cols, 6.0f);
+        float *dx = gpu_copy(x, (size_t)n * cols * sizeof(float)), *dg = gpu_copy(gt, (size_t)n * g_cols * sizeof(float));
+        MUST(g_cpu->ops->sigmoid_mul(g_cpu, x, gt, n, cols, g_cols));
+        MUST(g_gpu->ops->sigmoid_mul(g_gpu, dx, dg, n, cols, g_cols));
+        check_f32("sigmoid_mul", shape, dx, x, (size_t)n * cols, 1e-6);
+        free(x), free(gt);
+        gpu_reset();
+    }
 }
 
 /* ---- copy_rows, argmax -------------------------------------------------- */
@@ -1552,6 +1670,21 @@ int main(int argc, char **argv)
     case_qk_norm_rope(3, 4, 2, 256, 0);
     case_qk_norm_rope(3, 4, 2, 32, 0);
     case_qk_norm_rope(2, 3, 1, 96, 0);
+    /* partial rotations: a Qwen3.5's gated attention (64 of 256, 4 of 16) */
+    case_qk_norm_rope_rot(5, 4, 2, 256, 64, 0);
+    case_qk_norm_rope_rot(3, 4, 2, 16, 4, 0);
+
+    /* a linear-attention layer's primitives: the fixtures' geometry, then
+     * Qwen3.5-MoE's (16 key heads, 32 value heads of 128, conv 4) */
+    {
+        static const int few[] = { 5, 1, 3, 7 }, verify[] = { 17, 1, 16, 3, 17, 9 };
+        case_recurrent((gdn_geom){ 2, 4, 16, 8, 4 }, 4, few);
+        if (!g_small)
+            case_recurrent((gdn_geom){ 16, 32, 128, 128, 4 }, 6, verify);
+        case_sigmoid_mul(5, 96);
+        if (!g_small)
+            case_sigmoid_mul(64, 4096);
+    }
 
     /* kv_write + attention, f32 pages (the general kernel) and bf16 pages
      * (the tensor-core kernel where head_dim allows) */

@@ -365,7 +365,7 @@ static dflash_status cuda_add_bias(dflash_backend *be, float *x, const dflash_we
  * differ, and one backend may serve many models in turn. */
 static dflash_status rope_table_get(cuda_ctx *c, const dflash_rope *rope, CUdeviceptr *out)
 {
-    const size_t bytes = (size_t)rope->n_pairs * sizeof(float);
+    const size_t bytes = (size_t)(rope->n_pairs ? rope->n_pairs : 1) * sizeof(float); /* 0 pairs: no rotation */
     for (int i = 0; i < c->n_rope; i++)
         if (c->rope[i].host.n_pairs == rope->n_pairs && memcmp(c->rope[i].host.inv_freq, rope->inv_freq, bytes) == 0) {
             *out = c->rope[i].data;
@@ -420,7 +420,8 @@ static dflash_status cuda_norm_rope(dflash_backend *be, float *x, const dflash_w
     const void *nd = norm ? norm->data : NULL;
     int ndt = norm ? (int)norm->dtype : 0;
     float attn = rope->attn_factor;
-    void *args[] = { &x, (void *)&nd, &ndt, (void *)&pos, &n, &n_heads, &head_dim, &eps, &inv_freq, &attn };
+    int half = rope->n_pairs;
+    void *args[] = { &x, (void *)&nd, &ndt, (void *)&pos, &n, &n_heads, &head_dim, &half, &eps, &inv_freq, &attn };
     /* 4 warps per block, one (row, head) per warp. */
     return cuda_launch(c, DFK_NORM_ROPE, cdiv((int64_t)n * n_heads, 4), 1, 128, args);
 }
@@ -440,8 +441,9 @@ static dflash_status cuda_qk_norm_rope(dflash_backend *be, float *q, const dflas
     DFLASH_TRY(rope_table_get(c, rope, &inv_freq));
     int ndt = (int)q_norm->dtype;
     float attn = rope->attn_factor;
+    int half = rope->n_pairs;
     void *args[] = { &q, (void *)&q_norm->data, &k, (void *)&k_norm->data, &ndt, (void *)&pos, &n, &n_q_heads,
-                     &n_kv_heads, &head_dim, &eps, &inv_freq, &attn };
+                     &n_kv_heads, &head_dim, &half, &eps, &inv_freq, &attn };
     return cuda_launch(c, DFK_QK_NORM_ROPE, cdiv((int64_t)n * (n_q_heads + n_kv_heads), 4), 1, 128, args);
 }
 
@@ -521,6 +523,9 @@ static const dflash_backend_ops k_cuda_ops = {
     .attention = cuda_attention,
     .copy_rows = cuda_copy_rows,
     .gather_sum = cuda_gather_sum,
+    .sigmoid_mul = cuda_sigmoid_mul,
+    .conv_silu = cuda_conv_silu,
+    .delta_rule = cuda_delta_rule,
     .argmax = cuda_argmax,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,

@@ -63,6 +63,9 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ATTN_COMBINE] = { "attention_tc.cu", "dflash_attn_combine" },
     [DFK_ARGMAX] = { "argmax.cu", "dflash_argmax" },
     [DFK_ARGMAX_FINISH] = { "gemm.cu", "dflash_argmax_finish" },
+    [DFK_CONV_SILU] = { "recurrent.cu", "dflash_conv_silu" },
+    [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule" },
+    [DFK_SIGMOID_MUL] = { "recurrent.cu", "dflash_sigmoid_mul" },
 };
 
 /* -lineinfo costs nothing at run time and lets compute-sanitizer and
@@ -73,7 +76,8 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
 #define STR(x) STR_(x)
 static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-lineinfo",
                                             "-DDFLASH_KV_PAGE=" STR(DFLASH_KV_PAGE),
-                                            "-DDFLASH_SEQ_INFO_LEN=" STR(DFLASH_SEQ_INFO_LEN) };
+                                            "-DDFLASH_SEQ_INFO_LEN=" STR(DFLASH_SEQ_INFO_LEN),
+                                            "-DDFLASH_REC_INFO_LEN=" STR(DFLASH_REC_INFO_LEN) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 
 void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)

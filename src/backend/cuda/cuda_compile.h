@@ -55,6 +55,9 @@ typedef enum dflash_cuda_kernel_id {
     DFK_ATTN_COMBINE,
     DFK_ARGMAX,
     DFK_ARGMAX_FINISH, /* gemm.cu: the fused LM head + argmax's last step */
+    DFK_CONV_SILU, /* recurrent.cu: a linear-attention layer's primitives */
+    DFK_DELTA_RULE,
+    DFK_SIGMOID_MUL,
     DFK_COUNT
 } dflash_cuda_kernel_id;
 

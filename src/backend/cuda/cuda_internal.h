@@ -112,6 +112,12 @@ void cuda_buf_free(cuda_ctx *c, cuda_buf *b);
 /* Same checks as the CPU reference (cpu_ops.c). */
 dflash_status cuda_check_weight(const dflash_weight *w, const char *op);
 
+/* cuda_recurrent.c */
+dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
+                             int n, int channels, int kernel, float *out);
+dflash_status cuda_delta_rule(dflash_backend *be, const dflash_rec_args *r, const dflash_delta_args *a);
+dflash_status cuda_sigmoid_mul(dflash_backend *be, float *x, const float *g, int n, int64_t cols, int64_t g_cols);
+
 /* cuda_gemm.c */
 dflash_status cuda_linear(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out);
 dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,

@@ -1,5 +1,6 @@
 /* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row)
- * and norm_rope (per-head RMSNorm then NeoX RoPE, one warp per (row, head)).
+ * and norm_rope (per-head RMSNorm then NeoX RoPE, whole or partial, one warp
+ * per (row, head)).
  * Arithmetic follows cpu_ops.c expression by expression; only the order of
  * the sum of squares differs (a tree instead of a running sum). */
 #include "common.cuh"
@@ -58,10 +59,11 @@ extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, cons
 }
 
 /* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
- * `norm`, then NeoX RoPE at position p, cos and sin times `attn`.
- * inv_freq [head_dim / 2] is the host's table, the one the CPU reference
- * uses, so the angles agree bit for bit before sin/cos. */
-__forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p, int head_dim, float eps,
+ * `norm`, then NeoX RoPE at position p over the first 2 * half dimensions
+ * (pairs (j, j + half); half = head_dim / 2 rotates all of them), cos and
+ * sin times `attn`. inv_freq [half] is the host's table, the one the CPU
+ * reference uses, so the angles agree bit for bit before sin/cos. */
+__forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p, int head_dim, int half, float eps,
                                     const float *inv_freq, float attn)
 {
     const int lane = threadIdx.x & 31;
@@ -75,7 +77,6 @@ __forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p
             v[j] = load_elem(norm, ndt, j) * (v[j] * inv);
         __syncwarp(); /* the rotation below reads elements other lanes wrote */
     }
-    const int half = head_dim / 2;
     for (int j = lane; j < half; j += 32) {
         float ang = p * inv_freq[j];
         float c = cosf(ang) * attn, s = sinf(ang) * attn;
@@ -131,10 +132,13 @@ __forceinline__ void norm_rope_regs(float *v, const void *norm, int ndt, const i
     }
 }
 
-/* norm_rope_regs for this head_dim; false when it has no register form. */
+/* norm_rope_regs for this head_dim; false when it has no register form
+ * (or the rotation is partial: half < head_dim / 2). */
 __forceinline__ bool norm_rope_fast(float *v, const void *norm, int ndt, const int *pos_of_row, int head_dim,
-                                    float eps, const float *inv_freq, float attn)
+                                    int half, float eps, const float *inv_freq, float attn)
 {
+    if (2 * half != head_dim)
+        return false;
     switch (head_dim) {
     case 64: norm_rope_regs<2>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
     case 128: norm_rope_regs<4>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
@@ -147,24 +151,24 @@ __forceinline__ bool norm_rope_fast(float *v, const void *norm, int ndt, const i
 /* block 128 = 4 warps, one (row, head) per warp (the register form where
  * head_dim has one). */
 extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt, const int *pos, int n, int n_heads,
-                                            int head_dim, float eps, const float *inv_freq, float attn)
+                                            int head_dim, int half, float eps, const float *inv_freq, float attn)
 {
     pdl_trigger();
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (unit >= (i64)n * n_heads)
         return; /* touches nothing */
     const int i = (int)(unit / n_heads);
-    if (norm_rope_fast(x + unit * head_dim, norm, ndt, pos + i, head_dim, eps, inv_freq, attn))
+    if (norm_rope_fast(x + unit * head_dim, norm, ndt, pos + i, head_dim, half, eps, inv_freq, attn))
         return;
     pdl_wait();
-    norm_rope_warp(x + unit * head_dim, norm, ndt, (float)pos[i], head_dim, eps, inv_freq, attn);
+    norm_rope_warp(x + unit * head_dim, norm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
 }
 
 /* q [n, hq, head_dim] and k [n, hkv, head_dim] in one launch, each head as
  * dflash_norm_rope does it (q with qnorm, k with knorm). */
 extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
-                                               const int *pos, int n, int hq, int hkv, int head_dim, float eps,
-                                               const float *inv_freq, float attn)
+                                               const int *pos, int n, int hq, int hkv, int head_dim, int half,
+                                               float eps, const float *inv_freq, float attn)
 {
     pdl_trigger();
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -172,8 +176,8 @@ extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, floa
         return; /* touches nothing */
     const int i = (int)(unit / (hq + hkv)), h = (int)(unit % (hq + hkv));
     float *v = h < hq ? q + ((i64)i * hq + h) * head_dim : k + ((i64)i * hkv + h - hq) * head_dim;
-    if (norm_rope_fast(v, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, eps, inv_freq, attn))
+    if (norm_rope_fast(v, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, half, eps, inv_freq, attn))
         return;
     pdl_wait();
-    norm_rope_warp(v, h < hq ? qnorm : knorm, ndt, (float)pos[i], head_dim, eps, inv_freq, attn);
+    norm_rope_warp(v, h < hq ? qnorm : knorm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
 }
