@@ -5,7 +5,8 @@
  * test computed first by a plain run with the same options: a right loop
  * accepts every draft (a == k at every step). Its mirror drafts, at every
  * position, a token the target does not pick there ((right + 1) % V): a
- * right loop accepts none. Both go through the DraftProposer contract like
+ * right loop accepts none. A partial oracle is right for the first few
+ * drafts of each block only. Both go through the DraftProposer contract like
  * any other proposer, so they also check that contract's bookkeeping
  * (positions, budgets, what after_verify is told).
  *
@@ -28,6 +29,7 @@ typedef struct oracle {
                            NULL for the successor proposer */
     int n;              /* its length */
     int vocab, block, mirror;
+    int right;          /* >= 0: only the first `right` drafts of a block are right (a partial oracle) */
     dflash_proposer proposer;
 } oracle;
 
@@ -112,7 +114,8 @@ static inline dflash_status oracle_propose(dflash_proposer *p, void **states, in
         for (int i = 0; i < n_drafts; i++) {
             const int at = positions[q] + 1 + i;
             const int32_t right = at < o->n ? o->seq[at] : 0;
-            drafts[q * n_drafts + i] = o->mirror ? (right + 1) % o->vocab : right;
+            const int wrong = o->mirror || (o->right >= 0 && i >= o->right);
+            drafts[q * n_drafts + i] = wrong ? (right + 1) % o->vocab : right;
         }
     }
     return DFLASH_OK;
@@ -144,13 +147,21 @@ static const dflash_proposer_ops k_oracle_ops = {
 /* An oracle (mirror 0) or its mirror (1) over seq[0..n) (not copied). */
 static inline void oracle_init(oracle *o, const int32_t *seq, int n, int vocab, int block, int mirror)
 {
-    *o = (oracle){ seq, n, vocab, block, mirror, { &k_oracle_ops, o } };
+    *o = (oracle){ seq, n, vocab, block, mirror, -1, { &k_oracle_ops, o } };
+}
+
+/* An oracle whose drafts are right for the first `right` of each block
+ * and wrong after: every step keeps `right` drafts and takes back the
+ * rest of its verify. */
+static inline void oracle_init_partial(oracle *o, const int32_t *seq, int n, int vocab, int block, int right)
+{
+    *o = (oracle){ seq, n, vocab, block, 0, right, { &k_oracle_ops, o } };
 }
 
 /* The successor proposer (drafts last+1, last+2, ... mod vocab). */
 static inline void successor_init(oracle *o, int vocab, int block)
 {
-    *o = (oracle){ NULL, 0, vocab, block, 0, { &k_oracle_ops, o } };
+    *o = (oracle){ NULL, 0, vocab, block, 0, -1, { &k_oracle_ops, o } };
 }
 
 /* One greedy generation of n_new tokens after prompt[0..n_prompt) with

@@ -8,7 +8,8 @@
  * a verify, one-row decodes: the same bits), a truncation inside the last
  * forward's rows resumes exactly where a run that never went past it
  * would be, and speculative output equals plain output, with a DFlash
- * drafter, an oracle that is always right and one that is always wrong. */
+ * drafter and with oracles whose drafts are all right, all wrong, or right
+ * for the first few of each block. */
 #include "harness.h"
 
 #include "draft/dflash_head.h"
@@ -277,6 +278,18 @@ static void test_spec_equals_plain(void)
                        "%s drafter block %d cap %d: speculative output differs", k_models[k], blocks[bi], caps[ci]);
                 dflash_head_free(h);
             }
+        /* partly right drafts: every step keeps `right` of 8 drafts and
+         * takes the other rows of its verify back */
+        for (int right = 1; right < 8; right += 3) {
+            oracle po;
+            oracle_init_partial(&po, seq, NP + NN, t->cfg.vocab_size, 8, right);
+            memset(&st, 0, sizeof st);
+            CHECK_OK(oracle_generate(t, &po.proposer, seq, NP, NN, 8, 1.0, out, &n_out, &st));
+            CHECKF(n_out == NN && memcmp(out, seq + NP, sizeof out) == 0 && st.pos_accepted[right - 1] > 0 &&
+                       st.pos_accepted[right] == 0,
+                   "%s partial oracle (%d of 8 right): output differs, or not %d drafts a step accepted", k_models[k],
+                   right, right);
+        }
         char msg[256];
         for (int mirror = 0; mirror < 2; mirror++)
             for (int block = 4; block <= 16; block *= 4)
