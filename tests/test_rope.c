@@ -138,11 +138,19 @@ static void test_bad_params(void)
     p = (dflash_rope_params){ .kind = DFLASH_ROPE_DEFAULT, .theta = 1e4 };
     CHECK_FAILS(dflash_rope_init(&p, 7, &r), DFLASH_ERR_UNSUPPORTED, "head_dim 7 is odd");
     CHECK_FAILS(dflash_rope_init(&p, 1024, &r), DFLASH_ERR_UNSUPPORTED, "head_dim 1024, expected 2..512");
+    CHECK_OK(dflash_rope_init(&p, 4, &r));
+    float x[4] = { 1, 2, 3, 4 };
+    int32_t pos = 1;
+    CHECK_FAILS(be->ops->norm_rope(be, x, NULL, &pos, 1, 1, 2, 1e-6f, &r), DFLASH_ERR_SHAPE,
+                "RoPE table of 2 dimension pairs for head_dim 2");
+    /* a table of fewer pairs rotates the first dimensions only (a partial
+     * rotation): pair (0, 1) turns by pos * inv_freq[0] = 1 radian, 2 and 3
+     * stay */
     CHECK_OK(dflash_rope_init(&p, 2, &r));
-    float x[2] = { 1, 0 };
-    int32_t pos = 0;
-    CHECK_FAILS(be->ops->norm_rope(be, x, NULL, &pos, 1, 1, 4, 1e-6f, &r), DFLASH_ERR_SHAPE,
-                "RoPE table of 1 dimension pairs for head_dim 4");
+    CHECK_OK(be->ops->norm_rope(be, x, NULL, &pos, 1, 1, 4, 1e-6f, &r));
+    CHECKF(fabsf(x[0] - (cosf(1) - 2 * sinf(1))) < 1e-6f && fabsf(x[1] - (2 * cosf(1) + sinf(1))) < 1e-6f &&
+               x[2] == 3 && x[3] == 4,
+           "partial rotation: %g %g %g %g", x[0], x[1], x[2], x[3]);
 }
 
 int main(void)

@@ -43,7 +43,8 @@ static void test_help_lists_every_option(void)
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
         { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target",
-                     "qwen3-30b-a3b-target", "tiny", "tiny-llama", "tiny-moe", "--ctx", "--rows", "--sessions", "--reps",
+                     "qwen3-30b-a3b-target", "qwen36-35b-a3b-target", "seed-pair", "tiny", "tiny-llama", "tiny-moe",
+                     "tiny-q35", "--ctx", "--rows", "--sessions", "--reps",
                      "--device", "--json", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -313,6 +314,13 @@ static void test_bench_tiny(void)
     }
     CHECKF(mb[0] > 0 && mb[1] > mb[0], "tiny-moe: decode %g bytes, verify %g: %s", mb[0], mb[1], out);
     json_decref(j);
+    /* a Qwen3.5-MoE hybrid target (checkpoint in its own layout, recurrent
+     * state per sequence) loads and runs, for one and two sequences */
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny-q35 --reps 1 --ctx 8 --sessions 2", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0);
+    CHECKF(strstr(out, "Qwen3.5-MoE hybrid target 4 layers") && strstr(out, "\nverify       1") &&
+               strstr(out, "\ndecode       2"),
+           "output: %s", out);
 }
 
 int main(void)

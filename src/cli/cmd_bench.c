@@ -29,6 +29,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "cli/args.h"
+#include "cli/bench_model.h"
 #include "cli/commands.h"
 #include "draft/dflash_head.h"
 
@@ -42,43 +43,40 @@
 #define BENCH_MAX_SESSIONS 64  /* sequences in one forward at most */
 #define BENCH_MAX_BLOCK 256    /* drafts per propose at most */
 #define BENCH_BW_REPS 5
-#define BENCH_PROGRESS_BYTES (256u << 20) /* images above this report progress */
 
 /* ---- presets ------------------------------------------------------------ */
 
-typedef struct bench_geom {
-    int layers, hidden, heads, kv_heads, head_dim, inter;
-} bench_geom;
-
-typedef struct bench_preset {
-    const char *name;
-    int vocab;
-    int drafter;            /* time a drafter propose with geometry d */
-    bench_geom d;
-    int block, target_layers, n_taps, taps[8];
-    int target;             /* time the target's verify and decode with geometry t */
-    bench_geom t;
-    int tied;               /* the target's LM head is its embedding */
-    int llama;              /* the target is a Llama (no q/k norms, Llama 3.1's RoPE) */
-    int experts, topk, moe_inter; /* experts > 0: a Qwen3-MoE target, every MLP sparse, top-k renormalised */
-} bench_preset;
+#define SEED_DRAFTER .drafter = 1, .d = { 8, 2048, 32, 4, 128, 6144 }, .block = 16, .target_layers = 40, .n_taps = 5, \
+                     .taps = { 1, 10, 19, 28, 37 }
+/* Qwen3.5-35B-A3B (Qwen3.6-35B-A3B, the seed drafter's target, has the
+ * same architecture): 40 layers, every 4th gated full attention */
+#define QWEN36_TARGET .target = 1, .t = { 40, 2048, 16, 2, 256, 0 }, .experts = 256, .topk = 8, .moe_inter = 512, \
+                      .hy = { 16, 32, 128, 128, 4, 512 }
 
 static const bench_preset k_presets[] = {
-    { "seed-drafter", 151936, 1, { 8, 2048, 32, 4, 128, 6144 }, 16, 40, 5, { 1, 10, 19, 28, 37 }, 0, { 0 }, 0, 0,
-      0, 0, 0 },
-    { "qwen3-8b-drafter", 151936, 1, { 5, 4096, 32, 8, 128, 12288 }, 16, 36, 5, { 1, 9, 17, 25, 33 }, 0, { 0 }, 0, 0,
-      0, 0, 0 },
-    { "qwen3-8b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 36, 4096, 32, 8, 128, 12288 }, 0, 0, 0, 0, 0 },
-    { "llama31-8b-target", 128256, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 32, 4096, 32, 8, 128, 14336 }, 0, 1, 0, 0, 0 },
+    { .name = "seed-drafter", .vocab = 151936, SEED_DRAFTER },
+    { .name = "qwen3-8b-drafter", .vocab = 151936, .drafter = 1, .d = { 5, 4096, 32, 8, 128, 12288 }, .block = 16,
+      .target_layers = 36, .n_taps = 5, .taps = { 1, 9, 17, 25, 33 } },
+    { .name = "qwen3-8b-target", .vocab = 151936, .target = 1, .t = { 36, 4096, 32, 8, 128, 12288 } },
+    { .name = "llama31-8b-target", .vocab = 128256, .target = 1, .t = { 32, 4096, 32, 8, 128, 14336 }, .llama = 1 },
     /* Qwen3-30B-A3B (Qwen3-Coder-30B-A3B has the same geometry) */
-    { "qwen3-30b-a3b-target", 151936, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 48, 2048, 32, 4, 128, 6144 }, 0, 0, 128, 8,
-      768 },
+    { .name = "qwen3-30b-a3b-target", .vocab = 151936, .target = 1, .t = { 48, 2048, 32, 4, 128, 6144 },
+      .experts = 128, .topk = 8, .moe_inter = 768 },
+    { .name = "qwen36-35b-a3b-target", .vocab = 248320, QWEN36_TARGET },
+    /* the seed's own pair: its drafter and its target, each timed */
+    { .name = "seed-pair", .vocab = 248320, SEED_DRAFTER, QWEN36_TARGET },
     /* The embedded pair's geometry (models/qwen3-pystd and its drafter). */
-    { "pystd", 4096, 1, { 5, 256, 4, 2, 64, 768 }, 16, 6, 3, { 1, 3, 5 }, 1, { 6, 256, 4, 2, 64, 768 }, 1, 0, 0, 0, 0 },
+    { .name = "pystd", .vocab = 4096, .drafter = 1, .d = { 5, 256, 4, 2, 64, 768 }, .block = 16,
+      .target_layers = 6, .n_taps = 3, .taps = { 1, 3, 5 }, .target = 1, .t = { 6, 256, 4, 2, 64, 768 },
+      .tied = 1 },
     /* A few MB: both benches' code paths in seconds on a 2-core CPU (tests). */
-    { "tiny", 512, 1, { 2, 64, 4, 2, 16, 128 }, 8, 4, 2, { 1, 2 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 0, 0, 0, 0 },
-    { "tiny-llama", 512, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 1, 0, 0, 0 },
-    { "tiny-moe", 512, 0, { 0 }, 0, 0, 0, { 0 }, 1, { 4, 64, 4, 2, 16, 128 }, 0, 0, 8, 2, 32 },
+    { .name = "tiny", .vocab = 512, .drafter = 1, .d = { 2, 64, 4, 2, 16, 128 }, .block = 8, .target_layers = 4,
+      .n_taps = 2, .taps = { 1, 2 }, .target = 1, .t = { 4, 64, 4, 2, 16, 128 } },
+    { .name = "tiny-llama", .vocab = 512, .target = 1, .t = { 4, 64, 4, 2, 16, 128 }, .llama = 1 },
+    { .name = "tiny-moe", .vocab = 512, .target = 1, .t = { 4, 64, 4, 2, 16, 128 }, .experts = 8, .topk = 2,
+      .moe_inter = 32 },
+    { .name = "tiny-q35", .vocab = 512, .target = 1, .t = { 4, 64, 4, 2, 16, 0 }, .experts = 8, .topk = 2,
+      .moe_inter = 32, .hy = { 2, 4, 16, 8, 4, 48 } },
 };
 
 static const bench_preset *find_preset(const char *name)
@@ -125,10 +123,19 @@ static void usage(FILE *f)
             "                   H 2048, 32:4 x 128, 128 experts of I 768, 8 per token,\n"
             "                   vocab 151936 (61 GB of weights; its floor counts the\n"
             "                   experts the call's rows were routed to, read once each)\n"
+            "                 qwen36-35b-a3b-target: Qwen3.5/3.6-35B-A3B (a Qwen3.5-MoE hybrid): 40\n"
+            "                   layers, 30 Gated DeltaNet (16 key heads x 128, 32 value heads x 128)\n"
+            "                   and 10 gated attention (16:2 x 256), H 2048, 256 experts of I 512,\n"
+            "                   8 per token, a shared expert of I 512, vocab 248320 (70 GB of\n"
+            "                   weights; its floor adds each sequence's recurrent state, read and\n"
+            "                   written once)\n"
+            "                 seed-pair: the seed drafter (as seed-drafter, vocab 248320) and its\n"
+            "                   target (as qwen36-35b-a3b-target), each timed in one run\n"
             "                 pystd: the embedded pair (models/qwen3-pystd and its drafter):\n"
             "                   6 + 5 layers, H 256, I 768, 4:2 x 64, vocab 4096, block 16\n"
             "                 tiny: a few MB (drafter and target), for tests; tiny-llama,\n"
-            "                   tiny-moe: its target as a Llama, as a Qwen3-MoE\n"
+            "                   tiny-moe, tiny-q35: its target as a Llama, as a Qwen3-MoE, as a\n"
+            "                   Qwen3.5-MoE hybrid\n"
             "  --ctx LIST     context lengths, comma-separated (default 1024,4096 for a\n"
             "                 drafter, 1,1024,4096 for a target)\n"
             "  --rows LIST    verify widths in rows, comma-separated (default 16, at most %d):\n"
@@ -200,8 +207,8 @@ static int parse(int argc, char **argv, bench_args *a)
                 return 0;
             if (!(a->preset = find_preset(v))) {
                 fprintf(stderr, "dflash bench: unknown preset '%s' (seed-drafter, qwen3-8b-drafter, "
-                                "qwen3-8b-target, llama31-8b-target, qwen3-30b-a3b-target, pystd, tiny, "
-                                "tiny-llama, tiny-moe)\n", v);
+                                "qwen3-8b-target, llama31-8b-target, qwen3-30b-a3b-target, qwen36-35b-a3b-target, "
+                                "seed-pair, pystd, tiny, tiny-llama, tiny-moe, tiny-q35)\n", v);
                 return 0;
             }
         } else if (!strcmp(o, "--ctx")) {
@@ -263,252 +270,6 @@ static int parse(int argc, char **argv, bench_args *a)
     return 1;
 }
 
-/* ---- random numbers ----------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/* xorshift64: fast enough to write GBs of weights in seconds. */
-static inline uint64_t xorshift64(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-
-/* Uniform in [-1, 1) from the high 32 bits. */
-static inline float uniform_pm1(uint64_t *s) { return (float)(int32_t)(uint32_t)(xorshift64(s) >> 32) * 0x1p-31f; }
-
-static void fill_f32(float *x, size_t n, uint64_t seed, float amp)
-{
-    uint64_t s = splitmix64(seed) | 1;
-    for (size_t i = 0; i < n; i++)
-        x[i] = amp * uniform_pm1(&s);
-}
-
-/* ---- random-weight safetensors images ----------------------------------- */
-
-/* One bf16 tensor of an image: values center + amp * u, u uniform in
- * [-1, 1). rows 0: a vector [cols]. */
-typedef struct img_tensor {
-    char name[96];
-    int64_t rows, cols;
-    float center, amp;
-    size_t off; /* in the data region */
-} img_tensor;
-
-typedef struct bench_image {
-    img_tensor *t;
-    int n, cap;
-    uint8_t *buf; /* the whole file image: 8-byte header length, header, data */
-    size_t len, data_off;
-} bench_image;
-
-/* Projections: std 0.02 (amp 0.02 * sqrt(3)), as Qwen3's initializer;
- * norms near 1, so activations keep a sane scale through every layer. */
-#define W_AMP 0.0346f
-#define NORM_AMP 0.1f
-
-static dflash_status img_add(bench_image *im, const char *prefix, const char *name, int64_t rows, int64_t cols,
-                             float center, float amp)
-{
-    if (im->n == im->cap) {
-        int cap = im->cap ? 2 * im->cap : 64;
-        img_tensor *t = realloc(im->t, (size_t)cap * sizeof *t);
-        if (!t)
-            return dflash_fail(DFLASH_ERR_OOM, "out of memory");
-        im->t = t;
-        im->cap = cap;
-    }
-    img_tensor *t = &im->t[im->n++];
-    snprintf(t->name, sizeof t->name, "%s%s", prefix, name);
-    t->rows = rows;
-    t->cols = cols;
-    t->center = center;
-    t->amp = amp;
-    return DFLASH_OK;
-}
-
-/* The tensors qwen3_layer_bind reads, under `prefix` (a Llama layer: no
- * q/k norms; a MoE layer: a router and each expert's three projections). */
-static dflash_status img_add_layer(bench_image *im, const char *prefix, const bench_geom *g, int llama,
-                                   const bench_preset *p)
-{
-    const int64_t H = g->hidden, D = g->head_dim, QD = (int64_t)g->heads * D, KD = (int64_t)g->kv_heads * D,
-                  I = g->inter;
-    DFLASH_TRY(img_add(im, prefix, "input_layernorm.weight", 0, H, 1, NORM_AMP));
-    DFLASH_TRY(img_add(im, prefix, "post_attention_layernorm.weight", 0, H, 1, NORM_AMP));
-    if (!llama) {
-        DFLASH_TRY(img_add(im, prefix, "self_attn.q_norm.weight", 0, D, 1, NORM_AMP));
-        DFLASH_TRY(img_add(im, prefix, "self_attn.k_norm.weight", 0, D, 1, NORM_AMP));
-    }
-    DFLASH_TRY(img_add(im, prefix, "self_attn.q_proj.weight", QD, H, 0, W_AMP));
-    DFLASH_TRY(img_add(im, prefix, "self_attn.k_proj.weight", KD, H, 0, W_AMP));
-    DFLASH_TRY(img_add(im, prefix, "self_attn.v_proj.weight", KD, H, 0, W_AMP));
-    DFLASH_TRY(img_add(im, prefix, "self_attn.o_proj.weight", H, QD, 0, W_AMP));
-    if (p && p->experts) {
-        char name[96];
-        DFLASH_TRY(img_add(im, prefix, "mlp.gate.weight", p->experts, H, 0, W_AMP));
-        for (int e = 0; e < p->experts; e++) {
-            static const char *const proj[] = { "gate_proj", "up_proj", "down_proj" };
-            for (int k = 0; k < 3; k++) {
-                snprintf(name, sizeof name, "mlp.experts.%d.%s.weight", e, proj[k]);
-                DFLASH_TRY(img_add(im, prefix, name, k == 2 ? H : p->moe_inter, k == 2 ? p->moe_inter : H, 0,
-                                   W_AMP));
-            }
-        }
-        return DFLASH_OK;
-    }
-    DFLASH_TRY(img_add(im, prefix, "mlp.gate_proj.weight", I, H, 0, W_AMP));
-    DFLASH_TRY(img_add(im, prefix, "mlp.up_proj.weight", I, H, 0, W_AMP));
-    return img_add(im, prefix, "mlp.down_proj.weight", H, I, 0, W_AMP);
-}
-
-static size_t img_numel(const img_tensor *t) { return (size_t)(t->rows ? t->rows : 1) * (size_t)t->cols; }
-
-static void fill_bf16(uint16_t *x, size_t n, uint64_t seed, float center, float amp)
-{
-    uint64_t s = splitmix64(seed) | 1;
-    for (size_t i = 0; i < n; i++)
-        x[i] = dflash_f32_to_bf16(center + amp * uniform_pm1(&s));
-}
-
-/* Lay out, write the header, fill the data. Chunks are seeded by (seed,
- * tensor, chunk), so the image does not depend on the thread count. */
-static dflash_status img_build(bench_image *im, const char *what, uint64_t seed)
-{
-    json_t *hdr = json_object();
-    size_t off = 0;
-    int ok = hdr != NULL;
-    for (int i = 0; ok && i < im->n; i++) {
-        img_tensor *t = &im->t[i];
-        size_t bytes = img_numel(t) * 2;
-        t->off = off;
-        json_t *shape = t->rows ? json_pack("[II]", (json_int_t)t->rows, (json_int_t)t->cols)
-                                : json_pack("[I]", (json_int_t)t->cols);
-        json_t *e = shape ? json_pack("{s:s, s:o, s:[II]}", "dtype", "BF16", "shape", shape, "data_offsets",
-                                      (json_int_t)off, (json_int_t)(off + bytes))
-                          : NULL;
-        ok = e && json_object_set_new(hdr, t->name, e) == 0;
-        off += bytes;
-    }
-    char *text = ok ? json_dumps(hdr, JSON_COMPACT) : NULL;
-    json_decref(hdr);
-    if (!text)
-        return dflash_fail(DFLASH_ERR_OOM, "out of memory building a safetensors header");
-    /* Pad the header with spaces so the data starts 8-byte aligned, as
-     * safetensors writers do (bf16 elements must be aligned). */
-    size_t hlen = strlen(text), hpad = (hlen + 7) / 8 * 8;
-    im->data_off = 8 + hpad;
-    im->len = im->data_off + off;
-    im->buf = malloc(im->len);
-    if (!im->buf) {
-        free(text);
-        return dflash_fail(DFLASH_ERR_OOM, "cannot allocate %.2f GB for the %s weights", im->len / 1e9, what);
-    }
-    for (int b = 0; b < 8; b++)
-        im->buf[b] = (uint8_t)((uint64_t)hpad >> (8 * b));
-    memcpy(im->buf + 8, text, hlen);
-    memset(im->buf + 8 + hlen, ' ', hpad - hlen);
-    free(text);
-
-    const int progress = off > BENCH_PROGRESS_BYTES;
-    const size_t chunk = (size_t)1 << 20;
-    size_t done = 0, shown = 0;
-    if (progress)
-        fprintf(stderr, "dflash bench: %s: writing %.2f GB of random bf16 weights\n", what, off / 1e9);
-    for (int i = 0; i < im->n; i++) {
-        const img_tensor *t = &im->t[i];
-        uint16_t *x = (uint16_t *)(im->buf + im->data_off + t->off);
-        const size_t n = img_numel(t);
-        const int64_t n_chunks = (int64_t)((n + chunk - 1) / chunk);
-        const uint64_t tseed = splitmix64(seed ^ ((uint64_t)i << 40));
-#pragma omp parallel for schedule(dynamic, 4) if (n_chunks > 1)
-        for (int64_t c = 0; c < n_chunks; c++) {
-            size_t lo = (size_t)c * chunk, m = n - lo < chunk ? n - lo : chunk;
-            fill_bf16(x + lo, m, tseed + (uint64_t)c, t->center, t->amp);
-        }
-        done += n * 2;
-        if (progress && (done - shown >= off / 10 || (done == off && shown != off))) {
-            fprintf(stderr, "dflash bench: %s: %.2f / %.2f GB\n", what, done / 1e9, off / 1e9);
-            shown = done;
-        }
-    }
-    return DFLASH_OK;
-}
-
-static void img_free(bench_image *im)
-{
-    free(im->t);
-    free(im->buf);
-    memset(im, 0, sizeof *im);
-}
-
-/* Parse a config and open the image as a tensor set. */
-static dflash_status img_open(const bench_image *im, const char *json, const char *label, dflash_model_config *cfg,
-                              dflash_st **st)
-{
-    DFLASH_TRY(dflash_config_parse(json, strlen(json), label, cfg));
-    return dflash_st_open_memory(im->buf, im->len, label, st);
-}
-
-/* config.json text of a target (a Qwen3, a Llama 3.1 when `llama`, a
- * Qwen3-MoE when moe != NULL), or (drafter != NULL) of that preset's DFlash
- * drafter. */
-static void config_json(char *buf, size_t cap, const bench_geom *g, int vocab, int tied, int llama,
-                        const bench_preset *moe, const bench_preset *drafter)
-{
-    size_t k = (size_t)snprintf(
-        buf, cap,
-        "{\"architectures\":[\"%s\"],\"torch_dtype\":\"bfloat16\",\"hidden_size\":%d,\"num_hidden_layers\":%d,"
-        "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":%d,\"intermediate_size\":%d,"
-        "\"vocab_size\":%d,\"tie_word_embeddings\":%s,%s",
-        drafter ? "DFlashDraftModel" : llama ? "LlamaForCausalLM" : moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM",
-        g->hidden, g->layers, g->heads, g->kv_heads, g->head_dim, g->inter, vocab, tied ? "true" : "false",
-        llama ? "\"max_position_embeddings\":131072,\"rms_norm_eps\":1e-05,\"rope_theta\":500000.0,"
-                "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
-                "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}"
-              : "\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000");
-    if (moe)
-        k += (size_t)snprintf(buf + k, cap - k,
-                              ",\"num_experts\":%d,\"num_experts_per_tok\":%d,\"moe_intermediate_size\":%d,"
-                              "\"norm_topk_prob\":true",
-                              moe->experts, moe->topk, moe->moe_inter);
-    if (drafter) {
-        k += (size_t)snprintf(buf + k, cap - k,
-                              ",\"block_size\":%d,\"num_target_layers\":%d,\"dflash_config\":{\"mask_token_id\":%d,"
-                              "\"target_layer_ids\":[",
-                              drafter->block, drafter->target_layers, vocab - 1);
-        for (int i = 0; i < drafter->n_taps; i++)
-            k += (size_t)snprintf(buf + k, cap - k, "%s%d", i ? "," : "", drafter->taps[i]);
-        k += (size_t)snprintf(buf + k, cap - k, "]}");
-    }
-    snprintf(buf + k, cap - k, "}");
-}
-
-/* A target image: embedding, final norm, LM head unless tied, layers (a
- * Qwen3-MoE's when moe != NULL). */
-static dflash_status target_image(bench_image *im, const bench_geom *g, int vocab, int tied, int llama,
-                                  const bench_preset *moe, const char *what, uint64_t seed)
-{
-    DFLASH_TRY(img_add(im, "", "model.embed_tokens.weight", vocab, g->hidden, 0, W_AMP));
-    DFLASH_TRY(img_add(im, "", "model.norm.weight", 0, g->hidden, 1, NORM_AMP));
-    if (!tied)
-        DFLASH_TRY(img_add(im, "", "lm_head.weight", vocab, g->hidden, 0, W_AMP));
-    char prefix[64];
-    for (int l = 0; l < g->layers; l++) {
-        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
-        DFLASH_TRY(img_add_layer(im, prefix, g, llama, moe));
-    }
-    return img_build(im, what, seed);
-}
 
 /* ---- the backend, its clock and its bandwidth --------------------------- */
 
@@ -679,7 +440,7 @@ static dflash_status measure_bandwidth(bench_run *r)
         s = dflash_be_alloc_f32(r->be, (size_t)n * cols, &c.dst);
     /* Random source rows: never time a copy of zeros or untouched pages. */
     for (int i = 0; s == DFLASH_OK && i < n; i++) {
-        fill_f32(host, (size_t)cols, 0xb0b0ull + (uint64_t)i, 1.0f);
+        bench_fill_f32(host, (size_t)cols, 0xb0b0ull + (uint64_t)i, 1.0f);
         s = r->be->ops->upload(r->be, c.src + (size_t)i * cols, host, row_bytes);
     }
     double med = 0, min = 0, dmed = 0;
@@ -712,12 +473,23 @@ static double weight_bytes(const dflash_weight *w)
            (w->scales ? (double)w->rows * sizeof(float) : 0);
 }
 
+/* The weights a layer reads whatever its rows (a sparse layer's experts
+ * are counted per call): norms, projections, a linear-attention mixer, a
+ * MoE's router and shared expert. */
 static double layer_bytes(const qwen3_layer *l, const dflash_weight *lin)
 {
     double b = weight_bytes(&l->input_norm) + weight_bytes(&l->post_norm) + weight_bytes(&l->q_norm) +
                weight_bytes(&l->k_norm);
     for (int k = 0; k < QWEN3_LIN_COUNT; k++)
         b += weight_bytes(&lin[k]);
+    const qwen3_gdn *g = &l->gdn;
+    const dflash_weight *gw[] = { &g->in_qkv, &g->in_z, &g->in_b, &g->in_a, &g->conv, &g->dt_bias, &g->A_log,
+                                  &g->norm, &g->out };
+    for (size_t k = 0; k < sizeof gw / sizeof gw[0]; k++)
+        b += weight_bytes(gw[k]);
+    b += weight_bytes(&l->moe.router) + weight_bytes(&l->moe.shared_gate);
+    for (int k = 0; k < QWEN3_MOE_PARTS; k++)
+        b += weight_bytes(&l->moe.shared[k]);
     return b;
 }
 
@@ -785,9 +557,9 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
      * ~4 GB nobody reads). Its LM head is tied: the same V x H bytes. */
     const bench_geom mini = { p->target_layers, p->d.hidden, 1, 1, 2, 1 };
     snprintf(label, sizeof label, "%s target (embedding and LM head only)", p->name);
-    DFLASH_TRY(target_image(&d->timg, &mini, p->vocab, 1, 0, NULL, label, 1));
-    config_json(json, sizeof json, &mini, p->vocab, 1, 0, NULL, NULL);
-    DFLASH_TRY(img_open(&d->timg, json, label, &cfg, &st));
+    DFLASH_TRY(bench_target_image(&d->timg, &mini, p->vocab, 1, 0, NULL, label, 1));
+    bench_config_json(json, sizeof json, &mini, p->vocab, 1, 0, NULL, NULL);
+    DFLASH_TRY(bench_img_open(&d->timg, json, label, &cfg, &st));
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
     to.max_ctx = DFLASH_KV_PAGE; /* never runs: the smallest pool */
@@ -797,17 +569,17 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
 
     const int64_t H = p->d.hidden;
     snprintf(label, sizeof label, "%s drafter", p->name);
-    DFLASH_TRY(img_add(&d->dimg, "", "fc.weight", H, p->n_taps * H, 0, W_AMP));
-    DFLASH_TRY(img_add(&d->dimg, "", "hidden_norm.weight", 0, H, 1, NORM_AMP));
-    DFLASH_TRY(img_add(&d->dimg, "", "norm.weight", 0, H, 1, NORM_AMP));
+    DFLASH_TRY(bench_img_add(&d->dimg, "", "fc.weight", H, p->n_taps * H, 0, W_AMP));
+    DFLASH_TRY(bench_img_add(&d->dimg, "", "hidden_norm.weight", 0, H, 1, NORM_AMP));
+    DFLASH_TRY(bench_img_add(&d->dimg, "", "norm.weight", 0, H, 1, NORM_AMP));
     char prefix[64];
     for (int l = 0; l < p->d.layers; l++) {
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        DFLASH_TRY(img_add_layer(&d->dimg, prefix, &p->d, 0, NULL));
+        DFLASH_TRY(bench_img_add_layer(&d->dimg, prefix, &p->d, 0, NULL));
     }
-    DFLASH_TRY(img_build(&d->dimg, label, 2));
-    config_json(json, sizeof json, &p->d, p->vocab, 1, 0, NULL, p);
-    DFLASH_TRY(img_open(&d->dimg, json, label, &cfg, &st));
+    DFLASH_TRY(bench_img_build(&d->dimg, label, 2));
+    bench_config_json(json, sizeof json, &p->d, p->vocab, 1, 0, NULL, p);
+    DFLASH_TRY(bench_img_open(&d->dimg, json, label, &cfg, &st));
     d->n_states = 1;
     for (int i = 0; i < r->a->n_sess; i++)
         d->n_states = r->a->sess[i] > d->n_states ? r->a->sess[i] : d->n_states;
@@ -836,9 +608,9 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
         free(host);
         return dflash_fail(DFLASH_ERR_OOM, "out of memory");
     }
-    fill_f32(host, R * cols, 3, 1.0f);
+    bench_fill_f32(host, R * cols, 3, 1.0f);
     for (size_t i = 0; i < R; i++)
-        d->tokens[i] = (int32_t)(splitmix64(i) % (uint64_t)p->vocab);
+        d->tokens[i] = (int32_t)(bench_splitmix64(i) % (uint64_t)p->vocab);
     dflash_status s = dflash_be_alloc_f32(r->be, R * cols, &d->taps);
     if (s == DFLASH_OK)
         s = r->be->ops->upload(r->be, d->taps, host, R * cols * sizeof(float));
@@ -857,8 +629,8 @@ static void drafter_close(bench_run *r, drafter_set *d)
         r->be->ops->free(r->be, d->taps);
     free(d->tokens);
     /* Last: on the CPU the models' weights point into the images. */
-    img_free(&d->timg);
-    img_free(&d->dimg);
+    bench_img_free(&d->timg);
+    bench_img_free(&d->dimg);
 }
 
 static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, int n_ctx)
@@ -924,7 +696,7 @@ static dflash_status bench_drafter(bench_run *r)
 
 /* ---- the target --------------------------------------------------------- */
 
-static int32_t random_token(uint64_t i, int vocab) { return (int32_t)(splitmix64(i) % (uint64_t)vocab); }
+static int32_t random_token(uint64_t i, int vocab) { return (int32_t)(bench_splitmix64(i) % (uint64_t)vocab); }
 
 /* One target forward of `width` rows for each of n_seqs sequences at
  * length ctx (rows sequence-major). */
@@ -1029,6 +801,9 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
         const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
         double bytes = weights + experts * expert_bytes(m) + o.n * embed_row +
                        (double)n_seqs * (ctx + width) * kv_bytes_per_pos(&m->kv.layout);
+        if (m->rec) /* a hybrid: each sequence's recurrent state read once and written once */
+            bytes += (double)n_seqs * 2 * m->rec->n_lin * (double)(m->rec->conv_size + m->rec->delta_size) *
+                     sizeof(float);
         add_row(r, name, n_seqs, o.n, ctx, med, min, bytes, host, &counts);
     }
     free(o.tokens);
@@ -1040,7 +815,7 @@ static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **
 {
     double weights = weight_bytes(&m->final_norm) + weight_bytes(&m->lm_head);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) /* a sparse layer: the router here, experts per call */
-        weights += layer_bytes(&m->layers[l], m->layers[l].lin) + weight_bytes(&m->layers[l].moe.router);
+        weights += layer_bytes(&m->layers[l], m->layers[l].lin);
     const int n_w = r->a->n_rows ? r->a->n_rows : 1;
     for (int c = 0; c < n_ctx; c++) {
         if (verbose)
@@ -1081,10 +856,10 @@ static dflash_status bench_target(bench_run *r)
     dflash_model_config cfg;
     dflash_st *st;
     const bench_preset *moe = p->experts ? p : NULL;
-    config_json(json, sizeof json, &p->t, p->vocab, p->tied, p->llama, moe, NULL);
-    dflash_status s = target_image(&im, &p->t, p->vocab, p->tied, p->llama, moe, label, 4);
+    bench_config_json(json, sizeof json, &p->t, p->vocab, p->tied, p->llama, moe, NULL);
+    dflash_status s = bench_target_image(&im, &p->t, p->vocab, p->tied, p->llama, moe, label, 4);
     if (s == DFLASH_OK)
-        s = img_open(&im, json, label, &cfg, &st);
+        s = bench_img_open(&im, json, label, &cfg, &st);
     if (s == DFLASH_OK) {
         dflash_qwen3_opts to;
         dflash_qwen3_default_opts(&to);
@@ -1103,7 +878,7 @@ static dflash_status bench_target(bench_run *r)
         if (m && seqs[i]->table)
             dflash_qwen3_seq_free(m, seqs[i]);
     dflash_qwen3_free(m);
-    img_free(&im); /* last: on the CPU the weights point into it */
+    bench_img_free(&im); /* last: on the CPU the weights point into it */
     return s;
 }
 
@@ -1120,7 +895,13 @@ static void describe_preset(FILE *f, const bench_preset *p)
             fprintf(f, "%s%d", i ? "," : "", p->taps[i]);
         fprintf(f, "] of %d; ", p->target_layers);
     }
-    if (p->target && p->experts)
+    if (p->target && p->hy.v_heads)
+        fprintf(f, "Qwen3.5-MoE hybrid target %d layers (3 of 4 Gated DeltaNet: %d key heads x %d, %d value heads "
+                "x %d, conv %d; every 4th gated attention %d:%d x %d), H %d, %d experts of I %d, %d per token, a "
+                "shared expert of I %d, %s LM head; ", p->t.layers, p->hy.k_heads, p->hy.k_dim, p->hy.v_heads,
+                p->hy.v_dim, p->hy.conv, p->t.heads, p->t.kv_heads, p->t.head_dim, p->t.hidden, p->experts,
+                p->moe_inter, p->topk, p->hy.shared_inter, p->tied ? "tied" : "untied");
+    else if (p->target && p->experts)
         fprintf(f, "Qwen3-MoE target %d layers, H %d, %d experts of I %d, %d per token, %d:%d x %d, %s LM head; ",
                 p->t.layers, p->t.hidden, p->experts, p->moe_inter, p->topk, p->t.heads, p->t.kv_heads,
                 p->t.head_dim, p->tied ? "tied" : "untied");
@@ -1143,7 +924,8 @@ static void print_table(const bench_run *r)
     printf(")\n");
     printf("timing: median and min of %d calls after %d warm-up; floor = bytes moved / bandwidth\n"
            "        (weights once, of a MoE only the experts the rows were routed to, + context K/V in the\n"
-           "        pool's dtype; propose excludes fc: the context is built);\n"
+           "        pool's dtype, + a hybrid's recurrent state read and written; propose excludes fc: the\n"
+           "        context is built);\n"
            "        host_us: host time inside the call (launching; propose also waits for its drafts)\n",
            r->a->reps, BENCH_WARMUP);
     if (r->a->preset->drafter)
