@@ -18,7 +18,7 @@
 #     tools/gpu/fetch-debs.sh put in .debs/ (carried to the GPU machine:
 #     carry [".debs"]) are unpacked with `dpkg -x` into $B/sysroot (never
 #     into /) and the build points -I, -L and -Wl,-rpath there. Then runs it:
-#     target (Qwen3, YaRN Qwen3, Llama, Qwen3-MoE) and DFlash fixtures on the GPU vs
+#     target (Qwen3, YaRN Qwen3, Llama, Qwen3-MoE, Qwen3.5 hybrids) and DFlash fixtures on the GPU vs
 #     the CPU and the references with f32 and with bf16 KV pages, greedy
 #     and speculative outputs, the embedded pair (spec == plain with the
 #     full block and the auto width,
@@ -30,6 +30,7 @@
 #     forward (again with the many-row GEMM off, and with its 64-row
 #     tile), the Llama 3.1 8B
 #     target, the embedded pair's geometry, the Qwen3-30B-A3B MoE
+#     target, the seed pair: its drafter and its Qwen3.5-MoE hybrid
 #     target), then the
 #     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
 #     in the same run;
@@ -216,6 +217,11 @@ if want bench; then
             # then copied): rows grouped by expert, routing on the host
             step bench-30b-moe bench_30b_moe.txt 300 $D --preset qwen3-30b-a3b-target --ctx 1,1024 --rows 4,16 \
                 --sessions 8 --reps 5
+            # the seed's own pair: its drafter and the Qwen3.5-MoE hybrid it
+            # serves (70 GB of random weights; the hybrid's GPU kernels are
+            # let through here, as the model check does)
+            step bench-seed-pair bench_seed_pair.txt 300 env DFLASH_UNCHECKED_HYBRID=1 $D --preset seed-pair \
+                --ctx 1,1024 --rows 4,16 --reps 5
         fi
     else
         names+=("bench"); rcs+=("no-libs"); secs+=(0)
@@ -320,7 +326,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"

@@ -56,8 +56,8 @@ dflash_status qwen35_state_acquire(qwen35_state *s, int *id)
             *id = r;
             return DFLASH_OK;
         }
-    return dflash_fail(DFLASH_ERR_KV_FULL, "hybrid target: all %d sequences' recurrent states are in use (the "
-                       "target's max_seqs)", s->n_recs);
+    return dflash_fail(DFLASH_ERR_KV_FULL, "hybrid target: the recurrent states of all %d sequences it holds (its "
+                       "max_seqs) are in use", s->n_recs);
 }
 
 void qwen35_state_release(qwen35_state *s, int id)
