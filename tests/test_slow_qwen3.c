@@ -12,6 +12,7 @@
 
 #include "fixture.h"
 #include "spec/spec.h"
+#include "target_check.h"
 
 /* <family>/<name> under the test data */
 static const char *k_models[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
@@ -35,75 +36,26 @@ static dflash_status load(const char *name, int max_rows, dflash_qwen3 **m)
     return dflash_qwen3_load(fx_path(dir, sizeof dir, name, NULL), be, &o, m);
 }
 
-/* Forward rows tokens[0..n) of one sequence from its current length. */
-static dflash_status run_rows(dflash_qwen3 *m, dflash_kv_seq *seq, const int32_t *tokens, int n, int want_logits,
-                              int n_taps, const int *taps, float **logits, float **tap_out)
+/* The fixture's expectations of model k (NULL, with a failed check, when
+ * it does not open). */
+static dflash_st *open_expected(size_t k)
 {
-    int32_t pos[256], row_seq[256], rows[256];
-    for (int i = 0; i < n; i++) {
-        pos[i] = seq->len + i;
-        row_seq[i] = 0;
-        rows[i] = i;
-    }
-    dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, want_logits ? n : 0, rows, n_taps, taps, 0 };
-    return dflash_qwen3_forward(m, &b, logits, tap_out);
+    char path[512];
+    dflash_st *ex = NULL;
+    snprintf(path, sizeof path, "%s/%s/expected.safetensors", test_data_dir(), k_models[k]);
+    fx_check_provenance(path, "producer");
+    CHECK_OK(dflash_st_open(path, &ex));
+    return ex;
 }
 
 static void test_logits_and_layers_match_hf(void)
 {
     for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
         dflash_qwen3 *m = NULL;
-        dflash_st *ex = NULL;
-        char path[512];
         CHECK_OK(load(k_models[k], 64, &m));
-        snprintf(path, sizeof path, "%s/%s/expected.safetensors", test_data_dir(), k_models[k]);
-        fx_check_provenance(path, "producer");
-        CHECK_OK(dflash_st_open(path, &ex));
-        if (!m || !ex) {
-            dflash_qwen3_free(m);
-            dflash_st_close(ex);
-            continue;
-        }
-        int64_t T = 0;
-        const int32_t *ids = fx_i32(ex, "input_ids", &T);
-        const float *want = fx_f32(ex, "logits", NULL);
-        CHECKF(ids && T > 0 && T <= 64, "%s: input_ids of %lld tokens, want 1..64", k_models[k], (long long)T);
-        if (!ids || T <= 0 || T > 64) {
-            dflash_qwen3_free(m);
-            dflash_st_close(ex);
-            continue;
-        }
-        const int L = m->cfg.num_hidden_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-        int taps[DFLASH_MAX_TAPS];
-        for (int i = 0; i < L; i++)
-            taps[i] = i;
-        dflash_kv_seq seq;
-        CHECK_OK(dflash_qwen3_seq_init(m, &seq));
-        float *logits = NULL, *tap_out = NULL;
-        CHECK_OK(run_rows(m, &seq, ids, (int)T, 1, L, taps, &logits, &tap_out));
-        if (logits && want) {
-            double e = fx_rel_err(logits, want, (size_t)T * V);
-            printf("  %s: logits rel err %.2e\n", k_models[k], e);
-            CHECKF(e < TOL, "%s logits rel err %g", k_models[k], e);
-        }
-        for (int l = 0; tap_out && l < L; l++) {
-            char name[64];
-            snprintf(name, sizeof name, "layer_out.%d", l);
-            const float *hl = fx_f32(ex, name, NULL);
-            if (!hl)
-                continue;
-            /* taps are [T, L*H]: gather layer l's slice of each row */
-            double num = 0, den = 0;
-            for (int t = 0; t < T; t++)
-                for (int j = 0; j < H; j++) {
-                    double d = tap_out[(size_t)t * L * H + (size_t)l * H + j] - hl[(size_t)t * H + j];
-                    num += d * d;
-                    den += (double)hl[(size_t)t * H + j] * hl[(size_t)t * H + j];
-                }
-            double e = sqrt(num / den);
-            CHECKF(e < TOL, "%s layer %d rel err %g", k_models[k], l, e);
-        }
-        dflash_qwen3_seq_free(m, &seq);
+        dflash_st *ex = open_expected(k);
+        if (m && ex)
+            tc_check_hf_outputs(m, ex, k_models[k], 64, TOL);
         dflash_qwen3_free(m);
         dflash_st_close(ex);
     }
@@ -113,37 +65,10 @@ static void test_greedy_matches_hf(void)
 {
     for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
         dflash_qwen3 *m = NULL;
-        dflash_st *ex = NULL;
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s/expected.safetensors", test_data_dir(), k_models[k]);
         CHECK_OK(load(k_models[k], 64, &m));
-        CHECK_OK(dflash_st_open(path, &ex));
-        if (!m || !ex) {
-            dflash_qwen3_free(m);
-            dflash_st_close(ex);
-            continue;
-        }
-        int64_t P = 0, N = 0;
-        const int32_t *prompt = fx_i32(ex, "greedy_prompt", &P), *want = fx_i32(ex, "greedy_ids", &N);
-        CHECKF(prompt && want && N > 0 && N <= 64, "%s: greedy_ids of %lld tokens, want 1..64", k_models[k],
-               (long long)N);
-        if (!prompt || !want || N <= 0 || N > 64) {
-            dflash_qwen3_free(m);
-            dflash_st_close(ex);
-            continue;
-        }
-        int32_t out[64];
-        int n_out = 0;
-        dflash_kv_seq seq;
-        dflash_gen_opts go;
-        dflash_gen_stats st;
-        dflash_gen_default_opts(&go);
-        go.n_new = (int)N;
-        CHECK_OK(dflash_qwen3_seq_init(m, &seq));
-        CHECK_OK(dflash_spec_generate(m, &seq, NULL, NULL, prompt, (int)P, &go, out, &n_out, &st));
-        CHECK(n_out == N);
-        CHECKF(memcmp(out, want, (size_t)N * sizeof(int32_t)) == 0, "%s greedy tokens differ from HF", k_models[k]);
-        dflash_qwen3_seq_free(m, &seq);
+        dflash_st *ex = open_expected(k);
+        if (m && ex)
+            tc_check_hf_greedy(m, ex, k_models[k]);
         dflash_qwen3_free(m);
         dflash_st_close(ex);
     }
@@ -169,23 +94,23 @@ static void test_verify_equals_decodes(void)
         static float verify_logits[16 * 1024], verify_taps[16 * 2 * 256];
         CHECK_OK(dflash_qwen3_seq_init(m, &a));
         CHECK_OK(dflash_qwen3_seq_init(m, &b));
-        CHECK_OK(run_rows(m, &a, prompt, 11, 0, 0, NULL, &logits, NULL));
-        CHECK_OK(run_rows(m, &a, block, 16, 1, 2, taps, &logits, &tp));
+        CHECK_OK(tc_run_rows(m, &a, prompt, 11, 0, 0, NULL, &logits, NULL));
+        CHECK_OK(tc_run_rows(m, &a, block, 16, 1, 2, taps, &logits, &tp));
         memcpy(verify_logits, logits, (size_t)16 * V * sizeof(float));
         memcpy(verify_taps, tp, (size_t)16 * 2 * H * sizeof(float));
         /* b: prompt fed in two chunks, then the block one row at a time */
-        CHECK_OK(run_rows(m, &b, prompt, 4, 0, 0, NULL, &logits, NULL));
-        CHECK_OK(run_rows(m, &b, prompt + 4, 7, 0, 0, NULL, &logits, NULL));
+        CHECK_OK(tc_run_rows(m, &b, prompt, 4, 0, 0, NULL, &logits, NULL));
+        CHECK_OK(tc_run_rows(m, &b, prompt + 4, 7, 0, 0, NULL, &logits, NULL));
         int same = 1;
         for (int i = 0; i < 16; i++) {
-            CHECK_OK(run_rows(m, &b, block + i, 1, 1, 2, taps, &logits, &tp));
+            CHECK_OK(tc_run_rows(m, &b, block + i, 1, 1, 2, taps, &logits, &tp));
             same &= memcmp(logits, verify_logits + (size_t)i * V, (size_t)V * sizeof(float)) == 0;
             same &= memcmp(tp, verify_taps + (size_t)i * 2 * H, (size_t)2 * H * sizeof(float)) == 0;
         }
         CHECKF(same, "%s: verify rows differ from one-row decodes", k_models[k]);
         /* rollback: truncate, re-run the tail rows, same logits again */
         dflash_kv_seq_truncate(&a, 11 + 5);
-        CHECK_OK(run_rows(m, &a, block + 5, 11, 1, 0, NULL, &logits, NULL));
+        CHECK_OK(tc_run_rows(m, &a, block + 5, 11, 1, 0, NULL, &logits, NULL));
         CHECK(memcmp(logits, verify_logits + (size_t)5 * V, (size_t)11 * V * sizeof(float)) == 0);
         dflash_qwen3_seq_free(m, &a);
         dflash_qwen3_seq_free(m, &b);
@@ -203,10 +128,10 @@ static void test_bad_batches(void)
     float *logits;
     CHECK_OK(dflash_qwen3_seq_init(m, &seq));
     int32_t bad_tok[1] = { m->cfg.vocab_size };
-    CHECK_FAILS(run_rows(m, &seq, bad_tok, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
+    CHECK_FAILS(tc_run_rows(m, &seq, bad_tok, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
                 "outside the vocabulary");
     int32_t many[9] = { 0 };
-    CHECK_FAILS(run_rows(m, &seq, many, 9, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG, "9 rows");
+    CHECK_FAILS(tc_run_rows(m, &seq, many, 9, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG, "9 rows");
     int32_t tok[1] = { 1 }, pos[1] = { 3 }, rs[1] = { 0 }, lr[1] = { 0 };
     dflash_kv_seq *sp = &seq;
     dflash_qwen3_batch b = { 1, tok, pos, rs, 1, &sp, 1, lr, 0, NULL, 0 };
@@ -238,15 +163,15 @@ static void test_pool_exhaustion_isolated(void)
     float *logits;
     CHECK_OK(dflash_qwen3_seq_init(m, &a));
     CHECK_OK(dflash_qwen3_seq_init(m, &b));
-    CHECK_OK(run_rows(m, &a, toks, 20, 0, 0, NULL, &logits, NULL)); /* 2 blocks */
-    CHECK_FAILS(run_rows(m, &b, toks, 40, 0, 0, NULL, &logits, NULL), DFLASH_ERR_KV_FULL, "kv pool exhausted");
+    CHECK_OK(tc_run_rows(m, &a, toks, 20, 0, 0, NULL, &logits, NULL)); /* 2 blocks */
+    CHECK_FAILS(tc_run_rows(m, &b, toks, 40, 0, 0, NULL, &logits, NULL), DFLASH_ERR_KV_FULL, "kv pool exhausted");
     CHECK(b.len == 0 && a.len == 20);
     static float ref[1024];
-    CHECK_OK(run_rows(m, &a, toks + 20, 1, 1, 0, NULL, &logits, NULL));
+    CHECK_OK(tc_run_rows(m, &a, toks + 20, 1, 1, 0, NULL, &logits, NULL));
     memcpy(ref, logits, (size_t)V * sizeof(float));
     /* rolled back and re-run, the row is the same */
     dflash_kv_seq_truncate(&a, 20);
-    CHECK_OK(run_rows(m, &a, toks + 20, 1, 1, 0, NULL, &logits, NULL));
+    CHECK_OK(tc_run_rows(m, &a, toks + 20, 1, 1, 0, NULL, &logits, NULL));
     CHECK(memcmp(ref, logits, (size_t)V * sizeof(float)) == 0);
     /* the same 21 tokens from scratch in a fresh sequence, on the pages the
      * others held (freed, so the pool has room), give the same row: nothing
@@ -255,7 +180,7 @@ static void test_pool_exhaustion_isolated(void)
     dflash_qwen3_seq_free(m, &a);
     dflash_kv_seq c;
     CHECK_OK(dflash_qwen3_seq_init(m, &c));
-    CHECK_OK(run_rows(m, &c, toks, 21, 1, 0, NULL, &logits, NULL));
+    CHECK_OK(tc_run_rows(m, &c, toks, 21, 1, 0, NULL, &logits, NULL));
     CHECK(c.len == 21 && memcmp(ref, logits + (size_t)20 * V, (size_t)V * sizeof(float)) == 0);
     dflash_qwen3_seq_free(m, &c);
     dflash_qwen3_free(m);

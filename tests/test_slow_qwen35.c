@@ -16,6 +16,7 @@
 #include "fixture.h"
 #include "oracle_proposer.h"
 #include "spec/spec.h"
+#include "target_check.h"
 
 static const char *const k_models[] = { "q35_dense", "q35_moe_mm" };
 /* Relative L2 error allowed against transformers' f32 outputs. The
@@ -38,73 +39,28 @@ static dflash_status load(const char *name, int max_rows, int max_seqs, dflash_q
     return dflash_qwen3_load(fx_path(dir, sizeof dir, "qwen35", name), be, &o, m);
 }
 
-/* Forward rows tokens[0..n) of one sequence from its current length. */
-static dflash_status run_rows(dflash_qwen3 *m, dflash_kv_seq *seq, const int32_t *tokens, int n, int want_logits,
-                              int n_taps, const int *taps, float **logits, float **tap_out)
+/* The fixture's expectations of model k (made by transformers; these
+ * have no second computation to cross-check). */
+static dflash_st *open_expected(size_t k)
 {
-    int32_t pos[T_MAX], row_seq[T_MAX], rows[T_MAX];
-    for (int i = 0; i < n; i++) {
-        pos[i] = seq->len + i;
-        row_seq[i] = 0;
-        rows[i] = i;
-    }
-    dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, want_logits ? n : 0, rows, n_taps, taps, 0 };
-    return dflash_qwen3_forward(m, &b, logits, tap_out);
+    char path[512];
+    dflash_st *ex = NULL;
+    snprintf(path, sizeof path, "%s/qwen35/%s/expected.safetensors", test_data_dir(), k_models[k]);
+    fx_check_producer(path, "producer");
+    CHECK_OK(dflash_st_open(path, &ex));
+    return ex;
 }
 
-static double rel_err_layer(const float *taps, int T, int L, int H, int l, const float *want)
-{
-    double num = 0, den = 0;
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < H; j++) {
-            double d = taps[(size_t)t * L * H + (size_t)l * H + j] - want[(size_t)t * H + j];
-            num += d * d;
-            den += (double)want[(size_t)t * H + j] * want[(size_t)t * H + j];
-        }
-    return sqrt(num / den);
-}
-
+/* 80 tokens in one forward (longer than the 65 rows a forward keeps for
+ * taking back, so the state after its first rows is checkpointed too). */
 static void test_logits_and_layers_match_hf(void)
 {
     for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
         dflash_qwen3 *m = NULL;
-        dflash_st *ex = NULL;
-        char path[512];
         CHECK_OK(load(k_models[k], T_MAX, 1, &m));
-        snprintf(path, sizeof path, "%s/qwen35/%s/expected.safetensors", test_data_dir(), k_models[k]);
-        fx_check_producer(path, "producer");
-        CHECK_OK(dflash_st_open(path, &ex));
-        int64_t T = 0;
-        const int32_t *ids = ex ? fx_i32(ex, "input_ids", &T) : NULL;
-        const float *want = ex ? fx_f32(ex, "logits", NULL) : NULL;
-        CHECKF(ids && T > 64 && T <= T_MAX, "%s: input_ids of %lld tokens, want 65..%d", k_models[k], (long long)T,
-               T_MAX);
-        if (!m || !ids || !want || T <= 64 || T > T_MAX) {
-            dflash_qwen3_free(m);
-            dflash_st_close(ex);
-            continue;
-        }
-        const int L = m->cfg.num_hidden_layers, H = m->cfg.hidden_size, V = m->cfg.vocab_size;
-        int taps[DFLASH_MAX_TAPS];
-        for (int i = 0; i < L; i++)
-            taps[i] = i;
-        dflash_kv_seq seq;
-        CHECK_OK(dflash_qwen3_seq_init(m, &seq));
-        float *logits = NULL, *tap_out = NULL;
-        CHECK_OK(run_rows(m, &seq, ids, (int)T, 1, L, taps, &logits, &tap_out));
-        if (logits) {
-            double e = fx_rel_err(logits, want, (size_t)T * V);
-            printf("  %s: logits rel err %.2e\n", k_models[k], e);
-            CHECKF(e < TOL, "%s logits rel err %g", k_models[k], e);
-        }
-        for (int l = 0; tap_out && l < L; l++) {
-            char name[64];
-            snprintf(name, sizeof name, "layer_out.%d", l);
-            const float *hl = fx_f32(ex, name, NULL);
-            double e = hl ? rel_err_layer(tap_out, (int)T, L, H, l, hl) : 1;
-            CHECKF(e < TOL, "%s layer %d rel err %g", k_models[k], l, e);
-        }
-        dflash_qwen3_seq_free(m, &seq);
+        dflash_st *ex = open_expected(k);
+        if (m && ex)
+            tc_check_hf_outputs(m, ex, k_models[k], T_MAX, TOL);
         dflash_qwen3_free(m);
         dflash_st_close(ex);
     }
@@ -114,26 +70,10 @@ static void test_greedy_matches_hf(void)
 {
     for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
         dflash_qwen3 *m = NULL;
-        dflash_st *ex = NULL;
-        char path[512];
-        snprintf(path, sizeof path, "%s/qwen35/%s/expected.safetensors", test_data_dir(), k_models[k]);
         CHECK_OK(load(k_models[k], 64, 1, &m));
-        CHECK_OK(dflash_st_open(path, &ex));
-        int64_t P = 0, N = 0;
-        const int32_t *prompt = ex ? fx_i32(ex, "greedy_prompt", &P) : NULL,
-                      *want = ex ? fx_i32(ex, "greedy_ids", &N) : NULL;
-        if (!m || !prompt || !want || N <= 0 || N > 64) {
-            CHECK(0);
-            dflash_qwen3_free(m);
-            dflash_st_close(ex);
-            continue;
-        }
-        int32_t out[64];
-        int n_out = 0;
-        dflash_gen_stats st;
-        CHECK_OK(oracle_generate(m, NULL, prompt, (int)P, (int)N, 0, 1.0, out, &n_out, &st));
-        CHECKF(n_out == N && memcmp(out, want, (size_t)N * sizeof(int32_t)) == 0, "%s greedy tokens differ from HF",
-               k_models[k]);
+        dflash_st *ex = open_expected(k);
+        if (m && ex)
+            tc_check_hf_greedy(m, ex, k_models[k]);
         dflash_qwen3_free(m);
         dflash_st_close(ex);
     }
@@ -164,17 +104,17 @@ static void test_row_splits_and_rollback(void)
         CHECK_OK(dflash_qwen3_seq_init(m, &a));
         CHECK_OK(dflash_qwen3_seq_init(m, &b));
         /* a: the prompt in one forward, the block as a verify */
-        CHECK_OK(run_rows(m, &a, toks, P, 1, 2, taps, &logits, &tp));
+        CHECK_OK(tc_run_rows(m, &a, toks, P, 1, 2, taps, &logits, &tp));
         memcpy(ref_logits, logits, (size_t)P * V * sizeof(float));
         memcpy(ref_taps, tp, (size_t)P * 2 * H * sizeof(float));
-        CHECK_OK(run_rows(m, &a, toks + P, B, 1, 2, taps, &logits, &tp));
+        CHECK_OK(tc_run_rows(m, &a, toks + P, B, 1, 2, taps, &logits, &tp));
         memcpy(ref_logits + (size_t)P * V, logits, (size_t)B * V * sizeof(float));
         memcpy(ref_taps + (size_t)P * 2 * H, tp, (size_t)B * 2 * H * sizeof(float));
         /* b: chunks of 7, then one row at a time */
         int same = 1;
         for (int i = 0; i < P + B;) {
             const int n = i < P ? (P - i < 7 ? P - i : 7) : 1;
-            CHECK_OK(run_rows(m, &b, toks + i, n, 1, 2, taps, &logits, &tp));
+            CHECK_OK(tc_run_rows(m, &b, toks + i, n, 1, 2, taps, &logits, &tp));
             same &= memcmp(logits, ref_logits + (size_t)i * V, (size_t)n * V * sizeof(float)) == 0;
             same &= memcmp(tp, ref_taps + (size_t)i * 2 * H, (size_t)n * 2 * H * sizeof(float)) == 0;
             i += n;
@@ -182,20 +122,20 @@ static void test_row_splits_and_rollback(void)
         CHECKF(same, "%s: rows split differently give different bits", k_models[k]);
         /* rollbacks of a: keep 5 of the verify's rows and go on, then none */
         dflash_kv_seq_truncate(&a, P + 5);
-        CHECK_OK(run_rows(m, &a, toks + P + 5, B - 5, 1, 0, NULL, &logits, NULL));
+        CHECK_OK(tc_run_rows(m, &a, toks + P + 5, B - 5, 1, 0, NULL, &logits, NULL));
         CHECKF(memcmp(logits, ref_logits + (size_t)(P + 5) * V, (size_t)(B - 5) * V * sizeof(float)) == 0,
                "%s: resumed inside the kept rows, the rows differ", k_models[k]);
         dflash_kv_seq_truncate(&a, P + 5);
-        CHECK_OK(run_rows(m, &a, toks + P + 5, 3, 1, 0, NULL, &logits, NULL));
+        CHECK_OK(tc_run_rows(m, &a, toks + P + 5, 3, 1, 0, NULL, &logits, NULL));
         CHECK(memcmp(logits, ref_logits + (size_t)(P + 5) * V, (size_t)3 * V * sizeof(float)) == 0);
         /* a prefill longer than the kept rows (64 rows, keep 64: the same
          * is covered by max_rows 64; past them only the end can resume) */
         dflash_kv_seq_truncate(&a, 2);
-        CHECK_FAILS(run_rows(m, &a, toks + 2, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
+        CHECK_FAILS(tc_run_rows(m, &a, toks + 2, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
                     "recurrent state can resume only at");
         /* back to the start: a fresh state, the same rows again */
         dflash_kv_seq_truncate(&a, 0);
-        CHECK_OK(run_rows(m, &a, toks, 9, 1, 0, NULL, &logits, NULL));
+        CHECK_OK(tc_run_rows(m, &a, toks, 9, 1, 0, NULL, &logits, NULL));
         CHECK(memcmp(logits, ref_logits, (size_t)9 * V * sizeof(float)) == 0);
         dflash_qwen3_seq_free(m, &a);
         dflash_qwen3_seq_free(m, &b);
@@ -222,18 +162,18 @@ static void test_long_forward_keeps_its_tail(void)
     float *logits;
     CHECK_OK(dflash_qwen3_seq_init(m, &a));
     CHECK_OK(dflash_qwen3_seq_init(m, &b));
-    CHECK_OK(run_rows(m, &b, toks, 40, 1, 0, NULL, &logits, NULL));
+    CHECK_OK(tc_run_rows(m, &b, toks, 40, 1, 0, NULL, &logits, NULL));
     memcpy(ref, logits, (size_t)40 * V * sizeof(float));
-    CHECK_OK(run_rows(m, &b, toks + 40, N - 40, 1, 0, NULL, &logits, NULL));
+    CHECK_OK(tc_run_rows(m, &b, toks + 40, N - 40, 1, 0, NULL, &logits, NULL));
     memcpy(ref + (size_t)40 * V, logits, (size_t)(N - 40) * V * sizeof(float));
-    CHECK_OK(run_rows(m, &a, toks, N, 1, 0, NULL, &logits, NULL));
+    CHECK_OK(tc_run_rows(m, &a, toks, N, 1, 0, NULL, &logits, NULL));
     CHECK(memcmp(logits, ref, (size_t)N * V * sizeof(float)) == 0);
     /* 90 rows, 65 kept: positions 25..90 can resume, 24 cannot */
     dflash_kv_seq_truncate(&a, 30);
-    CHECK_OK(run_rows(m, &a, toks + 30, 4, 1, 0, NULL, &logits, NULL));
+    CHECK_OK(tc_run_rows(m, &a, toks + 30, 4, 1, 0, NULL, &logits, NULL));
     CHECK(memcmp(logits, ref + (size_t)30 * V, (size_t)4 * V * sizeof(float)) == 0);
     dflash_kv_seq_truncate(&a, 24);
-    CHECK_FAILS(run_rows(m, &a, toks + 24, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
+    CHECK_FAILS(tc_run_rows(m, &a, toks + 24, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
                 "can resume only at 30..34");
     dflash_qwen3_seq_free(m, &a);
     dflash_qwen3_seq_free(m, &b);
