@@ -92,12 +92,6 @@ dflash_status dflash_bind_shifted(dflash_binder *b, const char *name, int64_t n,
     return b->be ? b->be->ops->weight_from_host(b->be, out, host, NULL) : DFLASH_OK;
 }
 
-dflash_status dflash_bind_check(dflash_binder *b, const char *name, int ndim, const int64_t *shape)
-{
-    const dflash_tensor_info *t;
-    return take(b, name, ndim, shape, &t);
-}
-
 size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max)
 {
     size_t n = 0;

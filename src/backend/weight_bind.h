@@ -42,11 +42,6 @@ dflash_status dflash_bind_as(dflash_binder *b, const char *name, int ndim, const
  * values and must outlive the weight (the CPU backend points at it). */
 dflash_status dflash_bind_shifted(dflash_binder *b, const char *name, int64_t n, float *host, dflash_weight *out);
 
-/* Checks that tensor `name` has dtype BF16, F16 or F32 and exactly the
- * shape shape[0 .. ndim), and counts it as used, without making it a
- * weight (for layouts that are checked, not run). */
-dflash_status dflash_bind_check(dflash_binder *b, const char *name, int ndim, const int64_t *shape);
-
 /* Tensors of the set not bound yet, in name order: up to `max` of them into
  * names[], the total count returned. */
 size_t dflash_binder_unused(const dflash_binder *b, const char **names, size_t max);

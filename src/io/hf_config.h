@@ -27,8 +27,8 @@ typedef enum dflash_family {
      * few a gated full attention with a partial RoPE; text-only
      * (Qwen3_5ForCausalLM, "qwen3_5_text") or the multimodal folder
      * (Qwen3_5ForConditionalGeneration, "qwen3_5": the text model under
-     * text_config, its weights under model.language_model.). Recognised and
-     * checked; not run yet. */
+     * text_config, its weights under model.language_model.); see
+     * target/qwen35.h. */
     DFLASH_FAMILY_QWEN35,
     DFLASH_FAMILY_QWEN35_MOE, /* the same with a MoE + shared expert MLP (Qwen3_5Moe*, "qwen3_5_moe[_text]") */
 } dflash_family;

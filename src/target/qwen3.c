@@ -1,13 +1,14 @@
-/* qwen3.c: the target (Qwen3, Llama, Qwen3-MoE or a Qwen3.5 hybrid): load (bind every tensor by name with shape checks,
- * refuse tensors nothing uses, size scratch and KV once) and the batched
- * forward with taps. */
+/* qwen3.c: the target (Qwen3, Llama, Qwen3-MoE or a Qwen3.5 hybrid): load
+ * (bind every tensor by name with shape checks, refuse tensors nothing
+ * uses, size scratch, KV and a hybrid's recurrent state once) and the
+ * batched forward with taps. */
 #include "target/qwen3.h"
-
-#include "target/qwen35.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "target/qwen35.h"
 
 void dflash_qwen3_default_opts(dflash_qwen3_opts *o)
 {

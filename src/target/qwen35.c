@@ -8,9 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-/* Binding state: where the tensors are ("model." or
- * "model.language_model.") and the next free floats of the shifted norms. */
+/* Binding state: the binder, the config, and the next free floats of the
+ * shifted norms' host copy. */
 typedef struct q35_bind {
     dflash_binder *b;
     const dflash_model_config *c;

@@ -13,6 +13,10 @@
  *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
  *                 layer's attn_in or the final norm); on a Qwen3-MoE
  *                 layer with a sparse MLP, delta = moe(xn) (target/moe.h)
+ *
+ * A Qwen3.5 hybrid's layers reuse the MLP half (qwen3_layer_mlp); their
+ * mixers are its gated attention (target/qwen35.h) or a Gated DeltaNet
+ * (target/gdn.h), and the checkpoint layout is qwen35.c's.
  */
 #ifndef DFLASH_TARGET_QWEN3_LAYER_H
 #define DFLASH_TARGET_QWEN3_LAYER_H
