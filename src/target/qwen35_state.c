@@ -120,7 +120,9 @@ static dflash_status reconcile(qwen35_state *s, dflash_backend *be, const dflash
         rec->cur ^= 1;
         rec->zero = 0;
     } else if (p > rec->len && p < rec->len + rec->n_kept) {
+        rec->broken = 1; /* until every layer has advanced: a failure midway leaves layers apart */
         DFLASH_TRY(advance(s, be, c, layers, bufs, r, p - rec->len));
+        rec->broken = 0;
         rec->zero = 0;
     } else {
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "hybrid target: a forward from position %d, but the sequence's "

@@ -3,7 +3,9 @@
  * CPU reference's argument checks. */
 #include "backend/cuda/cuda_internal.h"
 
-enum { REC_MAX_KERNEL = 16, REC_MAX_DK = 128 }; /* recurrent.cu's bounds */
+/* recurrent.cu's bounds: REC_MAX_DK (the state column a thread holds) and
+ * its launch bound of 256 threads, one per value column */
+enum { REC_MAX_KERNEL = 16, REC_MAX_DK = 128, REC_MAX_DV = 256 };
 
 dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
                              int n, int channels, int kernel, float *out)
@@ -28,11 +30,12 @@ dflash_status cuda_delta_rule(dflash_backend *be, const dflash_rec_args *r, cons
 {
     cuda_ctx *c = CTX(be);
     int Hk = a->n_k_heads, Hv = a->n_v_heads, dk = a->k_dim, dv = a->v_dim;
-    if (Hk <= 0 || Hv <= 0 || Hv % Hk || dk <= 0 || dk > REC_MAX_DK || dv <= 0 || dv > 1024 ||
+    if (Hk <= 0 || Hv <= 0 || Hv % Hk || dk <= 0 || dk > REC_MAX_DK || dv <= 0 || dv > REC_MAX_DV ||
         a->A_log->rows * a->A_log->cols != Hv || a->dt_bias->rows * a->dt_bias->cols != Hv || a->A_log->scales ||
         a->dt_bias->scales)
-        return dflash_fail(DFLASH_ERR_SHAPE, "delta_rule: %d key heads of %d (at most %d), %d value heads of %d, "
-                           "A_log %s and dt_bias %s of %lld and %lld elements", Hk, dk, REC_MAX_DK, Hv, dv,
+        return dflash_fail(DFLASH_ERR_SHAPE, "delta_rule: %d key heads of %d (at most %d), %d value heads of %d (at "
+                           "most %d), A_log %s and dt_bias %s of %lld and %lld elements", Hk, dk, REC_MAX_DK, Hv, dv,
+                           REC_MAX_DV,
                            a->A_log->name ? a->A_log->name : "?", a->dt_bias->name ? a->dt_bias->name : "?",
                            (long long)(a->A_log->rows * a->A_log->cols),
                            (long long)(a->dt_bias->rows * a->dt_bias->cols));

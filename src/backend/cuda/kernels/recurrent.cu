@@ -7,9 +7,11 @@
  *
  * Each thread owns what it updates: a channel's window (conv_silu), a
  * value column of one head's state (delta_rule), so a slot may be read and
- * written by the same call with no race. Sums run in the CPU reference's
- * order; the products may fuse into fmas, so results agree with it within
- * rounding. */
+ * written by the same call with no race. The convolution's and the state's
+ * sums run in the CPU reference's order, the L2 norms' sums of squares in a
+ * tree; products may fuse into fmas, so results agree with the CPU within
+ * rounding, and with themselves bit for bit however a sequence's rows are
+ * split into calls. */
 #include "common.cuh"
 
 #ifndef DFLASH_REC_INFO_LEN
@@ -84,9 +86,9 @@ __forceinline__ float block_sumsq(const float *v, int dim, float *scratch)
 }
 
 /* grid (value heads, sequences), block: a multiple of 32 covering both
- * k_dim (<= REC_MAX_DK) and v_dim. Thread e holds column e of the head's
- * state S [k_dim, v_dim] in registers for all of the sequence's rows. */
-extern "C" __global__ void dflash_delta_rule(const int *info, float *state, i64 slot_stride, const float *y,
+ * k_dim (<= REC_MAX_DK) and v_dim (<= 256). Thread e holds column e of the
+ * head's state S [k_dim, v_dim] for all of the sequence's rows. */
+extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *info, float *state, i64 slot_stride, const float *y,
                                              const float *a_in, const float *b_in, const void *A_log, int adt,
                                              const void *dt_bias, int ddt, int n_k_heads, int n_v_heads, int dk,
                                              int dv, float *out)
