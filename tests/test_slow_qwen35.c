@@ -255,27 +255,17 @@ static void test_state_records(void)
     dflash_qwen3_free(m);
 }
 
-/* A backend other than the CPU (here the CPU's ops under another name)
- * gets the hybrid only when asked for it: its kernels of these layers
- * are the GPU's, and those are cleared by tools/gpu-test.sh, not here.
- * A backend without the linear-attention primitives is refused by name. */
-static void test_other_backends_refused(void)
+/* A backend without the linear-attention primitives is refused by name
+ * (here the CPU's ops under another name, one of them missing). */
+static void test_backend_without_primitives_refused(void)
 {
     char dir[512];
     fx_path(dir, sizeof dir, "qwen35", "q35_dense");
     dflash_backend_ops ops = *be->ops;
     ops.name = "other";
+    ops.delta_rule = NULL;
     dflash_backend other = { &ops, be->ctx };
     dflash_qwen3 *m = NULL;
-    unsetenv("DFLASH_UNCHECKED_HYBRID");
-    CHECK_FAILS(dflash_qwen3_load(dir, &other, NULL, &m), DFLASH_ERR_UNSUPPORTED,
-                "a Qwen3.5 target runs on the CPU only for now: the other backend's linear-attention kernels");
-    setenv("DFLASH_UNCHECKED_HYBRID", "1", 1);
-    CHECK_OK(dflash_qwen3_load(dir, &other, NULL, &m));
-    dflash_qwen3_free(m);
-    m = NULL;
-    unsetenv("DFLASH_UNCHECKED_HYBRID");
-    ops.delta_rule = NULL;
     CHECK_FAILS(dflash_qwen3_load(dir, &other, NULL, &m), DFLASH_ERR_UNSUPPORTED,
                 "needs the linear-attention primitives (conv_silu, delta_rule, sigmoid_mul), which the other backend "
                 "does not have");
@@ -290,7 +280,7 @@ int main(void)
     RUN(test_long_forward_keeps_its_tail);
     RUN(test_spec_equals_plain);
     RUN(test_state_records);
-    RUN(test_other_backends_refused);
+    RUN(test_backend_without_primitives_refused);
     dflash_backend_destroy(be);
     TEST_END();
 }

@@ -218,9 +218,8 @@ if want bench; then
             step bench-30b-moe bench_30b_moe.txt 300 $D --preset qwen3-30b-a3b-target --ctx 1,1024 --rows 4,16 \
                 --sessions 8 --reps 5
             # the seed's own pair: its drafter and the Qwen3.5-MoE hybrid it
-            # serves (70 GB of random weights; the hybrid's GPU kernels are
-            # let through here, as the model check does)
-            step bench-seed-pair bench_seed_pair.txt 300 env DFLASH_UNCHECKED_HYBRID=1 $D --preset seed-pair \
+            # serves (70 GB of random weights)
+            step bench-seed-pair bench_seed_pair.txt 300 $D --preset seed-pair \
                 --ctx 1,1024 --rows 4,16 --reps 5
         fi
     else

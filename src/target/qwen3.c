@@ -66,22 +66,13 @@ static void free_scratch(dflash_qwen3 *m)
             m->be->ops->free(m->be, p[i]);
 }
 
-/* A Qwen3.5 hybrid needs the linear-attention primitives. The CUDA
- * backend has them, but they have not yet passed tools/gpu-test.sh's
- * model check on a GPU, so a GPU run of this family is refused unless
- * DFLASH_UNCHECKED_HYBRID=1 asks for it (what that check sets). */
+/* A Qwen3.5 hybrid needs the linear-attention primitives. */
 static dflash_status check_hybrid_backend(const dflash_model_config *c, const dflash_backend *be, const char *label)
 {
     if (!be->ops->conv_silu || !be->ops->delta_rule || !be->ops->sigmoid_mul)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: a %s target needs the linear-attention primitives (conv_silu, "
                            "delta_rule, sigmoid_mul), which the %s backend does not have", label,
                            dflash_family_name(c->family), be->ops->name);
-    const char *unchecked = getenv("DFLASH_UNCHECKED_HYBRID");
-    if (strcmp(be->ops->name, "cpu") != 0 && !(unchecked && strcmp(unchecked, "1") == 0))
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: a %s target runs on the CPU only for now: the %s backend's "
-                           "linear-attention kernels have not been checked against the CPU on a GPU yet (set "
-                           "DFLASH_UNCHECKED_HYBRID=1 to run them anyway)", label, dflash_family_name(c->family),
-                           be->ops->name);
     return DFLASH_OK;
 }
 

@@ -86,6 +86,15 @@
  * bf16 ulp, 2^-8 relative; measured 2e-4 .. 1.6e-3 on the fixtures), and
  * the GPU's attention weights enter P V as bf16 (~1e-3 more). */
 #define BOUND_CPU_BF16 1e-2
+/* GPU vs CPU (f32 pages) on a Qwen3.5 hybrid. Its linear attention's decay
+ * exp(-exp(A_log) softplus(a + dt_bias)) multiplies an error in `a` by up
+ * to exp(A_log) (16 in the fixtures) at every token, and the state carries
+ * it on: the GPU's GEMM (activations as bf16 hi + lo, ~8e-6 relative)
+ * gives 1.5e-4 .. 3.1e-4 at the logits where the Qwen3 fixtures give
+ * 5e-6 .. 1.1e-5; with every GEMM on the exact f32 kernel instead
+ * (measured once on an H200), 2.2e-5 .. 2.7e-5 against 4e-7 .. 5e-7.
+ * Against transformers the GPU stays within BOUND_REF (3.8e-5 .. 5e-5). */
+#define BOUND_CPU_HYBRID 1e-3
 #define PYSTD_NEW 128
 #define MAX_FX 96        /* fixture rows / tokens at most */
 
@@ -98,7 +107,11 @@ static int g_cpu_as_gpu; /* --cpu-as-gpu: the engine check opens the CPU */
  * token sequences are compared with the CPU's and with plain decoding. */
 static dflash_dtype g_kv = DFLASH_DTYPE_F32;
 static double bound_ref(void) { return g_kv == DFLASH_DTYPE_F32 ? BOUND_REF : BOUND_REF_BF16; }
-static double bound_cpu(void) { return g_kv == DFLASH_DTYPE_F32 ? BOUND_CPU : BOUND_CPU_BF16; }
+static int g_hybrid; /* the target under check is a Qwen3.5 hybrid */
+static double bound_cpu(void)
+{
+    return g_kv == DFLASH_DTYPE_F32 ? (g_hybrid ? BOUND_CPU_HYBRID : BOUND_CPU) : BOUND_CPU_BF16;
+}
 
 /* ---- the results table ---------------------------------------------------- */
 
@@ -355,6 +368,7 @@ static void check_qwen3(const char *name)
     dflash_qwen3 *mc = NULL, *mg = NULL;
     float *lc = NULL, *tc = NULL, *lg = NULL, *tg = NULL, *sc = NULL, *sg = NULL;
     case_begin("%s", name);
+    g_hybrid = strncmp(name, "qwen35/", 7) == 0;
     fx_path(dir, sizeof dir, name, NULL);
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     if (!step(dflash_st_open(path, &ex), "fixture") || !step(load_target(dir, g_cpu, 256, &mc), "cpu load"))
@@ -436,6 +450,7 @@ static void check_qwen3(const char *name)
     }
 done:
     case_end();
+    g_hybrid = 0;
     free(lc), free(tc), free(lg), free(tg), free(sc), free(sg);
     dflash_qwen3_free(mg);
     dflash_qwen3_free(mc);
@@ -1446,9 +1461,6 @@ int main(int argc, char **argv)
         }
         g_gpu_name = dflash_cuda_device_desc(g_gpu);
     }
-    /* this check is what clears the CUDA linear-attention kernels: let the
-     * hybrid targets load on the GPU here */
-    setenv("DFLASH_UNCHECKED_HYBRID", "1", 1);
     printf("cuda_model_check: gpu side: %s\n", g_gpu_name);
     add_row("gpu backend", 1, NULL, "%.30s", g_gpu_name);
     double t0 = now_s();
