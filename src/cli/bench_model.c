@@ -40,11 +40,10 @@ void bench_fill_f32(float *x, size_t n, uint64_t seed, float amp)
         x[i] = amp * uniform_pm1(&s);
 }
 
-
 /* ---- random-weight safetensors images ----------------------------------- */
 
 dflash_status bench_img_add(bench_image *im, const char *prefix, const char *name, int64_t rows, int64_t cols,
-                             float center, float amp)
+                            float center, float amp)
 {
     if (im->n == im->cap) {
         int cap = im->cap ? 2 * im->cap : 64;
@@ -76,7 +75,7 @@ static dflash_status img_add3(bench_image *im, const char *prefix, const char *n
 /* The tensors qwen3_layer_bind reads, under `prefix` (a Llama layer: no
  * q/k norms; a MoE layer: a router and each expert's three projections). */
 dflash_status bench_img_add_layer(bench_image *im, const char *prefix, const bench_geom *g, int llama,
-                                   const bench_preset *p)
+                                  const bench_preset *p)
 {
     const int64_t H = g->hidden, D = g->head_dim, QD = (int64_t)g->heads * D, KD = (int64_t)g->kv_heads * D,
                   I = g->inter;
@@ -194,7 +193,7 @@ void bench_img_free(bench_image *im)
 
 /* Parse a config and open the image as a tensor set. */
 dflash_status bench_img_open(const bench_image *im, const char *json, const char *label, dflash_model_config *cfg,
-                              dflash_st **st)
+                             dflash_st **st)
 {
     DFLASH_TRY(dflash_config_parse(json, strlen(json), label, cfg));
     return dflash_st_open_memory(im->buf, im->len, label, st);
@@ -222,7 +221,7 @@ static void hybrid_config_json(char *buf, size_t cap, const bench_geom *g, int v
 }
 
 void bench_config_json(char *buf, size_t cap, const bench_geom *g, int vocab, int tied, int llama,
-                        const bench_preset *moe, const bench_preset *drafter)
+                       const bench_preset *moe, const bench_preset *drafter)
 {
     if (!drafter && moe && moe->hy.v_heads) {
         hybrid_config_json(buf, cap, g, vocab, tied, moe);
@@ -297,7 +296,7 @@ static dflash_status img_add_hybrid_layer(bench_image *im, const char *prefix, c
 }
 
 dflash_status bench_target_image(bench_image *im, const bench_geom *g, int vocab, int tied, int llama,
-                                  const bench_preset *moe, const char *what, uint64_t seed)
+                                 const bench_preset *moe, const char *what, uint64_t seed)
 {
     const int hybrid = moe && moe->hy.v_heads;
     DFLASH_TRY(bench_img_add(im, "", "model.embed_tokens.weight", vocab, g->hidden, 0, W_AMP));
