@@ -180,6 +180,70 @@ static void test_long_forward_keeps_its_tail(void)
     dflash_qwen3_free(m);
 }
 
+/* Two sequences in one forward, one longer than the rows a forward keeps
+ * (so its state is checkpointed midway) and one short, then each taken
+ * back inside its kept rows and continued together: every row equals the
+ * same sequence run alone. */
+static void test_two_sequences_in_one_forward(void)
+{
+    enum { NA = 80, NB = 6, MORE = 3 };
+    dflash_qwen3 *m = NULL;
+    CHECK_OK(load("q35_moe_mm", T_MAX, 4, &m));
+    if (!m)
+        return;
+    const int V = m->cfg.vocab_size;
+    int32_t ta[NA + MORE], tb[NB + MORE];
+    for (int i = 0; i < NA + MORE; i++)
+        ta[i] = (i * 29 + 7) % V;
+    for (int i = 0; i < NB + MORE; i++)
+        tb[i] = (i * 53 + 2) % V;
+    /* alone: a's 80 rows, then (taken back to 70) 3 more; b's 6, then (back to 4) 3 more */
+    static float alone_a[MORE * 512], alone_b[MORE * 512], both[2 * MORE * 512];
+    dflash_kv_seq a, b;
+    float *logits;
+    CHECK_OK(dflash_qwen3_seq_init(m, &a));
+    CHECK_OK(tc_run_rows(m, &a, ta, NA, 0, 0, NULL, &logits, NULL));
+    dflash_kv_seq_truncate(&a, 70);
+    CHECK_OK(tc_run_rows(m, &a, ta + 70, MORE, 1, 0, NULL, &logits, NULL));
+    memcpy(alone_a, logits, (size_t)MORE * V * sizeof(float));
+    dflash_qwen3_seq_free(m, &a);
+    CHECK_OK(dflash_qwen3_seq_init(m, &b));
+    CHECK_OK(tc_run_rows(m, &b, tb, NB, 0, 0, NULL, &logits, NULL));
+    dflash_kv_seq_truncate(&b, 4);
+    CHECK_OK(tc_run_rows(m, &b, tb + 4, MORE, 1, 0, NULL, &logits, NULL));
+    memcpy(alone_b, logits, (size_t)MORE * V * sizeof(float));
+    dflash_qwen3_seq_free(m, &b);
+    /* together */
+    CHECK_OK(dflash_qwen3_seq_init(m, &a));
+    CHECK_OK(dflash_qwen3_seq_init(m, &b));
+    dflash_kv_seq *seqs[2] = { &a, &b };
+    int32_t tok[NA + NB], pos[NA + NB], rs[NA + NB], sel[2 * MORE];
+    for (int i = 0; i < NA + NB; i++) {
+        tok[i] = i < NA ? ta[i] : tb[i - NA];
+        pos[i] = i < NA ? i : i - NA;
+        rs[i] = i >= NA;
+    }
+    dflash_qwen3_batch bt = { NA + NB, tok, pos, rs, 2, seqs, 0, NULL, 0, NULL, 0 };
+    CHECK_OK(dflash_qwen3_forward(m, &bt, &logits, NULL));
+    dflash_kv_seq_truncate(&a, 70);
+    dflash_kv_seq_truncate(&b, 4);
+    for (int i = 0; i < 2 * MORE; i++) {
+        tok[i] = i < MORE ? ta[70 + i] : tb[4 + i - MORE];
+        pos[i] = i < MORE ? 70 + i : 4 + i - MORE;
+        rs[i] = i >= MORE;
+        sel[i] = i;
+    }
+    dflash_qwen3_batch b2 = { 2 * MORE, tok, pos, rs, 2, seqs, 2 * MORE, sel, 0, NULL, 0 };
+    CHECK_OK(dflash_qwen3_forward(m, &b2, &logits, NULL));
+    if (logits)
+        memcpy(both, logits, (size_t)2 * MORE * V * sizeof(float));
+    CHECK(memcmp(both, alone_a, (size_t)MORE * V * sizeof(float)) == 0);
+    CHECK(memcmp(both + (size_t)MORE * V, alone_b, (size_t)MORE * V * sizeof(float)) == 0);
+    dflash_qwen3_seq_free(m, &a);
+    dflash_qwen3_seq_free(m, &b);
+    dflash_qwen3_free(m);
+}
+
 /* Speculative output equals plain output: a DFlash drafter (d6_moe's
  * weights: hidden 64, vocabulary 512, taps 1 and 3, which fit these
  * targets) at several block sizes and context caps, and the oracle and
@@ -278,6 +342,7 @@ int main(void)
     RUN(test_greedy_matches_hf);
     RUN(test_row_splits_and_rollback);
     RUN(test_long_forward_keeps_its_tail);
+    RUN(test_two_sequences_in_one_forward);
     RUN(test_spec_equals_plain);
     RUN(test_state_records);
     RUN(test_backend_without_primitives_refused);
