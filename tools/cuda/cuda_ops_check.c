@@ -1697,6 +1697,8 @@ int main(int argc, char **argv)
                 { 1, 4, 70, 4, 2, 64, MODE_WINDOW, 40, 4, 0, dt }, { 1, 3, 50, 2, 1, 18, MODE_NONE, 0, 0, 0, dt },
                 { 1, 2, 0, 4, 2, 64, MODE_NONE, 0, 0, 0, dt },     { 1, 3, 300, 4, 2, 16, MODE_CAUSAL, 0, 0, 0, dt },
                 { 2, 16, 260, 16, 2, 128, MODE_NONE, 0, 0, 0, dt },
+                { 1, 3, 300, 4, 2, 256, MODE_CAUSAL, 0, 0, 0, dt }, /* head_dim 256: the general kernel, 3 splits */
+                { 1, 4, 200, 4, 2, 256, MODE_WINDOW, 40, 4, 0, dt },
             };
             for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
                 case_attention(&cs[i]);
@@ -1727,6 +1729,10 @@ int main(int argc, char **argv)
                 { 1, 64, 500, 32, 4, 128, MODE_CAUSAL, 0, 0, 0, dt }, /* 512 query vectors: 4 chunks */
                 { 3, 16, 700, 16, 2, 64, MODE_NONE, 0, 0, 0, dt },
                 { 1, 16, 32768, 32, 8, 128, MODE_CAUSAL, 0, 0, T && kd, dt },
+                /* a Qwen3.5's gated attention: head_dim 256, 16:2 (the general kernel) */
+                { 1, 1, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
+                { 1, 16, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
+                { 2, 5, 700, 16, 2, 256, MODE_NONE, 0, 0, 0, dt },
             };
             for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
                 case_attention(&rg[i]);
@@ -1736,11 +1742,14 @@ int main(int argc, char **argv)
     if (g_small) {
         case_attention_invariance(37, 4, 2, 64);
         case_attention_invariance(250, 4, 2, 16);
+        case_attention_invariance(200, 4, 2, 256);
     } else {
         static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090 };
         for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++)
             case_attention_invariance(ctxs[i], 32, 8, 128);
         case_attention_invariance(300, 6, 2, 32);
+        case_attention_invariance(129, 16, 2, 256);
+        case_attention_invariance(1000, 16, 2, 256);
     }
 
     /* copy_rows */

@@ -56,7 +56,26 @@ dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int 
     return cuda_launch(c, DFK_KV_WRITE, (unsigned)n, 2, row_threads((int64_t)n_kv_heads * head_dim, 256), args);
 }
 
-/* The general attention kernel: one block per (row, head). */
+/* Room for the partials of `splits` key splits of every (row, head). */
+static dflash_status part_reserve(cuda_ctx *c, int splits, int n_rows, int n_heads, int D)
+{
+    const size_t units = (size_t)splits * n_rows * n_heads;
+    DFLASH_TRY(cuda_buf_reserve(c, &c->part_o, units * D * sizeof(float), 0));
+    return cuda_buf_reserve(c, &c->part_ml, units * 2 * sizeof(float), 0);
+}
+
+/* Merge the key splits' partials of rows whose sequence has several. */
+static dflash_status combine_splits(cuda_ctx *c, const dflash_attn_args *a)
+{
+    int n_rows = a->n_rows, n_heads = a->n_heads, has_extra = a->k_extra != NULL, D = a->head_dim;
+    void *cargs[] = { &c->part_o.p, &c->part_ml.p, (void *)&a->out, (void *)&a->row_seq, (void *)&a->seq_info,
+                      &n_rows, &n_heads, &has_extra, &D };
+    return cuda_launch(c, D <= 128 ? DFK_ATTN_COMBINE : DFK_ATTN_COMBINE_512, (unsigned)n_rows, (unsigned)n_heads, 256,
+                       cargs);
+}
+
+/* The general attention kernel: one block per (row, head, key split of
+ * ATTN_TC_SPLIT keys: attention.cu's tile), then the merge. */
 static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
 {
     const void *pool = a->kv ? a->kv->data : NULL;
@@ -65,21 +84,20 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
     int n_heads = a->n_heads, n_kv_heads = a->n_kv_heads, D = a->head_dim, causal = a->causal, window = a->window;
     float scale = a->scale;
     int vec = D % 4 == 0 && aligned16(pool) && aligned16(a->k_extra);
+    const int splits = a->max_keys > 0 ? (a->max_keys + ATTN_TC_SPLIT - 1) / ATTN_TC_SPLIT : 1;
+    if (splits > ATTN_TC_MAX_SPLITS)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: %d keys (at most %d)", a->max_keys,
+                           ATTN_TC_MAX_SPLITS * ATTN_TC_SPLIT);
+    if (splits > 1)
+        DFLASH_TRY(part_reserve(c, splits, a->n_rows, a->n_heads, D));
     void *args[] = { (void *)&a->q, (void *)&a->out, (void *)&a->q_pos, (void *)&a->row_seq, (void *)&a->seq_info,
                      (void *)&pool, &n_pages, &n_layers, &layer, (void *)&a->page_tables, &pt_len,
                      (void *)&a->k_extra, (void *)&a->v_extra, &n_heads, &n_kv_heads, &D, &scale, &causal,
-                     &window, &vec, &c->err_flag, &c->err_host_dev };
+                     &window, &vec, &c->part_o.p, &c->part_ml.p, &c->err_flag, &c->err_host_dev };
     const int bf16 = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16;
-    return cuda_launch(c, bf16 ? DFK_ATTENTION_BF16 : DFK_ATTENTION_F32, (unsigned)a->n_rows, (unsigned)a->n_heads, 128,
-                  args);
-}
-
-/* Room for the partials of `splits` key splits of every (row, head). */
-static dflash_status part_reserve(cuda_ctx *c, int splits, int n_rows, int n_heads, int D)
-{
-    const size_t units = (size_t)splits * n_rows * n_heads;
-    DFLASH_TRY(cuda_buf_reserve(c, &c->part_o, units * D * sizeof(float), 0));
-    return cuda_buf_reserve(c, &c->part_ml, units * 2 * sizeof(float), 0);
+    DFLASH_TRY(cuda_launch3(c, bf16 ? DFK_ATTENTION_BF16 : DFK_ATTENTION_F32, (unsigned)a->n_rows,
+                            (unsigned)a->n_heads, (unsigned)splits, 128, args));
+    return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
 }
 
 /* The tensor-core kernel (bf16 pages, head_dim 16/32/64/128), then the
@@ -111,12 +129,7 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
     const unsigned threads = 32u * (unsigned)(cw > 4 ? cw : 4);
     DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)splits, (unsigned)chunks, threads,
                        args));
-    if (splits == 1)
-        return DFLASH_OK;
-    int n_rows = a->n_rows, n_heads = a->n_heads, has_extra = a->k_extra != NULL;
-    void *cargs[] = { &c->part_o.p, &c->part_ml.p, (void *)&a->out, (void *)&a->row_seq, (void *)&a->seq_info,
-                      &n_rows, &n_heads, &has_extra, (void *)&D };
-    return cuda_launch(c, DFK_ATTN_COMBINE, (unsigned)n_rows, (unsigned)n_heads, 256, cargs);
+    return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
 }
 
 dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)

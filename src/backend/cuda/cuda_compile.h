@@ -52,7 +52,8 @@ typedef enum dflash_cuda_kernel_id {
     DFK_ATTENTION_TC_32,
     DFK_ATTENTION_TC_64,
     DFK_ATTENTION_TC_128,
-    DFK_ATTN_COMBINE,
+    DFK_ATTN_COMBINE,     /* key splits merged, head_dim <= 128 */
+    DFK_ATTN_COMBINE_512, /* the same, head_dim <= 512 */
     DFK_ARGMAX,
     DFK_ARGMAX_FINISH, /* gemm.cu: the fused LM head + argmax's last step */
     DFK_CONV_SILU, /* recurrent.cu: a linear-attention layer's primitives */

@@ -349,14 +349,12 @@ ATTN_TC_KERNEL(128)
 #define AC_WARPS 8
 #define AC_ML_REGS 2 /* (m, l) pairs a thread keeps in registers */
 #define AC_UNROLL 4  /* splits a warp requests together */
-extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(const float *part_o,
-                                                                               const float *part_ml, float *out,
-                                                                               const int *row_seq,
-                                                                               const int *seq_info, int n_rows,
-                                                                               int n_heads, int has_extra, int D)
+template <int QN> /* D <= 32 QN */
+__forceinline__ void attn_combine_body(const float *part_o, const float *part_ml, float *out, const int *row_seq,
+                                       const int *seq_info, int n_rows, int n_heads, int has_extra, int D)
 {
     __shared__ float w[AT_MAX_SPLITS];
-    __shared__ float acc[AC_WARPS][128];
+    __shared__ float acc[AC_WARPS][32 * QN];
     __shared__ float scratch[32];
     pdl_trigger();
     pdl_wait();
@@ -400,17 +398,20 @@ extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(
         den += ws * part_ml[(s * stride + unit) * 2 + 1];
     }
     den = block_sum(den, scratch); /* also orders the w[] writes before the reads below */
-    /* dims lane, lane + 32, ... (D <= 128); AC_UNROLL of the warp's splits
-     * requested together, added in split order */
+    /* dims lane, lane + 32, ... (D <= 32 QN); AC_UNROLL of the warp's
+     * splits requested together, added in split order */
     const int nw = blockDim.x >> 5; /* at most AC_WARPS */
-    float num[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    float num[QN];
+#pragma unroll
+    for (int q = 0; q < QN; q++)
+        num[q] = 0.0f;
     for (int s0 = warp; s0 < n_splits; s0 += nw * AC_UNROLL) {
-        float o[AC_UNROLL][4];
+        float o[AC_UNROLL][QN];
 #pragma unroll
         for (int u = 0; u < AC_UNROLL; u++) {
             const int s = s0 + u * nw;
 #pragma unroll
-            for (int q = 0; q < 4; q++)
+            for (int q = 0; q < QN; q++)
                 o[u][q] = s < n_splits && lane + 32 * q < D ? part_o[(s * stride + unit) * D + lane + 32 * q] : 0.0f;
         }
 #pragma unroll
@@ -420,13 +421,13 @@ extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(
                 break;
             const float ws = w[s];
 #pragma unroll
-            for (int q = 0; q < 4; q++)
+            for (int q = 0; q < QN; q++)
                 if (lane + 32 * q < D)
                     num[q] += ws * o[u][q];
         }
     }
 #pragma unroll
-    for (int q = 0; q < 4; q++)
+    for (int q = 0; q < QN; q++)
         if (lane + 32 * q < D)
             acc[warp][lane + 32 * q] = num[q];
     __syncthreads();
@@ -437,4 +438,20 @@ extern "C" __global__ void __launch_bounds__(AC_WARPS * 32) dflash_attn_combine(
             v += acc[k][d];
         out[unit * D + d] = v * inv;
     }
+}
+
+/* head_dim <= 128 (the tensor-core kernel's), and up to 512 (the general
+ * kernel's) */
+extern "C" __global__ void __launch_bounds__(AC_WARPS * 32)
+    dflash_attn_combine(const float *part_o, const float *part_ml, float *out, const int *row_seq,
+                        const int *seq_info, int n_rows, int n_heads, int has_extra, int D)
+{
+    attn_combine_body<4>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D);
+}
+
+extern "C" __global__ void __launch_bounds__(AC_WARPS * 32)
+    dflash_attn_combine_512(const float *part_o, const float *part_ml, float *out, const int *row_seq,
+                            const int *seq_info, int n_rows, int n_heads, int has_extra, int D)
+{
+    attn_combine_body<16>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D);
 }
