@@ -276,8 +276,8 @@ static void test_bench_tiny(void)
     const struct { const char *op; int seqs, rows, ctx; } want[] = {
         { "propose", 1, 8, 8 },  { "propose", 2, 16, 8 }, { "propose", 1, 8, 32 }, { "propose", 2, 16, 32 },
         { "verify", 1, 16, 8 },  { "decode", 1, 1, 8 },
-        { "verify", 2, 32, 8 },  { "decode", 2, 2, 8 },   { "verify", 1, 16, 32 }, { "decode", 1, 1, 32 },
-        { "verify", 2, 32, 32 }, { "decode", 2, 2, 32 },
+        { "verify", 2, 32, 8 },  { "decode", 2, 2, 8 },   { "step", 1, 8, 8 },     { "verify", 1, 16, 32 },
+        { "decode", 1, 1, 32 },  { "verify", 2, 32, 32 }, { "decode", 2, 2, 32 },  { "step", 1, 8, 32 },
     };
     const int n_want = (int)(sizeof want / sizeof want[0]);
     int n = 0;

@@ -10,6 +10,9 @@
  *   verify   one 16-row target forward with the greedy token of all 16 rows
  *            (LM head + argmax, as the decode loop runs it);
  *   decode   one 1-row target forward with its greedy token;
+ *   step     (a preset with a drafter and a target) one whole speculative
+ *            step: propose, the block's verify with the drafter's taps,
+ *            the drafter taking the block's rows into its context;
  *   with --sessions, each for N sequences in one call (a propose over N,
  *            a verify of N x 16 rows, a decode of N rows), what one step
  *            of N sessions stepped together costs.
@@ -104,7 +107,9 @@ static void usage(FILE *f)
             "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--sessions LIST]\n"
             "                    [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
             "\n"
-            "Time one drafter propose and the target's verify and decode forwards at a\n"
+            "Time one drafter propose and the target's verify and decode forwards (and,\n"
+            "for a preset with both, one whole speculative step: propose, verify of the\n"
+            "block with the drafter's taps, the drafter taking the block's rows) at a\n"
             "published geometry, on random bf16 weights built in memory (several GB for\n"
             "the real presets; progress on stderr), against the floor: the bytes the call\n"
             "must move (weights read once + the context's K/V in the pool's dtype: f32 on\n"
@@ -130,7 +135,7 @@ static void usage(FILE *f)
             "                   weights; its floor adds each sequence's recurrent state, read and\n"
             "                   written once)\n"
             "                 seed-pair: the seed drafter (as seed-drafter, vocab 248320) and its\n"
-            "                   target (as qwen36-35b-a3b-target), each timed in one run\n"
+            "                   target (as qwen36-35b-a3b-target), each timed, then whole steps\n"
             "                 pystd: the embedded pair (models/qwen3-pystd and its drafter):\n"
             "                   6 + 5 layers, H 256, I 768, 4:2 x 64, vocab 4096, block 16\n"
             "                 tiny: a few MB (drafter and target), for tests; tiny-llama,\n"
@@ -524,6 +529,8 @@ typedef struct drafter_set {
     dflash_head *head;
     void *states[BENCH_MAX_SESSIONS]; /* one per sequence (--sessions: the most asked) */
     int n_states;
+    void *step_state;     /* with a target too: the state a whole step drafts from and appends to */
+    int32_t step_len;     /* its context rows */
     float *taps;          /* backend [max_rows, K*H] */
     int32_t *tokens;      /* host [max_rows] */
 } drafter_set;
@@ -585,7 +592,8 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
         d->n_states = r->a->sess[i] > d->n_states ? r->a->sess[i] : d->n_states;
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
-    ho.max_ctx = max_ctx + p->block;
+    /* a step appends its block on every call (no rollback): room for them */
+    ho.max_ctx = max_ctx + p->block * (p->target ? BENCH_WARMUP + r->a->reps + 2 : 1);
     ho.max_seqs = d->n_states;
     ho.ctx_cap = 0;                /* --ctx says how much context is visible */
     ho.quant = r->a->fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16; /* only --drafter-quant says */
@@ -598,6 +606,8 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     dflash_proposer *pr = &d->head->proposer;
     for (int i = 0; i < d->n_states; i++)
         DFLASH_TRY(pr->ops->alloc_state(pr, ho.max_ctx, &d->states[i]));
+    if (p->target)
+        DFLASH_TRY(pr->ops->alloc_state(pr, ho.max_ctx, &d->step_state));
 
     /* Random tap rows (hidden states of scale ~1), uploaded once and reused
      * for every chunk: the context's values do not change its cost. */
@@ -623,6 +633,8 @@ static void drafter_close(bench_run *r, drafter_set *d)
     for (int i = 0; i < d->n_states; i++)
         if (d->states[i])
             d->head->proposer.ops->free_state(&d->head->proposer, d->states[i]);
+    if (d->step_state)
+        d->head->proposer.ops->free_state(&d->head->proposer, d->step_state);
     dflash_head_free(d->head);
     dflash_qwen3_free(d->target);
     if (d->taps)
@@ -633,14 +645,42 @@ static void drafter_close(bench_run *r, drafter_set *d)
     bench_img_free(&d->dimg);
 }
 
-static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, int n_ctx)
+/* Context rows appended to `state` (random taps) from *len up to `to`. */
+static dflash_status drafter_fill(drafter_set *d, void *state, int32_t *len, int32_t to)
 {
     dflash_head *h = d->head;
-    dflash_proposer *pr = &h->proposer;
+    while (*len < to) {
+        const int n = to - *len < h->max_rows ? to - *len : h->max_rows;
+        dflash_ctx_rows rows = { d->tokens, n, *len, d->taps, h->fc.cols };
+        DFLASH_TRY(h->proposer.ops->begin(&h->proposer, state, &rows));
+        *len += n;
+    }
+    return DFLASH_OK;
+}
+
+/* The drafter's weights a propose reads (not fc: the context is built). */
+static double drafter_weights(const dflash_head *h)
+{
     double weights = weight_bytes(&h->norm) + weight_bytes(&h->lm_head);
     for (int l = 0; l < h->cfg.num_hidden_layers; l++)
         weights += layer_bytes(&h->layers[l].w, h->quant == DFLASH_QUANT_FP8_WEIGHTS ? h->layers[l].lin_fp8
                                                                                       : h->layers[l].w.lin);
+    return weights;
+}
+
+/* Bytes a propose over ns sequences at `ctx` moves: weights once, each
+ * sequence's B embedding rows and every visible context position's K/V. */
+static double propose_bytes(const dflash_head *h, double weights, int ns, int ctx)
+{
+    return weights + ns * ((double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
+                           (double)ctx * kv_bytes_per_pos(&h->kv.layout));
+}
+
+static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, int n_ctx)
+{
+    dflash_head *h = d->head;
+    dflash_proposer *pr = &h->proposer;
+    const double weights = drafter_weights(h);
     int filled = 0;
     const int verbose = d->dimg.len > BENCH_PROGRESS_BYTES;
     propose_op *o = calloc(1, sizeof *o); /* too big for the stack */
@@ -651,13 +691,10 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
         if (verbose)
             fprintf(stderr, "dflash bench: drafter: building %d context rows%s\n", ctx[c],
                     d->n_states > 1 ? " for each sequence" : "");
-        for (int i = 0; i < d->n_states && s == DFLASH_OK; i++)
-            for (int done = filled; done < ctx[c] && s == DFLASH_OK;) {
-                int n = ctx[c] - done < h->max_rows ? ctx[c] - done : h->max_rows;
-                dflash_ctx_rows rows = { d->tokens, n, done, d->taps, h->fc.cols };
-                s = pr->ops->begin(pr, d->states[i], &rows);
-                done += n;
-            }
+        for (int i = 0; i < d->n_states && s == DFLASH_OK; i++) {
+            int32_t len = filled;
+            s = drafter_fill(d, d->states[i], &len, ctx[c]);
+        }
         filled = ctx[c];
         /* one sequence, then each --sessions count in one propose */
         for (int q = 0; q <= r->a->n_sess && s == DFLASH_OK; q++) {
@@ -669,29 +706,23 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
             double med, min, host;
             bench_counts counts;
             s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
-            /* Weights once (the fc is not used: the context is already
-             * built), each sequence's B embedding rows and every visible
-             * context position's K/V. */
-            double bytes = weights + ns * ((double)h->block_size * weight_bytes(&h->embed) / (double)h->embed.rows +
-                                           (double)filled * kv_bytes_per_pos(&h->kv.layout));
             if (s == DFLASH_OK)
-                add_row(r, "propose", ns, ns * h->block_size, filled, med, min, bytes, host, &counts);
+                add_row(r, "propose", ns, ns * h->block_size, filled, med, min, propose_bytes(h, weights, ns, filled),
+                        host, &counts);
         }
     }
     free(o);
     return s;
 }
 
-static dflash_status bench_drafter(bench_run *r)
+/* Open and time the drafter into *d (closed by the caller). */
+static dflash_status bench_drafter(bench_run *r, drafter_set *d)
 {
-    int n_ctx;
-    const int *ctx = ctx_list(r, 0, &n_ctx);
-    drafter_set d = { 0 };
-    dflash_status s = drafter_open(r, &d, ctx[n_ctx - 1]);
-    if (s == DFLASH_OK)
-        s = drafter_time(r, &d, ctx, n_ctx);
-    drafter_close(r, &d);
-    return s;
+    int n_ctx, n_tctx;
+    const int *ctx = ctx_list(r, 0, &n_ctx), *tctx = ctx_list(r, 1, &n_tctx);
+    const int most = r->a->preset->target && tctx[n_tctx - 1] > ctx[n_ctx - 1] ? tctx[n_tctx - 1] : ctx[n_ctx - 1];
+    DFLASH_TRY(drafter_open(r, d, most));
+    return drafter_time(r, d, ctx, n_ctx);
 }
 
 /* ---- the target --------------------------------------------------------- */
@@ -773,6 +804,22 @@ static double expert_bytes(const dflash_qwen3 *m)
     return 0;
 }
 
+/* Bytes a forward of `width` rows for each of n_seqs sequences at ctx
+ * moves: weights once (of a MoE: the `experts` its rows were routed to),
+ * the rows' embeddings, the K/V of every position each sequence's last
+ * row sees (its context and rows), a hybrid's recurrent state read once
+ * and written once. */
+static double forward_bytes(const dflash_qwen3 *m, double weights, double experts, int n_seqs, int width, int ctx)
+{
+    const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
+    double bytes = weights + experts * expert_bytes(m) + (double)n_seqs * width * embed_row +
+                   (double)n_seqs * (ctx + width) * kv_bytes_per_pos(&m->kv.layout);
+    if (m->rec)
+        bytes += (double)n_seqs * 2 * m->rec->n_lin * (double)(m->rec->conv_size + m->rec->delta_size) *
+                 sizeof(float);
+    return bytes;
+}
+
 /* Time one forward of `width` rows per sequence for the first n_seqs of
  * seqs (each at ctx) and add its row. */
 static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
@@ -794,24 +841,101 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
             s = forward_after(&o);
         experts = (double)*m->s.b.moe.experts_run;
     }
-    if (s == DFLASH_OK) {
-        /* Weights once (of a MoE: those experts), the rows' embeddings, and
-         * the K/V of every position each sequence's last row sees (its
-         * context and rows). */
-        const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
-        double bytes = weights + experts * expert_bytes(m) + o.n * embed_row +
-                       (double)n_seqs * (ctx + width) * kv_bytes_per_pos(&m->kv.layout);
-        if (m->rec) /* a hybrid: each sequence's recurrent state read once and written once */
-            bytes += (double)n_seqs * 2 * m->rec->n_lin * (double)(m->rec->conv_size + m->rec->delta_size) *
-                     sizeof(float);
-        add_row(r, name, n_seqs, o.n, ctx, med, min, bytes, host, &counts);
-    }
+    if (s == DFLASH_OK)
+        add_row(r, name, n_seqs, o.n, ctx, med, min, forward_bytes(m, weights, experts, n_seqs, width, ctx), host,
+                &counts);
     free(o.tokens);
     return s;
 }
 
+/* ---- a whole step: the drafter and the target --------------------------- */
+
+/* One speculative step of one sequence at `ctx`: the drafter proposes B - 1
+ * drafts from its context, the target verifies the block (B rows, their
+ * greedy tokens, the drafter's taps), and the drafter takes all B rows
+ * into its context (every draft accepted: the most a step does). The
+ * target goes back to ctx after each call; the drafter's context keeps
+ * the rows (B more a call, against thousands: its cost barely moves). */
+typedef struct step_op {
+    drafter_set *d;
+    dflash_qwen3 *m;
+    dflash_kv_seq *seq;
+    int32_t ctx;
+    int B, n_taps;
+    const int *taps;
+    int32_t tokens[BENCH_MAX_BLOCK + 1], pos[BENCH_MAX_BLOCK + 1], row_seq[BENCH_MAX_BLOCK + 1],
+        sel[BENCH_MAX_BLOCK + 1];
+} step_op;
+
+static dflash_status step_run(void *self)
+{
+    step_op *o = self;
+    dflash_proposer *p = &o->d->head->proposer;
+    const int32_t last = o->tokens[0], at = o->d->step_len;
+    DFLASH_TRY(p->ops->propose(p, &o->d->step_state, 1, &last, &at, o->B - 1, o->tokens + 1));
+    dflash_kv_seq *sp = o->seq;
+    dflash_qwen3_batch b = { o->B, o->tokens, o->pos, o->row_seq, 1, &sp, o->B, o->sel, o->n_taps, o->taps, 1 };
+    float *logits, *taps;
+    DFLASH_TRY(dflash_qwen3_forward(o->m, &b, &logits, &taps));
+    dflash_ctx_rows rows = { o->tokens, o->B, at, taps, (int64_t)o->n_taps * o->m->cfg.hidden_size };
+    DFLASH_TRY(p->ops->after_verify(p, &o->d->step_state, 1, &rows));
+    o->d->step_len += o->B;
+    return DFLASH_OK;
+}
+
+static dflash_status step_after(void *self)
+{
+    step_op *o = self;
+    dflash_kv_seq_truncate(o->seq, o->ctx);
+    return DFLASH_OK;
+}
+
+/* Time a step at ctx (the target's sequence is there) and add its row. */
+static dflash_status time_step(bench_run *r, drafter_set *d, dflash_qwen3 *m, dflash_kv_seq *seq, int32_t ctx,
+                               double weights)
+{
+    dflash_head *h = d->head;
+    dflash_proposer *p = &h->proposer;
+    if (d->step_len > ctx) { /* the last context's steps went past this one: start again */
+        DFLASH_TRY(p->ops->reset(p, d->step_state));
+        d->step_len = 0;
+    }
+    DFLASH_TRY(drafter_fill(d, d->step_state, &d->step_len, ctx));
+    step_op *o = calloc(1, sizeof *o);
+    if (!o)
+        return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory");
+    *o = (step_op){ .d = d, .m = m, .seq = seq, .ctx = ctx, .B = h->block_size };
+    o->n_taps = p->ops->tap_layers(p, &o->taps);
+    for (int i = 0; i < o->B; i++) {
+        o->pos[i] = ctx + i;
+        o->row_seq[i] = 0;
+        o->sel[i] = i;
+    }
+    o->tokens[0] = random_token(7u, m->cfg.vocab_size);
+    bench_op op = { step_run, step_after, o };
+    double med, min, host;
+    bench_counts counts;
+    dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
+    double experts = 0; /* as time_forward counts them, on one more step */
+    if (s == DFLASH_OK && m->cfg.num_experts) {
+        *m->s.b.moe.experts_run = 0;
+        s = step_run(o);
+        if (s == DFLASH_OK)
+            s = step_after(o);
+        experts = (double)*m->s.b.moe.experts_run;
+    }
+    /* the propose's bytes, the verify's, and the context update's fc */
+    const double bytes = propose_bytes(h, drafter_weights(h), 1, ctx) + weight_bytes(&h->fc) +
+                         forward_bytes(m, weights, experts, 1, o->B, ctx);
+    if (s == DFLASH_OK)
+        add_row(r, "step", 1, o->B, ctx, med, min, bytes, host, &counts);
+    free(o);
+    return s;
+}
+
+/* d: the drafter beside the target (a whole step is timed too), or NULL. */
 static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, const int *ctx,
-                                 int n_ctx, int verbose)
+                                 int n_ctx, int verbose, drafter_set *d)
 {
     double weights = weight_bytes(&m->final_norm) + weight_bytes(&m->lm_head);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) /* a sparse layer: the router here, experts per call */
@@ -831,11 +955,13 @@ static dflash_status target_time(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **
                 DFLASH_TRY(time_forward(r, m, seqs, ns, width, ctx[c], weights, k == n_w ? "decode" : "verify"));
             }
         }
+        if (d)
+            DFLASH_TRY(time_step(r, d, m, seqs[0], ctx[c], weights));
     }
     return DFLASH_OK;
 }
 
-static dflash_status bench_target(bench_run *r)
+static dflash_status bench_target(bench_run *r, drafter_set *d)
 {
     const bench_preset *p = r->a->preset;
     int n_ctx;
@@ -873,7 +999,7 @@ static dflash_status bench_target(bench_run *r)
     for (int i = 0; i < n_seqs && s == DFLASH_OK; i++)
         s = dflash_qwen3_seq_init(m, seqs[i]);
     if (s == DFLASH_OK)
-        s = target_time(r, m, seqs, n_seqs, ctx, n_ctx, im.len > BENCH_PROGRESS_BYTES);
+        s = target_time(r, m, seqs, n_seqs, ctx, n_ctx, im.len > BENCH_PROGRESS_BYTES, d);
     for (int i = 0; i < n_seqs; i++)
         if (m && seqs[i]->table)
             dflash_qwen3_seq_free(m, seqs[i]);
@@ -982,10 +1108,14 @@ int dflash_cmd_bench(int argc, char **argv)
     dflash_status s = open_backend(&r);
     if (s == DFLASH_OK)
         s = measure_bandwidth(&r);
+    /* with both, the drafter stays open for the whole step the target times */
+    drafter_set d = { 0 };
     if (s == DFLASH_OK && a.preset->drafter)
-        s = bench_drafter(&r);
+        s = bench_drafter(&r, &d);
     if (s == DFLASH_OK && a.preset->target)
-        s = bench_target(&r);
+        s = bench_target(&r, a.preset->drafter ? &d : NULL);
+    if (a.preset->drafter)
+        drafter_close(&r, &d);
     if (s == DFLASH_OK) {
         if (a.json)
             print_json(&r);
