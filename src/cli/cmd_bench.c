@@ -594,7 +594,7 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     dflash_head_default_opts(&ho);
     /* a step appends its block on every call (no rollback): room for them */
     ho.max_ctx = max_ctx + p->block * (p->target ? BENCH_WARMUP + r->a->reps + 2 : 1);
-    ho.max_seqs = d->n_states;
+    ho.max_seqs = d->n_states + (p->target ? 1 : 0); /* the step's state too */
     ho.ctx_cap = 0;                /* --ctx says how much context is visible */
     ho.quant = r->a->fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16; /* only --drafter-quant says */
     if (r->cuda && d->dimg.len > BENCH_PROGRESS_BYTES)
