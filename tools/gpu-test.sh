@@ -328,7 +328,7 @@ fi
 for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
-    grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"
+    grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|step |seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"
 done
 tar -czf "$OUT/gpu-test-logs.tgz" -C "$LOG" . && echo "logs: $OUT/gpu-test-logs.tgz"
 echo
