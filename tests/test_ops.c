@@ -305,6 +305,54 @@ static void test_add_bias(void)
     CHECK_FAILS(be->ops->add_bias(be, x, &f8, 2, 3), DFLASH_ERR_UNSUPPORTED, "bias: b8 is fp8");
 }
 
+/* The recurrent-state primitives on cases worked out by hand: a width-2
+ * convolution carrying its window across rows and into a checkpoint
+ * slot; a 1 x 1 delta rule from zeros over two rows (recomputed here in
+ * double); and their argument checks. */
+static void test_recurrent_ops(void)
+{
+    /* conv: slot 0 holds the window {4}; rows x = 2, 3; w = {0.5, 1} */
+    float state[3] = { 4, -1, -1 }, x[2] = { 2, 3 }, y[2];
+    const float wv[2] = { 0.5f, 1.0f };
+    const dflash_weight w = { DFLASH_DTYPE_F32, 1, 2, wv, NULL, "conv" };
+    const int32_t info[DFLASH_REC_INFO_LEN] = { 0, 2, 0, 1, 1, 2 }; /* 0 -> 1, after 1 row into 2 */
+    dflash_rec_args r = { 1, 2, info, state, 1 };
+    CHECK_OK(be->ops->conv_silu(be, &r, x, &w, 2, 1, 2, y));
+    const float s4 = 4.0f / (1.0f + expf(-4.0f)); /* both rows: 0.5 * 4 + 2 = 0.5 * 2 + 3 = 4 */
+    CHECKF(y[0] == s4 && y[1] == s4 && state[1] == 3 && state[2] == 2 && state[0] == 4,
+           "conv: y %g %g, windows %g %g %g", y[0], y[1], state[0], state[1], state[2]);
+
+    /* delta rule, one key and one value dimension, from zeros */
+    float S[1] = { 99 }, yd[2 * 3] = { 0.5f, -2.0f, 3.0f, -1.0f, 1.5f, 0.25f }, a[2] = { 0.3f, -0.7f },
+          b[2] = { 0.2f, 1.1f }, o[2];
+    const float alog = 0.4f, dtb = -0.1f;
+    const dflash_weight A = { DFLASH_DTYPE_F32, 1, 1, &alog, NULL, "A_log" },
+                        D = { DFLASH_DTYPE_F32, 1, 1, &dtb, NULL, "dt_bias" };
+    const int32_t dinfo[DFLASH_REC_INFO_LEN] = { 0, 2, -1, 0, 0, 0 };
+    dflash_rec_args rd = { 1, 2, dinfo, S, 1 };
+    dflash_delta_args da = { 2, 1, 1, 1, 1, yd, a, b, &A, &D, o };
+    CHECK_OK(be->ops->delta_rule(be, &rd, &da));
+    double st = 0;
+    for (int t = 0; t < 2; t++) {
+        const double q = yd[3 * t] / sqrt((double)yd[3 * t] * yd[3 * t] + 1e-6),
+                     k = yd[3 * t + 1] / sqrt((double)yd[3 * t + 1] * yd[3 * t + 1] + 1e-6), v = yd[3 * t + 2];
+        const double beta = 1 / (1 + exp(-b[t])), decay = exp(-exp(alog) * log1p(exp(a[t] + dtb)));
+        st *= decay;
+        st += k * (beta * (v - st * k));
+        CHECKF(fabs(o[t] - st * q) < 1e-6, "delta row %d: %g, want %g", t, o[t], st * q);
+    }
+    CHECKF(fabs(S[0] - st) < 1e-6, "delta state %g, want %g", S[0], st);
+
+    /* argument checks */
+    CHECK_FAILS(be->ops->conv_silu(be, &r, x, &w, 2, 1, 17, y), DFLASH_ERR_SHAPE, "conv_silu: weight conv is [1, 2]");
+    const int32_t bad[DFLASH_REC_INFO_LEN] = { 1, 2, 0, 1, 0, 0 }; /* rows past the call's */
+    dflash_rec_args rb = { 1, 2, bad, state, 1 };
+    CHECK_FAILS(be->ops->conv_silu(be, &rb, x, &w, 2, 1, 2, y), DFLASH_ERR_INVALID_ARG, "sequence 0 has rows [1, +2) of 2");
+    da.n_k_heads = 2;
+    CHECK_FAILS(be->ops->delta_rule(be, &rd, &da), DFLASH_ERR_SHAPE, "delta_rule: 2 key heads of 1");
+    CHECK_FAILS(be->ops->sigmoid_mul(be, x, y, 1, 2, 3), DFLASH_ERR_SHAPE, "sigmoid_mul: 3 gate columns for 2");
+}
+
 /* The routing of one row: softmax probabilities, the k largest (the lower
  * expert first on ties), renormalised or not, listed by expert. */
 static void test_moe_route(void)
@@ -338,6 +386,7 @@ int main(void)
     RUN(test_argmax_ties_low_index);
     RUN(test_gather_sum);
     RUN(test_add_bias);
+    RUN(test_recurrent_ops);
     RUN(test_moe_route);
     dflash_backend_destroy(be);
     TEST_END();

@@ -67,3 +67,46 @@ dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_
     DFLASH_TRY(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, rope));
     return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope);
 }
+
+static const char *wname(const dflash_weight *w) { return w->name ? w->name : "?"; }
+
+dflash_status dflash_be_check_bias(const dflash_weight *b, int cols)
+{
+    if (b->dtype == DFLASH_DTYPE_F8_E4M3)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "bias: %s is fp8 (BF16, F16 or F32 only)", wname(b));
+    if (b->rows * b->cols != cols)
+        return dflash_fail(DFLASH_ERR_SHAPE, "bias: %s has %lld elements, rows have %d", wname(b),
+                           (long long)(b->rows * b->cols), cols);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_be_check_conv(const dflash_weight *w, int channels, int kernel)
+{
+    if (kernel < 1 || kernel > DFLASH_CONV_MAX_KERNEL || w->rows != channels || w->cols != kernel ||
+        w->dtype == DFLASH_DTYPE_F8_E4M3)
+        return dflash_fail(DFLASH_ERR_SHAPE, "conv_silu: weight %s is [%lld, %lld] %s for %d channels of kernel %d "
+                           "(1..%d; BF16, F16 or F32)", wname(w), (long long)w->rows, (long long)w->cols,
+                           dflash_dtype_name(w->dtype), channels, kernel, DFLASH_CONV_MAX_KERNEL);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_be_check_delta(const dflash_delta_args *a, int max_k_dim, int max_v_dim)
+{
+    const int Hk = a->n_k_heads, Hv = a->n_v_heads, dk = a->k_dim, dv = a->v_dim;
+    const int64_t na = a->A_log->rows * a->A_log->cols, nd = a->dt_bias->rows * a->dt_bias->cols;
+    if (Hk <= 0 || Hv <= 0 || Hv % Hk || dk <= 0 || (max_k_dim && dk > max_k_dim) || dv <= 0 ||
+        (max_v_dim && dv > max_v_dim) || na != Hv || nd != Hv || a->A_log->dtype == DFLASH_DTYPE_F8_E4M3 ||
+        a->dt_bias->dtype == DFLASH_DTYPE_F8_E4M3)
+        return dflash_fail(DFLASH_ERR_SHAPE, "delta_rule: %d key heads of %d (at most %d), %d value heads of %d (at "
+                           "most %d), A_log %s and dt_bias %s of %lld and %lld elements (not fp8)", Hk, dk, max_k_dim,
+                           Hv, dv, max_v_dim, wname(a->A_log), wname(a->dt_bias), (long long)na, (long long)nd);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_be_check_gate(int64_t cols, int64_t g_cols)
+{
+    if (g_cols != 1 && g_cols != cols)
+        return dflash_fail(DFLASH_ERR_SHAPE, "sigmoid_mul: %lld gate columns for %lld columns", (long long)g_cols,
+                           (long long)cols);
+    return DFLASH_OK;
+}

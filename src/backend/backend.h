@@ -94,6 +94,9 @@ typedef struct dflash_attn_args {
  *       from; slot_snap may be slot_in, which is read before it is written)
  * Sequences of one call must use distinct slots. */
 #define DFLASH_REC_INFO_LEN 6
+/* The widest causal convolution conv_silu takes (its window lives in
+ * registers on the GPU). */
+#define DFLASH_CONV_MAX_KERNEL 16
 typedef struct dflash_rec_args {
     int n_seqs, max_seq_rows; /* max_seq_rows: a bound a device backend sizes its grid by */
     const int32_t *info;      /* [n_seqs * DFLASH_REC_INFO_LEN] */
@@ -247,6 +250,15 @@ void dflash_backend_destroy(dflash_backend *be);
  * the composition of primitives. */
 dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                      float *const *out, enum dflash_act act);
+/* The argument checks every backend makes (one message each): a bias of
+ * cols elements, not fp8; conv_silu's weight [channels, kernel] for a
+ * kernel of 1..DFLASH_CONV_MAX_KERNEL; delta_rule's geometry and its
+ * [n_v_heads] vectors, with a backend's own bounds on k_dim and v_dim (0:
+ * none); sigmoid_mul's gate columns (1 or cols). */
+dflash_status dflash_be_check_bias(const dflash_weight *b, int cols);
+dflash_status dflash_be_check_conv(const dflash_weight *w, int channels, int kernel);
+dflash_status dflash_be_check_delta(const dflash_delta_args *a, int max_k_dim, int max_v_dim);
+dflash_status dflash_be_check_gate(int64_t cols, int64_t g_cols);
 /* The checks every norm_rope makes: a table of at most head_dim / 2 pairs. */
 dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim);
 dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,

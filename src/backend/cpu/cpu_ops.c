@@ -68,11 +68,7 @@ static dflash_status cpu_add_bias(dflash_backend *be, float *x, const dflash_wei
 {
     (void)be;
     DFLASH_TRY(check_weight(b, "bias"));
-    if (b->dtype == DFLASH_DTYPE_F8_E4M3)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "bias: %s is fp8 (BF16, F16 or F32 only)", b->name ? b->name : "?");
-    if (b->rows * b->cols != cols)
-        return dflash_fail(DFLASH_ERR_SHAPE, "bias: %s has %lld elements, rows have %d", b->name ? b->name : "?",
-                           (long long)(b->rows * b->cols), cols);
+    DFLASH_TRY(dflash_be_check_bias(b, cols));
     float bf[cols];
     dflash_cpu_weight_row(&(dflash_weight){ b->dtype, 1, cols, b->data, NULL, NULL }, 0, bf);
     for (int i = 0; i < n; i++)
@@ -174,9 +170,7 @@ static dflash_status cpu_sigmoid_mul(dflash_backend *be, float *x, const float *
                                      int64_t g_cols)
 {
     (void)be;
-    if (g_cols != 1 && g_cols != cols)
-        return dflash_fail(DFLASH_ERR_SHAPE, "sigmoid_mul: %lld gate columns for %lld columns", (long long)g_cols,
-                           (long long)cols);
+    DFLASH_TRY(dflash_be_check_gate(cols, g_cols));
 #pragma omp parallel for schedule(static) if ((int64_t)n * cols > PAR_MIN_WORK)
     for (int i = 0; i < n; i++)
         for (int64_t c = 0; c < cols; c++) {

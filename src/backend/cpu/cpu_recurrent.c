@@ -12,8 +12,24 @@
 
 #include "backend/cpu/cpu_internal.h"
 
-enum { MAX_KERNEL = 16 };
+enum { MAX_KERNEL = DFLASH_CONV_MAX_KERNEL };
 
+/* Sequence q's record of a call: its rows and the slots it reads (NULL:
+ * zeros), writes at the end and after `snap` rows. */
+typedef struct rec_seq {
+    int row0, rows, snap;
+    const float *in;
+    float *out, *at_snap;
+} rec_seq;
+
+static rec_seq rec_at(const dflash_rec_args *r, int q)
+{
+    const int32_t *f = r->info + (size_t)q * DFLASH_REC_INFO_LEN;
+    return (rec_seq){ f[0], f[1], f[4], f[2] < 0 ? NULL : r->state + f[2] * r->slot_stride,
+                      r->state + f[3] * r->slot_stride, r->state + f[5] * r->slot_stride };
+}
+
+/* The records themselves (on the CPU they can be read before running). */
 static dflash_status check_rec(const dflash_rec_args *r, int n, const char *op)
 {
     for (int q = 0; q < r->n_seqs; q++) {
@@ -32,17 +48,14 @@ dflash_status dflash_cpu_conv_silu(dflash_backend *be, const dflash_rec_args *r,
                                    const dflash_weight *w, int n, int channels, int kernel, float *out)
 {
     (void)be;
-    if (kernel < 1 || kernel > MAX_KERNEL || w->rows != channels || w->cols != kernel || w->scales)
-        return dflash_fail(DFLASH_ERR_SHAPE, "conv_silu: weight %s is [%lld, %lld]%s for %d channels of kernel %d "
-                           "(1..%d)", w->name ? w->name : "?", (long long)w->rows, (long long)w->cols,
-                           w->scales ? " with scales" : "", channels, kernel, MAX_KERNEL);
+    DFLASH_TRY(dflash_be_check_conv(w, channels, kernel));
     DFLASH_TRY(check_rec(r, n, "conv_silu"));
     const int hist = kernel - 1;
     for (int q = 0; q < r->n_seqs; q++) {
-        const int32_t *f = r->info + (size_t)q * DFLASH_REC_INFO_LEN;
-        const int row0 = f[0], rows = f[1], snap = f[4];
-        const float *w_in = f[2] < 0 ? NULL : r->state + f[2] * r->slot_stride;
-        float *w_out = r->state + f[3] * r->slot_stride, *w_snap = r->state + f[5] * r->slot_stride;
+        const rec_seq sq = rec_at(r, q);
+        const int row0 = sq.row0, rows = sq.rows, snap = sq.snap;
+        const float *w_in = sq.in;
+        float *w_out = sq.out, *w_snap = sq.at_snap;
 #pragma omp parallel for schedule(static) if ((int64_t)rows * channels * kernel > (1 << 20))
         for (int c = 0; c < channels; c++) {
             float wc[MAX_KERNEL], win[MAX_KERNEL];
@@ -121,13 +134,8 @@ static void delta_step(float *S, const float *qn, const float *kn, const float *
 dflash_status dflash_cpu_delta_rule(dflash_backend *be, const dflash_rec_args *r, const dflash_delta_args *a)
 {
     (void)be;
+    DFLASH_TRY(dflash_be_check_delta(a, 0, 0));
     const int Hk = a->n_k_heads, Hv = a->n_v_heads, dk = a->k_dim, dv = a->v_dim;
-    if (Hk <= 0 || Hv <= 0 || Hv % Hk || dk <= 0 || dv <= 0 || a->A_log->rows * a->A_log->cols != Hv ||
-        a->dt_bias->rows * a->dt_bias->cols != Hv || a->A_log->scales || a->dt_bias->scales)
-        return dflash_fail(DFLASH_ERR_SHAPE, "delta_rule: %d key heads of %d, %d value heads of %d, A_log %s and "
-                           "dt_bias %s of %lld and %lld elements", Hk, dk, Hv, dv, a->A_log->name ? a->A_log->name : "?",
-                           a->dt_bias->name ? a->dt_bias->name : "?", (long long)(a->A_log->rows * a->A_log->cols),
-                           (long long)(a->dt_bias->rows * a->dt_bias->cols));
     DFLASH_TRY(check_rec(r, a->n_rows, "delta_rule"));
     float A_log[Hv], dt_bias[Hv];
     dflash_cpu_weight_row(&(dflash_weight){ a->A_log->dtype, 1, Hv, a->A_log->data, NULL, NULL }, 0, A_log);
@@ -135,10 +143,10 @@ dflash_status dflash_cpu_delta_rule(dflash_backend *be, const dflash_rec_args *r
     const int64_t Kd = (int64_t)Hk * dk, C = 2 * Kd + (int64_t)Hv * dv, head = (int64_t)dk * dv;
     const float scale = 1.0f / sqrtf((float)dk);
     for (int q = 0; q < r->n_seqs; q++) {
-        const int32_t *f = r->info + (size_t)q * DFLASH_REC_INFO_LEN;
-        const int row0 = f[0], rows = f[1], snap = f[4];
-        const float *s_in = f[2] < 0 ? NULL : r->state + f[2] * r->slot_stride;
-        float *s_out = r->state + f[3] * r->slot_stride, *s_snap = r->state + f[5] * r->slot_stride;
+        const rec_seq sq = rec_at(r, q);
+        const int row0 = sq.row0, rows = sq.rows, snap = sq.snap;
+        const float *s_in = sq.in;
+        float *s_out = sq.out, *s_snap = sq.at_snap;
 #pragma omp parallel for schedule(static) if ((int64_t)rows * Hv * head > (1 << 18))
         for (int j = 0; j < Hv; j++) {
             const int h = j / (Hv / Hk);

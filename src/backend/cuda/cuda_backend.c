@@ -342,11 +342,7 @@ static dflash_status cuda_add_bias(dflash_backend *be, float *x, const dflash_we
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_check_weight(b, "bias"));
-    if (b->dtype == DFLASH_DTYPE_F8_E4M3)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "bias: %s is fp8 (BF16, F16 or F32 only)", b->name ? b->name : "?");
-    if (b->rows * b->cols != cols)
-        return dflash_fail(DFLASH_ERR_SHAPE, "bias: %s has %lld elements, rows have %d", b->name ? b->name : "?",
-                           (long long)(b->rows * b->cols), cols);
+    DFLASH_TRY(dflash_be_check_bias(b, cols));
     if (n <= 0 || cols <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));

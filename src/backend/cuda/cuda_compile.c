@@ -78,7 +78,8 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
 static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-lineinfo",
                                             "-DDFLASH_KV_PAGE=" STR(DFLASH_KV_PAGE),
                                             "-DDFLASH_SEQ_INFO_LEN=" STR(DFLASH_SEQ_INFO_LEN),
-                                            "-DDFLASH_REC_INFO_LEN=" STR(DFLASH_REC_INFO_LEN) };
+                                            "-DDFLASH_REC_INFO_LEN=" STR(DFLASH_REC_INFO_LEN),
+                                            "-DDFLASH_CONV_MAX_KERNEL=" STR(DFLASH_CONV_MAX_KERNEL) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 
 void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)

@@ -14,11 +14,11 @@
  * split into calls. */
 #include "common.cuh"
 
-#ifndef DFLASH_REC_INFO_LEN
-#error "compile with -DDFLASH_REC_INFO_LEN=... (cuda_compile.c passes it)"
+#if !defined(DFLASH_REC_INFO_LEN) || !defined(DFLASH_CONV_MAX_KERNEL)
+#error "compile with -DDFLASH_REC_INFO_LEN=... -DDFLASH_CONV_MAX_KERNEL=... (cuda_compile.c passes them)"
 #endif
 
-#define REC_MAX_KERNEL 16
+#define REC_MAX_KERNEL DFLASH_CONV_MAX_KERNEL
 
 /* grid (channel blocks, sequences), block 128: one channel per thread. */
 extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 slot_stride, const float *x,
