@@ -15,6 +15,35 @@
 
 #define TC_MAX_ROWS 256
 
+/* The target fixture at "<test data>/<rel>" with room for max_rows rows a
+ * forward, max_seqs sequences and 256 positions. */
+static inline dflash_status tc_load(dflash_backend *be, const char *rel, int max_rows, int max_seqs, dflash_qwen3 **m)
+{
+    char dir[512];
+    dflash_qwen3_opts o;
+    dflash_qwen3_default_opts(&o);
+    o.max_rows = max_rows;
+    o.max_ctx = 256;
+    o.max_seqs = max_seqs;
+    return dflash_qwen3_load(fx_path(dir, sizeof dir, rel, NULL), be, &o, m);
+}
+
+/* The expectations beside the fixture "<test data>/<rel>" (NULL, with a
+ * failed check, when they do not open); made by transformers, and
+ * cross-checked by a second computation when `crosschecked`. */
+static inline dflash_st *tc_open_expected(const char *rel, int crosschecked)
+{
+    char path[512];
+    dflash_st *ex = NULL;
+    snprintf(path, sizeof path, "%s/%s/expected.safetensors", test_data_dir(), rel);
+    if (crosschecked)
+        fx_check_provenance(path, "producer");
+    else
+        fx_check_producer(path, "producer");
+    CHECK_OK(dflash_st_open(path, &ex));
+    return ex;
+}
+
 /* Forward rows tokens[0..n) of one sequence from its current length
  * (logits of every row when want_logits). */
 static inline dflash_status tc_run_rows(dflash_qwen3 *m, dflash_kv_seq *seq, const int32_t *tokens, int n,

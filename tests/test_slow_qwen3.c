@@ -27,26 +27,11 @@ static dflash_backend *be;
 
 static dflash_status load(const char *name, int max_rows, dflash_qwen3 **m)
 {
-    char dir[512];
-    dflash_qwen3_opts o;
-    dflash_qwen3_default_opts(&o);
-    o.max_rows = max_rows;
-    o.max_ctx = 256;
-    o.max_seqs = 2;
-    return dflash_qwen3_load(fx_path(dir, sizeof dir, name, NULL), be, &o, m);
+    return tc_load(be, name, max_rows, 2, m);
 }
 
-/* The fixture's expectations of model k (NULL, with a failed check, when
- * it does not open). */
-static dflash_st *open_expected(size_t k)
-{
-    char path[512];
-    dflash_st *ex = NULL;
-    snprintf(path, sizeof path, "%s/%s/expected.safetensors", test_data_dir(), k_models[k]);
-    fx_check_provenance(path, "producer");
-    CHECK_OK(dflash_st_open(path, &ex));
-    return ex;
-}
+/* The fixture's expectations of model k. */
+static dflash_st *open_expected(size_t k) { return tc_open_expected(k_models[k], 1); }
 
 static void test_logits_and_layers_match_hf(void)
 {

@@ -30,25 +30,18 @@ static dflash_backend *be;
 
 static dflash_status load(const char *name, int max_rows, int max_seqs, dflash_qwen3 **m)
 {
-    char dir[512];
-    dflash_qwen3_opts o;
-    dflash_qwen3_default_opts(&o);
-    o.max_rows = max_rows;
-    o.max_ctx = 256;
-    o.max_seqs = max_seqs;
-    return dflash_qwen3_load(fx_path(dir, sizeof dir, "qwen35", name), be, &o, m);
+    char rel[96];
+    snprintf(rel, sizeof rel, "qwen35/%s", name);
+    return tc_load(be, rel, max_rows, max_seqs, m);
 }
 
 /* The fixture's expectations of model k (made by transformers; these
  * have no second computation to cross-check). */
 static dflash_st *open_expected(size_t k)
 {
-    char path[512];
-    dflash_st *ex = NULL;
-    snprintf(path, sizeof path, "%s/qwen35/%s/expected.safetensors", test_data_dir(), k_models[k]);
-    fx_check_producer(path, "producer");
-    CHECK_OK(dflash_st_open(path, &ex));
-    return ex;
+    char rel[96];
+    snprintf(rel, sizeof rel, "qwen35/%s", k_models[k]);
+    return tc_open_expected(rel, 0);
 }
 
 /* 80 tokens in one forward (longer than the 65 rows a forward keeps for
@@ -180,6 +173,21 @@ static void test_long_forward_keeps_its_tail(void)
     dflash_qwen3_free(m);
 }
 
+/* A fresh sequence forwards toks[0..n), is taken back to `back` and
+ * forwards `more` rows from there: their logits into out. */
+static void alone_rows(dflash_qwen3 *m, const int32_t *toks, int n, int back, int more, float *out)
+{
+    dflash_kv_seq q;
+    float *logits = NULL;
+    CHECK_OK(dflash_qwen3_seq_init(m, &q));
+    CHECK_OK(tc_run_rows(m, &q, toks, n, 0, 0, NULL, &logits, NULL));
+    dflash_kv_seq_truncate(&q, back);
+    CHECK_OK(tc_run_rows(m, &q, toks + back, more, 1, 0, NULL, &logits, NULL));
+    if (logits)
+        memcpy(out, logits, (size_t)more * m->cfg.vocab_size * sizeof(float));
+    dflash_qwen3_seq_free(m, &q);
+}
+
 /* Two sequences in one forward, one longer than the rows a forward keeps
  * (so its state is checkpointed midway) and one short, then each taken
  * back inside its kept rows and continued together: every row equals the
@@ -199,20 +207,10 @@ static void test_two_sequences_in_one_forward(void)
         tb[i] = (i * 53 + 2) % V;
     /* alone: a's 80 rows, then (taken back to 70) 3 more; b's 6, then (back to 4) 3 more */
     static float alone_a[MORE * 512], alone_b[MORE * 512], both[2 * MORE * 512];
+    alone_rows(m, ta, NA, 70, MORE, alone_a);
+    alone_rows(m, tb, NB, 4, MORE, alone_b);
     dflash_kv_seq a, b;
     float *logits;
-    CHECK_OK(dflash_qwen3_seq_init(m, &a));
-    CHECK_OK(tc_run_rows(m, &a, ta, NA, 0, 0, NULL, &logits, NULL));
-    dflash_kv_seq_truncate(&a, 70);
-    CHECK_OK(tc_run_rows(m, &a, ta + 70, MORE, 1, 0, NULL, &logits, NULL));
-    memcpy(alone_a, logits, (size_t)MORE * V * sizeof(float));
-    dflash_qwen3_seq_free(m, &a);
-    CHECK_OK(dflash_qwen3_seq_init(m, &b));
-    CHECK_OK(tc_run_rows(m, &b, tb, NB, 0, 0, NULL, &logits, NULL));
-    dflash_kv_seq_truncate(&b, 4);
-    CHECK_OK(tc_run_rows(m, &b, tb + 4, MORE, 1, 0, NULL, &logits, NULL));
-    memcpy(alone_b, logits, (size_t)MORE * V * sizeof(float));
-    dflash_qwen3_seq_free(m, &b);
     /* together */
     CHECK_OK(dflash_qwen3_seq_init(m, &a));
     CHECK_OK(dflash_qwen3_seq_init(m, &b));
