@@ -7,6 +7,7 @@
 #include "harness.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "target/moe.h"
@@ -361,19 +362,88 @@ static void test_moe_route(void)
     double z = exp(-1.5) + 1 + exp(-1.0) + 1;
     int32_t e[3];
     float p[3];
-    qwen3_moe_route(logits, 4, 2, 0, e, p);
+    dflash_moe_route_row(logits, 4, 2, 0, e, p);
     CHECK(e[0] == 1 && e[1] == 3);
     CHECK(fabs(p[0] - 1 / z) < 1e-6 && fabs(p[1] - 1 / z) < 1e-6);
-    qwen3_moe_route(logits, 4, 2, 1, e, p);
+    dflash_moe_route_row(logits, 4, 2, 1, e, p);
     CHECK(e[0] == 1 && e[1] == 3 && fabs(p[0] - 0.5) < 1e-6 && fabs(p[1] - 0.5) < 1e-6);
-    qwen3_moe_route(logits, 4, 3, 1, e, p);
+    dflash_moe_route_row(logits, 4, 3, 1, e, p);
     CHECK(e[0] == 1 && e[1] == 2 && e[2] == 3);
     double top = (2 + exp(-1.0)) / z;
     CHECK(fabs(p[1] - exp(-1.0) / z / top) < 1e-6 && fabs(p[0] - 1 / z / top) < 1e-6);
     /* a tie at the k-th place goes to the lower expert */
     const float tie[4] = { 3.0f, 1.0f, 1.0f, 0.0f };
-    qwen3_moe_route(tie, 4, 2, 0, e, p);
+    dflash_moe_route_row(tie, 4, 2, 0, e, p);
     CHECK(e[0] == 0 && e[1] == 1);
+}
+
+/* The MoE stages as a backend without its own runs them: rows grouped by
+ * expert (each expert's rows ascending, slot pointing back), and each
+ * gathered row through its expert's weights equal, bit for bit, to that
+ * row alone through linear_group; the argument checks. */
+static void test_moe_stages(void)
+{
+    enum { N = 5, E = 4, K = 2, H = 8, I = 3 };
+    float logits[N * E], prob[N * K];
+    int32_t expert[N * K], first[E + 1], src[N * K], slot[N * K];
+    for (int i = 0; i < N * E; i++)
+        logits[i] = frand() * 3;
+    const dflash_route_args r = { .n = N, .n_experts = E, .k = K, .norm_topk_prob = 1, .logits = logits,
+                                  .expert = expert, .prob = prob, .first = first, .src = src, .slot = slot };
+    CHECK_OK(dflash_be_moe_route(be, &r));
+    CHECK(first[0] == 0 && first[E] == N * K);
+    for (int row = 0; row < N; row++) {
+        int32_t e1[K];
+        float p1[K];
+        dflash_moe_route_row(logits + row * E, E, K, 1, e1, p1);
+        for (int j = 0; j < K; j++) {
+            const int32_t at = slot[row * K + j];
+            CHECK(expert[row * K + j] == e1[j] && prob[row * K + j] == p1[j]);
+            CHECK(src[at] == row && at >= first[e1[j]] && at < first[e1[j] + 1]);
+        }
+    }
+    for (int e = 0; e < E; e++)
+        for (int at = first[e] + 1; at < first[e + 1]; at++)
+            CHECK(src[at - 1] < src[at]);
+
+    /* experts' gate and up with SwiGLU, then down */
+    static uint16_t wd[E][3][I * H];
+    dflash_weight w[E * 3];
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            for (int i = 0; i < I * H; i++)
+                wd[e][p][i] = dflash_f32_to_bf16(frand());
+            w[e * 3 + p] = (dflash_weight){ DFLASH_DTYPE_BF16, p == 2 ? H : I, p == 2 ? I : H, wd[e][p], NULL, "w" };
+        }
+    float xg[N * K * H], g[N * K * I], u[N * K * I], y[N * K * H];
+    for (int i = 0; i < N * K * H; i++)
+        xg[i] = frand();
+    dflash_experts_args a = { .n_experts = E, .n_w = 2, .w = w, .w_stride = 3, .per_row = K, .x = xg, .rows = N * K,
+                              .max_rows = N, .first = first, .out = { g, u }, .act = DFLASH_ACT_SWIGLU };
+    CHECK_OK(dflash_be_linear_experts(be, &a));
+    a = (dflash_experts_args){ .n_experts = E, .n_w = 1, .w = w + 2, .w_stride = 3, .per_row = K, .x = g,
+                               .rows = N * K, .max_rows = N, .first = first, .out = { y }, .act = DFLASH_ACT_NONE };
+    CHECK_OK(dflash_be_linear_experts(be, &a));
+    int same = 1;
+    for (int e = 0; e < E; e++)
+        for (int at = first[e]; at < first[e + 1]; at++) {
+            float g1[I], u1[I], y1[H];
+            float *const gu[2] = { g1, u1 };
+            CHECK_OK(dflash_be_linear_group(be, xg + at * H, 1, &w[e * 3], 2, gu, DFLASH_ACT_SWIGLU));
+            CHECK_OK(be->ops->linear(be, g1, 1, &w[e * 3 + 2], y1));
+            same &= memcmp(g1, g + at * I, sizeof g1) == 0 && memcmp(y1, y + at * H, sizeof y1) == 0;
+        }
+    CHECK(same);
+
+    dflash_route_args bad = r;
+    bad.k = E + 1;
+    CHECK_FAILS(dflash_be_moe_route(be, &bad), DFLASH_ERR_INVALID_ARG, "moe_route: 5 rows, 4 experts, 5 per row");
+    w[3 * 3 + 1].rows = I + 1; /* expert 3's up */
+    a = (dflash_experts_args){ .n_experts = E, .n_w = 2, .w = w, .w_stride = 3, .per_row = K, .x = xg, .rows = N * K,
+                               .max_rows = N, .first = first, .out = { g, u }, .act = DFLASH_ACT_SWIGLU };
+    CHECK_FAILS(dflash_be_linear_experts(be, &a), DFLASH_ERR_SHAPE, "weight w is BF16 [4, 8], w is BF16 [3, 8]");
+    a.act = DFLASH_ACT_NONE;
+    CHECK_FAILS(dflash_be_linear_experts(be, &a), DFLASH_ERR_INVALID_ARG, "2 weights (stride 3) with activation 0");
 }
 
 int main(void)
@@ -388,6 +458,7 @@ int main(void)
     RUN(test_add_bias);
     RUN(test_recurrent_ops);
     RUN(test_moe_route);
+    RUN(test_moe_stages);
     dflash_backend_destroy(be);
     TEST_END();
 }

@@ -127,6 +127,46 @@ enum dflash_act {
     DFLASH_ACT_SWIGLU, /* out[0] = silu(x W[0]^T) * (x W[1]^T) */
 };
 
+/* The routing of a MoE layer (moe_route): for each of n rows, softmax of
+ * its router logits in f32, the k most probable experts (lowest index
+ * first on ties), their probabilities divided by their sum (taken in
+ * descending order) when norm_topk_prob; then the rows grouped by expert,
+ * so that each expert's rows are contiguous and its weights read once.
+ * Every array in backend memory. */
+#define DFLASH_ROUTE_MAX_EXPERTS 1024
+typedef struct dflash_route_args {
+    int n, n_experts, k, norm_topk_prob;
+    const float *logits; /* [n, n_experts] */
+    int32_t *expert;     /* [n * k]: row r's j-th expert, ascending in j */
+    float *prob;         /* [n * k]: its weight */
+    int32_t *first;      /* [n_experts + 1]: expert e's gathered rows are first[e] .. first[e + 1] - 1, its
+                            rows in ascending order (first[n_experts] = n * k) */
+    int32_t *src;        /* [n * k]: the row each gathered row comes from */
+    int32_t *slot;       /* [n * k]: the gathered row of row r's j-th expert, at r * k + j */
+} dflash_route_args;
+
+/* A MoE layer's experts through one projection (linear_experts): gathered
+ * rows x [rows, cols] grouped as a dflash_route_args' `first` says, each
+ * group times its own expert's weights, out[i][g] = x[g] W_e[i]^T for
+ * gathered row g of expert e; act SWIGLU (n_w = 2): out[0] = silu(x W_e[0]^T)
+ * * (x W_e[1]^T), out[1] unused. Each row's result is what linear_group
+ * gives that row alone with its expert's weights. */
+typedef struct dflash_experts_args {
+    int n_experts, n_w;
+    const dflash_weight *w; /* host: expert e's i-th weight at w[e * w_stride + i]; weight i of every expert
+                               has one dtype and shape */
+    int w_stride;
+    const void *const *data;    /* backend [n_w * n_experts]: the same weights' data pointers, i-major (what a
+                                   device backend reads), or NULL where the backend does not need them */
+    const float *const *scales; /* backend [n_w * n_experts]: their fp8 row scales, or NULL */
+    int per_row;                /* experts each source row is routed to (a device backend sizes its work by it) */
+    const float *x;             /* [rows, cols] */
+    int rows, max_rows;         /* rows: first[n_experts]; max_rows: at least the most rows one expert has */
+    const int32_t *first;       /* [n_experts + 1] */
+    float *out[2];              /* [rows, W_e[i].rows] */
+    enum dflash_act act;
+} dflash_experts_args;
+
 typedef struct dflash_backend dflash_backend;
 
 /* What a backend has done since it was created, for benchmarks: kernel
@@ -233,6 +273,11 @@ typedef struct dflash_backend_ops {
     dflash_status (*linear_argmax)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                    int32_t *ids);
 
+    /* A MoE layer's routing and its experts' projections (see
+     * dflash_route_args and dflash_experts_args). */
+    dflash_status (*moe_route)(dflash_backend *be, const dflash_route_args *r);
+    dflash_status (*linear_experts)(dflash_backend *be, const dflash_experts_args *a);
+
     /* diagnostics: optional; NULL where nothing is counted (the CPU) */
     void (*counters)(dflash_backend *be, dflash_backend_counters *out);
 } dflash_backend_ops;
@@ -266,6 +311,16 @@ dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_
                                      int head_dim, float eps, const dflash_rope *rope);
 dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                       int32_t *ids);
+
+/* MoE stages (stage_moe.c): the default routes on the host (the logits
+ * downloaded, the arrays uploaded) and runs linear_group once per expert
+ * that has rows. */
+dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r);
+dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_args *a);
+/* The routing of one row as dflash_route_args defines it: logits
+ * [n_experts] -> experts [k] ascending and their weights prob [k]. */
+void dflash_moe_route_row(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts,
+                          float *prob);
 
 /* Typed allocation helpers; contents are undefined until written. */
 dflash_status dflash_be_alloc_f32(dflash_backend *be, size_t count, float **out);

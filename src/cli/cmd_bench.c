@@ -835,11 +835,13 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
      * (the same inputs on the same state, so the same routing) counts them. */
     double experts = 0;
     if (s == DFLASH_OK && m->cfg.num_experts) {
-        *m->s.b.moe.experts_run = 0;
+        m->s.b.moe.tally->on = 1;
+        m->s.b.moe.tally->experts = 0;
         s = forward_run(&o);
         if (s == DFLASH_OK)
             s = forward_after(&o);
-        experts = (double)*m->s.b.moe.experts_run;
+        experts = (double)m->s.b.moe.tally->experts;
+        m->s.b.moe.tally->on = 0;
     }
     if (s == DFLASH_OK)
         add_row(r, name, n_seqs, o.n, ctx, med, min, forward_bytes(m, weights, experts, n_seqs, width, ctx), host,
@@ -918,11 +920,13 @@ static dflash_status time_step(bench_run *r, drafter_set *d, dflash_qwen3 *m, df
     dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
     double experts = 0; /* as time_forward counts them, on one more step */
     if (s == DFLASH_OK && m->cfg.num_experts) {
-        *m->s.b.moe.experts_run = 0;
+        m->s.b.moe.tally->on = 1;
+        m->s.b.moe.tally->experts = 0;
         s = step_run(o);
         if (s == DFLASH_OK)
             s = step_after(o);
-        experts = (double)*m->s.b.moe.experts_run;
+        experts = (double)m->s.b.moe.tally->experts;
+        m->s.b.moe.tally->on = 0;
     }
     /* the propose's bytes, the verify's, and the context update's fc */
     const double bytes = propose_bytes(h, drafter_weights(h), 1, ctx) + weight_bytes(&h->fc) +

@@ -1,7 +1,7 @@
 /* moe.c: see moe.h. Owns the Qwen3-MoE sparse MLP: binding its router and
- * experts (per-expert tensors or transformers 5's stacked ones), the host
- * routing, the grouping of rows by expert and the forward built from the
- * backend's primitives. */
+ * experts (per-expert tensors or transformers 5's stacked ones), the
+ * experts' pointer tables a device backend reads, and the forward built
+ * from the backend's MoE stages and primitives. */
 #include "target/moe.h"
 
 #include <math.h>
@@ -50,7 +50,41 @@ static dflash_status bind_stacked(dflash_binder *b, const char *prefix, const df
     return s;
 }
 
-dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m)
+_Static_assert(DFLASH_MAX_EXPERTS <= DFLASH_ROUTE_MAX_EXPERTS, "a configured MoE must be routable");
+
+/* The experts' data (and fp8 scale) pointers, part-major, in backend
+ * memory: what linear_experts on a device reads to find expert e's
+ * weights. */
+static dflash_status build_tables(dflash_backend *be, const dflash_model_config *c, qwen3_moe *m)
+{
+    const size_t n = (size_t)c->num_experts * QWEN3_MOE_PARTS;
+    const void **data = malloc(n * sizeof *data);
+    const float **scales = malloc(n * sizeof *scales);
+    int any_scales = 0;
+    dflash_status s = data && scales ? DFLASH_OK
+                                     : dflash_fail(DFLASH_ERR_OOM, "moe: out of memory for %d experts' tables",
+                                                   c->num_experts);
+    for (int p = 0; s == DFLASH_OK && p < QWEN3_MOE_PARTS; p++)
+        for (int e = 0; e < c->num_experts; e++) {
+            const dflash_weight *w = &m->experts[e * QWEN3_MOE_PARTS + p];
+            data[(size_t)p * c->num_experts + e] = w->data;
+            scales[(size_t)p * c->num_experts + e] = w->scales;
+            any_scales |= w->scales != NULL;
+        }
+    if (s == DFLASH_OK)
+        s = be->ops->alloc(be, n * sizeof *data, (void **)&m->ptrs);
+    if (s == DFLASH_OK)
+        s = be->ops->upload(be, (void *)m->ptrs, data, n * sizeof *data);
+    if (s == DFLASH_OK && any_scales)
+        s = be->ops->alloc(be, n * sizeof *scales, (void **)&m->scale_ptrs);
+    if (s == DFLASH_OK && any_scales)
+        s = be->ops->upload(be, (void *)m->scale_ptrs, scales, n * sizeof *scales);
+    free(data);
+    free((void *)scales);
+    return s;
+}
+
+static dflash_status bind_experts(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m)
 {
     char name[256];
     *m = (qwen3_moe){ 0 };
@@ -69,10 +103,22 @@ dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_
     return s;
 }
 
-void qwen3_moe_release(qwen3_moe *m)
+dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m)
 {
+    DFLASH_TRY(bind_experts(b, prefix, c, m));
+    return b->be ? build_tables(b->be, c, m) : DFLASH_OK;
+}
+
+void qwen3_moe_release(qwen3_moe *m, dflash_backend *be)
+{
+    if (be && m->ptrs)
+        be->ops->free(be, (void *)m->ptrs);
+    if (be && m->scale_ptrs)
+        be->ops->free(be, (void *)m->scale_ptrs);
     free(m->experts);
     m->experts = NULL;
+    m->ptrs = NULL;
+    m->scale_ptrs = NULL;
 }
 
 /* ---- scratch ------------------------------------------------------------ */
@@ -87,8 +133,10 @@ dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config
     DFLASH_TRY(dflash_be_alloc_f32(be, RK * H, &b->y));
     DFLASH_TRY(dflash_be_alloc_f32(be, RK * I, &b->gate));
     DFLASH_TRY(dflash_be_alloc_f32(be, RK * I, &b->up));
+    DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->expert));
     DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->src));
     DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->slot));
+    DFLASH_TRY(dflash_be_alloc_i32(be, E + 1, &b->first));
     DFLASH_TRY(dflash_be_alloc_f32(be, RK, &b->prob));
     if (c->shared_expert_intermediate_size > 0) {
         const size_t Is = (size_t)c->shared_expert_intermediate_size;
@@ -97,126 +145,68 @@ dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config
         DFLASH_TRY(dflash_be_alloc_f32(be, R * H, &b->sh_out));
         DFLASH_TRY(dflash_be_alloc_f32(be, R, &b->sh_logit));
     }
-    b->h_logits = malloc(R * E * sizeof(float));
-    b->h_prob = malloc(RK * sizeof(float));
-    b->h_src = malloc(RK * sizeof(int32_t));
-    b->h_slot = malloc(RK * sizeof(int32_t));
-    b->h_expert = malloc(RK * sizeof(int32_t));
-    b->h_first = malloc((2 * E + 1) * sizeof(int32_t)); /* first [E + 1], then a cursor per expert */
-    b->experts_run = calloc(1, sizeof(int64_t));
-    if (!b->h_logits || !b->h_prob || !b->h_src || !b->h_slot || !b->h_expert || !b->h_first || !b->experts_run)
+    b->tally = calloc(1, sizeof *b->tally);
+    b->h_first = malloc((E + 1) * sizeof *b->h_first);
+    if (!b->tally || !b->h_first)
         return dflash_fail(DFLASH_ERR_OOM, "moe: out of memory for the routing of %d rows", rows);
     return DFLASH_OK;
 }
 
 void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b)
 {
-    void *dev[] = { b->logits, b->xg, b->y, b->gate, b->up, b->src, b->slot, b->prob, b->sh_gate, b->sh_up,
-                    b->sh_out, b->sh_logit };
+    void *dev[] = { b->logits, b->xg,    b->y,    b->gate,    b->up,    b->expert, b->src,
+                    b->slot,   b->first, b->prob, b->sh_gate, b->sh_up, b->sh_out, b->sh_logit };
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             be->ops->free(be, dev[i]);
-    void *host[] = { b->h_logits, b->h_prob, b->h_src, b->h_slot, b->h_expert, b->h_first, b->experts_run };
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
-        free(host[i]);
+    free(b->tally);
+    free(b->h_first);
     *b = (qwen3_moe_bufs){ 0 };
 }
 
-/* ---- routing ------------------------------------------------------------ */
-
-/* As transformers computes it (up to rounding: its vectorised softmax may
- * sum in another order): softmax in f32 (the largest logit subtracted, the
- * exponentials summed in expert order), the k largest probabilities
- * (lowest expert first on ties) in descending order, renormalised by their
- * sum taken in that order; then reordered by expert, the order the
- * experts' outputs are added in. */
-void qwen3_moe_route(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts, float *prob)
-{
-    float p[DFLASH_MAX_EXPERTS];
-    unsigned char taken[DFLASH_MAX_EXPERTS] = { 0 };
-    float mx = logits[0], sum = 0.0f;
-    for (int e = 1; e < n_experts; e++)
-        mx = logits[e] > mx ? logits[e] : mx;
-    for (int e = 0; e < n_experts; e++) {
-        p[e] = expf(logits[e] - mx);
-        sum += p[e];
-    }
-    for (int e = 0; e < n_experts; e++)
-        p[e] /= sum;
-    float top = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < n_experts; e++)
-            if (!taken[e] && (best < 0 || p[e] > p[best]))
-                best = e;
-        taken[best] = 1;
-        experts[j] = best;
-        prob[j] = p[best];
-        top += p[best];
-    }
-    if (norm_topk_prob)
-        for (int j = 0; j < k; j++)
-            prob[j] /= top;
-    for (int j = 1; j < k; j++) /* insertion sort by expert: k is small */
-        for (int i = j; i > 0 && experts[i - 1] > experts[i]; i--) {
-            int32_t e = experts[i];
-            float q = prob[i];
-            experts[i] = experts[i - 1], prob[i] = prob[i - 1];
-            experts[i - 1] = e, prob[i - 1] = q;
-        }
-}
-
-/* Routes rows [0, n) and groups them: h_first[e] .. h_first[e + 1] are the
- * gathered rows of expert e (its rows in ascending order), h_src their
- * source rows, h_slot[r * k + j] where row r's j-th expert's output lands. */
-static void route_and_group(const dflash_model_config *c, const qwen3_moe_bufs *b, int n)
-{
-    const int E = c->num_experts, k = c->num_experts_per_tok;
-    int32_t *first = b->h_first, *cursor = b->h_first + E + 1;
-    for (int r = 0; r < n; r++)
-        qwen3_moe_route(b->h_logits + (size_t)r * E, E, k, c->norm_topk_prob, b->h_expert + (size_t)r * k,
-                        b->h_prob + (size_t)r * k);
-    memset(first, 0, (size_t)(E + 1) * sizeof *first);
-    for (int i = 0; i < n * k; i++)
-        first[b->h_expert[i] + 1]++;
-    for (int e = 0; e < E; e++) {
-        first[e + 1] += first[e];
-        cursor[e] = first[e];
-    }
-    for (int r = 0; r < n; r++)
-        for (int j = 0; j < k; j++) {
-            const int32_t at = cursor[b->h_expert[r * k + j]]++;
-            b->h_src[at] = r;
-            b->h_slot[r * k + j] = at;
-        }
-}
-
 /* ---- forward ------------------------------------------------------------ */
+
+/* Adds the experts this forward gave rows to (a benchmark's tally). */
+static dflash_status tally_experts(dflash_backend *be, const dflash_model_config *c, const qwen3_moe_bufs *b)
+{
+    const int E = c->num_experts;
+    DFLASH_TRY(be->ops->download(be, b->h_first, b->first, (size_t)(E + 1) * sizeof *b->h_first));
+    for (int e = 0; e < E; e++)
+        b->tally->experts += b->h_first[e + 1] > b->h_first[e];
+    return DFLASH_OK;
+}
 
 dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c, const qwen3_moe *m,
                                 const qwen3_moe_bufs *b, const float *x, int n, float *out)
 {
     const dflash_backend_ops *o = be->ops;
     const int E = c->num_experts, k = c->num_experts_per_tok;
-    const int64_t H = c->hidden_size, I = c->moe_intermediate_size;
+    const int64_t H = c->hidden_size;
     DFLASH_TRY(o->linear(be, x, n, &m->router, b->logits));
-    DFLASH_TRY(o->download(be, b->h_logits, b->logits, (size_t)n * E * sizeof(float)));
-    route_and_group(c, b, n);
-    const size_t nk = (size_t)n * k;
-    DFLASH_TRY(o->upload(be, b->src, b->h_src, nk * sizeof(int32_t)));
-    DFLASH_TRY(o->upload(be, b->slot, b->h_slot, nk * sizeof(int32_t)));
-    DFLASH_TRY(o->upload(be, b->prob, b->h_prob, nk * sizeof(float)));
-    DFLASH_TRY(o->copy_rows(be, b->xg, H, x, H, b->src, (int)nk, H));
-    for (int e = 0; e < E; e++) {
-        const int32_t at = b->h_first[e], rows = b->h_first[e + 1] - at;
-        if (!rows)
-            continue;
-        ++*b->experts_run;
-        const dflash_weight *w = &m->experts[e * QWEN3_MOE_PARTS];
-        float *const gu[2] = { b->gate + at * I, b->up + at * I };
-        DFLASH_TRY(dflash_be_linear_group(be, b->xg + at * H, rows, &w[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
-        DFLASH_TRY(o->linear(be, gu[0], rows, &w[QWEN3_MOE_DOWN], b->y + at * H));
-    }
+    const dflash_route_args r = { .n = n, .n_experts = E, .k = k, .norm_topk_prob = c->norm_topk_prob,
+                                  .logits = b->logits, .expert = b->expert, .prob = b->prob, .first = b->first,
+                                  .src = b->src, .slot = b->slot };
+    DFLASH_TRY(dflash_be_moe_route(be, &r));
+    if (b->tally->on)
+        DFLASH_TRY(tally_experts(be, c, b));
+    const int nk = n * k;
+    DFLASH_TRY(o->copy_rows(be, b->xg, H, x, H, b->src, nk, H));
+    /* gate and up with SwiGLU, then down, each over every expert at once */
+    dflash_experts_args ea = { .n_experts = E, .n_w = 2, .w = &m->experts[QWEN3_MOE_GATE], .w_stride = QWEN3_MOE_PARTS,
+                               .data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_GATE * E : NULL,
+                               .scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_GATE * E : NULL,
+                               .per_row = k, .x = b->xg, .rows = nk, .max_rows = n, .first = b->first,
+                               .out = { b->gate, b->up }, .act = DFLASH_ACT_SWIGLU };
+    DFLASH_TRY(dflash_be_linear_experts(be, &ea));
+    ea.n_w = 1;
+    ea.w = &m->experts[QWEN3_MOE_DOWN];
+    ea.data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_DOWN * E : NULL;
+    ea.scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_DOWN * E : NULL;
+    ea.x = b->gate;
+    ea.out[0] = b->y;
+    ea.out[1] = NULL;
+    ea.act = DFLASH_ACT_NONE;
+    DFLASH_TRY(dflash_be_linear_experts(be, &ea));
     DFLASH_TRY(o->gather_sum(be, out, b->y, b->slot, b->prob, n, k, H));
     if (!m->shared_gate.data)
         return DFLASH_OK;

@@ -13,9 +13,9 @@
  * the other rows.
  *
  * The rows are grouped by expert, so each expert's weights are read once
- * per forward however many rows chose it. Routing runs on the host: the
- * router logits come back from the backend once per sparse layer (on a
- * GPU, a wait for the device). */
+ * per forward however many rows chose it: the backend's moe_route and
+ * linear_experts stages (on a GPU both run on the device, with no wait for
+ * the host; elsewhere the routing runs on the host). */
 #ifndef DFLASH_TARGET_MOE_H
 #define DFLASH_TARGET_MOE_H
 
@@ -33,6 +33,11 @@ typedef struct qwen3_moe {
      * every row runs: out += sigmoid(x shared_gate^T) * down(silu(gate(x)) * up(x)). */
     dflash_weight shared[QWEN3_MOE_PARTS]; /* gate, up [Is, H], down [H, Is] */
     dflash_weight shared_gate;             /* [1, H] */
+    /* backend [QWEN3_MOE_PARTS * E]: the experts' data pointers and, with
+     * fp8 weights, their scales' (else NULL), part-major (see
+     * dflash_experts_args); NULL when bound without a backend */
+    const void *const *ptrs;
+    const float *const *scale_ptrs;
 } qwen3_moe;
 
 /* Scratch of the sparse MLP for R rows (k = num_experts_per_tok). */
@@ -40,16 +45,16 @@ typedef struct qwen3_moe_bufs {
     float *logits;            /* backend [R, E] router logits */
     float *xg, *y;            /* backend [R * k, H]: rows gathered by expert, and the experts' outputs */
     float *gate, *up;         /* backend [R * k, I] */
-    int32_t *src, *slot;      /* backend [R * k]: source row of each gathered row; row r's j-th expert's
-                                 gathered row at r * k + j */
-    float *prob;              /* backend [R * k]: row r's j-th expert's weight */
-    float *h_logits, *h_prob; /* host copies */
-    int32_t *h_src, *h_slot, *h_expert, *h_first; /* host; h_expert [R * k], h_first [E + 1] */
-    float *sh_gate, *sh_up;   /* backend [R, Is]: the shared expert's (with shared_expert_intermediate_size) */
-    float *sh_out, *sh_logit; /* backend [R, H] and [R] */
-    int64_t *experts_run; /* host [1]: experts given rows, summed over every sparse layer of every
-                             forward since the caller last zeroed it (a benchmark's floor counts
-                             the bytes of these experts only) */
+    int32_t *expert, *src, *slot; /* backend [R * k]: the routing (dflash_route_args) */
+    int32_t *first;               /* backend [E + 1] */
+    float *prob;                  /* backend [R * k] */
+    float *sh_gate, *sh_up;       /* backend [R, Is]: the shared expert's (with shared_expert_intermediate_size) */
+    float *sh_out, *sh_logit;     /* backend [R, H] and [R] */
+    /* host: while `on`, the experts given rows are added to `experts` over
+     * every sparse layer of every forward (a benchmark's floor counts the
+     * bytes of these experts only; each layer then waits for its routing) */
+    struct qwen3_moe_tally { int on; int64_t experts; } *tally;
+    int32_t *h_first;             /* host [E + 1]: the tally's copy of first */
 } qwen3_moe_bufs;
 
 /* Binds "<prefix>mlp.gate.weight" and the experts, stored either one
@@ -58,7 +63,8 @@ typedef struct qwen3_moe_bufs {
  * [E, 2I, H], gate rows first, and "<prefix>mlp.experts.down_proj"
  * [E, H, I], as transformers 5 holds them). */
 dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m);
-void qwen3_moe_release(qwen3_moe *m);
+/* be: the backend it was bound with (NULL: bound without one). */
+void qwen3_moe_release(qwen3_moe *m, dflash_backend *be);
 
 dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_moe_bufs *b);
 void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b);
@@ -66,9 +72,5 @@ void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b);
 /* out [n, H] = the sparse MLP of rows x [n, H] (backend memory). */
 dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c, const qwen3_moe *m,
                                 const qwen3_moe_bufs *b, const float *x, int n, float *out);
-
-/* Host routing of one row (exposed for tests): logits [E] -> the k chosen
- * experts in ascending order and their weights. */
-void qwen3_moe_route(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts, float *prob);
 
 #endif

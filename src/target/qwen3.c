@@ -149,7 +149,7 @@ void dflash_qwen3_free(dflash_qwen3 *m)
     if (m->rec)
         qwen35_state_free(m->rec, m->be);
     free(m->rec);
-    qwen3_layers_free(m->layers, m->cfg.num_hidden_layers);
+    qwen3_layers_free(m->layers, m->cfg.num_hidden_layers, m->be);
     free(m->norm_host);
     dflash_st_close(m->st);
     free(m);

@@ -187,7 +187,7 @@ dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash
         s = qwen35_checkpoint_bind(&b, c, &w, extra);
         dflash_binder_free(&b);
     }
-    qwen3_layers_free(w.layers, c->num_hidden_layers);
+    qwen3_layers_free(w.layers, c->num_hidden_layers, NULL);
     free(w.norm_host);
     return s;
 }

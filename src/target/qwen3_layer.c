@@ -56,10 +56,10 @@ dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflas
     return sparse ? qwen3_moe_bind(b, prefix, c, &l->moe) : DFLASH_OK;
 }
 
-void qwen3_layers_free(qwen3_layer *layers, int n)
+void qwen3_layers_free(qwen3_layer *layers, int n, dflash_backend *be)
 {
     for (int i = 0; layers && i < n; i++)
-        qwen3_moe_release(&layers[i].moe);
+        qwen3_moe_release(&layers[i].moe, be);
     free(layers);
 }
 
@@ -223,7 +223,7 @@ dflash_status qwen3_checkpoint_check(const dflash_model_config *c, const dflash_
         s = qwen3_checkpoint_bind(&b, c, &w);
         dflash_binder_free(&b);
     }
-    qwen3_layers_free(w.layers, c->num_hidden_layers);
+    qwen3_layers_free(w.layers, c->num_hidden_layers, NULL);
     return s;
 }
 

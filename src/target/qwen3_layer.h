@@ -67,7 +67,7 @@ dflash_status qwen3_layer_bind(dflash_binder *b, const char *prefix, const dflas
                                qwen3_layer *l);
 /* Frees what binding allocated for layers[0 .. n) (the experts tables),
  * then the array itself. */
-void qwen3_layers_free(qwen3_layer *layers, int n);
+void qwen3_layers_free(qwen3_layer *layers, int n, dflash_backend *be);
 
 /* A checkpoint's weights by role. A target binds embed
  * (model.embed_tokens), final_norm (model.norm) and lm_head (the embedding

@@ -1,0 +1,146 @@
+/* stage_moe.c: the MoE layer's two stages, moe_route and linear_experts
+ * (backend.h): their argument checks, the definition of a row's routing,
+ * and the default composition a backend without its own version runs (the
+ * routing on the host between a download and an upload; one linear_group
+ * per expert that has rows). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+
+/* The k largest probabilities are taken one at a time (lowest expert first
+ * on ties) and summed in that order; the final order is by expert, the
+ * order a layer adds its experts' outputs in. */
+void dflash_moe_route_row(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts,
+                          float *prob)
+{
+    float p[DFLASH_ROUTE_MAX_EXPERTS];
+    unsigned char taken[DFLASH_ROUTE_MAX_EXPERTS] = { 0 };
+    float mx = logits[0], sum = 0.0f;
+    for (int e = 1; e < n_experts; e++)
+        mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < n_experts; e++) {
+        p[e] = expf(logits[e] - mx);
+        sum += p[e];
+    }
+    for (int e = 0; e < n_experts; e++)
+        p[e] /= sum;
+    float top = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n_experts; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best]))
+                best = e;
+        taken[best] = 1;
+        experts[j] = best;
+        prob[j] = p[best];
+        top += p[best];
+    }
+    if (norm_topk_prob)
+        for (int j = 0; j < k; j++)
+            prob[j] /= top;
+    for (int j = 1; j < k; j++) /* insertion sort by expert: k is small */
+        for (int i = j; i > 0 && experts[i - 1] > experts[i]; i--) {
+            int32_t e = experts[i];
+            float q = prob[i];
+            experts[i] = experts[i - 1], prob[i] = prob[i - 1];
+            experts[i - 1] = e, prob[i - 1] = q;
+        }
+}
+
+/* Groups n rows of k experts each: first[] by counting, then each
+ * expert's rows in ascending row order. */
+static void group_rows(const int32_t *expert, int n, int k, int n_experts, int32_t *first, int32_t *src,
+                       int32_t *slot, int32_t *cursor)
+{
+    memset(first, 0, (size_t)(n_experts + 1) * sizeof *first);
+    for (int i = 0; i < n * k; i++)
+        first[expert[i] + 1]++;
+    for (int e = 0; e < n_experts; e++) {
+        first[e + 1] += first[e];
+        cursor[e] = first[e];
+    }
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < k; j++) {
+            const int32_t at = cursor[expert[r * k + j]]++;
+            src[at] = r;
+            slot[r * k + j] = at;
+        }
+}
+
+static dflash_status route_on_host(dflash_backend *be, const dflash_route_args *r)
+{
+    const size_t n = (size_t)r->n, E = (size_t)r->n_experts, nk = n * (size_t)r->k;
+    float *logits = malloc(n * E * sizeof *logits), *prob = malloc(nk * sizeof *prob);
+    int32_t *ints = malloc((3 * nk + 2 * E + 1) * sizeof *ints);
+    dflash_status s = logits && prob && ints ? DFLASH_OK
+                                             : dflash_fail(DFLASH_ERR_OOM, "moe_route: out of memory for %d rows", r->n);
+    int32_t *expert = ints, *src = ints + nk, *slot = ints + 2 * nk, *first = ints + 3 * nk, *cursor = first + E + 1;
+    if (s == DFLASH_OK)
+        s = be->ops->download(be, logits, r->logits, n * E * sizeof *logits);
+    if (s == DFLASH_OK) {
+        for (size_t i = 0; i < n; i++)
+            dflash_moe_route_row(logits + i * E, r->n_experts, r->k, r->norm_topk_prob, expert + i * (size_t)r->k,
+                                 prob + i * (size_t)r->k);
+        group_rows(expert, r->n, r->k, r->n_experts, first, src, slot, cursor);
+        const struct { void *dst; const void *host; size_t bytes; } up[] = {
+            { r->expert, expert, nk * 4 }, { r->prob, prob, nk * 4 }, { r->first, first, (E + 1) * 4 },
+            { r->src, src, nk * 4 },       { r->slot, slot, nk * 4 },
+        };
+        for (size_t i = 0; s == DFLASH_OK && i < sizeof up / sizeof up[0]; i++)
+            s = be->ops->upload(be, up[i].dst, up[i].host, up[i].bytes);
+    }
+    free(logits);
+    free(prob);
+    free(ints);
+    return s;
+}
+
+dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r)
+{
+    if (r->n < 0 || r->n_experts < 1 || r->n_experts > DFLASH_ROUTE_MAX_EXPERTS || r->k < 1 || r->k > r->n_experts)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "moe_route: %d rows, %d experts, %d per row (1..%d experts, "
+                           "1..experts per row)", r->n, r->n_experts, r->k, DFLASH_ROUTE_MAX_EXPERTS);
+    if (r->n == 0)
+        return DFLASH_OK;
+    if (be->ops->moe_route)
+        return be->ops->moe_route(be, r);
+    return route_on_host(be, r);
+}
+
+dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_args *a)
+{
+    if (a->n_experts < 1 || a->w_stride < a->n_w || a->n_w < 1 || a->n_w > 2 ||
+        (a->act == DFLASH_ACT_SWIGLU) != (a->n_w == 2))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_experts: %d weights (stride %d) with activation %d",
+                           a->n_w, a->w_stride, (int)a->act);
+    for (int e = 0; e < a->n_experts; e++)
+        for (int i = 0; i < a->n_w; i++) {
+            const dflash_weight *w = &a->w[(size_t)e * a->w_stride + i], *w0 = &a->w[i];
+            if (w->dtype != w0->dtype || w->rows != w0->rows || w->cols != w0->cols || w->cols != a->w[0].cols)
+                return dflash_fail(DFLASH_ERR_SHAPE, "linear_experts: weight %s is %s [%lld, %lld], %s is %s [%lld, %lld]",
+                                   w->name ? w->name : "?", dflash_dtype_name(w->dtype), (long long)w->rows,
+                                   (long long)w->cols, w0->name ? w0->name : "?", dflash_dtype_name(w0->dtype),
+                                   (long long)w0->rows, (long long)w0->cols);
+        }
+    if (a->rows <= 0)
+        return DFLASH_OK;
+    if (be->ops->linear_experts)
+        return be->ops->linear_experts(be, a);
+    int32_t *first = malloc((size_t)(a->n_experts + 1) * sizeof *first);
+    if (!first)
+        return dflash_fail(DFLASH_ERR_OOM, "linear_experts: out of memory for %d experts", a->n_experts);
+    dflash_status s = be->ops->download(be, first, a->first, (size_t)(a->n_experts + 1) * sizeof *first);
+    const int64_t K = a->w[0].cols;
+    for (int e = 0; s == DFLASH_OK && e < a->n_experts; e++) {
+        const int32_t at = first[e], rows = first[e + 1] - at;
+        if (!rows)
+            continue;
+        const dflash_weight *w = &a->w[(size_t)e * a->w_stride];
+        float *out[2] = { a->out[0] + (int64_t)at * w[0].rows, a->n_w > 1 ? a->out[1] + (int64_t)at * w[1].rows : NULL };
+        s = dflash_be_linear_group(be, a->x + (int64_t)at * K, rows, w, a->n_w, out, a->act);
+    }
+    free(first);
+    return s;
+}
