@@ -317,6 +317,9 @@ dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n,
  * that has rows. */
 dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r);
 dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_args *a);
+/* The default linear_experts (first[] downloaded, one linear_group per
+ * expert with rows), for a backend whose own version declines a case. */
+dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_experts_args *a);
 /* The routing of one row as dflash_route_args defines it: logits
  * [n_experts] -> experts [k] ascending and their weights prob [k]. */
 void dflash_moe_route_row(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts,

@@ -128,6 +128,11 @@ dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_
         return DFLASH_OK;
     if (be->ops->linear_experts)
         return be->ops->linear_experts(be, a);
+    return dflash_be_linear_experts_each(be, a);
+}
+
+dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_experts_args *a)
+{
     int32_t *first = malloc((size_t)(a->n_experts + 1) * sizeof *first);
     if (!first)
         return dflash_fail(DFLASH_ERR_OOM, "linear_experts: out of memory for %d experts", a->n_experts);

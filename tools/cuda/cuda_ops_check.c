@@ -70,14 +70,14 @@ static float *rand_f32(size_t n, float amp)
 }
 
 /* Device buffers of the current case, freed together by gpu_reset(). */
-static void *g_dev[128];
+static void *g_dev[4096];
 static int g_ndev;
 
 static void *gpu_alloc(size_t bytes)
 {
     void *p;
     MUST(g_gpu->ops->alloc(g_gpu, bytes, &p));
-    if (g_ndev == 128) {
+    if (g_ndev == 4096) {
         fprintf(stderr, "cuda_ops_check: too many buffers in one case\n");
         exit(2);
     }
@@ -1074,6 +1074,139 @@ static void case_gather_sum(int n, int k, int64_t cols, int src_rows)
     gpu_reset();
 }
 
+/* A MoE layer on the device: moe_route (experts, src, slot and first
+ * exact, weights within rounding of the CPU's softmax sum), linear_experts
+ * (SwiGLU over gate/up, then down) against the CPU, and each row's expert
+ * outputs equal bit for bit to that row routed and run alone (the grouped
+ * GEMM's tiles must not change a row's bits). Timed: the route, both
+ * projections in one launch each, and the same through one launch per
+ * expert with a wait for first[] (the composition). */
+typedef struct moe_arg {
+    dflash_route_args r;
+    dflash_experts_args gu, dn;
+    int each;
+} moe_arg;
+static dflash_status run_route(void *p) { return dflash_be_moe_route(g_gpu, &((moe_arg *)p)->r); }
+static dflash_status run_experts(void *p)
+{
+    moe_arg *a = p;
+    dflash_status (*f)(dflash_backend *, const dflash_experts_args *) =
+        a->each ? dflash_be_linear_experts_each : dflash_be_linear_experts;
+    DFLASH_TRY(f(g_gpu, &a->gu));
+    return f(g_gpu, &a->dn);
+}
+
+static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s %d rows, %d experts top %d, %lld x %lld", dflash_dtype_name(dt), n, E, k,
+             (long long)H, (long long)I);
+    const size_t nk = (size_t)n * k;
+    float *logits = rand_f32((size_t)n * E, 3.0f), *x = rand_f32(nk * H, 1.0f);
+    wpair *w = xmalloc((size_t)E * 3 * sizeof *w);
+    dflash_weight *wh = xmalloc((size_t)E * 3 * sizeof *wh), *wd = xmalloc((size_t)E * 3 * sizeof *wd);
+    const void **ptr = xmalloc((size_t)E * 3 * sizeof *ptr);
+    const float **sc = xmalloc((size_t)E * 3 * sizeof *sc);
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            make_weight(&w[e * 3 + p], dt, p == 2 ? H : I, p == 2 ? I : H, 2.0f / sqrtf((float)(p == 2 ? I : H)));
+            wh[e * 3 + p] = w[e * 3 + p].h;
+            wd[e * 3 + p] = w[e * 3 + p].d;
+            ptr[(size_t)p * E + e] = wd[e * 3 + p].data;
+            sc[(size_t)p * E + e] = wd[e * 3 + p].scales;
+        }
+    const void *const *dptr = gpu_copy(ptr, (size_t)E * 3 * sizeof *ptr);
+    const float *const *dsc = dt == DFLASH_DTYPE_F8_E4M3 ? gpu_copy(sc, (size_t)E * 3 * sizeof *sc) : NULL;
+
+    /* routing */
+    int32_t *ints = xmalloc((4 * nk + E + 1) * sizeof *ints);
+    float *prob = xmalloc(nk * sizeof *prob);
+    dflash_route_args rc = { .n = n, .n_experts = E, .k = k, .norm_topk_prob = 1, .logits = logits,
+                             .expert = ints, .src = ints + nk, .slot = ints + 2 * nk, .first = ints + 3 * nk,
+                             .prob = prob };
+    MUST(dflash_be_moe_route(g_cpu, &rc));
+    moe_arg a = { .r = rc };
+    a.r.logits = gpu_copy(logits, (size_t)n * E * sizeof(float));
+    a.r.expert = gpu_alloc(nk * 4);
+    a.r.src = gpu_alloc(nk * 4);
+    a.r.slot = gpu_alloc(nk * 4);
+    a.r.first = gpu_alloc(((size_t)E + 1) * 4);
+    a.r.prob = gpu_poison(nk);
+    MUST(dflash_be_moe_route(g_gpu, &a.r));
+    check_exact("moe_route experts", shape, a.r.expert, rc.expert, nk * 4);
+    check_exact("moe_route first", shape, a.r.first, rc.first, ((size_t)E + 1) * 4);
+    check_exact("moe_route src", shape, a.r.src, rc.src, nk * 4);
+    check_exact("moe_route slot", shape, a.r.slot, rc.slot, nk * 4);
+    check_f32("moe_route prob", shape, a.r.prob, rc.prob, nk, 1e-6);
+
+    /* the experts, over the CPU's grouping (the same as the GPU's, checked above) */
+    float *g = xmalloc(nk * I * sizeof(float)), *u = xmalloc(nk * I * sizeof(float)), *y = xmalloc(nk * H * sizeof(float));
+    dflash_experts_args ec = { .n_experts = E, .n_w = 2, .w = wh, .w_stride = 3, .per_row = k, .x = x, .rows = (int)nk,
+                               .max_rows = n, .first = rc.first, .out = { g, u }, .act = DFLASH_ACT_SWIGLU };
+    MUST(dflash_be_linear_experts(g_cpu, &ec));
+    dflash_experts_args dc = ec;
+    dc.n_w = 1, dc.w = wh + 2, dc.x = g, dc.out[0] = y, dc.out[1] = NULL, dc.act = DFLASH_ACT_NONE;
+    MUST(dflash_be_linear_experts(g_cpu, &dc));
+    a.gu = ec;
+    a.gu.w = wd, a.gu.data = dptr, a.gu.scales = dsc, a.gu.first = a.r.first;
+    a.gu.x = gpu_copy(x, nk * H * sizeof(float));
+    a.gu.out[0] = gpu_poison(nk * I);
+    a.gu.out[1] = gpu_poison(nk * I);
+    a.dn = a.gu;
+    a.dn.n_w = 1, a.dn.w = wd + 2, a.dn.data = dptr + 2 * E, a.dn.scales = dsc ? dsc + 2 * E : NULL;
+    a.dn.x = a.gu.out[0], a.dn.out[0] = gpu_poison(nk * H), a.dn.out[1] = NULL, a.dn.act = DFLASH_ACT_NONE;
+    MUST(run_experts(&a));
+    check_f32("linear_experts swiglu", shape, a.gu.out[0], g, nk * I, 1e-4);
+    check_f32("linear_experts down", shape, a.dn.out[0], y, nk * H, 1e-4);
+
+    /* a row alone: routed alone (its gathered rows are its k experts in
+     * order), through both projections; the same bits as in the batch */
+    float *yb = xmalloc(nk * H * sizeof(float)), *y1 = xmalloc((size_t)k * H * sizeof(float));
+    gpu_get(yb, a.dn.out[0], nk * H * sizeof(float));
+    size_t bad = 0;
+    for (int r = 0; r < n && r < 8; r++) {
+        moe_arg one = a;
+        one.r.n = 1;
+        one.r.logits = (const float *)a.r.logits + (size_t)r * E;
+        one.r.expert = gpu_alloc((size_t)k * 4), one.r.src = gpu_alloc((size_t)k * 4);
+        one.r.slot = gpu_alloc((size_t)k * 4), one.r.first = gpu_alloc(((size_t)E + 1) * 4);
+        one.r.prob = gpu_alloc((size_t)k * 4);
+        MUST(dflash_be_moe_route(g_gpu, &one.r));
+        float *xr = xmalloc((size_t)k * H * sizeof(float));
+        for (int j = 0; j < k; j++)
+            memcpy(xr + (size_t)j * H, x + (size_t)rc.slot[r * k + j] * H, (size_t)H * sizeof(float));
+        one.gu.x = gpu_copy(xr, (size_t)k * H * sizeof(float));
+        one.gu.rows = k, one.gu.max_rows = 1, one.gu.first = one.r.first;
+        one.gu.out[0] = gpu_poison((size_t)k * I), one.gu.out[1] = gpu_poison((size_t)k * I);
+        one.dn.rows = k, one.dn.max_rows = 1, one.dn.first = one.r.first;
+        one.dn.x = one.gu.out[0], one.dn.out[0] = gpu_poison((size_t)k * H);
+        MUST(run_experts(&one));
+        gpu_get(y1, one.dn.out[0], (size_t)k * H * sizeof(float));
+        for (int j = 0; j < k; j++)
+            bad += memcmp(y1 + (size_t)j * H, yb + (size_t)rc.slot[r * k + j] * H, (size_t)H * sizeof(float)) != 0;
+        free(xr);
+    }
+    record("linear_experts alone", shape, bad ? INFINITY : 0.0, 0.0);
+
+    if (timed) {
+        int32_t *first = rc.first;
+        double wbytes = 0;
+        for (int e = 0; e < E; e++)
+            if (first[e + 1] > first[e])
+                for (int p = 0; p < 3; p++)
+                    wbytes += (double)wh[e * 3 + p].rows * wh[e * 3 + p].cols * dflash_dtype_size(dt);
+        time_op("moe_route", shape, run_route, &a, 4.0 * n * E);
+        time_op("linear_experts", shape, run_experts, &a, wbytes);
+        a.each = 1;
+        time_op("experts, each", shape, run_experts, &a, wbytes);
+    }
+    for (int i = 0; i < E * 3; i++)
+        free_weight(&w[i]);
+    free(w), free(wh), free(wd), free(ptr), free(sc), free(ints), free(prob), free(g), free(u), free(y), free(yb);
+    free(y1), free(logits), free(x);
+    gpu_reset();
+}
+
 /* The driver's device-to-device copy: the ceiling for memory-bound ops. */
 typedef struct dcopy_arg {
     void *dst;
@@ -1768,6 +1901,17 @@ int main(int argc, char **argv)
     case_gather_sum(5, 2, 96, 10);
     if (!g_small)
         case_gather_sum(512, 8, 2048, 4096); /* a 30B-A3B layer's 32 x 16 verify rows */
+
+    /* a MoE layer: 1 row, a verify's 16, tiles of 64 rows and more (few
+     * experts), fp8; timed at Qwen3.5-35B-A3B's experts */
+    case_moe(DFLASH_DTYPE_BF16, 1, 16, 4, 256, 128, 0);
+    case_moe(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0);
+    case_moe(DFLASH_DTYPE_BF16, 100, 8, 2, 256, 96, 0);
+    case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 256, 128, 0);
+    if (!g_small) {
+        case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
+        case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);
+    }
 
     /* argmax */
     if (g_small) {

@@ -484,6 +484,17 @@ static dflash_status cuda_gather_sum(dflash_backend *be, float *out, const float
     return cuda_launch(c, DFK_GATHER_SUM, (unsigned)n, chunks, 256, args);
 }
 
+/* A MoE layer's routing (moe.cu): one block for the whole call. */
+static dflash_status cuda_moe_route(dflash_backend *be, const dflash_route_args *r)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(cuda_enter(c));
+    int n = r->n, E = r->n_experts, k = r->k, norm = r->norm_topk_prob;
+    void *args[] = { (void *)&r->logits, &n, &E, &k, &norm, (void *)&r->expert, (void *)&r->prob,
+                     (void *)&r->first, (void *)&r->src, (void *)&r->slot };
+    return cuda_launch(c, DFK_MOE_ROUTE, 1, 1, 1024, args);
+}
+
 static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int cols, int32_t *out)
 {
     cuda_ctx *c = CTX(be);
@@ -525,6 +536,8 @@ static const dflash_backend_ops k_cuda_ops = {
     .argmax = cuda_argmax,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,
+    .moe_route = cuda_moe_route,
+    .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,
     .qk_norm_rope = cuda_qk_norm_rope,
 };

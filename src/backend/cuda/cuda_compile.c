@@ -47,6 +47,14 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_GEMM_FP8_2] = { "gemm.cu", "dflash_gemm_fp8_2" },
     [DFK_GEMM_FP8_4] = { "gemm.cu", "dflash_gemm_fp8_4" },
     [DFK_GEMM_FP8_8] = { "gemm.cu", "dflash_gemm_fp8_8" },
+    [DFK_GEMM_GROUP_BF16_1] = { "gemm.cu", "dflash_gemm_group_bf16_1" },
+    [DFK_GEMM_GROUP_BF16_2] = { "gemm.cu", "dflash_gemm_group_bf16_2" },
+    [DFK_GEMM_GROUP_BF16_4] = { "gemm.cu", "dflash_gemm_group_bf16_4" },
+    [DFK_GEMM_GROUP_BF16_8] = { "gemm.cu", "dflash_gemm_group_bf16_8" },
+    [DFK_GEMM_GROUP_FP8_1] = { "gemm.cu", "dflash_gemm_group_fp8_1" },
+    [DFK_GEMM_GROUP_FP8_2] = { "gemm.cu", "dflash_gemm_group_fp8_2" },
+    [DFK_GEMM_GROUP_FP8_4] = { "gemm.cu", "dflash_gemm_group_fp8_4" },
+    [DFK_GEMM_GROUP_FP8_8] = { "gemm.cu", "dflash_gemm_group_fp8_8" },
     [DFK_GEMM_WIDE_BF16_32] = { "gemm_wide.cu", "dflash_gemm_wide_bf16_32", GW_SMEM(0, 32) },
     [DFK_GEMM_WIDE_BF16_64] = { "gemm_wide.cu", "dflash_gemm_wide_bf16_64", GW_SMEM(0, 64) },
     [DFK_GEMM_WIDE_BF16_128] = { "gemm_wide.cu", "dflash_gemm_wide_bf16_128", GW_SMEM(0, 128) },
@@ -67,6 +75,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_CONV_SILU] = { "recurrent.cu", "dflash_conv_silu" },
     [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule" },
     [DFK_SIGMOID_MUL] = { "recurrent.cu", "dflash_sigmoid_mul" },
+    [DFK_MOE_ROUTE] = { "moe.cu", "dflash_moe_route" },
 };
 
 /* -lineinfo costs nothing at run time and lets compute-sanitizer and
@@ -79,7 +88,8 @@ static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-l
                                             "-DDFLASH_KV_PAGE=" STR(DFLASH_KV_PAGE),
                                             "-DDFLASH_SEQ_INFO_LEN=" STR(DFLASH_SEQ_INFO_LEN),
                                             "-DDFLASH_REC_INFO_LEN=" STR(DFLASH_REC_INFO_LEN),
-                                            "-DDFLASH_CONV_MAX_KERNEL=" STR(DFLASH_CONV_MAX_KERNEL) };
+                                            "-DDFLASH_CONV_MAX_KERNEL=" STR(DFLASH_CONV_MAX_KERNEL),
+                                            "-DDFLASH_ROUTE_MAX_EXPERTS=" STR(DFLASH_ROUTE_MAX_EXPERTS) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 
 void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)

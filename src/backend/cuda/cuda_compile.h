@@ -39,6 +39,14 @@ typedef enum dflash_cuda_kernel_id {
     DFK_GEMM_FP8_2,
     DFK_GEMM_FP8_4,
     DFK_GEMM_FP8_8,
+    DFK_GEMM_GROUP_BF16_1, /* gemm.cu: a MoE layer's experts (linear_experts), the same tiles */
+    DFK_GEMM_GROUP_BF16_2,
+    DFK_GEMM_GROUP_BF16_4,
+    DFK_GEMM_GROUP_BF16_8,
+    DFK_GEMM_GROUP_FP8_1,
+    DFK_GEMM_GROUP_FP8_2,
+    DFK_GEMM_GROUP_FP8_4,
+    DFK_GEMM_GROUP_FP8_8,
     DFK_GEMM_WIDE_BF16_32, /* gemm_wide.cu: the same for many rows, tiles of 32, 64 or 128 rows */
     DFK_GEMM_WIDE_BF16_64,
     DFK_GEMM_WIDE_BF16_128,
@@ -59,6 +67,7 @@ typedef enum dflash_cuda_kernel_id {
     DFK_CONV_SILU, /* recurrent.cu: a linear-attention layer's primitives */
     DFK_DELTA_RULE,
     DFK_SIGMOID_MUL,
+    DFK_MOE_ROUTE, /* moe.cu: a MoE layer's routing and grouping */
     DFK_COUNT
 } dflash_cuda_kernel_id;
 

@@ -1,10 +1,11 @@
 /* cuda_gemm.c: the CUDA launchers of the linear ops: linear, linear_group
- * (q/k/v in one launch, gate/up with SwiGLU) and linear_argmax (LM head and
- * argmax without writing logits), on the tensor-core kernels where the
- * weights allow (gemm.cu, or gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE
- * rows, 65 by default: the same bits), else on the general linear.cu
- * kernel. Owns the choice of split-K,
- * of the kernel and its tile, and the GEMM's workspaces. */
+ * (q/k/v in one launch, gate/up with SwiGLU), linear_argmax (LM head and
+ * argmax without writing logits) and linear_experts (a MoE layer's experts
+ * in one launch), on the tensor-core kernels where the weights allow
+ * (gemm.cu, or gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE rows, 65 by
+ * default: the same bits), else on the general linear.cu kernel. Owns the
+ * choice of split-K, of the kernel and its tile, and the GEMM's
+ * workspaces. */
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -26,6 +27,16 @@ typedef struct gemm_args {
     int m, n_w, split, mode, store;
 } gemm_args;
 _Static_assert(sizeof(gemm_args) == 200, "gemm_args must match kernels/gemm_mma.cuh");
+
+/* Mirrors struct gemm_group_args in kernels/gemm.cu. */
+typedef struct gemm_group_args {
+    gemm_args base;
+    const void *const *wtab;
+    const float *const *stab;
+    const int32_t *first;
+    int n_experts, tile_rows, blocks_per_tile;
+} gemm_group_args;
+_Static_assert(sizeof(gemm_group_args) == 240, "gemm_group_args must match kernels/gemm.cu");
 
 enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2 }; /* gemm_mma.cuh's GM_* modes */
 #define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */
@@ -297,4 +308,76 @@ dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, cons
     }
     DFLASH_TRY(linear_simt(c, x, n, w, logits));
     return be->ops->argmax(be, logits, n, (int)w->rows, ids);
+}
+
+/* Every expert's weights on the tensor-core kernel, and the tables there? */
+static int experts_gemm_ok(const dflash_experts_args *a)
+{
+    if (!a->data || !aligned16(a->x))
+        return 0;
+    for (int i = 0; i < a->n_w; i++)
+        if (a->w[i].dtype == DFLASH_DTYPE_F8_E4M3 && !a->scales)
+            return 0;
+    for (int e = 0; e < a->n_experts; e++)
+        if (!gemm_ok(a->x, &a->w[(size_t)e * a->w_stride], a->n_w))
+            return 0;
+    return 1;
+}
+
+/* One launch of gemm.cu's grouped kernel over every expert's tiles: tiles
+ * of 8 NT rows (NT from the most rows one expert may have), at most
+ * min(experts, rows) + rows / tile of them, each rb x split blocks; the
+ * split from the shape and the experts a row activates, never from the
+ * row count. */
+dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args *a)
+{
+    cuda_ctx *c = CTX(be);
+    for (int i = 0; i < a->n_w; i++)
+        DFLASH_TRY(cuda_check_weight(&a->w[i], "linear_experts"));
+    if (!experts_gemm_ok(a))
+        return dflash_be_linear_experts_each(be, a);
+    DFLASH_TRY(cuda_enter(c));
+    static const dflash_cuda_kernel_id k_bf16[4] = { DFK_GEMM_GROUP_BF16_1, DFK_GEMM_GROUP_BF16_2,
+                                                     DFK_GEMM_GROUP_BF16_4, DFK_GEMM_GROUP_BF16_8 };
+    static const dflash_cuda_kernel_id k_fp8[4] = { DFK_GEMM_GROUP_FP8_1, DFK_GEMM_GROUP_FP8_2, DFK_GEMM_GROUP_FP8_4,
+                                                    DFK_GEMM_GROUP_FP8_8 };
+    const dflash_weight *w = a->w;
+    const int fp8 = w[0].dtype == DFLASH_DTYPE_F8_E4M3, swiglu = a->act == DFLASH_ACT_SWIGLU;
+    gemm_group_args g;
+    memset(&g, 0, sizeof g);
+    int64_t n_ws = 0;
+    for (int i = 0; i < a->n_w; i++) {
+        g.base.n[i] = w[i].rows;
+        g.base.blocks[i] = (w[i].rows + GEMM_RB - 1) / GEMM_RB;
+        g.base.out[i] = a->out[i];
+        n_ws += (w[i].rows + 3) / 4 * 4;
+    }
+    const int64_t rb = swiglu ? (w[0].rows + GEMM_RB / 2 - 1) / (GEMM_RB / 2) : g.base.blocks[0];
+    g.base.k = w[0].cols;
+    g.base.n_w = a->n_w;
+    g.base.mode = swiglu ? GEMM_SWIGLU : GEMM_STORE;
+    g.base.store = 1;
+    g.base.x = a->x;
+    g.base.split = gemm_split(c, rb * (a->per_row > 0 ? a->per_row : 1), g.base.k / (fp8 ? 64 : 32));
+    const int t = a->max_rows <= 8 ? 0 : a->max_rows <= 16 ? 1 : a->max_rows <= 32 ? 2 : 3;
+    const int tm = 8 << t;
+    const int64_t tiles = (a->n_experts < a->rows ? a->n_experts : a->rows) + a->rows / tm;
+    const int64_t per_tile = rb * g.base.split;
+    if (tiles * per_tile > 0x7fffffff)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear_experts: %lld tiles of %lld blocks",
+                           (long long)tiles, (long long)per_tile);
+    if (g.base.split > 1) {
+        DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_ws, (size_t)g.base.split * (size_t)a->rows * (size_t)n_ws * 4, 0));
+        DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_cnt, (size_t)(tiles * rb) * sizeof(int), 1));
+        g.base.ws = HPTR(c->gemm_ws.p);
+        g.base.counters = HPTR(c->gemm_cnt.p);
+    }
+    g.wtab = a->data;
+    g.stab = fp8 ? a->scales : NULL;
+    g.first = a->first;
+    g.n_experts = a->n_experts;
+    g.tile_rows = tm;
+    g.blocks_per_tile = (int)per_tile;
+    void *args[] = { &g };
+    return cuda_launch(c, fp8 ? k_fp8[t] : k_bf16[t], (unsigned)(tiles * per_tile), 1, 256, args);
 }

@@ -124,6 +124,7 @@ dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const
                                 float *const *out, enum dflash_act act);
 dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                  int32_t *ids);
+dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args *a);
 
 /* cuda_attention.c */
 dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer, const int32_t *page_tables,

@@ -20,10 +20,11 @@ typedef long long i64;
 #define DT_BF16 3
 #define DT_F8 4
 
-/* DFLASH_KV_PAGE (positions per KV page) and DFLASH_SEQ_INFO_LEN (fields
- * per sequence in seq_info) come from backend.h as -D options. */
-#if !defined(DFLASH_KV_PAGE) || !defined(DFLASH_SEQ_INFO_LEN)
-#error "compile with -DDFLASH_KV_PAGE=... -DDFLASH_SEQ_INFO_LEN=... (cuda_compile.c passes them)"
+/* DFLASH_KV_PAGE (positions per KV page), DFLASH_SEQ_INFO_LEN (fields
+ * per sequence in seq_info) and DFLASH_ROUTE_MAX_EXPERTS (the most
+ * experts a MoE layer routes over) come from backend.h as -D options. */
+#if !defined(DFLASH_KV_PAGE) || !defined(DFLASH_SEQ_INFO_LEN) || !defined(DFLASH_ROUTE_MAX_EXPERTS)
+#error "compile with -DDFLASH_KV_PAGE=... -DDFLASH_SEQ_INFO_LEN=... -DDFLASH_ROUTE_MAX_EXPERTS=... (cuda_compile.c passes them)"
 #endif
 
 /* Error codes a kernel can report (decoded in cuda_backend.c). */

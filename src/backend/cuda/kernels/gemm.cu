@@ -50,7 +50,8 @@ __forceinline__ i64 gm_ws_off(const gemm_args &a, int seg)
     return off;
 }
 
-template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
+/* Block `bid` of a call's blocks (row block bid / split, slice bid % split). */
+template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i64 bid)
 {
     constexpr int KSTEP = FP8 ? 64 : 32; /* k covered by one 16-byte load across a thread group */
     constexpr int ESZ = FP8 ? 1 : 2;
@@ -67,8 +68,8 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int S = a.split, M = a.m;
-    const i64 rb = blockIdx.x / S;
-    const int s = (int)(blockIdx.x % S);
+    const i64 rb = bid / S;
+    const int s = (int)(bid % S);
     const bool swiglu = a.mode == GM_SWIGLU;
 
     /* This block's weight (segment) and first row; this warp's rows. */
@@ -288,7 +289,7 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a)
 #define GEMM_KERNEL(name, FP8, NT)                                                                            \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) dflash_gemm_##name##_##NT(const gemm_args a) \
     {                                                                                                         \
-        gemm_body<FP8, NT>(a);                                                                                \
+        gemm_body<FP8, NT>(a, blockIdx.x);                                                                    \
     }
 
 GEMM_KERNEL(bf16, 0, 1)
@@ -299,6 +300,107 @@ GEMM_KERNEL(fp8, 1, 1)
 GEMM_KERNEL(fp8, 1, 2)
 GEMM_KERNEL(fp8, 1, 4)
 GEMM_KERNEL(fp8, 1, 8)
+
+/* A MoE layer's experts through one projection (linear_experts in
+ * backend.h): gathered rows grouped by expert (first[]), each group cut
+ * into tiles of at most 8 NT rows, and each tile a gemm_body call of its
+ * own with its expert's weights. A tile's blocks find it from first[]
+ * (written by the routing kernel, hence after the dependency wait); blocks
+ * past the last tile exit. The split and the arithmetic are gemm_body's,
+ * so a row's result does not depend on the rows it shares a tile with. */
+struct gemm_group_args {
+    gemm_args base;           /* x, out: the whole call's; w, scales unused; ws and counters shared by the tiles */
+    const void *const *wtab;  /* [n_w * n_experts]: expert e's weight i at i * n_experts + e */
+    const float *const *stab; /* the same for fp8 scales, or NULL */
+    const int *first;         /* [n_experts + 1] */
+    int n_experts, tile_rows, blocks_per_tile;
+};
+static_assert(sizeof(gemm_group_args) == 240, "mirrored by gemm_group_args in cuda_gemm.c");
+
+/* Tile t of the call: tile[0] its expert (-1: no such tile), tile[1] its
+ * first gathered row, tile[2] its rows. Warp 0, first[] in shared memory;
+ * lane l counts the tiles of experts l * per .. (l + 1) * per - 1. */
+__forceinline__ void gm_find_tile(const int *first, int E, int tm, i64 t, int *tile)
+{
+    const int lane = threadIdx.x & 31, per = (E + 31) / 32, e0 = lane * per, e1 = e0 + per < E ? e0 + per : E;
+    int count = 0;
+    for (int e = e0; e < e1; e++)
+        count += (first[e + 1] - first[e] + tm - 1) / tm;
+    int incl = count;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += v;
+    }
+    const int excl = incl - count;
+    if (lane == 31 && t >= incl)
+        tile[0] = -1;
+    if (t < excl || t >= incl)
+        return;
+    int tt = (int)(t - excl);
+    for (int e = e0; e < e1; e++) {
+        const int m = first[e + 1] - first[e], nt = (m + tm - 1) / tm;
+        if (tt < nt) {
+            tile[0] = e;
+            tile[1] = first[e] + tt * tm;
+            tile[2] = m - tt * tm < tm ? m - tt * tm : tm;
+            return;
+        }
+        tt -= nt;
+    }
+}
+
+template <int FP8, int NT> __forceinline__ void gemm_group_body(const gemm_group_args &g)
+{
+    /* the tile's arguments live in shared memory: a local copy would be
+     * indexed by segment at run time, i.e. spilled to the stack */
+    __shared__ int s_first[DFLASH_ROUTE_MAX_EXPERTS + 1], tile[3];
+    __shared__ gemm_args a;
+    pdl_trigger();
+    pdl_wait(); /* first[] and x come from the kernels before */
+    for (int e = threadIdx.x; e <= g.n_experts; e += GM_THREADS)
+        s_first[e] = g.first[e];
+    __syncthreads();
+    const i64 t = blockIdx.x / g.blocks_per_tile;
+    if (threadIdx.x < 32)
+        gm_find_tile(s_first, g.n_experts, g.tile_rows, t, tile);
+    __syncthreads();
+    if (tile[0] < 0)
+        return;
+    if (threadIdx.x == 0) {
+        const int e = tile[0];
+        const i64 r0 = tile[1];
+        a = g.base;
+        a.m = tile[2];
+        a.x = g.base.x + r0 * a.k;
+        for (int i = 0; i < a.n_w; i++) {
+            a.w[i] = g.wtab[(i64)i * g.n_experts + e];
+            a.scales[i] = g.stab ? g.stab[(i64)i * g.n_experts + e] : nullptr;
+            a.out[i] = g.base.out[i] ? g.base.out[i] + r0 * a.n[i] : nullptr;
+        }
+        /* the tile's partials: [split][its rows] from row r0 of a workspace laid out tile after tile */
+        a.ws = g.base.ws + (i64)a.split * r0 * gm_ws_off(a, a.n_w);
+        a.counters = g.base.counters + t * (g.blocks_per_tile / a.split);
+    }
+    __syncthreads();
+    gemm_body<FP8, NT>(a, blockIdx.x % g.blocks_per_tile);
+}
+
+#define GEMM_GROUP_KERNEL(name, FP8, NT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(GM_THREADS, 2)                                           \
+        dflash_gemm_group_##name##_##NT(const gemm_group_args g)                                          \
+    {                                                                                                     \
+        gemm_group_body<FP8, NT>(g);                                                                      \
+    }
+
+GEMM_GROUP_KERNEL(bf16, 0, 1)
+GEMM_GROUP_KERNEL(bf16, 0, 2)
+GEMM_GROUP_KERNEL(bf16, 0, 4)
+GEMM_GROUP_KERNEL(bf16, 0, 8)
+GEMM_GROUP_KERNEL(fp8, 1, 1)
+GEMM_GROUP_KERNEL(fp8, 1, 2)
+GEMM_GROUP_KERNEL(fp8, 1, 4)
+GEMM_GROUP_KERNEL(fp8, 1, 8)
 
 /* grid m: out[r] = the best column of row r over the row blocks' partials
  * (the CPU's tie rule); -1 when the row held a NaN or +inf or nothing above

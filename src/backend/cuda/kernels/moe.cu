@@ -1,0 +1,142 @@
+/* moe.cu: a MoE layer's routing on the device (dflash_route_args in
+ * backend.h): one block of 1024 threads does the whole call, so the
+ * grouping that needs every row's choice runs after a block barrier, not
+ * a second launch or a host round trip.
+ *
+ * Per row (one warp each): softmax of the router logits, the lanes holding
+ * experts lane, lane + 32, ... (a bit per expert marks the taken ones);
+ * the k largest probabilities one at a time by warp reduction (the lower
+ * expert on ties, as the CPU; a NaN never beats a number); lane 0 then
+ * renormalises them in the order taken and sorts them by expert. The
+ * softmax's sum is a warp reduction, so a probability may differ from
+ * the CPU's by rounding; a row's result depends on its logits only.
+ *
+ * Grouping: thread e counts the entries of expert e (the entries staged in
+ * shared memory and read four at a time), a block scan gives first[], and
+ * a second pass places each entry in row order. */
+#include "common.cuh"
+
+#define MR_THREADS 1024
+#define MR_CHUNK 4096 /* entries staged in shared memory at a time (a multiple of 4) */
+static_assert(MR_THREADS >= DFLASH_ROUTE_MAX_EXPERTS, "a thread per expert");
+
+/* (v, i) beats (bv, bi): larger, or equal at a lower expert; NaN counts as
+ * -inf, so it is taken only when nothing else is left. */
+__forceinline__ bool mr_better(float v, int i, float bv, int bi)
+{
+    const float a = v != v ? -__int_as_float(0x7f800000) : v, b = bv != bv ? -__int_as_float(0x7f800000) : bv;
+    return bi < 0 || a > b || (a == b && i < bi);
+}
+
+/* Row r by one warp: expert[r k ..], prob[r k ..]. */
+__forceinline__ void mr_route_row(const float *lr, int E, int k, int norm, int *expert, float *prob)
+{
+    const int lane = threadIdx.x & 31;
+    float mx = -__int_as_float(0x7f800000);
+    for (int e = lane; e < E; e += 32)
+        mx = fmaxf(mx, lr[e]);
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32)
+        sum += expf(lr[e] - mx);
+    sum = warp_sum(sum);
+    u32 taken = 0; /* bit i: expert lane + 32 i */
+    float top = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int e = lane, i = 0; e < E; e += 32, i++)
+            if (!(taken >> i & 1u)) {
+                const float p = expf(lr[e] - mx) / sum;
+                if (mr_better(p, e, bv, bi))
+                    bv = p, bi = e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && mr_better(ov, oi, bv, bi))
+                bv = ov, bi = oi;
+        }
+        if ((bi & 31) == lane)
+            taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            expert[j] = bi;
+            prob[j] = bv;
+            top += bv;
+        }
+    }
+    if (lane != 0)
+        return;
+    if (norm)
+        for (int j = 0; j < k; j++)
+            prob[j] /= top;
+    for (int j = 1; j < k; j++) /* insertion sort by expert: k is small */
+        for (int i = j; i > 0 && expert[i - 1] > expert[i]; i--) {
+            const int e = expert[i];
+            const float q = prob[i];
+            expert[i] = expert[i - 1], prob[i] = prob[i - 1];
+            expert[i - 1] = e, prob[i - 1] = q;
+        }
+}
+
+/* How many of entries [0, nk) (staged chunk by chunk) are expert e; with
+ * place, also writes src and slot of each of them, from `at` on. */
+__forceinline__ int mr_scan(const int *expert, int nk, int k, int e, bool place, int at, int *src, int *slot,
+                            int *stage)
+{
+    int count = 0;
+    for (int c0 = 0; c0 < nk; c0 += MR_CHUNK) {
+        const int len = nk - c0 < MR_CHUNK ? nk - c0 : MR_CHUNK;
+        __syncthreads(); /* the previous chunk is read by everyone */
+        for (int i = threadIdx.x; i < len; i += blockDim.x)
+            stage[i] = expert[c0 + i];
+        for (int i = len + threadIdx.x; i < (len + 3) / 4 * 4; i += blockDim.x)
+            stage[i] = -1;
+        __syncthreads();
+        for (int i = 0; i < len; i += 4) {
+            const int4 q = *(const int4 *)(stage + i);
+            const int v[4] = { q.x, q.y, q.z, q.w };
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v[u] == e) {
+                    if (place) {
+                        src[at + count] = (c0 + i + u) / k;
+                        slot[c0 + i + u] = at + count;
+                    }
+                    count++;
+                }
+        }
+    }
+    return count;
+}
+
+extern "C" __global__ void __launch_bounds__(MR_THREADS) dflash_moe_route(const float *logits, int n, int E, int k,
+                                                                         int norm, int *expert, float *prob,
+                                                                         int *first, int *src, int *slot)
+{
+    __shared__ __align__(16) int stage[MR_CHUNK];
+    __shared__ int scan[MR_THREADS];
+    pdl_trigger();
+    pdl_wait();
+    const int warp = threadIdx.x >> 5;
+    for (int r = warp; r < n; r += MR_THREADS / 32)
+        mr_route_row(logits + (i64)r * E, E, k, norm, expert + (i64)r * k, prob + (i64)r * k);
+    /* every row's experts are written (mr_scan begins with a barrier) */
+    const int e = threadIdx.x, nk = n * k;
+    const int count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage);
+    scan[e] = count;
+    __syncthreads();
+    for (int o = 1; o < MR_THREADS; o <<= 1) { /* inclusive scan over the experts */
+        const int v = e >= o ? scan[e - o] : 0;
+        __syncthreads();
+        scan[e] += v;
+        __syncthreads();
+    }
+    const int at = scan[e] - count;
+    if (e < E)
+        first[e] = at;
+    if (e == E - 1)
+        first[E] = scan[e];
+    mr_scan(expert, nk, k, e < E ? e : -2, true, at, src, slot, stage);
+}
