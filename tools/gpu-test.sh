@@ -104,7 +104,7 @@ want() { # group: check | bench | model
     case "$ONLY" in all) return 0 ;; "$1") return 0 ;; check) [ "$1" = model ] ;; *) return 1 ;; esac
 }
 
-SRC="$(ls src/core/*.c) src/backend/backend.c $(ls src/backend/cpu/*.c) $(ls src/backend/cuda/*.c)"
+SRC="$(ls src/core/*.c) src/backend/backend.c src/backend/stage_moe.c $(ls src/backend/cpu/*.c) $(ls src/backend/cuda/*.c)"
 CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE"
 OMP=-fopenmp
 echo 'int main(void){return 0;}' >"$B/omp.c"
