@@ -53,7 +53,7 @@
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
 # "memcheck|racecheck|synccheck|peer-.*" for a profiling run);
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
-# bench (CSV in the logs); GPU_TEST_AB=FILE.tar (a `git archive` of another
+# bench (CSV in the logs; GPU_TEST_NCU_TIMES_BENCH: other bench arguments); GPU_TEST_AB=FILE.tar (a `git archive` of another
 # commit) builds that tree's CLI too and alternates the two benches;
 # GPU_TEST_SPLITS="2 4 8" benches with DFLASH_CUDA_GEMM_SPLIT at each;
 # GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
@@ -288,7 +288,8 @@ if want bench; then
     # between kernels cost.
     if [ "${GPU_TEST_NCU_TIMES:-0}" = 1 ] && [ -n "$NCU" ] && [ -x "$B/dflash" ]; then
         step ncu-times-seed ncu_times_seed.txt 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
-            --csv --print-units base "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 --reps 1
+            --csv --print-units base "$B/dflash" bench --device cuda \
+            ${GPU_TEST_NCU_TIMES_BENCH:---preset seed-drafter --ctx 4096 --reps 1}
     fi
     P="python3 tools/bench/torch_drafter_peer.py --device cuda"
     step peer-seed peer_seed.txt 150 $P --preset seed-drafter --ctx 512,4096
