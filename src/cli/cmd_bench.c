@@ -822,6 +822,24 @@ static double forward_bytes(const dflash_qwen3 *m, double weights, double expert
 
 /* Time one forward of `width` rows per sequence for the first n_seqs of
  * seqs (each at ctx) and add its row. */
+/* A MoE reads the experts its rows were routed to: one more call of op
+ * (the same inputs on the same state, so the same routing) counts them,
+ * summed over its sparse layers, into *experts (0 for a dense target). */
+static dflash_status count_experts(dflash_qwen3 *m, const bench_op *op, double *experts)
+{
+    *experts = 0;
+    if (!m->cfg.num_experts)
+        return DFLASH_OK;
+    m->s.b.moe.tally->on = 1;
+    m->s.b.moe.tally->experts = 0;
+    dflash_status s = op->run(op->self);
+    if (s == DFLASH_OK && op->after)
+        s = op->after(op->self);
+    m->s.b.moe.tally->on = 0;
+    *experts = (double)m->s.b.moe.tally->experts;
+    return s;
+}
+
 static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
                                   int32_t ctx, double weights, const char *name)
 {
@@ -831,18 +849,9 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
     double med, min, host;
     bench_counts counts;
     dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
-    /* A MoE reads the experts its rows were routed to: one more call
-     * (the same inputs on the same state, so the same routing) counts them. */
     double experts = 0;
-    if (s == DFLASH_OK && m->cfg.num_experts) {
-        m->s.b.moe.tally->on = 1;
-        m->s.b.moe.tally->experts = 0;
-        s = forward_run(&o);
-        if (s == DFLASH_OK)
-            s = forward_after(&o);
-        experts = (double)m->s.b.moe.tally->experts;
-        m->s.b.moe.tally->on = 0;
-    }
+    if (s == DFLASH_OK)
+        s = count_experts(m, &op, &experts);
     if (s == DFLASH_OK)
         add_row(r, name, n_seqs, o.n, ctx, med, min, forward_bytes(m, weights, experts, n_seqs, width, ctx), host,
                 &counts);
@@ -918,16 +927,9 @@ static dflash_status time_step(bench_run *r, drafter_set *d, dflash_qwen3 *m, df
     double med, min, host;
     bench_counts counts;
     dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
-    double experts = 0; /* as time_forward counts them, on one more step */
-    if (s == DFLASH_OK && m->cfg.num_experts) {
-        m->s.b.moe.tally->on = 1;
-        m->s.b.moe.tally->experts = 0;
-        s = step_run(o);
-        if (s == DFLASH_OK)
-            s = step_after(o);
-        experts = (double)m->s.b.moe.tally->experts;
-        m->s.b.moe.tally->on = 0;
-    }
+    double experts = 0;
+    if (s == DFLASH_OK)
+        s = count_experts(m, &op, &experts);
     /* the propose's bytes, the verify's, and the context update's fc */
     const double bytes = propose_bytes(h, drafter_weights(h), 1, ctx) + weight_bytes(&h->fc) +
                          forward_bytes(m, weights, experts, 1, o->B, ctx);
