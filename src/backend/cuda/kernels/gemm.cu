@@ -292,15 +292,6 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
         gemm_body<FP8, NT>(a, blockIdx.x);                                                                    \
     }
 
-GEMM_KERNEL(bf16, 0, 1)
-GEMM_KERNEL(bf16, 0, 2)
-GEMM_KERNEL(bf16, 0, 4)
-GEMM_KERNEL(bf16, 0, 8)
-GEMM_KERNEL(fp8, 1, 1)
-GEMM_KERNEL(fp8, 1, 2)
-GEMM_KERNEL(fp8, 1, 4)
-GEMM_KERNEL(fp8, 1, 8)
-
 /* A MoE layer's experts through one projection (linear_experts in
  * backend.h): gathered rows grouped by expert (first[]), each group cut
  * into tiles of at most 8 NT rows, and each tile a gemm_body call of its
@@ -393,14 +384,16 @@ template <int FP8, int NT> __forceinline__ void gemm_group_body(const gemm_group
         gemm_group_body<FP8, NT>(g);                                                                      \
     }
 
-GEMM_GROUP_KERNEL(bf16, 0, 1)
-GEMM_GROUP_KERNEL(bf16, 0, 2)
-GEMM_GROUP_KERNEL(bf16, 0, 4)
-GEMM_GROUP_KERNEL(bf16, 0, 8)
-GEMM_GROUP_KERNEL(fp8, 1, 1)
-GEMM_GROUP_KERNEL(fp8, 1, 2)
-GEMM_GROUP_KERNEL(fp8, 1, 4)
-GEMM_GROUP_KERNEL(fp8, 1, 8)
+/* Both kinds for each weight type and tile. */
+#define GEMM_KERNELS(name, FP8, NT) GEMM_KERNEL(name, FP8, NT) GEMM_GROUP_KERNEL(name, FP8, NT)
+GEMM_KERNELS(bf16, 0, 1)
+GEMM_KERNELS(bf16, 0, 2)
+GEMM_KERNELS(bf16, 0, 4)
+GEMM_KERNELS(bf16, 0, 8)
+GEMM_KERNELS(fp8, 1, 1)
+GEMM_KERNELS(fp8, 1, 2)
+GEMM_KERNELS(fp8, 1, 4)
+GEMM_KERNELS(fp8, 1, 8)
 
 /* grid m: out[r] = the best column of row r over the row blocks' partials
  * (the CPU's tie rule); -1 when the row held a NaN or +inf or nothing above
