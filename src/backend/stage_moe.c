@@ -9,9 +9,11 @@
 
 #include "backend/backend.h"
 
-/* The k largest probabilities are taken one at a time (lowest expert first
- * on ties) and summed in that order; the final order is by expert, the
- * order a layer adds its experts' outputs in. */
+/* As transformers computes it, up to rounding (its vectorised softmax may
+ * sum in another order): the largest logit subtracted, the exponentials
+ * summed in expert order; the k largest probabilities taken one at a time
+ * (lowest expert first on ties) and summed in that order; the final order
+ * is by expert, the order a layer adds its experts' outputs in. */
 void dflash_moe_route_row(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts,
                           float *prob)
 {
