@@ -435,6 +435,28 @@ static void test_moe_stages(void)
         }
     CHECK(same);
 
+    /* the default composition (a backend without the two stages: host
+     * copies, per-expert launches) gives the same bits as the CPU's own */
+    dflash_backend_ops ops = *be->ops;
+    ops.moe_route = NULL;
+    ops.linear_experts = NULL;
+    dflash_backend plain = { &ops, be->ctx };
+    float prob2[N * K], g2[N * K * I], u2[N * K * I], y2[N * K * H];
+    int32_t expert2[N * K], first2[E + 1], src2[N * K], slot2[N * K];
+    dflash_route_args r2 = r;
+    r2.expert = expert2, r2.prob = prob2, r2.first = first2, r2.src = src2, r2.slot = slot2;
+    CHECK_OK(dflash_be_moe_route(&plain, &r2));
+    CHECK(!memcmp(expert, expert2, sizeof expert) && !memcmp(prob, prob2, sizeof prob) &&
+          !memcmp(first, first2, sizeof first) && !memcmp(src, src2, sizeof src) && !memcmp(slot, slot2, sizeof slot));
+    dflash_experts_args a2 = { .n_experts = E, .n_w = 2, .w = w, .w_stride = 3, .per_row = K, .x = xg,
+                               .rows = N * K, .max_rows = N, .first = first2, .out = { g2, u2 },
+                               .act = DFLASH_ACT_SWIGLU };
+    CHECK_OK(dflash_be_linear_experts(&plain, &a2));
+    a2 = (dflash_experts_args){ .n_experts = E, .n_w = 1, .w = w + 2, .w_stride = 3, .per_row = K, .x = g2,
+                                .rows = N * K, .max_rows = N, .first = first2, .out = { y2 }, .act = DFLASH_ACT_NONE };
+    CHECK_OK(dflash_be_linear_experts(&plain, &a2));
+    CHECK(!memcmp(g, g2, sizeof g) && !memcmp(y, y2, sizeof y));
+
     dflash_route_args bad = r;
     bad.k = E + 1;
     CHECK_FAILS(dflash_be_moe_route(be, &bad), DFLASH_ERR_INVALID_ARG, "moe_route: 5 rows, 4 experts, 5 per row");

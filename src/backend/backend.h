@@ -317,13 +317,18 @@ dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n,
  * that has rows. */
 dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r);
 dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_args *a);
-/* The default linear_experts (first[] downloaded, one linear_group per
- * expert with rows), for a backend whose own version declines a case. */
-dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_experts_args *a);
+/* One linear_group per expert with rows: the default linear_experts, and
+ * what a backend runs where its own version declines a case. host_first: a
+ * copy of a->first the host reads, or NULL to download one. */
+dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_experts_args *a,
+                                            const int32_t *host_first);
 /* The routing of one row as dflash_route_args defines it: logits
  * [n_experts] -> experts [k] ascending and their weights prob [k]. */
 void dflash_moe_route_row(const float *logits, int n_experts, int k, int norm_topk_prob, int32_t *experts,
                           float *prob);
+/* The whole routing of dflash_route_args, every array in memory the host
+ * reads and writes (the CPU backend's moe_route; arguments checked). */
+void dflash_moe_route_rows(const dflash_route_args *r);
 
 /* Typed allocation helpers; contents are undefined until written. */
 dflash_status dflash_be_alloc_f32(dflash_backend *be, size_t count, float **out);

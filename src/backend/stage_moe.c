@@ -1,8 +1,8 @@
 /* stage_moe.c: the MoE layer's two stages, moe_route and linear_experts
- * (backend.h): their argument checks, the definition of a row's routing,
- * and the default composition a backend without its own version runs (the
- * routing on the host between a download and an upload; one linear_group
- * per expert that has rows). */
+ * (backend.h): their argument checks, the definition of the routing (what
+ * the CPU backend runs in place), and the default composition a backend
+ * without its own version runs (the routing on the host between a
+ * download and an upload; one linear_group per expert that has rows). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,44 +51,47 @@ void dflash_moe_route_row(const float *logits, int n_experts, int k, int norm_to
         }
 }
 
-/* Groups n rows of k experts each: first[] by counting, then each
- * expert's rows in ascending row order. */
-static void group_rows(const int32_t *expert, int n, int k, int n_experts, int32_t *first, int32_t *src,
-                       int32_t *slot, int32_t *cursor)
+void dflash_moe_route_rows(const dflash_route_args *r)
 {
-    memset(first, 0, (size_t)(n_experts + 1) * sizeof *first);
+    const int n = r->n, k = r->k, E = r->n_experts;
+    int32_t cursor[DFLASH_ROUTE_MAX_EXPERTS];
+    for (int i = 0; i < n; i++)
+        dflash_moe_route_row(r->logits + (size_t)i * E, E, k, r->norm_topk_prob, r->expert + (size_t)i * k,
+                             r->prob + (size_t)i * k);
+    /* first[] by counting, then each expert's rows in ascending row order */
+    memset(r->first, 0, (size_t)(E + 1) * sizeof *r->first);
     for (int i = 0; i < n * k; i++)
-        first[expert[i] + 1]++;
-    for (int e = 0; e < n_experts; e++) {
-        first[e + 1] += first[e];
-        cursor[e] = first[e];
+        r->first[r->expert[i] + 1]++;
+    for (int e = 0; e < E; e++) {
+        r->first[e + 1] += r->first[e];
+        cursor[e] = r->first[e];
     }
-    for (int r = 0; r < n; r++)
-        for (int j = 0; j < k; j++) {
-            const int32_t at = cursor[expert[r * k + j]]++;
-            src[at] = r;
-            slot[r * k + j] = at;
-        }
+    for (int i = 0; i < n * k; i++) {
+        const int32_t at = cursor[r->expert[i]]++;
+        r->src[at] = i / k;
+        r->slot[i] = at;
+    }
 }
 
+/* The default for a backend whose memory the host cannot read: the
+ * routing on host copies between a download and an upload. */
 static dflash_status route_on_host(dflash_backend *be, const dflash_route_args *r)
 {
     const size_t n = (size_t)r->n, E = (size_t)r->n_experts, nk = n * (size_t)r->k;
     float *logits = malloc(n * E * sizeof *logits), *prob = malloc(nk * sizeof *prob);
-    int32_t *ints = malloc((3 * nk + 2 * E + 1) * sizeof *ints);
+    int32_t *ints = malloc((3 * nk + E + 1) * sizeof *ints);
     dflash_status s = logits && prob && ints ? DFLASH_OK
                                              : dflash_fail(DFLASH_ERR_OOM, "moe_route: out of memory for %d rows", r->n);
-    int32_t *expert = ints, *src = ints + nk, *slot = ints + 2 * nk, *first = ints + 3 * nk, *cursor = first + E + 1;
+    dflash_route_args h = *r;
+    h.logits = logits, h.prob = prob, h.expert = ints, h.src = ints + nk, h.slot = ints + 2 * nk;
+    h.first = ints + 3 * nk;
     if (s == DFLASH_OK)
         s = be->ops->download(be, logits, r->logits, n * E * sizeof *logits);
     if (s == DFLASH_OK) {
-        for (size_t i = 0; i < n; i++)
-            dflash_moe_route_row(logits + i * E, r->n_experts, r->k, r->norm_topk_prob, expert + i * (size_t)r->k,
-                                 prob + i * (size_t)r->k);
-        group_rows(expert, r->n, r->k, r->n_experts, first, src, slot, cursor);
+        dflash_moe_route_rows(&h);
         const struct { void *dst; const void *host; size_t bytes; } up[] = {
-            { r->expert, expert, nk * 4 }, { r->prob, prob, nk * 4 }, { r->first, first, (E + 1) * 4 },
-            { r->src, src, nk * 4 },       { r->slot, slot, nk * 4 },
+            { r->expert, h.expert, nk * 4 }, { r->prob, h.prob, nk * 4 }, { r->first, h.first, (E + 1) * 4 },
+            { r->src, h.src, nk * 4 },       { r->slot, h.slot, nk * 4 },
         };
         for (size_t i = 0; s == DFLASH_OK && i < sizeof up / sizeof up[0]; i++)
             s = be->ops->upload(be, up[i].dst, up[i].host, up[i].bytes);
@@ -130,15 +133,20 @@ dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_
         return DFLASH_OK;
     if (be->ops->linear_experts)
         return be->ops->linear_experts(be, a);
-    return dflash_be_linear_experts_each(be, a);
+    return dflash_be_linear_experts_each(be, a, NULL);
 }
 
-dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_experts_args *a)
+dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_experts_args *a,
+                                            const int32_t *host_first)
 {
-    int32_t *first = malloc((size_t)(a->n_experts + 1) * sizeof *first);
-    if (!first)
-        return dflash_fail(DFLASH_ERR_OOM, "linear_experts: out of memory for %d experts", a->n_experts);
-    dflash_status s = be->ops->download(be, first, a->first, (size_t)(a->n_experts + 1) * sizeof *first);
+    int32_t *copy = NULL;
+    dflash_status s = DFLASH_OK;
+    if (!host_first) {
+        copy = malloc((size_t)(a->n_experts + 1) * sizeof *copy);
+        s = copy ? be->ops->download(be, copy, a->first, (size_t)(a->n_experts + 1) * sizeof *copy)
+                 : dflash_fail(DFLASH_ERR_OOM, "linear_experts: out of memory for %d experts", a->n_experts);
+    }
+    const int32_t *first = host_first ? host_first : copy;
     const int64_t K = a->w[0].cols;
     for (int e = 0; s == DFLASH_OK && e < a->n_experts; e++) {
         const int32_t at = first[e], rows = first[e + 1] - at;
@@ -148,6 +156,6 @@ dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_exp
         float *out[2] = { a->out[0] + (int64_t)at * w[0].rows, a->n_w > 1 ? a->out[1] + (int64_t)at * w[1].rows : NULL };
         s = dflash_be_linear_group(be, a->x + (int64_t)at * K, rows, w, a->n_w, out, a->act);
     }
-    free(first);
+    free(copy);
     return s;
 }

@@ -1090,10 +1090,12 @@ static dflash_status run_route(void *p) { return dflash_be_moe_route(g_gpu, &((m
 static dflash_status run_experts(void *p)
 {
     moe_arg *a = p;
-    dflash_status (*f)(dflash_backend *, const dflash_experts_args *) =
-        a->each ? dflash_be_linear_experts_each : dflash_be_linear_experts;
-    DFLASH_TRY(f(g_gpu, &a->gu));
-    return f(g_gpu, &a->dn);
+    if (a->each) {
+        DFLASH_TRY(dflash_be_linear_experts_each(g_gpu, &a->gu, NULL));
+        return dflash_be_linear_experts_each(g_gpu, &a->dn, NULL);
+    }
+    DFLASH_TRY(dflash_be_linear_experts(g_gpu, &a->gu));
+    return dflash_be_linear_experts(g_gpu, &a->dn);
 }
 
 static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I, int timed)

@@ -472,6 +472,19 @@ static dflash_status cpu_argmax(dflash_backend *be, const float *x, int n, int c
     return DFLASH_OK;
 }
 
+/* The MoE stages on memory the host reads: no copies, no allocation. */
+static dflash_status cpu_moe_route(dflash_backend *be, const dflash_route_args *r)
+{
+    (void)be;
+    dflash_moe_route_rows(r);
+    return DFLASH_OK;
+}
+
+static dflash_status cpu_linear_experts(dflash_backend *be, const dflash_experts_args *a)
+{
+    return dflash_be_linear_experts_each(be, a, a->first);
+}
+
 const dflash_backend_ops dflash_cpu_ops_table = {
     .name = "cpu",
     .kv_dtype = DFLASH_DTYPE_F32, /* exact against f32 references */
@@ -497,4 +510,6 @@ const dflash_backend_ops dflash_cpu_ops_table = {
     .conv_silu = dflash_cpu_conv_silu,
     .delta_rule = dflash_cpu_delta_rule,
     .argmax = cpu_argmax,
+    .moe_route = cpu_moe_route,
+    .linear_experts = cpu_linear_experts,
 };

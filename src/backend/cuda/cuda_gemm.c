@@ -335,7 +335,7 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
     for (int i = 0; i < a->n_w; i++)
         DFLASH_TRY(cuda_check_weight(&a->w[i], "linear_experts"));
     if (!experts_gemm_ok(a))
-        return dflash_be_linear_experts_each(be, a);
+        return dflash_be_linear_experts_each(be, a, NULL);
     DFLASH_TRY(cuda_enter(c));
     static const dflash_cuda_kernel_id k_bf16[4] = { DFK_GEMM_GROUP_BF16_1, DFK_GEMM_GROUP_BF16_2,
                                                      DFK_GEMM_GROUP_BF16_4, DFK_GEMM_GROUP_BF16_8 };
