@@ -822,12 +822,15 @@ static double forward_bytes(const dflash_qwen3 *m, double weights, double expert
 
 /* Time one forward of `width` rows per sequence for the first n_seqs of
  * seqs (each at ctx) and add its row. */
-/* A MoE reads the experts its rows were routed to: one more call of op
- * (the same inputs on the same state, so the same routing) counts them,
- * summed over its sparse layers, into *experts (0 for a dense target). */
-static dflash_status count_experts(dflash_qwen3 *m, const bench_op *op, double *experts)
+/* time_op, then for a MoE the experts its rows were routed to: one more
+ * call of op (the same inputs on the same state, so the same routing)
+ * counts them, summed over its sparse layers, into *experts (0 for a
+ * dense target). */
+static dflash_status time_op_experts(bench_run *r, dflash_qwen3 *m, const bench_op *op, double *med, double *min,
+                                     double *host, bench_counts *counts, double *experts)
 {
     *experts = 0;
+    DFLASH_TRY(time_op(r, op, r->a->reps, med, min, host, counts));
     if (!m->cfg.num_experts)
         return DFLASH_OK;
     m->s.b.moe.tally->on = 1;
@@ -848,10 +851,8 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
     bench_op op = { forward_run, forward_after, &o };
     double med, min, host;
     bench_counts counts;
-    dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
-    double experts = 0;
-    if (s == DFLASH_OK)
-        s = count_experts(m, &op, &experts);
+    double experts;
+    dflash_status s = time_op_experts(r, m, &op, &med, &min, &host, &counts, &experts);
     if (s == DFLASH_OK)
         add_row(r, name, n_seqs, o.n, ctx, med, min, forward_bytes(m, weights, experts, n_seqs, width, ctx), host,
                 &counts);
@@ -926,10 +927,8 @@ static dflash_status time_step(bench_run *r, drafter_set *d, dflash_qwen3 *m, df
     bench_op op = { step_run, step_after, o };
     double med, min, host;
     bench_counts counts;
-    dflash_status s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
-    double experts = 0;
-    if (s == DFLASH_OK)
-        s = count_experts(m, &op, &experts);
+    double experts;
+    dflash_status s = time_op_experts(r, m, &op, &med, &min, &host, &counts, &experts);
     /* the propose's bytes, the verify's, and the context update's fc */
     const double bytes = propose_bytes(h, drafter_weights(h), 1, ctx) + weight_bytes(&h->fc) +
                          forward_bytes(m, weights, experts, 1, o->B, ctx);
