@@ -307,51 +307,102 @@ static void test_add_bias(void)
 }
 
 /* The recurrent-state primitives on cases worked out by hand: a width-2
- * convolution carrying its window across rows and into a checkpoint
- * slot; a 1 x 1 delta rule from zeros over two rows (recomputed here in
- * double); and their argument checks. */
+ * convolution reading the inputs of earlier calls by position, also from
+ * a position taken back; a 1 x 1 delta rule over 70 rows, across a chunk
+ * boundary, against the token-by-token recurrence in double, and equal to
+ * itself bit for bit whatever calls the rows are split into and after
+ * rows are taken back; their argument checks. */
 static void test_recurrent_ops(void)
 {
-    /* conv: slot 0 holds the window {4}; rows x = 2, 3; w = {0.5, 1} */
-    float state[3] = { 4, -1, -1 }, x[2] = { 2, 3 }, y[2];
+    /* conv: w = {0.5, 1}; x = 2, 3 at positions 0, 1, then 5 at 2, then 7 at 1 again */
+    static float ring[DFLASH_REC_ROWS];
+    float x[2] = { 2, 3 }, y[2];
     const float wv[2] = { 0.5f, 1.0f };
     const dflash_weight w = { DFLASH_DTYPE_F32, 1, 2, wv, NULL, "conv" };
-    const int32_t info[DFLASH_REC_INFO_LEN] = { 0, 2, 0, 1, 1, 2 }; /* 0 -> 1, after 1 row into 2 */
-    dflash_rec_args r = { 1, 2, info, state, 1 };
+    int32_t info[DFLASH_REC_INFO_LEN] = { 0, 2, 0, 0 };
+    dflash_rec_args r = { 1, 2, info, ring, DFLASH_REC_ROWS };
     CHECK_OK(be->ops->conv_silu(be, &r, x, &w, 2, 1, 2, y));
-    const float s4 = 4.0f / (1.0f + expf(-4.0f)); /* both rows: 0.5 * 4 + 2 = 0.5 * 2 + 3 = 4 */
-    CHECKF(y[0] == s4 && y[1] == s4 && state[1] == 3 && state[2] == 2 && state[0] == 4,
-           "conv: y %g %g, windows %g %g %g", y[0], y[1], state[0], state[1], state[2]);
+    const float silu2 = 2.0f / (1.0f + expf(-2.0f)), silu4 = 4.0f / (1.0f + expf(-4.0f));
+    CHECKF(y[0] == silu2 && y[1] == silu4, "conv: y %g %g, want %g %g", y[0], y[1], silu2, silu4);
+    const float x5 = 5, x7 = 7, silu65 = 6.5f / (1.0f + expf(-6.5f)), silu8 = 8.0f / (1.0f + expf(-8.0f));
+    info[1] = 1, info[2] = 2;
+    CHECK_OK(be->ops->conv_silu(be, &r, &x5, &w, 1, 1, 2, y));
+    CHECKF(y[0] == silu65, "conv at 2: %g, want %g", y[0], silu65);
+    info[2] = 1;
+    CHECK_OK(be->ops->conv_silu(be, &r, &x7, &w, 1, 1, 2, y));
+    CHECKF(y[0] == silu8, "conv at 1 again: %g, want %g", y[0], silu8);
 
-    /* delta rule, one key and one value dimension, from zeros */
-    float S[1] = { 99 }, yd[2 * 3] = { 0.5f, -2.0f, 3.0f, -1.0f, 1.5f, 0.25f }, a[2] = { 0.3f, -0.7f },
-          b[2] = { 0.2f, 1.1f }, o[2];
-    const float alog = 0.4f, dtb = -0.1f;
+    /* delta rule, one key and one value dimension, 70 rows */
+    enum { T = 70 };
+    float yd[3 * T], a[T], b[T], o[T], o2[T];
+    uint32_t seed = 12345;
+    for (int t = 0; t < T; t++) {
+        for (int c = 0; c < 3; c++) {
+            seed = seed * 1664525u + 1013904223u;
+            yd[3 * t + c] = (float)((double)(seed >> 8) / (1 << 24) * 4.0 - 2.0);
+        }
+        seed = seed * 1664525u + 1013904223u;
+        a[t] = (float)((double)(seed >> 8) / (1 << 24) * 2.0 - 2.5);
+        seed = seed * 1664525u + 1013904223u;
+        b[t] = (float)((double)(seed >> 8) / (1 << 24) * 4.0 - 2.0);
+    }
+    const float alog = -0.5f, dtb = 0.1f;
     const dflash_weight A = { DFLASH_DTYPE_F32, 1, 1, &alog, NULL, "A_log" },
                         D = { DFLASH_DTYPE_F32, 1, 1, &dtb, NULL, "dt_bias" };
-    const int32_t dinfo[DFLASH_REC_INFO_LEN] = { 0, 2, -1, 0, 0, 0 };
-    dflash_rec_args rd = { 1, 2, dinfo, S, 1 };
-    dflash_delta_args da = { 2, 1, 1, 1, 1, yd, a, b, &A, &D, o };
+    const int64_t rec_size = dflash_delta_rec_size(1, 1, 1);
+    float *rec = calloc((size_t)rec_size, sizeof(float));
+    int32_t dinfo[DFLASH_REC_INFO_LEN] = { 0, T, 0, 0 };
+    dflash_rec_args rd = { 1, T, dinfo, rec, rec_size };
+    dflash_delta_args da = { T, 1, 1, 1, 1, yd, a, b, &A, &D, o };
     CHECK_OK(be->ops->delta_rule(be, &rd, &da));
-    double st = 0;
-    for (int t = 0; t < 2; t++) {
+    double st = 0, worst = 0;
+    for (int t = 0; t < T; t++) {
         const double q = yd[3 * t] / sqrt((double)yd[3 * t] * yd[3 * t] + 1e-6),
                      k = yd[3 * t + 1] / sqrt((double)yd[3 * t + 1] * yd[3 * t + 1] + 1e-6), v = yd[3 * t + 2];
         const double beta = 1 / (1 + exp(-b[t])), decay = exp(-exp(alog) * log1p(exp(a[t] + dtb)));
         st *= decay;
         st += k * (beta * (v - st * k));
-        CHECKF(fabs(o[t] - st * q) < 1e-6, "delta row %d: %g, want %g", t, o[t], st * q);
+        worst = fmax(worst, fabs(o[t] - st * q));
     }
-    CHECKF(fabs(S[0] - st) < 1e-6, "delta state %g, want %g", S[0], st);
+    CHECKF(worst < 1e-5, "delta rule vs the recurrence in double: %g", worst);
+    /* the same rows in calls of 30, 36 and 4, then one by one: the same bits */
+    const int splits[2][4] = { { 30, 36, 4, 0 }, { 1, 1, 1, 1 } };
+    for (int v = 0; v < 2; v++) {
+        memset(rec, 0xff, (size_t)rec_size * sizeof(float)); /* nothing may be read before it is written */
+        int done = 0;
+        for (int c = 0; done < T; c++) {
+            const int n = splits[v][v ? 0 : c];
+            dflash_rec_args rc = { 1, n, (int32_t[DFLASH_REC_INFO_LEN]){ 0, n, done, 0 }, rec, rec_size };
+            dflash_delta_args dc = { n, 1, 1, 1, 1, yd + 3 * done, a + done, b + done, &A, &D, o2 + done };
+            CHECK_OK(be->ops->delta_rule(be, &rc, &dc));
+            done += n;
+        }
+        CHECKF(!memcmp(o, o2, sizeof o), "delta rule split %d: rows differ from one call", v);
+    }
+    /* rows 60..69 taken back (across the chunk start at 64), run on others, then again */
+    float yx[3 * 10], ox[10];
+    for (int i = 0; i < 30; i++)
+        yx[i] = -yd[3 * 60 + i];
+    dflash_rec_args rb10 = { 1, 10, (int32_t[DFLASH_REC_INFO_LEN]){ 0, 10, 60, 0 }, rec, rec_size };
+    dflash_delta_args dx = { 10, 1, 1, 1, 1, yx, a + 60, b + 60, &A, &D, ox };
+    CHECK_OK(be->ops->delta_rule(be, &rb10, &dx));
+    dflash_delta_args dy = { 10, 1, 1, 1, 1, yd + 3 * 60, a + 60, b + 60, &A, &D, ox };
+    CHECK_OK(be->ops->delta_rule(be, &rb10, &dy));
+    CHECKF(!memcmp(ox, o + 60, sizeof ox), "delta rule: rows 60..69 again after others differ");
 
     /* argument checks */
     CHECK_FAILS(be->ops->conv_silu(be, &r, x, &w, 2, 1, 17, y), DFLASH_ERR_SHAPE, "conv_silu: weight conv is [1, 2]");
-    const int32_t bad[DFLASH_REC_INFO_LEN] = { 1, 2, 0, 1, 0, 0 }; /* rows past the call's */
-    dflash_rec_args rb = { 1, 2, bad, state, 1 };
-    CHECK_FAILS(be->ops->conv_silu(be, &rb, x, &w, 2, 1, 2, y), DFLASH_ERR_INVALID_ARG, "sequence 0 has rows [1, +2) of 2");
+    const int32_t bad[DFLASH_REC_INFO_LEN] = { 1, 2, 0, 0 }; /* rows past the call's */
+    dflash_rec_args rb = { 1, 2, bad, ring, DFLASH_REC_ROWS };
+    CHECK_FAILS(be->ops->conv_silu(be, &rb, x, &w, 2, 1, 2, y), DFLASH_ERR_INVALID_ARG,
+                "sequence 0 has rows [1, +2) of 2");
+    rb.rec_stride = DFLASH_REC_ROWS - 1;
+    CHECK_FAILS(be->ops->conv_silu(be, &rb, x, &w, 2, 1, 2, y), DFLASH_ERR_INVALID_ARG,
+                "conv_silu: 1 sequences, records of 127 floats where this layer's take 128");
     da.n_k_heads = 2;
     CHECK_FAILS(be->ops->delta_rule(be, &rd, &da), DFLASH_ERR_SHAPE, "delta_rule: 2 key heads of 1");
     CHECK_FAILS(be->ops->sigmoid_mul(be, x, y, 1, 2, 3), DFLASH_ERR_SHAPE, "sigmoid_mul: 3 gate columns for 2");
+    free(rec);
 }
 
 /* The routing of one row: softmax probabilities, the k largest (the lower

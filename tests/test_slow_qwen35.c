@@ -19,11 +19,10 @@
 #include "target_check.h"
 
 static const char *const k_models[] = { "q35_dense", "q35_moe_mm" };
-/* Relative L2 error allowed against transformers' f32 outputs. The
- * prefill there runs the chunked form of the delta rule (chunks of 64),
- * which differs from the token-by-token recurrence run here by rounding
- * (observed up to ~1e-6); a real mistake (a missing 1 + w, a wrong gate, a
- * RoPE slip) is 1e-3 or more. */
+/* Relative L2 error allowed against transformers' f32 outputs. Both run
+ * the chunked form of the delta rule (chunks of 64), with other
+ * summation orders (observed differences ~5e-6); a real mistake (a
+ * missing 1 + w, a wrong gate, a RoPE slip) is 1e-3 or more. */
 #define TOL 1e-5
 #define T_MAX 96
 static dflash_backend *be;
@@ -44,8 +43,7 @@ static dflash_st *open_expected(size_t k)
     return tc_open_expected(rel, 0);
 }
 
-/* 80 tokens in one forward (longer than the 65 rows a forward keeps for
- * taking back, so the state after its first rows is checkpointed too). */
+/* 80 tokens in one forward (past the first chunk of the delta rule). */
 static void test_logits_and_layers_match_hf(void)
 {
     for (size_t k = 0; k < sizeof k_models / sizeof k_models[0]; k++) {
@@ -121,8 +119,7 @@ static void test_row_splits_and_rollback(void)
         dflash_kv_seq_truncate(&a, P + 5);
         CHECK_OK(tc_run_rows(m, &a, toks + P + 5, 3, 1, 0, NULL, &logits, NULL));
         CHECK(memcmp(logits, ref_logits + (size_t)(P + 5) * V, (size_t)3 * V * sizeof(float)) == 0);
-        /* a prefill longer than the kept rows (64 rows, keep 64: the same
-         * is covered by max_rows 64; past them only the end can resume) */
+        /* further back than the last forward's rows: refused */
         dflash_kv_seq_truncate(&a, 2);
         CHECK_FAILS(tc_run_rows(m, &a, toks + 2, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
                     "recurrent state can resume only at");
@@ -136,9 +133,8 @@ static void test_row_splits_and_rollback(void)
     }
 }
 
-/* A prefill of more rows than a forward keeps (max_rows 96, keep 65):
- * the state after its first rows is checkpointed, so the rows after it
- * can still be taken back, and the result is still the one-row result. */
+/* A prefill of more rows than can be taken back (90 of 65): its last 65
+ * rows can still be taken back, and the result is the one-row result. */
 static void test_long_forward_keeps_its_tail(void)
 {
     dflash_qwen3 *m = NULL;
@@ -173,6 +169,49 @@ static void test_long_forward_keeps_its_tail(void)
     dflash_qwen3_free(m);
 }
 
+/* 250 rows, past the rows a record keeps by position (128) and the chunk
+ * states it keeps (3 of 64 rows): forwards of 90, 90 and 70 rows give the
+ * bits of a 20-row prefill and one-row decodes, and taking back the last
+ * 64 rows (to 186: its chunk started at 128, the next starts at 192)
+ * resumes exactly. */
+static void test_long_sequence_reuses_records(void)
+{
+    dflash_qwen3 *m = NULL;
+    CHECK_OK(load("q35_moe_mm", T_MAX, 2, &m));
+    if (!m)
+        return;
+    const int V = m->cfg.vocab_size;
+    enum { N = 250 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++)
+        toks[i] = (i * 37 + 11) % V;
+    static float ref[N * 512];
+    dflash_kv_seq a, b;
+    float *logits;
+    CHECK_OK(dflash_qwen3_seq_init(m, &a));
+    CHECK_OK(dflash_qwen3_seq_init(m, &b));
+    for (int i = 0; i < N; i += 90) {
+        const int n = N - i < 90 ? N - i : 90;
+        CHECK_OK(tc_run_rows(m, &a, toks + i, n, 1, 0, NULL, &logits, NULL));
+        if (logits)
+            memcpy(ref + (size_t)i * V, logits, (size_t)n * V * sizeof(float));
+    }
+    int same = 1;
+    for (int i = 0; i < N && same;) {
+        const int n = i ? 1 : 20;
+        CHECK_OK(tc_run_rows(m, &b, toks + i, n, 1, 0, NULL, &logits, NULL));
+        same = logits && memcmp(logits, ref + (size_t)i * V, (size_t)n * V * sizeof(float)) == 0;
+        i += n;
+    }
+    CHECKF(same, "250 rows: one-row decodes differ from forwards of 90");
+    dflash_kv_seq_truncate(&a, 186);
+    CHECK_OK(tc_run_rows(m, &a, toks + 186, 64, 1, 0, NULL, &logits, NULL));
+    CHECK(logits && memcmp(logits, ref + (size_t)186 * V, (size_t)64 * V * sizeof(float)) == 0);
+    dflash_qwen3_seq_free(m, &a);
+    dflash_qwen3_seq_free(m, &b);
+    dflash_qwen3_free(m);
+}
+
 /* A fresh sequence forwards toks[0..n), is taken back to `back` and
  * forwards `more` rows from there: their logits into out. */
 static void alone_rows(dflash_qwen3 *m, const int32_t *toks, int n, int back, int more, float *out)
@@ -188,10 +227,9 @@ static void alone_rows(dflash_qwen3 *m, const int32_t *toks, int n, int back, in
     dflash_qwen3_seq_free(m, &q);
 }
 
-/* Two sequences in one forward, one longer than the rows a forward keeps
- * (so its state is checkpointed midway) and one short, then each taken
- * back inside its kept rows and continued together: every row equals the
- * same sequence run alone. */
+/* Two sequences in one forward, one longer than the rows that can be
+ * taken back and one short, then each taken back and continued together:
+ * every row equals the same sequence run alone. */
 static void test_two_sequences_in_one_forward(void)
 {
     enum { NA = 80, NB = 6, MORE = 3 };
@@ -340,6 +378,7 @@ int main(void)
     RUN(test_greedy_matches_hf);
     RUN(test_row_splits_and_rollback);
     RUN(test_long_forward_keeps_its_tail);
+    RUN(test_long_sequence_reuses_records);
     RUN(test_two_sequences_in_one_forward);
     RUN(test_spec_equals_plain);
     RUN(test_state_records);

@@ -54,7 +54,9 @@
 # "memcheck|racecheck|synccheck|peer-.*" for a profiling run);
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
 # bench (CSV in the logs; GPU_TEST_NCU_TIMES_BENCH: other bench arguments); GPU_TEST_AB=FILE.tar (a `git archive` of another
-# commit) builds that tree's CLI too and alternates the two benches;
+# commit) builds that tree's CLI too and alternates the two benches
+# (GPU_TEST_AB_BENCH: other bench arguments, GPU_TEST_AB_ROUNDS: rounds,
+# default 2, GPU_TEST_AB_LIMIT: the step's seconds, default 200);
 # GPU_TEST_SPLITS="2 4 8" benches with DFLASH_CUDA_GEMM_SPLIT at each;
 # GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
 # libraries; MODEL_CHECK_ARGS are passed to cuda_model_check (e.g.
@@ -238,11 +240,15 @@ if want bench; then
         }
         ab_bench() {
             local round who bin
-            for round in 1 2; do
+            for round in $(seq "${GPU_TEST_AB_ROUNDS:-2}"); do
                 for who in this baseline; do
                     bin=$B/dflash
                     [ "$who" = baseline ] && bin=$B/ab/dflash
                     echo "### $who, round $round"
+                    if [ -n "${GPU_TEST_AB_BENCH:-}" ]; then
+                        "$bin" bench --device cuda $GPU_TEST_AB_BENCH || return 1
+                        continue
+                    fi
                     "$bin" bench --device cuda --preset seed-drafter --ctx 4096 || return 1
                     "$bin" bench --device cuda --preset qwen3-8b-target --ctx 4096 --rows 16 || return 1
                 done
@@ -250,7 +256,7 @@ if want bench; then
         }
         step ab-build ab_build.txt 120 ab_build
         if last_ok; then
-            step ab-bench ab_bench.txt 200 ab_bench
+            step ab-bench ab_bench.txt ${GPU_TEST_AB_LIMIT:-200} ab_bench
         fi
     fi
     if [ -n "${GPU_TEST_SPLITS:-}" ] && [ -x "$B/dflash" ]; then

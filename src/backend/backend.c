@@ -103,6 +103,14 @@ dflash_status dflash_be_check_delta(const dflash_delta_args *a, int max_k_dim, i
     return DFLASH_OK;
 }
 
+dflash_status dflash_be_check_rec(const dflash_rec_args *r, int64_t need, const char *op)
+{
+    if (r->n_seqs < 0 || r->rec_stride < need)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: %d sequences, records of %lld floats where this layer's take "
+                           "%lld", op, r->n_seqs, (long long)r->rec_stride, (long long)need);
+    return DFLASH_OK;
+}
+
 dflash_status dflash_be_check_gate(int64_t cols, int64_t g_cols)
 {
     if (g_cols != 1 && g_cols != cols)

@@ -81,38 +81,71 @@ typedef struct dflash_attn_args {
 } dflash_attn_args;
 
 /* The recurrent state of a linear-attention layer (a Qwen3.5's Gated
- * DeltaNet) lives in slots: slot s of a layer at state + s * slot_stride
- * floats, in backend memory. conv_silu and delta_rule walk each
- * sequence's rows in order from its slot_in state; one int32 record of
+ * DeltaNet) lives in per-sequence records laid out by absolute position,
+ * so that taking back rows needs no work: a call only says where a
+ * sequence's rows start. Record r of a layer is rec_stride floats at
+ * state + r * rec_stride, in backend memory; conv_silu and delta_rule
+ * walk each sequence's rows in order. One int32 entry of
  * DFLASH_REC_INFO_LEN fields per sequence of the call:
  *   [0] row0, [1] n_rows: its rows (sequence-major)
- *   [2] slot_in: the state its first row starts from; -1: all zeros (a
- *       sequence's start)
- *   [3] slot_out: where the state after its last row goes (may be slot_in)
- *   [4] snap: 0, or 0 < snap < n_rows: the state after its first snap rows
- *       is also written to [5] slot_snap (a point a caller can resume
- *       from; slot_snap may be slot_in, which is read before it is written)
- * Sequences of one call must use distinct slots. */
-#define DFLASH_REC_INFO_LEN 6
-/* The widest causal convolution conv_silu takes (its window lives in
+ *   [2] pos0: the position of its first row; what the calls for earlier
+ *       positions wrote into the record is read back (position 0: a
+ *       sequence's start, nothing is read)
+ *   [3] rec: its record
+ * Sequences of one call must use distinct records. A call may start at
+ * any position p that is at most DFLASH_REC_BACK rows before the end of
+ * the record's last call and not before that call's first row: those
+ * positions' inputs are still in the record (a verify of 64 drafts and
+ * the row before them can be taken back whole). */
+#define DFLASH_REC_INFO_LEN 4
+#define DFLASH_REC_BACK 65
+/* Rows of inputs a record keeps, by position modulo DFLASH_REC_ROWS (the
+ * rows a resumed call's chunk and convolution window reach back to). */
+#define DFLASH_REC_ROWS 128
+/* delta_rule's chunk: rows [64 j, 64 j + 64) of a sequence; a record keeps
+ * the state at the start of the last DFLASH_REC_CHUNK_STATES chunks. */
+#define DFLASH_REC_CHUNK 64
+#define DFLASH_REC_CHUNK_STATES 3
+/* The widest causal convolution conv_silu takes (its taps live in
  * registers on the GPU). */
 #define DFLASH_CONV_MAX_KERNEL 16
 typedef struct dflash_rec_args {
     int n_seqs, max_seq_rows; /* max_seq_rows: a bound a device backend sizes its grid by */
     const int32_t *info;      /* [n_seqs * DFLASH_REC_INFO_LEN] */
     float *state;
-    int64_t slot_stride;
+    int64_t rec_stride;       /* at least dflash_conv_rec_size / dflash_delta_rec_size */
 } dflash_rec_args;
+
+/* Floats of one record: conv_silu's, the last DFLASH_REC_ROWS inputs
+ * [DFLASH_REC_ROWS, channels]; delta_rule's, the chunk-start states
+ * [DFLASH_REC_CHUNK_STATES][n_v_heads][k_dim][v_dim] then per row slot and
+ * value head the row's normalised k [k_dim], its update d [v_dim] and its
+ * cumulative decay exponent G (see dflash_delta_args). */
+static inline int64_t dflash_conv_rec_size(int64_t channels) { return DFLASH_REC_ROWS * channels; }
+static inline int64_t dflash_delta_rec_size(int64_t n_v_heads, int64_t k_dim, int64_t v_dim)
+{
+    return n_v_heads * (DFLASH_REC_CHUNK_STATES * k_dim * v_dim + DFLASH_REC_ROWS * (k_dim + v_dim + 1));
+}
 
 /* A Gated DeltaNet's recurrence (delta_rule) over rows of y = [q | k | v]
  * (n_k_heads * k_dim, n_k_heads * k_dim, n_v_heads * v_dim columns, the
  * causal convolution's output). Per row and value head j (key head
- * h = j / (n_v_heads / n_k_heads)), state S_j [k_dim, v_dim]:
+ * h = j / (n_v_heads / n_k_heads)):
  *   q, k = the row's key head h of q and k, each times
  *          1 / sqrt(sum of squares + 1e-6); q also times 1 / sqrt(k_dim)
- *   beta = sigmoid(b[j]); decay = exp(-exp(A_log[j]) * softplus(a[j] + dt_bias[j]))
- *   S_j *= decay; d = beta * (v_j - S_j^T k); S_j += k d^T; out_j = S_j^T q
- * A slot holds S_0 .. S_{n_v_heads-1}, f32. */
+ *   beta = sigmoid(b[j]); g = -exp(A_log[j]) * softplus(a[j] + dt_bias[j])
+ * The token-by-token recurrence is S *= exp(g); d = beta * (v - S^T k);
+ * S += k d^T; out = S^T q. It is computed in its chunked form, exactly
+ * equal in real arithmetic: for a row at position t of the chunk starting
+ * at c (a multiple of DFLASH_REC_CHUNK), with S_c the state at c, G_t the
+ * sum of g over rows c..t and k_s, d_s, G_s those of the chunk's earlier
+ * rows s (in s order):
+ *   d_t   = ((v - exp(G_t) * S_c^T k) - sum_s exp(G_t - G_s) (k_s . k) d_s) * beta
+ *   out_t = exp(G_t) * S_c^T q + sum over s <= t of exp(G_t - G_s) (k_s . q) d_s
+ *   S_{c+64} = exp(G_{c+63}) S_c + sum over the chunk of exp(G_{c+63} - G_s) k_s d_s^T
+ * A row's result depends on S_c and the chunk's rows up to it only, never
+ * on how rows are split into calls; the record holds S_c and each row's
+ * (k, d, G). */
 typedef struct dflash_delta_args {
     int n_rows, n_k_heads, n_v_heads, k_dim, v_dim;
     const float *y;                       /* [n_rows, 2 * n_k_heads * k_dim + n_v_heads * v_dim] */
@@ -228,14 +261,14 @@ typedef struct dflash_backend_ops {
     dflash_status (*sigmoid_mul)(dflash_backend *be, float *x, const float *g, int n, int64_t cols, int64_t g_cols);
     /* Causal depthwise convolution then SiLU over each sequence's rows of
      * x [n, channels]: out[t, c] = silu(sum over i < kernel of w[c, i] *
-     * x'[t - kernel + 1 + i, c]), in i order, where x' is the sequence's
-     * earlier inputs (the slot's window: [kernel - 1, channels] f32,
-     * oldest first) followed by its rows; the window after the rows
-     * replaces it (see dflash_rec_args). w: [channels, kernel]. */
+     * x'[p - kernel + 1 + i, c]), in i order, for the row at position p,
+     * where x' holds the sequence's inputs by position (0 before position
+     * 0); each row's input is written into its record (see
+     * dflash_rec_args). w: [channels, kernel]. */
     dflash_status (*conv_silu)(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
                                int n, int channels, int kernel, float *out);
     /* The recurrence of dflash_delta_args over each sequence's rows, its
-     * state in the slots of `r`. */
+     * state in the records of `r`. */
     dflash_status (*delta_rule)(dflash_backend *be, const dflash_rec_args *r, const dflash_delta_args *a);
     /* dst[i * dst_stride + c] = src[idx[i] * src_stride + c] for c < cols;
      * idx NULL means idx[i] = i. */
@@ -299,11 +332,13 @@ dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, 
  * cols elements, not fp8; conv_silu's weight [channels, kernel] for a
  * kernel of 1..DFLASH_CONV_MAX_KERNEL; delta_rule's geometry and its
  * [n_v_heads] vectors, with a backend's own bounds on k_dim and v_dim (0:
- * none); sigmoid_mul's gate columns (1 or cols). */
+ * none); sigmoid_mul's gate columns (1 or cols); a record stride of
+ * at least `need` floats. */
 dflash_status dflash_be_check_bias(const dflash_weight *b, int cols);
 dflash_status dflash_be_check_conv(const dflash_weight *w, int channels, int kernel);
 dflash_status dflash_be_check_delta(const dflash_delta_args *a, int max_k_dim, int max_v_dim);
 dflash_status dflash_be_check_gate(int64_t cols, int64_t g_cols);
+dflash_status dflash_be_check_rec(const dflash_rec_args *r, int64_t need, const char *op);
 /* The checks every norm_rope makes: a table of at most head_dim / 2 pairs. */
 dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim);
 dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,

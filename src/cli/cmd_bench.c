@@ -132,8 +132,8 @@ static void usage(FILE *f)
             "                   layers, 30 Gated DeltaNet (16 key heads x 128, 32 value heads x 128)\n"
             "                   and 10 gated attention (16:2 x 256), H 2048, 256 experts of I 512,\n"
             "                   8 per token, a shared expert of I 512, vocab 248320 (70 GB of\n"
-            "                   weights; its floor adds each sequence's recurrent state, read and\n"
-            "                   written once)\n"
+            "                   weights; its floor adds each sequence's delta-rule state, read once,\n"
+            "                   and each row's record, written once)\n"
             "                 seed-pair: the seed drafter (as seed-drafter, vocab 248320) and its\n"
             "                   target (as qwen36-35b-a3b-target), each timed, then whole steps\n"
             "                 pystd: the embedded pair (models/qwen3-pystd and its drafter):\n"
@@ -807,15 +807,15 @@ static double expert_bytes(const dflash_qwen3 *m)
 /* Bytes a forward of `width` rows for each of n_seqs sequences at ctx
  * moves: weights once (of a MoE: the `experts` its rows were routed to),
  * the rows' embeddings, the K/V of every position each sequence's last
- * row sees (its context and rows), a hybrid's recurrent state read once
- * and written once. */
+ * row sees (its context and rows), a hybrid's delta-rule state read once
+ * and each row's record written once. */
 static double forward_bytes(const dflash_qwen3 *m, double weights, double experts, int n_seqs, int width, int ctx)
 {
     const double embed_row = weight_bytes(&m->embed) / (double)m->embed.rows;
     double bytes = weights + experts * expert_bytes(m) + (double)n_seqs * width * embed_row +
                    (double)n_seqs * (ctx + width) * kv_bytes_per_pos(&m->kv.layout);
     if (m->rec)
-        bytes += (double)n_seqs * 2 * m->rec->n_lin * (double)(m->rec->conv_size + m->rec->delta_size) *
+        bytes += (double)n_seqs * m->rec->n_lin * (double)(m->rec->state_floats + width * m->rec->row_floats) *
                  sizeof(float);
     return bytes;
 }
@@ -1055,8 +1055,8 @@ static void print_table(const bench_run *r)
     printf(")\n");
     printf("timing: median and min of %d calls after %d warm-up; floor = bytes moved / bandwidth\n"
            "        (weights once, of a MoE only the experts the rows were routed to, + context K/V in the\n"
-           "        pool's dtype, + a hybrid's recurrent state read and written; propose excludes fc: the\n"
-           "        context is built);\n"
+           "        pool's dtype, + a hybrid's recurrent state read and rows' records written; propose\n"
+           "        excludes fc: the context is built);\n"
            "        host_us: host time inside the call (launching; propose also waits for its drafts)\n",
            r->a->reps, BENCH_WARMUP);
     if (r->a->preset->drafter)

@@ -114,7 +114,7 @@ dflash_status dflash_qwen3_load_st(const dflash_model_config *cfg, dflash_st *st
     }
     if (s == DFLASH_OK && dflash_family_is_qwen35(m->cfg.family)) {
         m->rec = calloc(1, sizeof *m->rec);
-        s = m->rec ? qwen35_state_init(m->rec, be, &m->cfg, m->opts.max_seqs, m->opts.max_rows)
+        s = m->rec ? qwen35_state_init(m->rec, be, &m->cfg, m->opts.max_seqs)
                    : dflash_fail(DFLASH_ERR_OOM, "qwen3: out of memory");
     }
     if (s == DFLASH_OK)
@@ -344,7 +344,7 @@ static dflash_status rec_begin(dflash_qwen3 *m, const dflash_qwen3_batch *b)
         if (!rows[q])
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: sequence %d of the batch has no rows (a hybrid "
                                "target's sequences each need at least one)", q);
-    return qwen35_state_begin(m->rec, m->be, &m->cfg, m->layers, &m->s.b, S, recs, p0, row0, rows);
+    return qwen35_state_begin(m->rec, m->be, S, recs, p0, row0, rows);
 }
 
 dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps)

@@ -901,89 +901,143 @@ typedef struct gdn_geom {
     int Hk, Hv, dk, dv, K;
 } gdn_geom;
 
-/* conv_silu then delta_rule over n_seqs sequences of rows[q] rows, against
- * the CPU: outputs and every state slot within 1e-5. Sequence q reads
- * slot 2q (or zeros for q % 3 == 0), writes slot 2q + 1 (slot 2q in place
- * for q % 3 == 2) and, with more than 2 rows, snapshots its first row into
- * slot 2q (not when in place). Then the GPU's own invariance, which
- * speculative decoding on the GPU rests on: the same rows fed one call per
- * row give the same bits. */
-static void case_recurrent(gdn_geom g, int n_seqs, const int *rows)
+/* Inputs of one call of a linear-attention layer: x [n, C], a and b [n, Hv]. */
+typedef struct rec_inputs {
+    int n;
+    float *x, *a, *b;    /* host */
+    float *dx, *da, *db; /* device copies */
+} rec_inputs;
+
+static rec_inputs rec_inputs_make(int n, int64_t C, int Hv)
+{
+    rec_inputs in = { n, rand_f32((size_t)n * C, 2.0f), rand_f32((size_t)n * Hv, 2.0f), rand_f32((size_t)n * Hv, 3.0f),
+                      NULL, NULL, NULL };
+    in.dx = gpu_copy(in.x, (size_t)n * C * sizeof(float));
+    in.da = gpu_copy(in.a, (size_t)n * Hv * sizeof(float));
+    in.db = gpu_copy(in.b, (size_t)n * Hv * sizeof(float));
+    return in;
+}
+
+/* Records of one layer on both sides: conv and delta, n_recs each. */
+typedef struct rec_pair {
+    int64_t conv_sz, delta_sz;
+    float *cst, *dst;   /* host */
+    float *dcst, *ddst; /* device */
+} rec_pair;
+
+/* conv_silu then delta_rule over one call's sequences (entries `info`) on
+ * both sides: outputs into y/o (host) and dy/dO (device). */
+static void rec_call(gdn_geom g, const rec_pair *r, const int32_t *info, int n_seqs, const rec_inputs *in,
+                     const wpair *cw, const wpair *alog, const wpair *dtb, float *y, float *o, float *dy, float *dO)
+{
+    const int64_t C = 2 * (int64_t)g.Hk * g.dk + (int64_t)g.Hv * g.dv;
+    int max_rows = 0;
+    for (int q = 0; q < n_seqs; q++)
+        max_rows = info[q * DFLASH_REC_INFO_LEN + 1] > max_rows ? info[q * DFLASH_REC_INFO_LEN + 1] : max_rows;
+    int32_t *dinfo = gpu_copy(info, (size_t)n_seqs * DFLASH_REC_INFO_LEN * sizeof(int32_t));
+    dflash_rec_args hc = { n_seqs, max_rows, info, r->cst, r->conv_sz }, hd = { n_seqs, max_rows, info, r->dst, r->delta_sz };
+    dflash_rec_args gc = { n_seqs, max_rows, dinfo, r->dcst, r->conv_sz },
+                    gd = { n_seqs, max_rows, dinfo, r->ddst, r->delta_sz };
+    dflash_delta_args ha = { in->n, g.Hk, g.Hv, g.dk, g.dv, y, in->a, in->b, &alog->h, &dtb->h, o };
+    dflash_delta_args ga = { in->n, g.Hk, g.Hv, g.dk, g.dv, dy, in->da, in->db, &alog->d, &dtb->d, dO };
+    if (y) {
+        MUST(g_cpu->ops->conv_silu(g_cpu, &hc, in->x, &cw->h, in->n, (int)C, g.K, y));
+        MUST(g_cpu->ops->delta_rule(g_cpu, &hd, &ha));
+    }
+    MUST(g_gpu->ops->conv_silu(g_gpu, &gc, in->dx, &cw->d, in->n, (int)C, g.K, dy));
+    MUST(g_gpu->ops->delta_rule(g_gpu, &gd, &ga));
+}
+
+/* Entries of a call: sequence q's rows[q] rows from position pos0[q] in record q. */
+static int32_t *rec_entries(int n_seqs, const int *rows, const int *pos0)
+{
+    int32_t *info = xmalloc((size_t)n_seqs * DFLASH_REC_INFO_LEN * sizeof(int32_t));
+    for (int q = 0, row0 = 0; q < n_seqs; q++) {
+        int32_t *f = info + q * DFLASH_REC_INFO_LEN;
+        f[0] = row0, f[1] = rows[q], f[2] = pos0[q], f[3] = q;
+        row0 += rows[q];
+    }
+    return info;
+}
+
+/* conv_silu then delta_rule on n_seqs sequences against the CPU: first
+ * hist[q] rows from position 0 (long ones cross chunk starts and reuse
+ * the records' rows by position), then, after taking back back[q] rows,
+ * rows2[q] new rows; outputs and the whole records within 1e-5 after each
+ * call. Between them the GPU's own invariance, which speculative decoding
+ * on the GPU rests on: sequence 0's rows fed one call per row into a spare
+ * record give the bits of the batched call, outputs and record. */
+static void case_recurrent(gdn_geom g, int n_seqs, const int *hist, const int *back, const int *rows2)
 {
     char shape[112];
-    int n = 0;
-    for (int q = 0; q < n_seqs; q++)
-        n += rows[q];
-    snprintf(shape, sizeof shape, "%d seqs, %d rows, k %dx%d, v %dx%d, conv %d", n_seqs, n, g.Hk, g.dk, g.Hv, g.dv,
-             g.K);
-    const int64_t Kd = (int64_t)g.Hk * g.dk, C = 2 * Kd + (int64_t)g.Hv * g.dv, Vd = (int64_t)g.Hv * g.dv;
-    const int64_t conv_sz = (int64_t)(g.K - 1) * C, delta_sz = (int64_t)g.Hv * g.dk * g.dv, slots = 2 * n_seqs;
-    float *x = rand_f32((size_t)n * C, 2.0f), *a = rand_f32((size_t)n * g.Hv, 2.0f),
-          *b = rand_f32((size_t)n * g.Hv, 3.0f);
-    float *cst = rand_f32((size_t)(slots * conv_sz + 1), 1.0f), *dst = rand_f32((size_t)(slots * delta_sz), 0.5f);
+    int n1 = 0, n2 = 0, pos0[16], zero[16] = { 0 };
+    for (int q = 0; q < n_seqs; q++) {
+        n1 += hist[q], n2 += rows2[q];
+        pos0[q] = hist[q] - back[q];
+    }
+    snprintf(shape, sizeof shape, "%d seqs, %d+%d rows, k %dx%d, v %dx%d, conv %d", n_seqs, n1, n2, g.Hk, g.dk, g.Hv,
+             g.dv, g.K);
+    const int64_t C = 2 * (int64_t)g.Hk * g.dk + (int64_t)g.Hv * g.dv, Vd = (int64_t)g.Hv * g.dv;
+    rec_pair r = { dflash_conv_rec_size(C), dflash_delta_rec_size(g.Hv, g.dk, g.dv), NULL, NULL, NULL, NULL };
+    const size_t nc = (size_t)((n_seqs + 1) * r.conv_sz), nd = (size_t)((n_seqs + 1) * r.delta_sz);
+    r.cst = calloc(nc, sizeof(float)), r.dst = calloc(nd, sizeof(float));
+    r.dcst = gpu_copy(r.cst, nc * sizeof(float)), r.ddst = gpu_copy(r.dst, nd * sizeof(float));
     wpair cw, alog, dtb;
     make_weight(&cw, DFLASH_DTYPE_BF16, C, g.K, 0.5f);
     make_weight(&alog, DFLASH_DTYPE_F32, 1, g.Hv, 1.0f);
     make_weight(&dtb, DFLASH_DTYPE_BF16, 1, g.Hv, 1.0f);
-    int32_t *info = xmalloc((size_t)n_seqs * DFLASH_REC_INFO_LEN * sizeof(int32_t));
-    for (int q = 0, row0 = 0; q < n_seqs; q++) {
-        int32_t *f = info + q * DFLASH_REC_INFO_LEN;
-        const int in_place = q % 3 == 2;
-        f[0] = row0, f[1] = rows[q], f[2] = q % 3 == 0 ? -1 : 2 * q, f[3] = in_place ? 2 * q : 2 * q + 1;
-        f[4] = rows[q] > 2 && !in_place ? 1 : 0, f[5] = 2 * q;
-        row0 += rows[q];
-    }
-    float *dx = gpu_copy(x, (size_t)n * C * sizeof(float)), *da = gpu_copy(a, (size_t)n * g.Hv * sizeof(float)),
-          *db = gpu_copy(b, (size_t)n * g.Hv * sizeof(float));
-    float *dcst = gpu_copy(cst, (size_t)(slots * conv_sz + 1) * sizeof(float)),
-          *ddst = gpu_copy(dst, (size_t)(slots * delta_sz) * sizeof(float));
-    int32_t *dinfo = gpu_copy(info, (size_t)n_seqs * DFLASH_REC_INFO_LEN * sizeof(int32_t));
-    float *y = xmalloc((size_t)n * C * sizeof(float)), *o = xmalloc((size_t)n * Vd * sizeof(float));
-    float *dy = gpu_poison((size_t)n * C), *dO = gpu_poison((size_t)n * Vd);
-    int max_rows = 0;
-    for (int q = 0; q < n_seqs; q++)
-        max_rows = rows[q] > max_rows ? rows[q] : max_rows;
-    dflash_rec_args hc = { n_seqs, max_rows, info, cst, conv_sz }, hd = { n_seqs, max_rows, info, dst, delta_sz };
-    dflash_rec_args gc = { n_seqs, max_rows, dinfo, dcst, conv_sz }, gd = { n_seqs, max_rows, dinfo, ddst, delta_sz };
-    dflash_delta_args ha = { n, g.Hk, g.Hv, g.dk, g.dv, y, a, b, &alog.h, &dtb.h, o };
-    dflash_delta_args ga = { n, g.Hk, g.Hv, g.dk, g.dv, dy, da, db, &alog.d, &dtb.d, dO };
-    MUST(g_cpu->ops->conv_silu(g_cpu, &hc, x, &cw.h, n, (int)C, g.K, y));
-    MUST(g_cpu->ops->delta_rule(g_cpu, &hd, &ha));
-    MUST(g_gpu->ops->conv_silu(g_gpu, &gc, dx, &cw.d, n, (int)C, g.K, dy));
-    MUST(g_gpu->ops->delta_rule(g_gpu, &gd, &ga));
-    check_f32("conv_silu", shape, dy, y, (size_t)n * C, 1e-5);
-    check_f32("conv_silu state", shape, dcst, cst, (size_t)(slots * conv_sz), 1e-5);
-    check_f32("delta_rule", shape, dO, o, (size_t)n * Vd, 1e-5);
-    check_f32("delta_rule state", shape, ddst, dst, (size_t)(slots * delta_sz), 1e-5);
+    const size_t n_max = (size_t)(n1 > n2 ? n1 : n2);
+    float *y = xmalloc(n_max * C * sizeof(float)), *o = xmalloc(n_max * Vd * sizeof(float));
+    float *dy = gpu_poison(n_max * C), *dO = gpu_poison(n_max * Vd);
+    float *hr_c = xmalloc(nc * sizeof(float)), *hr_d = xmalloc(nd * sizeof(float));
 
-    /* sequence 0 again from zeros, one row per call, each call continuing
-     * from the slot the previous one wrote: the bits of the one call */
-    float *y1 = xmalloc((size_t)rows[0] * C * sizeof(float)), *o1 = xmalloc((size_t)rows[0] * Vd * sizeof(float));
-    gpu_get(y1, dy, (size_t)rows[0] * C * sizeof(float));
-    gpu_get(o1, dO, (size_t)rows[0] * Vd * sizeof(float));
-    float *s1 = xmalloc((size_t)delta_sz * sizeof(float));
-    gpu_get(s1, ddst + delta_sz, (size_t)delta_sz * sizeof(float));
-    float *dy2 = gpu_poison((size_t)rows[0] * C), *do2 = gpu_poison((size_t)rows[0] * Vd);
-    int same = 1;
-    for (int t = 0; t < rows[0]; t++) {
-        const int32_t f[DFLASH_REC_INFO_LEN] = { t, 1, t == 0 ? -1 : 0, 0, 0, 0 };
-        MUST(g_gpu->ops->upload(g_gpu, dinfo, f, sizeof f));
-        dflash_rec_args c1 = { 1, 1, dinfo, dcst, conv_sz }, d1 = { 1, 1, dinfo, ddst, delta_sz };
-        dflash_delta_args a1 = { rows[0], g.Hk, g.Hv, g.dk, g.dv, dy2, da, db, &alog.d, &dtb.d, do2 };
-        MUST(g_gpu->ops->conv_silu(g_gpu, &c1, dx, &cw.d, rows[0], (int)C, g.K, dy2));
+    rec_inputs in1 = rec_inputs_make(n1, C, g.Hv);
+    int32_t *info1 = rec_entries(n_seqs, hist, zero);
+    rec_call(g, &r, info1, n_seqs, &in1, &cw, &alog, &dtb, y, o, dy, dO);
+    check_f32("conv_silu", shape, dy, y, (size_t)n1 * C, 1e-5);
+    check_f32("delta_rule", shape, dO, o, (size_t)n1 * Vd, 1e-5);
+    check_f32("conv_silu record", shape, r.dcst, r.cst, nc, 1e-5);
+    check_f32("delta_rule record", shape, r.ddst, r.dst, nd, 1e-5);
+
+    /* sequence 0 one row per call into record n_seqs */
+    const int R0 = hist[0];
+    float *y1 = xmalloc((size_t)R0 * C * sizeof(float)), *o1 = xmalloc((size_t)R0 * Vd * sizeof(float));
+    gpu_get(y1, dy, (size_t)R0 * C * sizeof(float));
+    gpu_get(o1, dO, (size_t)R0 * Vd * sizeof(float));
+    float *dy2 = gpu_poison((size_t)R0 * C), *do2 = gpu_poison((size_t)R0 * Vd);
+    for (int t = 0; t < R0; t++) {
+        const int32_t f[DFLASH_REC_INFO_LEN] = { t, 1, t, n_seqs };
+        int32_t *df = gpu_copy(f, sizeof f);
+        dflash_rec_args c1 = { 1, 1, df, r.dcst, r.conv_sz }, d1 = { 1, 1, df, r.ddst, r.delta_sz };
+        dflash_delta_args a1 = { R0, g.Hk, g.Hv, g.dk, g.dv, dy2, in1.da, in1.db, &alog.d, &dtb.d, do2 };
+        MUST(g_gpu->ops->conv_silu(g_gpu, &c1, in1.dx, &cw.d, R0, (int)C, g.K, dy2));
         MUST(g_gpu->ops->delta_rule(g_gpu, &d1, &a1));
     }
-    float *y2 = xmalloc((size_t)rows[0] * C * sizeof(float)), *o2 = xmalloc((size_t)rows[0] * Vd * sizeof(float)),
-          *s2 = xmalloc((size_t)delta_sz * sizeof(float));
-    gpu_get(y2, dy2, (size_t)rows[0] * C * sizeof(float));
-    gpu_get(o2, do2, (size_t)rows[0] * Vd * sizeof(float));
-    gpu_get(s2, ddst, (size_t)delta_sz * sizeof(float));
-    same &= memcmp(y1, y2, (size_t)rows[0] * C * sizeof(float)) == 0;
-    same &= memcmp(o1, o2, (size_t)rows[0] * Vd * sizeof(float)) == 0;
-    same &= memcmp(s1, s2, (size_t)delta_sz * sizeof(float)) == 0;
+    float *y2 = xmalloc((size_t)R0 * C * sizeof(float)), *o2 = xmalloc((size_t)R0 * Vd * sizeof(float));
+    gpu_get(y2, dy2, (size_t)R0 * C * sizeof(float));
+    gpu_get(o2, do2, (size_t)R0 * Vd * sizeof(float));
+    gpu_get(hr_c, r.dcst, nc * sizeof(float));
+    gpu_get(hr_d, r.ddst, nd * sizeof(float));
+    int same = memcmp(y1, y2, (size_t)R0 * C * sizeof(float)) == 0 && memcmp(o1, o2, (size_t)R0 * Vd * sizeof(float)) == 0;
+    same &= memcmp(hr_c, hr_c + n_seqs * r.conv_sz, (size_t)r.conv_sz * sizeof(float)) == 0;
+    same &= memcmp(hr_d, hr_d + n_seqs * r.delta_sz, (size_t)r.delta_sz * sizeof(float)) == 0;
     record("rec rows 1 by 1", shape, same ? 0.0 : 1.0, 0.0);
-    free(x), free(a), free(b), free(cst), free(dst), free(info), free(y), free(o);
-    free(y1), free(o1), free(s1), free(y2), free(o2), free(s2);
+
+    /* rows taken back, new rows from there */
+    rec_inputs in2 = rec_inputs_make(n2, C, g.Hv);
+    int32_t *info2 = rec_entries(n_seqs, rows2, pos0);
+    rec_call(g, &r, info2, n_seqs, &in2, &cw, &alog, &dtb, y, o, dy, dO);
+    check_f32("conv_silu resumed", shape, dy, y, (size_t)n2 * C, 1e-5);
+    check_f32("delta_rule resumed", shape, dO, o, (size_t)n2 * Vd, 1e-5);
+    /* the spare record was written on the GPU only */
+    check_f32("conv_silu record resumed", shape, r.dcst, r.cst, (size_t)(n_seqs * r.conv_sz), 1e-5);
+    check_f32("delta_rule record resumed", shape, r.ddst, r.dst, (size_t)(n_seqs * r.delta_sz), 1e-5);
+
+    rec_inputs *ins[2] = { &in1, &in2 };
+    for (int i = 0; i < 2; i++)
+        free(ins[i]->x), free(ins[i]->a), free(ins[i]->b);
+    free(r.cst), free(r.dst), free(hr_c), free(hr_d), free(info1), free(info2), free(y), free(o);
+    free(y1), free(o1), free(y2), free(o2);
     free_weight(&cw), free_weight(&alog), free_weight(&dtb);
     gpu_reset();
 }
@@ -1812,10 +1866,12 @@ int main(int argc, char **argv)
     /* a linear-attention layer's primitives: the fixtures' geometry, then
      * Qwen3.5-MoE's (16 key heads, 32 value heads of 128, conv 4) */
     {
-        static const int few[] = { 5, 1, 3, 7 }, verify[] = { 17, 1, 16, 3, 17, 9 };
-        case_recurrent((gdn_geom){ 2, 4, 16, 8, 4 }, 4, few);
+        static const int few[] = { 70, 5, 130, 64 }, few_back[] = { 6, 5, 65, 1 }, few_more[] = { 3, 1, 17, 16 };
+        static const int many[] = { 17, 1, 80, 3, 130, 9 }, many_back[] = { 1, 0, 16, 3, 65, 2 },
+                         many_more[] = { 16, 1, 16, 17, 17, 1 };
+        case_recurrent((gdn_geom){ 2, 4, 16, 8, 4 }, 4, few, few_back, few_more);
         if (!g_small)
-            case_recurrent((gdn_geom){ 16, 32, 128, 128, 4 }, 6, verify);
+            case_recurrent((gdn_geom){ 16, 32, 128, 128, 4 }, 6, many, many_back, many_more);
         case_sigmoid_mul(5, 96);
         if (!g_small)
             case_sigmoid_mul(64, 4096);

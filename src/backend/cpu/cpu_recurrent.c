@@ -1,43 +1,30 @@
 /* cpu_recurrent.c: the CPU reference of the recurrent-state primitives of
  * a linear-attention layer (a Qwen3.5's Gated DeltaNet): the causal
- * depthwise convolution with its rolling window (conv_silu) and the gated
- * delta rule (delta_rule), each walking a sequence's rows in order from
- * its state slot. Every sum runs in index order and nothing is fused into
- * an fma (ISO C mode does not contract), so the result of a row depends
- * only on the state and that row: running rows one call at a time gives
- * the bits of running them in one call, which keeps speculative decoding
- * identical to plain decoding over a recurrent state. */
+ * depthwise convolution over a sequence's inputs by position (conv_silu)
+ * and the gated delta rule in its chunked form (delta_rule), each walking
+ * a sequence's rows in order and keeping what later rows need in its
+ * record (backend.h). Every sum runs in index order and nothing is fused
+ * into an fma (ISO C mode does not contract), so the result of a row
+ * depends only on the record and that row: running rows one call at a
+ * time gives the bits of running them in one call, which keeps
+ * speculative decoding identical to plain decoding over a recurrent
+ * state. */
 #include <math.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
 
-enum { MAX_KERNEL = DFLASH_CONV_MAX_KERNEL };
+enum { MAX_KERNEL = DFLASH_CONV_MAX_KERNEL, ROWS = DFLASH_REC_ROWS, CHUNK = DFLASH_REC_CHUNK,
+       STATES = DFLASH_REC_CHUNK_STATES };
 
-/* Sequence q's record of a call: its rows and the slots it reads (NULL:
- * zeros), writes at the end and after `snap` rows. */
-typedef struct rec_seq {
-    int row0, rows, snap;
-    const float *in;
-    float *out, *at_snap;
-} rec_seq;
-
-static rec_seq rec_at(const dflash_rec_args *r, int q)
-{
-    const int32_t *f = r->info + (size_t)q * DFLASH_REC_INFO_LEN;
-    return (rec_seq){ f[0], f[1], f[4], f[2] < 0 ? NULL : r->state + f[2] * r->slot_stride,
-                      r->state + f[3] * r->slot_stride, r->state + f[5] * r->slot_stride };
-}
-
-/* The records themselves (on the CPU they can be read before running). */
-static dflash_status check_rec(const dflash_rec_args *r, int n, const char *op)
+/* The entries themselves (on the CPU they can be read before running). */
+static dflash_status check_info(const dflash_rec_args *r, int n, const char *op)
 {
     for (int q = 0; q < r->n_seqs; q++) {
         const int32_t *f = r->info + (size_t)q * DFLASH_REC_INFO_LEN;
-        if (f[0] < 0 || f[1] < 0 || f[0] + f[1] > n || f[2] < -1 || f[3] < 0 || f[4] < 0 ||
-            (f[4] > 0 && (f[4] >= f[1] || f[5] < 0 || f[5] == f[3])))
-            return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: sequence %d has rows [%d, +%d) of %d, slots %d -> %d, "
-                               "snap %d into %d", op, q, f[0], f[1], n, f[2], f[3], f[4], f[5]);
+        if (f[0] < 0 || f[1] < 0 || f[0] + f[1] > n || f[2] < 0 || f[3] < 0)
+            return dflash_fail(DFLASH_ERR_INVALID_ARG, "%s: sequence %d has rows [%d, +%d) of %d at position %d, "
+                               "record %d", op, q, f[0], f[1], n, f[2], f[3]);
     }
     return DFLASH_OK;
 }
@@ -49,39 +36,29 @@ dflash_status dflash_cpu_conv_silu(dflash_backend *be, const dflash_rec_args *r,
 {
     (void)be;
     DFLASH_TRY(dflash_be_check_conv(w, channels, kernel));
-    DFLASH_TRY(check_rec(r, n, "conv_silu"));
-    const int hist = kernel - 1;
+    DFLASH_TRY(dflash_be_check_rec(r, dflash_conv_rec_size(channels), "conv_silu"));
+    DFLASH_TRY(check_info(r, n, "conv_silu"));
     for (int q = 0; q < r->n_seqs; q++) {
-        const rec_seq sq = rec_at(r, q);
-        const int row0 = sq.row0, rows = sq.rows, snap = sq.snap;
-        const float *w_in = sq.in;
-        float *w_out = sq.out, *w_snap = sq.at_snap;
+        const int32_t *f = r->info + (size_t)q * DFLASH_REC_INFO_LEN;
+        const int row0 = f[0], rows = f[1], pos0 = f[2];
+        float *ring = r->state + f[3] * r->rec_stride; /* [ROWS, channels] by position */
 #pragma omp parallel for schedule(static) if ((int64_t)rows * channels * kernel > (1 << 20))
         for (int c = 0; c < channels; c++) {
-            float wc[MAX_KERNEL], win[MAX_KERNEL];
+            float wc[MAX_KERNEL];
             dflash_cpu_weight_row(w, c, wc);
-            for (int i = 0; i < hist; i++)
-                win[i] = w_in ? w_in[(int64_t)i * channels + c] : 0.0f;
             for (int t = 0; t < rows; t++) {
-                const float xt = x[(int64_t)(row0 + t) * channels + c];
+                const int p = pos0 + t;
+                ring[(int64_t)(p % ROWS) * channels + c] = x[(int64_t)(row0 + t) * channels + c];
                 float acc = 0.0f;
-                for (int i = 0; i < hist; i++) {
-                    const float p = wc[i] * win[i];
-                    acc += p;
+                for (int i = 0; i < kernel; i++) {
+                    const int pi = p - kernel + 1 + i;
+                    if (pi < 0)
+                        continue;
+                    const float prod = wc[i] * ring[(int64_t)(pi % ROWS) * channels + c];
+                    acc += prod;
                 }
-                const float p = wc[hist] * xt;
-                acc += p;
                 out[(int64_t)(row0 + t) * channels + c] = silu(acc);
-                for (int i = 0; i + 1 < hist; i++)
-                    win[i] = win[i + 1];
-                if (hist)
-                    win[hist - 1] = xt;
-                if (t + 1 == snap)
-                    for (int i = 0; i < hist; i++)
-                        w_snap[(int64_t)i * channels + c] = win[i];
             }
-            for (int i = 0; i < hist; i++)
-                w_out[(int64_t)i * channels + c] = win[i];
         }
     }
     return DFLASH_OK;
@@ -102,32 +79,94 @@ static void l2norm(const float *v, int dim, float scale, float *out)
 /* torch's softplus: x past its threshold of 20 is returned as is. */
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* One row through value head j's state S [dk, dv]. */
-static void delta_step(float *S, const float *qn, const float *kn, const float *v, float beta, float decay, int dk,
-                       int dv, float *kv, float *o)
+static float dot(const float *a, const float *b, int n)
 {
-    for (int64_t i = 0; i < (int64_t)dk * dv; i++)
-        S[i] *= decay;
-    for (int e = 0; e < dv; e++)
-        kv[e] = 0.0f;
-    for (int d = 0; d < dk; d++)
-        for (int e = 0; e < dv; e++) {
-            const float p = S[(int64_t)d * dv + e] * kn[d];
-            kv[e] += p;
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float p = a[i] * b[i];
+        s += p;
+    }
+    return s;
+}
+
+/* One value head's view of a record: chunk-start states and row slots. */
+typedef struct head_rec {
+    float *states;      /* [STATES] states [dk, dv], stride `state_stride` */
+    int64_t state_stride;
+    float *rows;        /* row slot s at rows + s * row_stride: k [dk], d [dv], G */
+    int64_t row_stride;
+    int dk, dv;
+} head_rec;
+
+static head_rec head_at(float *rec, int j, int Hv, int dk, int dv)
+{
+    const int64_t head = (int64_t)dk * dv, slot = (int64_t)dk + dv + 1;
+    return (head_rec){ rec + j * head, Hv * head, rec + STATES * Hv * head + j * slot, Hv * slot, dk, dv };
+}
+
+static float *state_of(const head_rec *h, int chunk) { return h->states + (chunk % STATES) * h->state_stride; }
+static float *row_of(const head_rec *h, int p) { return h->rows + (p % ROWS) * h->row_stride; }
+
+/* The row at position p of value head h: its k, d and G into its slot,
+ * its output into o. S: the chunk's start state. */
+static void delta_row(const head_rec *h, const float *S, int p, const float *qn, const float *kn, const float *v,
+                      float beta, float g, float *o)
+{
+    const int dk = h->dk, dv = h->dv, c0 = p - p % CHUNK, n = p - c0;
+    float *me = row_of(h, p), *d = me + dk;
+    const float G = (p == c0 ? 0.0f : row_of(h, p - 1)[dk + dv]) + g, eG = expf(G);
+    memcpy(me, kn, (size_t)dk * sizeof(float));
+    me[dk + dv] = G;
+    float ck[CHUNK], cq[CHUNK]; /* exp(G - G_s) times k_s . k and k_s . q, s = c0 .. p */
+    for (int s = 0; s <= n; s++) {
+        const float *rs = row_of(h, c0 + s), ex = expf(G - rs[dk + dv]);
+        ck[s] = ex * dot(rs, kn, dk);
+        cq[s] = ex * dot(rs, qn, dk);
+    }
+    for (int e = 0; e < dv; e++) {
+        float u = 0.0f, w = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            const float prod = S[(int64_t)i * dv + e] * kn[i];
+            u += prod;
         }
-    for (int e = 0; e < dv; e++)
-        kv[e] = (v[e] - kv[e]) * beta; /* the update d */
-    for (int d = 0; d < dk; d++)
-        for (int e = 0; e < dv; e++) {
-            const float p = kn[d] * kv[e];
-            S[(int64_t)d * dv + e] += p;
+        for (int s = 0; s < n; s++) {
+            const float prod = ck[s] * row_of(h, c0 + s)[dk + e];
+            w += prod;
         }
-    for (int e = 0; e < dv; e++)
-        o[e] = 0.0f;
-    for (int d = 0; d < dk; d++)
+        const float eu = eG * u;
+        d[e] = ((v[e] - eu) - w) * beta;
+    }
+    for (int e = 0; e < dv; e++) {
+        float sq = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            const float prod = S[(int64_t)i * dv + e] * qn[i];
+            sq += prod;
+        }
+        float acc = eG * sq;
+        for (int s = 0; s <= n; s++) {
+            const float prod = cq[s] * row_of(h, c0 + s)[dk + e];
+            acc += prod;
+        }
+        o[e] = acc;
+    }
+}
+
+/* The state at the start of the chunk after the one ending at p. */
+static void delta_chunk_end(const head_rec *h, const float *S, int p, float *next)
+{
+    const int dk = h->dk, dv = h->dv, c0 = p - p % CHUNK;
+    const float G = row_of(h, p)[dk + dv], eG = expf(G);
+    float ex[CHUNK];
+    for (int s = c0; s <= p; s++)
+        ex[s - c0] = expf(G - row_of(h, s)[dk + dv]);
+    for (int i = 0; i < dk; i++)
         for (int e = 0; e < dv; e++) {
-            const float p = S[(int64_t)d * dv + e] * qn[d];
-            o[e] += p;
+            float acc = eG * S[(int64_t)i * dv + e];
+            for (int s = c0; s <= p; s++) {
+                const float *rs = row_of(h, s), a = ex[s - c0] * rs[i], prod = a * rs[dk + e];
+                acc += prod;
+            }
+            next[(int64_t)i * dv + e] = acc;
         }
 }
 
@@ -136,37 +175,37 @@ dflash_status dflash_cpu_delta_rule(dflash_backend *be, const dflash_rec_args *r
     (void)be;
     DFLASH_TRY(dflash_be_check_delta(a, 0, 0));
     const int Hk = a->n_k_heads, Hv = a->n_v_heads, dk = a->k_dim, dv = a->v_dim;
-    DFLASH_TRY(check_rec(r, a->n_rows, "delta_rule"));
+    DFLASH_TRY(dflash_be_check_rec(r, dflash_delta_rec_size(Hv, dk, dv), "delta_rule"));
+    DFLASH_TRY(check_info(r, a->n_rows, "delta_rule"));
     float A_log[Hv], dt_bias[Hv];
     dflash_cpu_weight_row(&(dflash_weight){ a->A_log->dtype, 1, Hv, a->A_log->data, NULL, NULL }, 0, A_log);
     dflash_cpu_weight_row(&(dflash_weight){ a->dt_bias->dtype, 1, Hv, a->dt_bias->data, NULL, NULL }, 0, dt_bias);
     const int64_t Kd = (int64_t)Hk * dk, C = 2 * Kd + (int64_t)Hv * dv, head = (int64_t)dk * dv;
     const float scale = 1.0f / sqrtf((float)dk);
     for (int q = 0; q < r->n_seqs; q++) {
-        const rec_seq sq = rec_at(r, q);
-        const int row0 = sq.row0, rows = sq.rows, snap = sq.snap;
-        const float *s_in = sq.in;
-        float *s_out = sq.out, *s_snap = sq.at_snap;
+        const int32_t *f = r->info + (size_t)q * DFLASH_REC_INFO_LEN;
+        const int row0 = f[0], rows = f[1], pos0 = f[2];
+        float *rec = r->state + f[3] * r->rec_stride;
 #pragma omp parallel for schedule(static) if ((int64_t)rows * Hv * head > (1 << 18))
         for (int j = 0; j < Hv; j++) {
-            const int h = j / (Hv / Hk);
-            float *S = s_out + j * head, qn[dk], kn[dk], kv[dv];
-            if (!s_in)
-                memset(S, 0, (size_t)head * sizeof(float));
-            else if (s_out != s_in)
-                memcpy(S, s_in + j * head, (size_t)head * sizeof(float));
+            const int hk = j / (Hv / Hk);
+            const head_rec h = head_at(rec, j, Hv, dk, dv);
             const float neg_a = -expf(A_log[j]);
+            float qn[dk], kn[dk];
             for (int t = 0; t < rows; t++) {
+                const int p = pos0 + t, chunk = p / CHUNK;
+                float *S = state_of(&h, chunk);
+                if (p % CHUNK == 0 && chunk == 0)
+                    memset(S, 0, (size_t)head * sizeof(float));
                 const int64_t i = row0 + t;
                 const float *y = a->y + i * C;
-                l2norm(y + (int64_t)h * dk, dk, scale, qn);
-                l2norm(y + Kd + (int64_t)h * dk, dk, 1.0f, kn);
+                l2norm(y + (int64_t)hk * dk, dk, scale, qn);
+                l2norm(y + Kd + (int64_t)hk * dk, dk, 1.0f, kn);
                 const float beta = 1.0f / (1.0f + expf(-a->b[i * Hv + j]));
-                const float decay = expf(neg_a * softplus(a->a[i * Hv + j] + dt_bias[j]));
-                delta_step(S, qn, kn, y + 2 * Kd + (int64_t)j * dv, beta, decay, dk, dv, kv,
-                           a->out + i * Hv * dv + (int64_t)j * dv);
-                if (t + 1 == snap)
-                    memcpy(s_snap + j * head, S, (size_t)head * sizeof(float));
+                const float g = neg_a * softplus(a->a[i * Hv + j] + dt_bias[j]);
+                delta_row(&h, S, p, qn, kn, y + 2 * Kd + (int64_t)j * dv, beta, g, a->out + i * Hv * dv + (int64_t)j * dv);
+                if ((p + 1) % CHUNK == 0)
+                    delta_chunk_end(&h, S, p, state_of(&h, chunk + 1));
             }
         }
     }

@@ -19,6 +19,9 @@
  * split into hi/lo (256 bytes a row); the epilogue's [128][MT + 1] f32
  * totals fit in it. */
 #define GW_SMEM(fp8, mt) (4 * (128 * ((fp8) ? 64 : 128) + (mt) * 256))
+/* recurrent.cu's delta_rule: a chunk's k rows (padded to 129 floats) and
+ * update rows (256 floats) */
+#define DELTA_SMEM (4 * DFLASH_REC_CHUNK * ((128 + 1) + 256))
 
 const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_EMBED] = { "elementwise.cu", "dflash_embed" },
@@ -73,7 +76,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ARGMAX] = { "argmax.cu", "dflash_argmax" },
     [DFK_ARGMAX_FINISH] = { "gemm.cu", "dflash_argmax_finish" },
     [DFK_CONV_SILU] = { "recurrent.cu", "dflash_conv_silu" },
-    [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule" },
+    [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule", DELTA_SMEM },
     [DFK_SIGMOID_MUL] = { "recurrent.cu", "dflash_sigmoid_mul" },
     [DFK_MOE_ROUTE] = { "moe.cu", "dflash_moe_route" },
 };
@@ -89,6 +92,9 @@ static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-l
                                             "-DDFLASH_SEQ_INFO_LEN=" STR(DFLASH_SEQ_INFO_LEN),
                                             "-DDFLASH_REC_INFO_LEN=" STR(DFLASH_REC_INFO_LEN),
                                             "-DDFLASH_CONV_MAX_KERNEL=" STR(DFLASH_CONV_MAX_KERNEL),
+                                            "-DDFLASH_REC_ROWS=" STR(DFLASH_REC_ROWS),
+                                            "-DDFLASH_REC_CHUNK=" STR(DFLASH_REC_CHUNK),
+                                            "-DDFLASH_REC_CHUNK_STATES=" STR(DFLASH_REC_CHUNK_STATES),
                                             "-DDFLASH_ROUTE_MAX_EXPERTS=" STR(DFLASH_ROUTE_MAX_EXPERTS) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 

@@ -4,7 +4,8 @@
 #include "backend/cuda/cuda_internal.h"
 
 /* recurrent.cu's bounds: REC_MAX_DK (the state column a thread holds) and
- * its launch bound of 256 threads, one per value column */
+ * its launch bound of 256 threads, one per value column; at least one
+ * thread per row of a chunk */
 enum { REC_MAX_DK = 128, REC_MAX_DV = 256 };
 
 dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
@@ -13,11 +14,12 @@ dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_check_weight(w, "conv_silu"));
     DFLASH_TRY(dflash_be_check_conv(w, channels, kernel));
+    DFLASH_TRY(dflash_be_check_rec(r, dflash_conv_rec_size(channels), "conv_silu"));
     if (n <= 0 || r->n_seqs <= 0 || channels <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     int wdt = (int)w->dtype;
-    int64_t stride = r->slot_stride;
+    int64_t stride = r->rec_stride;
     void *args[] = { (void *)&r->info, (void *)&r->state, &stride, (void *)&x, (void *)&w->data, &wdt, &channels,
                      &kernel, &out };
     return cuda_launch(c, DFK_CONV_SILU, cdiv(channels, 128), (unsigned)r->n_seqs, 128, args);
@@ -28,12 +30,18 @@ dflash_status cuda_delta_rule(dflash_backend *be, const dflash_rec_args *r, cons
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(dflash_be_check_delta(a, REC_MAX_DK, REC_MAX_DV));
     int Hk = a->n_k_heads, Hv = a->n_v_heads, dk = a->k_dim, dv = a->v_dim;
+    DFLASH_TRY(dflash_be_check_rec(r, dflash_delta_rec_size(Hv, dk, dv), "delta_rule"));
     if (a->n_rows <= 0 || r->n_seqs <= 0)
         return DFLASH_OK;
+    if (!cuda_kernel_fits(c, DFK_DELTA_RULE))
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda: delta_rule needs %d bytes of shared memory per block, this "
+                           "device allows %d", dflash_cuda_kernels[DFK_DELTA_RULE].dyn_smem, c->smem_optin);
     DFLASH_TRY(cuda_enter(c));
     int adt = (int)a->A_log->dtype, ddt = (int)a->dt_bias->dtype;
-    int64_t stride = r->slot_stride;
-    const int wide = dk > dv ? dk : dv;
+    int64_t stride = r->rec_stride;
+    int wide = dk > dv ? dk : dv;
+    if (wide < DFLASH_REC_CHUNK)
+        wide = DFLASH_REC_CHUNK;
     void *args[] = { (void *)&r->info, (void *)&r->state, &stride, (void *)&a->y, (void *)&a->a, (void *)&a->b,
                      (void *)&a->A_log->data, &adt, (void *)&a->dt_bias->data, &ddt, &Hk, &Hv, &dk, &dv,
                      (void *)&a->out };

@@ -1,27 +1,33 @@
 /* recurrent.cu: the recurrent-state primitives of a linear-attention layer
  * (a Qwen3.5's Gated DeltaNet), each walking a sequence's rows in order
- * from its state slot: conv_silu (causal depthwise convolution with its
- * rolling window, then SiLU) and delta_rule (the gated delta rule). Per
- * sequence a record of DFLASH_REC_INFO_LEN ints (backend.h): row0, n_rows,
- * slot_in (-1: zeros), slot_out, snap, slot_snap.
+ * and keeping what later rows need in the sequence's record, laid out by
+ * absolute position (backend.h, dflash_rec_args; an entry of
+ * DFLASH_REC_INFO_LEN ints per sequence: row0, n_rows, pos0, rec):
+ * conv_silu (causal depthwise convolution over the inputs by position,
+ * then SiLU) and delta_rule (the gated delta rule in its chunked form).
  *
- * Each thread owns what it updates: a channel's window (conv_silu), a
- * value column of one head's state (delta_rule), so a slot may be read and
- * written by the same call with no race. The convolution's and the state's
- * sums run in the CPU reference's order, the L2 norms' sums of squares in a
- * tree; products may fuse into fmas, so results agree with the CPU within
- * rounding, and with themselves bit for bit however a sequence's rows are
- * split into calls. */
+ * Each thread owns what it updates: a channel (conv_silu), a value column
+ * of one head's chunk state and row updates (delta_rule), so a record is
+ * read and written by the same call with no race. Sums run in the CPU
+ * reference's order, the L2 norms' sums of squares in a tree; products
+ * may fuse into fmas, so results agree with the CPU within rounding, and
+ * with themselves bit for bit however a sequence's rows are split into
+ * calls. */
 #include "common.cuh"
 
-#if !defined(DFLASH_REC_INFO_LEN) || !defined(DFLASH_CONV_MAX_KERNEL)
-#error "compile with -DDFLASH_REC_INFO_LEN=... -DDFLASH_CONV_MAX_KERNEL=... (cuda_compile.c passes them)"
+#if !defined(DFLASH_REC_INFO_LEN) || !defined(DFLASH_CONV_MAX_KERNEL) || !defined(DFLASH_REC_ROWS) || \
+    !defined(DFLASH_REC_CHUNK) || !defined(DFLASH_REC_CHUNK_STATES)
+#error "compile with -DDFLASH_REC_INFO_LEN=... -DDFLASH_CONV_MAX_KERNEL=... -DDFLASH_REC_ROWS=... (cuda_compile.c passes them)"
 #endif
 
 #define REC_MAX_KERNEL DFLASH_CONV_MAX_KERNEL
+#define REC_ROWS DFLASH_REC_ROWS
+#define REC_CHUNK DFLASH_REC_CHUNK
 
-/* grid (channel blocks, sequences), block 128: one channel per thread. */
-extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 slot_stride, const float *x,
+/* grid (channel blocks, sequences), block 128: one channel per thread.
+ * The window of earlier inputs stays in registers; each row's input is
+ * written to the record's slot for its position. */
+extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 rec_stride, const float *x,
                                             const void *w, int wdt, int channels, int kernel, float *out)
 {
     pdl_trigger();
@@ -35,20 +41,27 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 s
         wc[i] = i < kernel ? load_elem(w, wdt, (i64)c * kernel + i) : 0.0f;
     pdl_wait();
     const int *f = info + blockIdx.y * DFLASH_REC_INFO_LEN;
-    const int row0 = f[0], rows = f[1], snap = f[4];
-    const float *w_in = f[2] < 0 ? 0 : state + f[2] * slot_stride;
-    float *w_out = state + f[3] * slot_stride, *w_snap = state + f[5] * slot_stride;
+    const int row0 = f[0], rows = f[1], pos0 = f[2];
+    float *ring = state + f[3] * rec_stride;
+    /* win[i]: the input at position pos0 - hist + i (nothing before 0) */
 #pragma unroll
-    for (int i = 0; i < REC_MAX_KERNEL - 1; i++)
-        win[i] = i < hist && w_in ? w_in[(i64)i * channels + c] : 0.0f;
+    for (int i = 0; i < REC_MAX_KERNEL - 1; i++) {
+        const int pi = pos0 - hist + i;
+        win[i] = i < hist && pi >= 0 ? ring[(i64)(pi % REC_ROWS) * channels + c] : 0.0f;
+    }
     for (int t = 0; t < rows; t++) {
+        const int p = pos0 + t;
         const float xt = x[(i64)(row0 + t) * channels + c];
+        ring[(i64)(p % REC_ROWS) * channels + c] = xt;
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < REC_MAX_KERNEL - 1; i++)
-            if (i < hist)
+            if (i < hist && p - hist + i >= 0)
                 acc += wc[i] * win[i];
-        acc += wc[hist] * xt;
+#pragma unroll
+        for (int i = 0; i < REC_MAX_KERNEL; i++) /* a static index keeps wc in registers */
+            if (i == hist)
+                acc += wc[i] * xt;
         out[(i64)(row0 + t) * channels + c] = acc / (1.0f + expf(-acc));
 #pragma unroll
         for (int i = 0; i < REC_MAX_KERNEL - 2; i++)
@@ -60,19 +73,12 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 s
                 if (i == hist - 1)
                     win[i] = xt;
         }
-        if (t + 1 == snap)
-#pragma unroll
-            for (int i = 0; i < REC_MAX_KERNEL - 1; i++)
-                if (i < hist)
-                    w_snap[(i64)i * channels + c] = win[i];
     }
-#pragma unroll
-    for (int i = 0; i < REC_MAX_KERNEL - 1; i++)
-        if (i < hist)
-            w_out[(i64)i * channels + c] = win[i];
 }
 
 #define REC_MAX_DK 128
+#define REC_MAX_DV 256
+#define KS_STRIDE (REC_MAX_DK + 1) /* a padded row: thread s reading row s hits its own bank */
 
 /* The sum of squares of v[0..dim) over the block (every thread gets it),
  * in a tree: scratch [32]. */
@@ -85,75 +91,138 @@ __forceinline__ float block_sumsq(const float *v, int dim, float *scratch)
     return ss;
 }
 
-/* grid (value heads, sequences), block: a multiple of 32 covering both
- * k_dim (<= REC_MAX_DK) and v_dim (<= 256). Thread e holds column e of the
- * head's state S [k_dim, v_dim] for all of the sequence's rows. */
-extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *info, float *state, i64 slot_stride, const float *y,
-                                             const float *a_in, const float *b_in, const void *A_log, int adt,
-                                             const void *dt_bias, int ddt, int n_k_heads, int n_v_heads, int dk,
-                                             int dv, float *out)
+/* grid (value heads, sequences), block: a multiple of 32 covering k_dim
+ * (<= REC_MAX_DK), v_dim (<= REC_MAX_DV) and the chunk's rows; dynamic
+ * shared memory REC_CHUNK * (KS_STRIDE + REC_MAX_DV) floats (cuda_compile.c,
+ * DELTA_SMEM). Thread e holds column e of the head's chunk-start state S
+ * [k_dim, v_dim] and owns column e of every row's update d; the chunk's
+ * normalised k rows, updates and cumulative decays sit in shared memory
+ * (the updates also go to the record, for later calls). Record layout:
+ * backend.h, dflash_delta_rec_size. */
+extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *info, float *state, i64 rec_stride,
+                                             const float *y, const float *a_in, const float *b_in, const void *A_log,
+                                             int adt, const void *dt_bias, int ddt, int n_k_heads, int n_v_heads,
+                                             int dk, int dv, float *out)
 {
-    __shared__ float qn[REC_MAX_DK], kn[REC_MAX_DK], scratch[32];
+    extern __shared__ float rec_smem[];
+    float *ks = rec_smem;                        /* k of row c0 + s at s * KS_STRIDE */
+    float *ds = rec_smem + REC_CHUNK * KS_STRIDE; /* d of row c0 + s at s * REC_MAX_DV */
+    __shared__ float qn[REC_MAX_DK], kn[REC_MAX_DK], Gs[REC_CHUNK], ck[REC_CHUNK], cq[REC_CHUNK], scratch[32];
     pdl_trigger();
     const int j = blockIdx.x, e = threadIdx.x, h = j / (n_v_heads / n_k_heads);
     const float neg_a = -expf(load_elem(A_log, adt, j)), bias = load_elem(dt_bias, ddt, j);
     pdl_wait();
     const int *f = info + blockIdx.y * DFLASH_REC_INFO_LEN;
-    const int row0 = f[0], rows = f[1], snap = f[4];
-    const i64 head = (i64)dk * dv, Kd = (i64)n_k_heads * dk, C = 2 * Kd + (i64)n_v_heads * dv;
-    const float *s_in = f[2] < 0 ? 0 : state + f[2] * slot_stride + j * head;
-    float *s_out = state + f[3] * slot_stride + j * head, *s_snap = state + f[5] * slot_stride + j * head;
+    const int row0 = f[0], rows = f[1], pos0 = f[2];
+    const i64 head = (i64)dk * dv, slot = (i64)dk + dv + 1, Kd = (i64)n_k_heads * dk, C = 2 * Kd + (i64)n_v_heads * dv;
+    float *rec = state + f[3] * rec_stride;
+    float *states = rec + j * head;                                        /* chunk m at (m % STATES) * Hv * head */
+    float *slots = rec + DFLASH_REC_CHUNK_STATES * n_v_heads * head + j * slot; /* row p at (p % ROWS) * Hv * slot */
+    const i64 state_stride = n_v_heads * head, slot_stride = n_v_heads * slot;
     const bool col = e < dv;
+    int c0 = pos0 - pos0 % REC_CHUNK;
     float S[REC_MAX_DK];
 #pragma unroll
     for (int d = 0; d < REC_MAX_DK; d++)
-        S[d] = col && d < dk && s_in ? s_in[(i64)d * dv + e] : 0.0f;
+        S[d] = col && d < dk && c0 > 0
+                   ? states[(c0 / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride + (i64)d * dv + e]
+                   : 0.0f;
+    for (int i = threadIdx.x; i < (pos0 - c0) * dk; i += blockDim.x) {
+        const int s = i / dk, d = i - s * dk;
+        ks[s * KS_STRIDE + d] = slots[((c0 + s) % REC_ROWS) * slot_stride + d];
+    }
+    for (int s = threadIdx.x; s < pos0 - c0; s += blockDim.x)
+        Gs[s] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + dv];
+    if (col)
+        for (int s = 0; s < pos0 - c0; s++)
+            ds[s * REC_MAX_DV + e] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
     const float scale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < rows; t++) {
+        const int p = pos0 + t, n = p - c0;
         const i64 i = row0 + t;
+        float *me = slots + (p % REC_ROWS) * slot_stride;
         const float *yr = y + i * C;
+        if (p == 0 && col) /* the CPU writes the first chunk's (zero) start state too */
+            for (int d = 0; d < dk; d++)
+                states[(i64)d * dv + e] = 0.0f;
         /* q and k of key head h, each over its L2 norm; q also times dk^-1/2 */
         const float q_inv = 1.0f / sqrtf(block_sumsq(yr + (i64)h * dk, dk, scratch) + 1e-6f);
         const float k_inv = 1.0f / sqrtf(block_sumsq(yr + Kd + (i64)h * dk, dk, scratch) + 1e-6f);
-        for (int d = threadIdx.x; d < dk; d += blockDim.x) {
-            qn[d] = yr[(i64)h * dk + d] * q_inv * scale;
-            kn[d] = yr[Kd + (i64)h * dk + d] * k_inv;
-        }
-        __syncthreads();
         const float beta = 1.0f / (1.0f + expf(-b_in[i * n_v_heads + j]));
         const float xa = a_in[i * n_v_heads + j] + bias;
-        const float decay = expf(neg_a * (xa > 20.0f ? xa : log1pf(expf(xa))));
+        const float g = neg_a * (xa > 20.0f ? xa : log1pf(expf(xa)));
+        const float G = (n == 0 ? 0.0f : Gs[n - 1]) + g, eG = expf(G);
+        for (int d = threadIdx.x; d < dk; d += blockDim.x) {
+            const float kd = yr[Kd + (i64)h * dk + d] * k_inv;
+            qn[d] = yr[(i64)h * dk + d] * q_inv * scale;
+            kn[d] = kd;
+            ks[n * KS_STRIDE + d] = kd;
+            me[d] = kd;
+        }
+        if (threadIdx.x == 0) {
+            Gs[n] = G;
+            me[dk + dv] = G;
+        }
+        __syncthreads();
+        /* thread s: exp(G - G_s) times k_s . k and k_s . q, in d order */
+        if (threadIdx.x <= n) {
+            const int s = threadIdx.x;
+            const float ex = expf(G - Gs[s]);
+            float kk = 0.0f, kq = 0.0f;
+            for (int d = 0; d < dk; d++) {
+                kk += ks[s * KS_STRIDE + d] * kn[d];
+                kq += ks[s * KS_STRIDE + d] * qn[d];
+            }
+            ck[s] = ex * kk;
+            cq[s] = ex * kq;
+        }
+        __syncthreads();
         if (col) {
-            const float v = yr[2 * Kd + (i64)j * dv + e];
-            float kv = 0.0f;
+            float u = 0.0f, sq = 0.0f;
 #pragma unroll
             for (int d = 0; d < REC_MAX_DK; d++)
                 if (d < dk) {
-                    S[d] *= decay;
-                    kv += S[d] * kn[d];
+                    u += S[d] * kn[d];
+                    sq += S[d] * qn[d];
                 }
-            const float delta = (v - kv) * beta;
-            float o = 0.0f;
+            float w = 0.0f;
+            for (int s = 0; s < n; s++)
+                w += ck[s] * ds[s * REC_MAX_DV + e];
+            const float eu = eG * u, upd = ((yr[2 * Kd + (i64)j * dv + e] - eu) - w) * beta;
+            me[dk + e] = upd;
+            ds[n * REC_MAX_DV + e] = upd;
+            float acc = eG * sq;
+            for (int s = 0; s < n; s++)
+                acc += cq[s] * ds[s * REC_MAX_DV + e];
+            acc += cq[n] * upd;
+            out[i * n_v_heads * dv + (i64)j * dv + e] = acc;
+        }
+        if (n == REC_CHUNK - 1) { /* the next chunk's start state */
+            __syncthreads();
+            if (threadIdx.x < REC_CHUNK)
+                ck[threadIdx.x] = expf(G - Gs[threadIdx.x]);
+            __syncthreads();
+            if (col) {
 #pragma unroll
-            for (int d = 0; d < REC_MAX_DK; d++)
-                if (d < dk) {
-                    S[d] += kn[d] * delta;
-                    o += S[d] * qn[d];
+                for (int d = 0; d < REC_MAX_DK; d++)
+                    S[d] *= eG;
+                for (int s = 0; s < REC_CHUNK; s++) {
+                    const float dse = ds[s * REC_MAX_DV + e], ex = ck[s];
+#pragma unroll
+                    for (int d = 0; d < REC_MAX_DK; d++)
+                        if (d < dk)
+                            S[d] += ex * ks[s * KS_STRIDE + d] * dse;
                 }
-            out[i * n_v_heads * dv + (i64)j * dv + e] = o;
-            if (t + 1 == snap)
+                float *next = states + ((p + 1) / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride;
 #pragma unroll
                 for (int d = 0; d < REC_MAX_DK; d++)
                     if (d < dk)
-                        s_snap[(i64)d * dv + e] = S[d];
+                        next[(i64)d * dv + e] = S[d];
+            }
+            c0 += REC_CHUNK;
         }
-        __syncthreads(); /* qn and kn are rewritten by the next row */
+        __syncthreads(); /* qn, kn, ks, Gs, ck and cq are rewritten by the next row (ds only by its owner) */
     }
-    if (col)
-#pragma unroll
-        for (int d = 0; d < REC_MAX_DK; d++)
-            if (d < dk)
-                s_out[(i64)d * dv + e] = S[d];
 }
 
 /* x[i, c] *= sigmoid(g[i * g_cols + (g_cols == 1 ? 0 : c)]) over n * cols */
