@@ -1042,6 +1042,54 @@ static void case_recurrent(gdn_geom g, int n_seqs, const int *hist, const int *b
     gpu_reset();
 }
 
+/* One GPU call of conv_silu then delta_rule (time_recurrent's argument). */
+typedef struct rec_time_arg {
+    gdn_geom g;
+    dflash_rec_args c, d;
+    const float *x;
+    const dflash_weight *cw;
+    dflash_delta_args a;
+} rec_time_arg;
+
+static dflash_status run_recurrent(void *p)
+{
+    rec_time_arg *t = p;
+    const int64_t C = 2 * (int64_t)t->g.Hk * t->g.dk + (int64_t)t->g.Hv * t->g.dv;
+    DFLASH_TRY(g_gpu->ops->conv_silu(g_gpu, &t->c, t->x, t->cw, t->a.n_rows, (int)C, t->g.K, (float *)t->a.y));
+    return g_gpu->ops->delta_rule(g_gpu, &t->d, &t->a);
+}
+
+/* The time of one sequence's `rows` rows from position pos0 through a
+ * linear-attention layer's recurrence; bytes: the chunk-start state read,
+ * the rows' records written. */
+static void time_recurrent(gdn_geom g, int pos0, int rows)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows at %d, k %dx%d, v %dx%d, conv %d", rows, pos0, g.Hk, g.dk, g.Hv, g.dv, g.K);
+    const int64_t C = 2 * (int64_t)g.Hk * g.dk + (int64_t)g.Hv * g.dv, Vd = (int64_t)g.Hv * g.dv;
+    const int64_t conv_sz = dflash_conv_rec_size(C), delta_sz = dflash_delta_rec_size(g.Hv, g.dk, g.dv);
+    wpair cw, alog, dtb;
+    make_weight(&cw, DFLASH_DTYPE_BF16, C, g.K, 0.5f);
+    make_weight(&alog, DFLASH_DTYPE_F32, 1, g.Hv, 1.0f);
+    make_weight(&dtb, DFLASH_DTYPE_BF16, 1, g.Hv, 1.0f);
+    float *h = rand_f32((size_t)rows * C, 2.0f), *hab = rand_f32((size_t)rows * g.Hv, 2.0f);
+    float *zc = calloc((size_t)conv_sz, sizeof(float)), *zd = calloc((size_t)delta_sz, sizeof(float));
+    const int32_t f[DFLASH_REC_INFO_LEN] = { 0, rows, pos0, 0 };
+    int32_t *df = gpu_copy(f, sizeof f);
+    rec_time_arg t = { g, { 1, rows, df, gpu_copy(zc, (size_t)conv_sz * sizeof(float)), conv_sz },
+                       { 1, rows, df, gpu_copy(zd, (size_t)delta_sz * sizeof(float)), delta_sz },
+                       gpu_copy(h, (size_t)rows * C * sizeof(float)), &cw.d,
+                       { rows, g.Hk, g.Hv, g.dk, g.dv, gpu_poison((size_t)rows * C),
+                         gpu_copy(hab, (size_t)rows * g.Hv * sizeof(float)),
+                         gpu_copy(hab, (size_t)rows * g.Hv * sizeof(float)), &alog.d, &dtb.d,
+                         gpu_poison((size_t)rows * Vd) } };
+    time_op("conv+delta_rule", shape, run_recurrent, &t,
+            4.0 * ((double)g.Hv * g.dk * g.dv + (double)rows * (C + g.Hv * (g.dk + g.dv + 1))));
+    free(h), free(hab), free(zc), free(zd);
+    free_weight(&cw), free_weight(&alog), free_weight(&dtb);
+    gpu_reset();
+}
+
 /* sigmoid_mul with one gate per row and with a gate per element */
 static void case_sigmoid_mul(int n, int64_t cols)
 {
@@ -1870,8 +1918,14 @@ int main(int argc, char **argv)
         static const int many[] = { 17, 1, 80, 3, 130, 9 }, many_back[] = { 1, 0, 16, 3, 65, 2 },
                          many_more[] = { 16, 1, 16, 17, 17, 1 };
         case_recurrent((gdn_geom){ 2, 4, 16, 8, 4 }, 4, few, few_back, few_more);
-        if (!g_small)
-            case_recurrent((gdn_geom){ 16, 32, 128, 128, 4 }, 6, many, many_back, many_more);
+        if (!g_small) {
+            const gdn_geom q36 = { 16, 32, 128, 128, 4 };
+            case_recurrent(q36, 6, many, many_back, many_more);
+            time_recurrent(q36, 1024, 1);
+            time_recurrent(q36, 1024, 16);
+            time_recurrent(q36, 1080, 16);
+            time_recurrent(q36, 0, 512);
+        }
         case_sigmoid_mul(5, 96);
         if (!g_small)
             case_sigmoid_mul(64, 4096);

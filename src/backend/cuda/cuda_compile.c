@@ -19,9 +19,6 @@
  * split into hi/lo (256 bytes a row); the epilogue's [128][MT + 1] f32
  * totals fit in it. */
 #define GW_SMEM(fp8, mt) (4 * (128 * ((fp8) ? 64 : 128) + (mt) * 256))
-/* recurrent.cu's delta_rule: a chunk's k rows (padded to 129 floats) and
- * update rows (256 floats) */
-#define DELTA_SMEM (4 * DFLASH_REC_CHUNK * ((128 + 1) + 256))
 
 const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_EMBED] = { "elementwise.cu", "dflash_embed" },
@@ -76,7 +73,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ARGMAX] = { "argmax.cu", "dflash_argmax" },
     [DFK_ARGMAX_FINISH] = { "gemm.cu", "dflash_argmax_finish" },
     [DFK_CONV_SILU] = { "recurrent.cu", "dflash_conv_silu" },
-    [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule", DELTA_SMEM },
+    [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule" },
     [DFK_SIGMOID_MUL] = { "recurrent.cu", "dflash_sigmoid_mul" },
     [DFK_MOE_ROUTE] = { "moe.cu", "dflash_moe_route" },
 };

@@ -33,9 +33,6 @@ dflash_status cuda_delta_rule(dflash_backend *be, const dflash_rec_args *r, cons
     DFLASH_TRY(dflash_be_check_rec(r, dflash_delta_rec_size(Hv, dk, dv), "delta_rule"));
     if (a->n_rows <= 0 || r->n_seqs <= 0)
         return DFLASH_OK;
-    if (!cuda_kernel_fits(c, DFK_DELTA_RULE))
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda: delta_rule needs %d bytes of shared memory per block, this "
-                           "device allows %d", dflash_cuda_kernels[DFK_DELTA_RULE].dyn_smem, c->smem_optin);
     DFLASH_TRY(cuda_enter(c));
     int adt = (int)a->A_log->dtype, ddt = (int)a->dt_bias->dtype;
     int64_t stride = r->rec_stride;

@@ -77,7 +77,6 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 r
 }
 
 #define REC_MAX_DK 128
-#define REC_MAX_DV 256
 #define KS_STRIDE (REC_MAX_DK + 1) /* a padded row: thread s reading row s hits its own bank */
 
 /* The sum of squares of v[0..dim) over the block (every thread gets it),
@@ -92,21 +91,20 @@ __forceinline__ float block_sumsq(const float *v, int dim, float *scratch)
 }
 
 /* grid (value heads, sequences), block: a multiple of 32 covering k_dim
- * (<= REC_MAX_DK), v_dim (<= REC_MAX_DV) and the chunk's rows; dynamic
- * shared memory REC_CHUNK * (KS_STRIDE + REC_MAX_DV) floats (cuda_compile.c,
- * DELTA_SMEM). Thread e holds column e of the head's chunk-start state S
- * [k_dim, v_dim] and owns column e of every row's update d; the chunk's
- * normalised k rows, updates and cumulative decays sit in shared memory
- * (the updates also go to the record, for later calls). Record layout:
- * backend.h, dflash_delta_rec_size. */
+ * (<= REC_MAX_DK), v_dim (<= 256) and the chunk's rows. Thread e holds
+ * column e of the head's chunk-start state S [k_dim, v_dim] and owns
+ * column e of every row's update d (read back from the record, where only
+ * it writes); the chunk's normalised k rows and cumulative decays sit in
+ * shared memory (35 KB: the updates there too would need more than the
+ * 48 KB a launch gets without opting in, and opting in measured slower:
+ * the SM changes its shared memory carveout around each launch). Record
+ * layout: backend.h, dflash_delta_rec_size. */
 extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *info, float *state, i64 rec_stride,
                                              const float *y, const float *a_in, const float *b_in, const void *A_log,
                                              int adt, const void *dt_bias, int ddt, int n_k_heads, int n_v_heads,
                                              int dk, int dv, float *out)
 {
-    extern __shared__ float rec_smem[];
-    float *ks = rec_smem;                        /* k of row c0 + s at s * KS_STRIDE */
-    float *ds = rec_smem + REC_CHUNK * KS_STRIDE; /* d of row c0 + s at s * REC_MAX_DV */
+    __shared__ float ks[REC_CHUNK * KS_STRIDE]; /* row c0 + s at s * KS_STRIDE */
     __shared__ float qn[REC_MAX_DK], kn[REC_MAX_DK], Gs[REC_CHUNK], ck[REC_CHUNK], cq[REC_CHUNK], scratch[32];
     pdl_trigger();
     const int j = blockIdx.x, e = threadIdx.x, h = j / (n_v_heads / n_k_heads);
@@ -133,9 +131,6 @@ extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *i
     }
     for (int s = threadIdx.x; s < pos0 - c0; s += blockDim.x)
         Gs[s] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + dv];
-    if (col)
-        for (int s = 0; s < pos0 - c0; s++)
-            ds[s * REC_MAX_DV + e] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
     const float scale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < rows; t++) {
         const int p = pos0 + t, n = p - c0;
@@ -187,13 +182,12 @@ extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *i
                 }
             float w = 0.0f;
             for (int s = 0; s < n; s++)
-                w += ck[s] * ds[s * REC_MAX_DV + e];
+                w += ck[s] * slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
             const float eu = eG * u, upd = ((yr[2 * Kd + (i64)j * dv + e] - eu) - w) * beta;
             me[dk + e] = upd;
-            ds[n * REC_MAX_DV + e] = upd;
             float acc = eG * sq;
             for (int s = 0; s < n; s++)
-                acc += cq[s] * ds[s * REC_MAX_DV + e];
+                acc += cq[s] * slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
             acc += cq[n] * upd;
             out[i * n_v_heads * dv + (i64)j * dv + e] = acc;
         }
@@ -207,11 +201,11 @@ extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *i
                 for (int d = 0; d < REC_MAX_DK; d++)
                     S[d] *= eG;
                 for (int s = 0; s < REC_CHUNK; s++) {
-                    const float dse = ds[s * REC_MAX_DV + e], ex = ck[s];
+                    const float ds = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e], ex = ck[s];
 #pragma unroll
                     for (int d = 0; d < REC_MAX_DK; d++)
                         if (d < dk)
-                            S[d] += ex * ks[s * KS_STRIDE + d] * dse;
+                            S[d] += ex * ks[s * KS_STRIDE + d] * ds;
                 }
                 float *next = states + ((p + 1) / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride;
 #pragma unroll
@@ -221,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *i
             }
             c0 += REC_CHUNK;
         }
-        __syncthreads(); /* qn, kn, ks, Gs, ck and cq are rewritten by the next row (ds only by its owner) */
+        __syncthreads(); /* qn, kn, ks, Gs, ck and cq are rewritten by the next row */
     }
 }
 
