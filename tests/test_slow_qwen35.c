@@ -133,24 +133,43 @@ static void test_row_splits_and_rollback(void)
     }
 }
 
+/* Model `name` (max_rows T_MAX, two sequences) with two fresh sequences
+ * a and b on it, and toks[i] = (i * mul + add) % vocabulary for i < n;
+ * NULL when it does not load. */
+static dflash_qwen3 *two_fresh(const char *name, int32_t *toks, int n, int mul, int add, dflash_kv_seq *a,
+                               dflash_kv_seq *b)
+{
+    dflash_qwen3 *m = NULL;
+    CHECK_OK(load(name, T_MAX, 2, &m));
+    if (!m)
+        return NULL;
+    for (int i = 0; i < n; i++)
+        toks[i] = (i * mul + add) % m->cfg.vocab_size;
+    CHECK_OK(dflash_qwen3_seq_init(m, a));
+    CHECK_OK(dflash_qwen3_seq_init(m, b));
+    return m;
+}
+
+static void two_free(dflash_qwen3 *m, dflash_kv_seq *a, dflash_kv_seq *b)
+{
+    dflash_qwen3_seq_free(m, a);
+    dflash_qwen3_seq_free(m, b);
+    dflash_qwen3_free(m);
+}
+
 /* A prefill of more rows than can be taken back (90 of 65): its last 65
  * rows can still be taken back, and the result is the one-row result. */
 static void test_long_forward_keeps_its_tail(void)
 {
-    dflash_qwen3 *m = NULL;
-    CHECK_OK(load("q35_dense", T_MAX, 2, &m));
+    enum { N = 90 };
+    int32_t toks[N];
+    dflash_kv_seq a, b;
+    dflash_qwen3 *m = two_fresh("q35_dense", toks, N, 11, 3, &a, &b);
     if (!m)
         return;
     const int V = m->cfg.vocab_size;
-    enum { N = 90 };
-    int32_t toks[N];
-    for (int i = 0; i < N; i++)
-        toks[i] = (i * 11 + 3) % V;
     static float ref[N * 512];
-    dflash_kv_seq a, b;
     float *logits;
-    CHECK_OK(dflash_qwen3_seq_init(m, &a));
-    CHECK_OK(dflash_qwen3_seq_init(m, &b));
     CHECK_OK(tc_run_rows(m, &b, toks, 40, 1, 0, NULL, &logits, NULL));
     memcpy(ref, logits, (size_t)40 * V * sizeof(float));
     CHECK_OK(tc_run_rows(m, &b, toks + 40, N - 40, 1, 0, NULL, &logits, NULL));
@@ -164,9 +183,7 @@ static void test_long_forward_keeps_its_tail(void)
     dflash_kv_seq_truncate(&a, 24);
     CHECK_FAILS(tc_run_rows(m, &a, toks + 24, 1, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG,
                 "can resume only at 30..34");
-    dflash_qwen3_seq_free(m, &a);
-    dflash_qwen3_seq_free(m, &b);
-    dflash_qwen3_free(m);
+    two_free(m, &a, &b);
 }
 
 /* 250 rows, past the rows a record keeps by position (128) and the chunk
@@ -176,20 +193,15 @@ static void test_long_forward_keeps_its_tail(void)
  * resumes exactly. */
 static void test_long_sequence_reuses_records(void)
 {
-    dflash_qwen3 *m = NULL;
-    CHECK_OK(load("q35_moe_mm", T_MAX, 2, &m));
+    enum { N = 250 };
+    int32_t toks[N];
+    dflash_kv_seq a, b;
+    dflash_qwen3 *m = two_fresh("q35_moe_mm", toks, N, 37, 11, &a, &b);
     if (!m)
         return;
     const int V = m->cfg.vocab_size;
-    enum { N = 250 };
-    int32_t toks[N];
-    for (int i = 0; i < N; i++)
-        toks[i] = (i * 37 + 11) % V;
     static float ref[N * 512];
-    dflash_kv_seq a, b;
     float *logits;
-    CHECK_OK(dflash_qwen3_seq_init(m, &a));
-    CHECK_OK(dflash_qwen3_seq_init(m, &b));
     for (int i = 0; i < N; i += 90) {
         const int n = N - i < 90 ? N - i : 90;
         CHECK_OK(tc_run_rows(m, &a, toks + i, n, 1, 0, NULL, &logits, NULL));
@@ -207,9 +219,7 @@ static void test_long_sequence_reuses_records(void)
     dflash_kv_seq_truncate(&a, 186);
     CHECK_OK(tc_run_rows(m, &a, toks + 186, 64, 1, 0, NULL, &logits, NULL));
     CHECK(logits && memcmp(logits, ref + (size_t)186 * V, (size_t)64 * V * sizeof(float)) == 0);
-    dflash_qwen3_seq_free(m, &a);
-    dflash_qwen3_seq_free(m, &b);
-    dflash_qwen3_free(m);
+    two_free(m, &a, &b);
 }
 
 /* A fresh sequence forwards toks[0..n), is taken back to `back` and
