@@ -417,7 +417,9 @@ static void test_qwen35_checks(void)
     CHECK(run_info(fx_path(dir, sizeof dir, "qwen35", "q35_dense"), out, sizeof out) == 0);
     CHECKF(strstr(out, "Qwen3_5ForCausalLM (Qwen3.5 target)") &&
                strstr(out, "3 Gated DeltaNet linear attention (key heads 2 x 16, value heads 4 x 8, conv 4), 1 gated "
-                           "full attention (RoPE on 4 of 16 dimensions)"),
+                           "full attention (RoPE on 4 of 16 dimensions)") &&
+               strstr(out, "state          0.3 MB per sequence (f32, per linear-attention layer: the last 128 rows' "
+                           "inputs and delta-rule entries, 3 chunk-start states)"),
            "dflash info: %s", out);
     CHECKF(try_load(dir, msg, sizeof msg) == DFLASH_OK, "%s: %s", dir, msg);
     CHECK(run_info(fx_path(dir, sizeof dir, "qwen35", "q35_moe_mm"), out, sizeof out) == 0);

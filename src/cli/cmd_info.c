@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "target/gdn.h"
 #include "target/qwen35.h"
 #include "target/qwen3_layer.h"
 
@@ -55,6 +57,13 @@ int dflash_cmd_info(int argc, char **argv)
                "conv %d), %d gated full attention (RoPE on %d of %d dimensions)\n", linear, c.linear_num_key_heads,
                c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_kernel,
                c.num_hidden_layers - linear, c.rotary_dim, c.head_dim);
+        /* what each sequence holds besides its KV pages (target/qwen35_state.h) */
+        const double rec = (double)dflash_conv_rec_size(qwen3_gdn_channels(&c)) +
+                           (double)dflash_delta_rec_size(c.linear_num_value_heads, c.linear_key_head_dim,
+                                                         c.linear_value_head_dim);
+        printf("  state          %.1f MB per sequence (f32, per linear-attention layer: the last %d rows' inputs "
+               "and delta-rule entries, %d chunk-start states)\n", rec * linear * sizeof(float) / 1e6,
+               DFLASH_REC_ROWS, DFLASH_REC_CHUNK_STATES);
         if (c.multimodal)
             printf("  layout         multimodal (text_config, model.language_model.*): %d vision and %d mtp "
                    "tensors not used\n", extra.vision_tensors, extra.mtp_tensors);
