@@ -95,8 +95,8 @@ typedef struct dflash_attn_args {
  * Sequences of one call must use distinct records. A call may start at
  * any position p that is at most DFLASH_REC_BACK rows before the end of
  * the record's last call and not before that call's first row: those
- * positions' inputs are still in the record (a verify of 64 drafts and
- * the row before them can be taken back whole). */
+ * positions' inputs are still in the record (a verify of the longest
+ * block, 64 rows: spec.h's DFLASH_MAX_BLOCK, can be taken back whole). */
 #define DFLASH_REC_INFO_LEN 4
 #define DFLASH_REC_BACK 65
 /* Rows of inputs a record keeps, by position modulo DFLASH_REC_ROWS (the
@@ -110,7 +110,7 @@ typedef struct dflash_attn_args {
  * registers on the GPU). */
 #define DFLASH_CONV_MAX_KERNEL 16
 typedef struct dflash_rec_args {
-    int n_seqs, max_seq_rows; /* max_seq_rows: a bound a device backend sizes its grid by */
+    int n_seqs, max_seq_rows; /* max_seq_rows: the most rows one sequence has in the call */
     const int32_t *info;      /* [n_seqs * DFLASH_REC_INFO_LEN] */
     float *state;
     int64_t rec_stride;       /* at least dflash_conv_rec_size / dflash_delta_rec_size */
@@ -145,7 +145,9 @@ static inline int64_t dflash_delta_rec_size(int64_t n_v_heads, int64_t k_dim, in
  *   S_{c+64} = exp(G_{c+63}) S_c + sum over the chunk of exp(G_{c+63} - G_s) k_s d_s^T
  * A row's result depends on S_c and the chunk's rows up to it only, never
  * on how rows are split into calls; the record holds S_c and each row's
- * (k, d, G). */
+ * (k, d, G). As in transformers' chunked form, exp(G_t - G_s) comes from
+ * running f32 sums: a chunk whose decays add up to a large |G| loses
+ * ~ulp(|G|) in those exponents. */
 typedef struct dflash_delta_args {
     int n_rows, n_k_heads, n_v_heads, k_dim, v_dim;
     const float *y;                       /* [n_rows, 2 * n_k_heads * k_dim + n_v_heads * v_dim] */

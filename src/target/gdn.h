@@ -1,19 +1,17 @@
 /* gdn.h: the Gated DeltaNet linear attention of a Qwen3.5 hybrid's
  * linear-attention layers: its weights and scratch, and its forward in
- * three parts, so that a caller can keep a step's inputs and replay them:
+ * three parts (the middle one reads and writes the sequence's records):
  *
  *   project: qkv = in_proj_qkv(xn), z = in_proj_z(xn), b = in_proj_b(xn),
  *            a = in_proj_a(xn)
- *   recur:   y = silu(causal depthwise conv1d of qkv), with its window of
- *            the last kernel - 1 inputs; o = the gated delta rule over y,
- *            a and b (backend.h, dflash_delta_args), its state [value
- *            heads, key dim, value dim] carried from row to row
+ *   recur:   y = silu(causal depthwise conv1d of qkv over the inputs by
+ *            position); o = the gated delta rule over y, a and b in its
+ *            chunked form (backend.h, dflash_delta_args)
  *   output:  o = rmsnorm(o per value head) * norm * silu(z);
  *            out = out_proj(o)
  *
- * recur walks a sequence's rows in order from its state and depends on
- * nothing else, so replaying kept (qkv, a, b) rows from a state gives the
- * bits the forward gave (what taking back rejected rows relies on). */
+ * recur depends only on the sequence's records and its rows, never on how
+ * rows are split into calls (what speculative decoding relies on). */
 #ifndef DFLASH_TARGET_GDN_H
 #define DFLASH_TARGET_GDN_H
 
@@ -46,8 +44,8 @@ void qwen3_gdn_bufs_free(dflash_backend *be, qwen3_gdn_bufs *b);
 /* b->qkv, b->z, b->a, b->b of rows xn [n, H]. */
 dflash_status qwen3_gdn_project(dflash_backend *be, const qwen3_gdn *w, const qwen3_gdn_bufs *b, const float *xn,
                                 int n);
-/* y [n, C] and o [n, Vd] of rows (qkv, a, b), the states in conv's and
- * delta's slots (one info for both: the same slots of two pools). */
+/* y [n, C] and o [n, Vd] of rows (qkv, a, b), the records in conv's and
+ * delta's pools (one info for both: the same record index in each). */
 dflash_status qwen3_gdn_recur(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,
                               const dflash_rec_args *conv, const dflash_rec_args *delta, const float *qkv,
                               const float *a, const float *b, int n, float *y, float *o);
