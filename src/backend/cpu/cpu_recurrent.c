@@ -108,7 +108,8 @@ static float *state_of(const head_rec *h, int chunk) { return h->states + (chunk
 static float *row_of(const head_rec *h, int p) { return h->rows + (p % ROWS) * h->row_stride; }
 
 /* The row at position p of value head h: its k, d and G into its slot,
- * its output into o. S: the chunk's start state. */
+ * its output into o. S: the chunk's start state. Loops run over value
+ * columns innermost (they vectorise); each column's sums keep their order. */
 static void delta_row(const head_rec *h, const float *S, int p, const float *qn, const float *kn, const float *v,
                       float beta, float g, float *o)
 {
@@ -123,31 +124,35 @@ static void delta_row(const head_rec *h, const float *S, int p, const float *qn,
         ck[s] = ex * dot(rs, kn, dk);
         cq[s] = ex * dot(rs, qn, dk);
     }
-    for (int e = 0; e < dv; e++) {
-        float u = 0.0f, w = 0.0f;
-        for (int i = 0; i < dk; i++) {
-            const float prod = S[(int64_t)i * dv + e] * kn[i];
-            u += prod;
+    float u[dv], sq[dv], w[dv];
+    for (int e = 0; e < dv; e++)
+        u[e] = sq[e] = w[e] = 0.0f;
+    for (int i = 0; i < dk; i++) { /* S_c^T k and S_c^T q, in i order */
+        const float *Si = S + (int64_t)i * dv;
+        for (int e = 0; e < dv; e++) {
+            const float pk = Si[e] * kn[i], pq = Si[e] * qn[i];
+            u[e] += pk;
+            sq[e] += pq;
         }
-        for (int s = 0; s < n; s++) {
-            const float prod = ck[s] * row_of(h, c0 + s)[dk + e];
-            w += prod;
+    }
+    for (int s = 0; s < n; s++) { /* the chunk's earlier updates, in s order */
+        const float *ds = row_of(h, c0 + s) + dk;
+        for (int e = 0; e < dv; e++) {
+            const float prod = ck[s] * ds[e];
+            w[e] += prod;
         }
-        const float eu = eG * u;
-        d[e] = ((v[e] - eu) - w) * beta;
     }
     for (int e = 0; e < dv; e++) {
-        float sq = 0.0f;
-        for (int i = 0; i < dk; i++) {
-            const float prod = S[(int64_t)i * dv + e] * qn[i];
-            sq += prod;
+        const float eu = eG * u[e];
+        d[e] = ((v[e] - eu) - w[e]) * beta;
+        o[e] = eG * sq[e];
+    }
+    for (int s = 0; s <= n; s++) {
+        const float *ds = row_of(h, c0 + s) + dk;
+        for (int e = 0; e < dv; e++) {
+            const float prod = cq[s] * ds[e];
+            o[e] += prod;
         }
-        float acc = eG * sq;
-        for (int s = 0; s <= n; s++) {
-            const float prod = cq[s] * row_of(h, c0 + s)[dk + e];
-            acc += prod;
-        }
-        o[e] = acc;
     }
 }
 
@@ -159,15 +164,18 @@ static void delta_chunk_end(const head_rec *h, const float *S, int p, float *nex
     float ex[CHUNK];
     for (int s = c0; s <= p; s++)
         ex[s - c0] = expf(G - row_of(h, s)[dk + dv]);
-    for (int i = 0; i < dk; i++)
-        for (int e = 0; e < dv; e++) {
-            float acc = eG * S[(int64_t)i * dv + e];
-            for (int s = c0; s <= p; s++) {
-                const float *rs = row_of(h, s), a = ex[s - c0] * rs[i], prod = a * rs[dk + e];
-                acc += prod;
+    for (int i = 0; i < dk; i++) {
+        float *ni = next + (int64_t)i * dv;
+        for (int e = 0; e < dv; e++)
+            ni[e] = eG * S[(int64_t)i * dv + e];
+        for (int s = c0; s <= p; s++) {
+            const float *rs = row_of(h, s), a = ex[s - c0] * rs[i];
+            for (int e = 0; e < dv; e++) {
+                const float prod = a * rs[dk + e];
+                ni[e] += prod;
             }
-            next[(int64_t)i * dv + e] = acc;
         }
+    }
 }
 
 dflash_status dflash_cpu_delta_rule(dflash_backend *be, const dflash_rec_args *r, const dflash_delta_args *a)
