@@ -58,6 +58,9 @@
 # (GPU_TEST_AB_BENCH: other bench arguments, GPU_TEST_AB_ROUNDS: rounds,
 # default 2, GPU_TEST_AB_LIMIT: the step's seconds, default 200);
 # GPU_TEST_SPLITS="2 4 8" benches with DFLASH_CUDA_GEMM_SPLIT at each;
+# GPU_TEST_OPS_ONLY=SECTION,...: cuda_ops_check's sections to run in the
+# ops check and under the sanitizers (all by default; its usage lists them:
+# a quicker check of the ops a change touched);
 # GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
 # libraries; MODEL_CHECK_ARGS are passed to cuda_model_check (e.g.
 # --cpu-as-gpu, to check this script on a machine without a GPU);
@@ -74,6 +77,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 DEADLINE=${GPU_TEST_DEADLINE:-540}
+OPS_ONLY=${GPU_TEST_OPS_ONLY:+--only $GPU_TEST_OPS_ONLY}
 names=() rcs=() secs=()
 step() { # name, log file, timeout seconds, command...
     local name=$1 log=$2 limit=$3; shift 3
@@ -123,7 +127,7 @@ if want check; then
     step build-nvrtc-test build.txt 120 build "$B/test_cuda_nvrtc" tests/test_cuda_nvrtc.c
     step build-ops-check build2.txt 120 build "$B/cuda_ops_check" tools/cuda/cuda_ops_check.c
     step nvrtc-test nvrtc_test.txt 120 env DFLASH_EXPECT_GPU=1 "$B/test_cuda_nvrtc"
-    step ops-check ops_check.txt 240 "$B/cuda_ops_check"
+    step ops-check ops_check.txt 240 "$B/cuda_ops_check" $OPS_ONLY
 fi
 
 # ---- the full library (model check, CLI) ----
@@ -308,9 +312,9 @@ if want check && [ -x "$B/cuda_ops_check" ]; then
     if [ -n "$SAN" ]; then
         # The small run only: sanitizers slow kernels 10-100x. Kernels come
         # from the disk cache the full run filled.
-        step memcheck memcheck.txt 200 "$SAN" --tool memcheck --leak-check full --error-exitcode 3 "$B/cuda_ops_check" --small
-        step racecheck racecheck.txt 200 "$SAN" --tool racecheck --error-exitcode 3 "$B/cuda_ops_check" --small
-        step synccheck synccheck.txt 200 "$SAN" --tool synccheck --error-exitcode 3 "$B/cuda_ops_check" --small
+        step memcheck memcheck.txt 200 "$SAN" --tool memcheck --leak-check full --error-exitcode 3 "$B/cuda_ops_check" --small $OPS_ONLY
+        step racecheck racecheck.txt 200 "$SAN" --tool racecheck --error-exitcode 3 "$B/cuda_ops_check" --small $OPS_ONLY
+        step synccheck synccheck.txt 200 "$SAN" --tool synccheck --error-exitcode 3 "$B/cuda_ops_check" --small $OPS_ONLY
     else
         echo "compute-sanitizer: NOT FOUND (looked on PATH and under /usr/local/cuda); sanitizer steps not run"
         names+=("sanitizers"); rcs+=("not-found"); secs+=(0)

@@ -11,8 +11,9 @@
  * (median of 20 after warm-up, L2 flushed between samples) and the achieved
  * GB/s = bytes that must move / time is printed.
  *
- * Usage: cuda_ops_check [--small] [--no-perf]
- *   --small: small shapes only, no timing (for compute-sanitizer runs). */
+ * Usage: cuda_ops_check [--small] [--no-perf] [--only SECTION,...]
+ *   --small: small shapes only, no timing (for compute-sanitizer runs);
+ *   --only: these sections of checks only (k_sections lists them). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +27,39 @@
 
 static dflash_backend *g_cpu, *g_gpu;
 static int g_small, g_perf = 1;
+
+/* --only: the sections of checks to run (comma-separated names of
+ * k_sections), NULL for all. */
+static const char *g_only;
+static const char k_sections[] = "errors,embed,add_rmsnorm,elementwise,linear,norm,recurrent,attention,copy,moe,argmax";
+
+/* Whether `name` is one of the comma-separated names in `list`. */
+static int in_list(const char *list, const char *name, size_t len)
+{
+    for (const char *p = list; *p;) {
+        const char *c = strchr(p, ',');
+        const size_t n = c ? (size_t)(c - p) : strlen(p);
+        if (n == len && strncmp(p, name, len) == 0)
+            return 1;
+        p += n + (c != NULL);
+    }
+    return 0;
+}
+
+static int section(const char *name) { return !g_only || in_list(g_only, name, strlen(name)); }
+
+/* Whether every name of --only's list is a section. */
+static int sections_known(const char *only)
+{
+    for (const char *p = only; *p;) {
+        const char *c = strchr(p, ',');
+        const size_t n = c ? (size_t)(c - p) : strlen(p);
+        if (!in_list(k_sections, p, n))
+            return 0;
+        p += n + (c != NULL);
+    }
+    return 1;
+}
 
 /* ---- infrastructure ----------------------------------------------------- */
 
@@ -1699,10 +1733,17 @@ int main(int argc, char **argv)
             g_small = 1;
         else if (strcmp(argv[i], "--no-perf") == 0)
             g_perf = 0;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            g_only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--small] [--no-perf]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--small] [--no-perf] [--only SECTION,...]\n  sections: %s\n", argv[0],
+                    k_sections);
             return 2;
         }
+    }
+    if (g_only && !sections_known(g_only)) {
+        fprintf(stderr, "%s: --only %s: sections are %s\n", argv[0], g_only, k_sections);
+        return 2;
     }
     if (g_small)
         g_perf = 0;
@@ -1714,332 +1755,354 @@ int main(int argc, char **argv)
     const int *rows = g_small ? rows_small : rows_all;
     const int T = !g_small; /* time the real shapes */
 
-    case_errors();
-
-    /* embed */
-    if (g_small) {
-        case_embed(DFLASH_DTYPE_BF16, 1000, 64, 5, 0);
-        case_embed(DFLASH_DTYPE_F16, 100, 24, 3, 0);
-        case_embed(DFLASH_DTYPE_F32, 100, 24, 3, 0);
-        case_embed(DFLASH_DTYPE_F8_E4M3, 100, 24, 3, 0);
-    } else {
-        for (int r = 0; r < 3; r++) {
-            case_embed(DFLASH_DTYPE_BF16, 151936, 2048, rows[r], T && rows[r] == 16);
-            case_embed(DFLASH_DTYPE_BF16, 151936, 4096, rows[r], T && rows[r] == 16);
-        }
-        case_embed(DFLASH_DTYPE_F16, 1000, 4096, 16, 0);
-        case_embed(DFLASH_DTYPE_F32, 1000, 2048, 16, 0);
-        case_embed(DFLASH_DTYPE_F8_E4M3, 1000, 2048, 16, 0);
+    if (section("errors")) {
+        case_errors();
     }
 
-    /* add_rmsnorm */
-    for (int r = 0; r < 3; r++) {
+    if (section("embed")) {
+        /* embed */
         if (g_small) {
-            case_rmsnorm(rows[r], 64, 1, 0);
-            case_rmsnorm(rows[r], 100, 0, 0);
+            case_embed(DFLASH_DTYPE_BF16, 1000, 64, 5, 0);
+            case_embed(DFLASH_DTYPE_F16, 100, 24, 3, 0);
+            case_embed(DFLASH_DTYPE_F32, 100, 24, 3, 0);
+            case_embed(DFLASH_DTYPE_F8_E4M3, 100, 24, 3, 0);
         } else {
-            case_rmsnorm(rows[r], 2048, 1, T && rows[r] == 16);
-            case_rmsnorm(rows[r], 4096, 1, T && rows[r] == 16);
-            case_rmsnorm(rows[r], 4096, 0, 0);
-            case_rmsnorm(rows[r], 128, 0, 0);
-        }
-    }
-
-    /* add, swiglu */
-    if (g_small) {
-        case_elementwise(1000, 0, 0);
-        case_elementwise(333, 1, 0);
-        case_add_bias(DFLASH_DTYPE_BF16, 3, 100);
-    } else {
-        case_elementwise((size_t)16 * 6144, 0, T);
-        case_elementwise((size_t)16 * 12288, 0, T);
-        case_elementwise((size_t)64 * 12288, 0, 0);
-        case_elementwise((size_t)1 * 2048, 0, 0);
-        case_elementwise(100003, 3, 0);
-        case_add_bias(DFLASH_DTYPE_BF16, 16, 4096);
-        case_add_bias(DFLASH_DTYPE_F16, 5, 1000);
-        case_add_bias(DFLASH_DTYPE_F32, 64, 14336);
-    }
-
-    /* linear */
-    if (g_small) {
-        case_linear(DFLASH_DTYPE_BF16, 72, 256, rows, 3, 0, 0);
-        case_linear(DFLASH_DTYPE_F8_E4M3, 40, 512, rows, 3, 0, 0);
-        case_linear(DFLASH_DTYPE_F16, 9, 64, rows, 3, 0, 0);
-        case_linear(DFLASH_DTYPE_F32, 9, 64, rows, 3, 0, 0);
-        case_linear(DFLASH_DTYPE_BF16, 7, 33, rows, 3, 0, 0);  /* scalar path: odd K */
-        case_linear(DFLASH_DTYPE_BF16, 7, 64, rows, 3, 0, 1);  /* scalar path: unaligned x */
-    } else {
-        static const int64_t shapes[][2] = {
-            /* seed drafter: H 2048, 32:4 x 128, I 6144, vocab */
-            { 4096, 2048 }, { 512, 2048 }, { 2048, 4096 }, { 6144, 2048 }, { 2048, 6144 }, { 151936, 2048 },
-            /* Qwen3-8B geometry: H 4096, 32:8 x 128, I 12288 */
-            { 1024, 4096 }, { 4096, 4096 }, { 12288, 4096 }, { 4096, 12288 }, { 151936, 4096 },
-        };
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            case_linear(DFLASH_DTYPE_BF16, shapes[s][0], shapes[s][1], rows, 3, T, 0);
-            case_linear(DFLASH_DTYPE_F8_E4M3, shapes[s][0], shapes[s][1], rows, 3, T, 0);
-        }
-        case_linear(DFLASH_DTYPE_F16, 2048, 2048, rows, 3, 0, 0);
-        case_linear(DFLASH_DTYPE_F32, 512, 2048, rows, 3, 0, 0);
-        case_linear(DFLASH_DTYPE_BF16, 1001, 2050, rows, 3, 0, 0); /* scalar path */
-        case_linear(DFLASH_DTYPE_F8_E4M3, 1001, 2056, rows, 3, 0, 0);
-        case_linear(DFLASH_DTYPE_BF16, 512, 2048, rows, 3, 0, 1);
-    }
-    { /* many rows (gemm_wide.cu) against the CPU */
-        const int wide[] = { g_small ? 70 : 300 };
-        case_linear(DFLASH_DTYPE_BF16, g_small ? 72 : 4096, g_small ? 256 : 2048, wide, 1, 0, 0);
-        case_linear(DFLASH_DTYPE_F8_E4M3, g_small ? 40 : 2048, g_small ? 512 : 6144, wide, 1, 0, 0);
-    }
-    case_fp8_codes();
-    {
-        static const int inv_rows[] = { 16, 64, 100 };
-        for (int i = 0; i < (g_small ? 1 : 3); i++) {
-            case_linear_invariance(DFLASH_DTYPE_BF16, g_small ? 72 : 4096, g_small ? 256 : 2048, inv_rows[i]);
-            case_linear_invariance(DFLASH_DTYPE_F8_E4M3, g_small ? 40 : 2048, g_small ? 512 : 6144, inv_rows[i]);
-        }
-    }
-    /* the many-row kernel against one row alone: every epilogue, both
-     * weight types, odd row counts, with the kernel's own tile choice and
-     * then with tiles of 128 rows forced; then with 16 slices of 3
-     * k-steps, 5 of them past the last step (empty), and an odd count of
-     * k32 steps (a last stage half full), also with 128-row tiles */
-    {
-        const int64_t lin_s[1] = { 200 }, qkv_s[3] = { 136, 40, 40 }, gu_s[2] = { 96, 96 }, head_s[1] = { 1000 };
-        const int64_t lin_l[1] = { 4096 }, qkv_l[3] = { 4096, 512, 512 }, gu_l[2] = { 6144, 6144 };
-        const int64_t head_l[1] = { 151936 };
-        const int nr = g_small ? 70 : 300;
-        dflash_backend *t128 = backend_with("DFLASH_CUDA_GEMM_TILE", "128");
-        for (int b = 0; b < 2; b++)
-            for (int dt = 0; dt < 2; dt++) {
-                dflash_backend *be = b ? t128 : g_gpu;
-                const char *tag = b ? ", tile 128" : "";
-                const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
-                const int64_t K = g_small ? 256 : 2048;
-                case_rows_invariance(be, tag, d, 0, g_small ? lin_s : lin_l, K, nr);
-                case_rows_invariance(be, tag, d, 1, g_small ? qkv_s : qkv_l, K, g_small ? 65 : 129);
-                case_rows_invariance(be, tag, d, 2, g_small ? gu_s : gu_l, K, nr);
-                case_rows_invariance(be, tag, d, 3, g_small ? head_s : head_l, K, g_small ? 66 : 77);
-            }
-        dflash_backend_destroy(t128);
-        dflash_backend *s16 = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
-        const int64_t odd[1] = { 72 }, odd_gu[2] = { 72, 72 };
-        case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 100);
-        case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 70);
-        case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 100);
-        dflash_backend_destroy(s16);
-        setenv("DFLASH_CUDA_GEMM_TILE", "128", 1);
-        dflash_backend *both = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
-        unsetenv("DFLASH_CUDA_GEMM_TILE");
-        dflash_levers_reload();
-        case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 150);
-        case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 130);
-        case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 150);
-        dflash_backend_destroy(both);
-    }
-    /* linear_group: q/k/v and gate/up + SwiGLU of the seed drafter and the
-     * Qwen3-8B geometry */
-    for (int dt = 0; dt < 2; dt++) {
-        const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
-        if (g_small) {
-            const int64_t qkv[3] = { 64, 32, 32 }, gu[2] = { 96, 96 };
-            case_linear_group(d, 3, qkv, 128, DFLASH_ACT_NONE, 5, 0);
-            case_linear_group(d, 2, gu, 128, DFLASH_ACT_SWIGLU, 5, 0);
-            case_linear_group(d, 3, qkv, 128, DFLASH_ACT_NONE, 70, 0);
-        } else {
-            const int64_t qkv_s[3] = { 4096, 512, 512 }, gu_s[2] = { 6144, 6144 };
-            const int64_t qkv_8[3] = { 4096, 1024, 1024 }, gu_8[2] = { 12288, 12288 };
             for (int r = 0; r < 3; r++) {
-                case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, rows[r], T && rows[r] == 16);
-                case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] == 16);
-                case_linear_group(d, 3, qkv_8, 4096, DFLASH_ACT_NONE, rows[r], T && rows[r] != 64);
-                case_linear_group(d, 2, gu_8, 4096, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] != 64);
+                case_embed(DFLASH_DTYPE_BF16, 151936, 2048, rows[r], T && rows[r] == 16);
+                case_embed(DFLASH_DTYPE_BF16, 151936, 4096, rows[r], T && rows[r] == 16);
             }
-            case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, 130, 0);
-            case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, 130, 0);
+            case_embed(DFLASH_DTYPE_F16, 1000, 4096, 16, 0);
+            case_embed(DFLASH_DTYPE_F32, 1000, 2048, 16, 0);
+            case_embed(DFLASH_DTYPE_F8_E4M3, 1000, 2048, 16, 0);
         }
     }
-    if (g_small) {
-        case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 0, 0);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 1, 0);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 3, 2, 0);
-    } else {
-        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 15, 0, T);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 16, 0, T);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 1, 0, T);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 70, 1, 0);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 16, 2, 0);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 5000, 2048, 16, 1, 0); /* split-K: the last block's epilogue */
-        case_linear_argmax(DFLASH_DTYPE_F8_E4M3, 151936, 2048, 15, 0, T);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 512, 0, T);
-        case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 200, 1, 0);
-    }
-    if (T) {
-        time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 16);
-        time_layer(DFLASH_DTYPE_F8_E4M3, 2048, 4096, 512, 6144, 16);
-        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 16);
-        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 1);
-        /* many sessions: 8 x 16 and 32 x 16 rows */
-        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 128);
-        time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 512);
-        time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 512);
+
+    if (section("add_rmsnorm")) {
+        /* add_rmsnorm */
+        for (int r = 0; r < 3; r++) {
+            if (g_small) {
+                case_rmsnorm(rows[r], 64, 1, 0);
+                case_rmsnorm(rows[r], 100, 0, 0);
+            } else {
+                case_rmsnorm(rows[r], 2048, 1, T && rows[r] == 16);
+                case_rmsnorm(rows[r], 4096, 1, T && rows[r] == 16);
+                case_rmsnorm(rows[r], 4096, 0, 0);
+                case_rmsnorm(rows[r], 128, 0, 0);
+            }
+        }
     }
 
-    /* norm_rope */
-    for (int r = 0; r < 3; r++) {
+    if (section("elementwise")) {
+        /* add, swiglu */
         if (g_small) {
-            case_norm_rope(rows[r], 4, 64, 1, 300, 1e6, DFLASH_ROPE_DEFAULT, 1, 0);
-            case_norm_rope(rows[r], 2, 40, 0, 300, 1e4, DFLASH_ROPE_YARN, 8, 0);
+            case_elementwise(1000, 0, 0);
+            case_elementwise(333, 1, 0);
+            case_add_bias(DFLASH_DTYPE_BF16, 3, 100);
         } else {
-            case_norm_rope(rows[r], 32, 128, 1, 40960, 1e6, DFLASH_ROPE_DEFAULT, 1, T && rows[r] == 16);
-            case_norm_rope(rows[r], 8, 128, 1, 40960, 1e6, DFLASH_ROPE_DEFAULT, 1, 0);
-            case_norm_rope(rows[r], 4, 128, 0, 5000, 1e4, DFLASH_ROPE_LINEAR, 4, 0);
-            case_norm_rope(rows[r], 8, 128, 1, 131072, 5e5, DFLASH_ROPE_LLAMA3, 8, 0);
-            case_norm_rope(rows[r], 4, 128, 1, 131072, 1e6, DFLASH_ROPE_YARN, 4, 0);
+            case_elementwise((size_t)16 * 6144, 0, T);
+            case_elementwise((size_t)16 * 12288, 0, T);
+            case_elementwise((size_t)64 * 12288, 0, 0);
+            case_elementwise((size_t)1 * 2048, 0, 0);
+            case_elementwise(100003, 3, 0);
+            case_add_bias(DFLASH_DTYPE_BF16, 16, 4096);
+            case_add_bias(DFLASH_DTYPE_F16, 5, 1000);
+            case_add_bias(DFLASH_DTYPE_F32, 64, 14336);
         }
     }
 
-    case_qk_norm_rope(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 4, g_small ? 64 : 128, T);
-    if (!g_small)
-        case_qk_norm_rope(1, 32, 8, 128, 0);
-    /* the kernel's two paths: in registers (head_dim % 64 == 0, up to
-     * 256) and the general one */
-    case_qk_norm_rope(3, 4, 2, 256, 0);
-    case_qk_norm_rope(3, 4, 2, 32, 0);
-    case_qk_norm_rope(2, 3, 1, 96, 0);
-    /* partial rotations: a Qwen3.5's gated attention (64 of 256, 4 of 16) */
-    case_qk_norm_rope_rot(5, 4, 2, 256, 64, 0);
-    case_qk_norm_rope_rot(3, 4, 2, 16, 4, 0);
-
-    /* a linear-attention layer's primitives: the fixtures' geometry, then
-     * Qwen3.5-MoE's (16 key heads, 32 value heads of 128, conv 4) */
-    {
-        static const int few[] = { 70, 5, 130, 64 }, few_back[] = { 6, 5, 65, 1 }, few_more[] = { 3, 1, 17, 16 };
-        static const int many[] = { 17, 1, 80, 3, 130, 9 }, many_back[] = { 1, 0, 16, 3, 65, 2 },
-                         many_more[] = { 16, 1, 16, 17, 17, 1 };
-        case_recurrent((gdn_geom){ 2, 4, 16, 8, 4 }, 4, few, few_back, few_more);
-        /* value heads wider than 128 (192 threads a block) and than the key
-         * dim; a convolution of 2 and of 16 (the widest) */
-        static const int odd[] = { 70, 3 }, odd_back[] = { 65, 1 }, odd_more[] = { 9, 2 };
-        case_recurrent((gdn_geom){ 1, 2, 64, 192, 2 }, 2, odd, odd_back, odd_more);
-        case_recurrent((gdn_geom){ 2, 4, 32, 16, 16 }, 2, odd, odd_back, odd_more);
-        if (!g_small) {
-            const gdn_geom q36 = { 16, 32, 128, 128, 4 };
-            case_recurrent(q36, 6, many, many_back, many_more);
-            time_recurrent(q36, 1024, 1);
-            time_recurrent(q36, 1024, 16);
-            time_recurrent(q36, 1080, 16);
-            time_recurrent(q36, 0, 512);
-        }
-        case_sigmoid_mul(5, 96);
-        if (!g_small)
-            case_sigmoid_mul(64, 4096);
-    }
-
-    /* kv_write + attention, f32 pages (the general kernel) and bf16 pages
-     * (the tensor-core kernel where head_dim allows) */
-    for (int kd = 0; kd < 2; kd++) {
-        const dflash_dtype dt = kd ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
+    if (section("linear")) {
+        /* linear */
         if (g_small) {
-            const attn_case cs[] = {
-                { 1, 1, 1, 4, 2, 64, MODE_CAUSAL, 0, 0, 0, dt },   { 1, 5, 37, 4, 2, 64, MODE_CAUSAL, 0, 0, 0, dt },
-                { 2, 3, 20, 4, 1, 32, MODE_NONE, 0, 0, 0, dt },    { 1, 16, 70, 8, 2, 64, MODE_WINDOW, 24, 0, 0, dt },
-                { 1, 4, 70, 4, 2, 64, MODE_WINDOW, 40, 4, 0, dt }, { 1, 3, 50, 2, 1, 18, MODE_NONE, 0, 0, 0, dt },
-                { 1, 2, 0, 4, 2, 64, MODE_NONE, 0, 0, 0, dt },     { 1, 3, 300, 4, 2, 16, MODE_CAUSAL, 0, 0, 0, dt },
-                { 2, 16, 260, 16, 2, 128, MODE_NONE, 0, 0, 0, dt },
-                { 1, 3, 300, 4, 2, 256, MODE_CAUSAL, 0, 0, 0, dt }, /* head_dim 256: the general kernel, 3 splits */
-                { 1, 4, 200, 4, 2, 256, MODE_WINDOW, 40, 4, 0, dt },
+            case_linear(DFLASH_DTYPE_BF16, 72, 256, rows, 3, 0, 0);
+            case_linear(DFLASH_DTYPE_F8_E4M3, 40, 512, rows, 3, 0, 0);
+            case_linear(DFLASH_DTYPE_F16, 9, 64, rows, 3, 0, 0);
+            case_linear(DFLASH_DTYPE_F32, 9, 64, rows, 3, 0, 0);
+            case_linear(DFLASH_DTYPE_BF16, 7, 33, rows, 3, 0, 0);  /* scalar path: odd K */
+            case_linear(DFLASH_DTYPE_BF16, 7, 64, rows, 3, 0, 1);  /* scalar path: unaligned x */
+        } else {
+            static const int64_t shapes[][2] = {
+                /* seed drafter: H 2048, 32:4 x 128, I 6144, vocab */
+                { 4096, 2048 }, { 512, 2048 }, { 2048, 4096 }, { 6144, 2048 }, { 2048, 6144 }, { 151936, 2048 },
+                /* Qwen3-8B geometry: H 4096, 32:8 x 128, I 12288 */
+                { 1024, 4096 }, { 4096, 4096 }, { 12288, 4096 }, { 4096, 12288 }, { 151936, 4096 },
             };
-            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
-                case_attention(&cs[i]);
-        } else {
-            static const int ctxs[] = { 1, 17, 1000, 4097 };
-            for (int ci = 0; ci < 4; ci++)
-                for (int r = 0; r < 3; r++) {
-                    const int L = ctxs[ci], R = rows[r];
-                    const int timed = T && L == 4097 && (R == 16 || R == 1);
-                    attn_case a;
-                    /* target verify: causal over its own paged rows, 32:8 */
-                    a = (attn_case){ 1, R < L ? R : L, L, 32, 8, 128, MODE_CAUSAL, 0, 0, timed, dt };
-                    case_attention(&a);
-                    /* drafter: full layer (none) and sliding layer (window), 32:4 */
-                    a = (attn_case){ 1, R, L, 32, 4, 128, MODE_NONE, 0, 0, timed && R == 16, dt };
-                    case_attention(&a);
-                    a = (attn_case){ 1, R, L, 32, 4, 128, MODE_WINDOW, 2048, 0, 0, dt };
-                    case_attention(&a);
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                case_linear(DFLASH_DTYPE_BF16, shapes[s][0], shapes[s][1], rows, 3, T, 0);
+                case_linear(DFLASH_DTYPE_F8_E4M3, shapes[s][0], shapes[s][1], rows, 3, T, 0);
+            }
+            case_linear(DFLASH_DTYPE_F16, 2048, 2048, rows, 3, 0, 0);
+            case_linear(DFLASH_DTYPE_F32, 512, 2048, rows, 3, 0, 0);
+            case_linear(DFLASH_DTYPE_BF16, 1001, 2050, rows, 3, 0, 0); /* scalar path */
+            case_linear(DFLASH_DTYPE_F8_E4M3, 1001, 2056, rows, 3, 0, 0);
+            case_linear(DFLASH_DTYPE_BF16, 512, 2048, rows, 3, 0, 1);
+        }
+        { /* many rows (gemm_wide.cu) against the CPU */
+            const int wide[] = { g_small ? 70 : 300 };
+            case_linear(DFLASH_DTYPE_BF16, g_small ? 72 : 4096, g_small ? 256 : 2048, wide, 1, 0, 0);
+            case_linear(DFLASH_DTYPE_F8_E4M3, g_small ? 40 : 2048, g_small ? 512 : 6144, wide, 1, 0, 0);
+        }
+        case_fp8_codes();
+        {
+            static const int inv_rows[] = { 16, 64, 100 };
+            for (int i = 0; i < (g_small ? 1 : 3); i++) {
+                case_linear_invariance(DFLASH_DTYPE_BF16, g_small ? 72 : 4096, g_small ? 256 : 2048, inv_rows[i]);
+                case_linear_invariance(DFLASH_DTYPE_F8_E4M3, g_small ? 40 : 2048, g_small ? 512 : 6144, inv_rows[i]);
+            }
+        }
+        /* the many-row kernel against one row alone: every epilogue, both
+         * weight types, odd row counts, with the kernel's own tile choice and
+         * then with tiles of 128 rows forced; then with 16 slices of 3
+         * k-steps, 5 of them past the last step (empty), and an odd count of
+         * k32 steps (a last stage half full), also with 128-row tiles */
+        {
+            const int64_t lin_s[1] = { 200 }, qkv_s[3] = { 136, 40, 40 }, gu_s[2] = { 96, 96 }, head_s[1] = { 1000 };
+            const int64_t lin_l[1] = { 4096 }, qkv_l[3] = { 4096, 512, 512 }, gu_l[2] = { 6144, 6144 };
+            const int64_t head_l[1] = { 151936 };
+            const int nr = g_small ? 70 : 300;
+            dflash_backend *t128 = backend_with("DFLASH_CUDA_GEMM_TILE", "128");
+            for (int b = 0; b < 2; b++)
+                for (int dt = 0; dt < 2; dt++) {
+                    dflash_backend *be = b ? t128 : g_gpu;
+                    const char *tag = b ? ", tile 128" : "";
+                    const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+                    const int64_t K = g_small ? 256 : 2048;
+                    case_rows_invariance(be, tag, d, 0, g_small ? lin_s : lin_l, K, nr);
+                    case_rows_invariance(be, tag, d, 1, g_small ? qkv_s : qkv_l, K, g_small ? 65 : 129);
+                    case_rows_invariance(be, tag, d, 2, g_small ? gu_s : gu_l, K, nr);
+                    case_rows_invariance(be, tag, d, 3, g_small ? head_s : head_l, K, g_small ? 66 : 77);
                 }
-            /* ring tables: a capped drafter context (pt_len 257 = 4096 + a block) */
-            attn_case rg[] = {
-                { 1, 16, 6000, 32, 4, 128, MODE_NONE, 0, 257, 0, dt },
-                { 1, 16, 6000, 32, 4, 128, MODE_WINDOW, 2048, 257, 0, dt },
-                { 2, 16, 4097, 32, 8, 128, MODE_CAUSAL, 0, 0, 0, dt },
-                { 2, 16, 300, 32, 4, 128, MODE_WINDOW, 100, 5, 0, dt },
-                { 1, 7, 100, 16, 16, 80, MODE_NONE, 0, 0, 0, dt },
-                { 1, 7, 100, 8, 2, 18, MODE_WINDOW, 50, 0, 0, dt },
-                { 1, 64, 500, 32, 4, 128, MODE_CAUSAL, 0, 0, 0, dt }, /* 512 query vectors: 4 chunks */
-                { 3, 16, 700, 16, 2, 64, MODE_NONE, 0, 0, 0, dt },
-                { 1, 16, 32768, 32, 8, 128, MODE_CAUSAL, 0, 0, T && kd, dt },
-                /* a Qwen3.5's gated attention: head_dim 256, 16:2 (the general kernel) */
-                { 1, 1, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
-                { 1, 16, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
-                { 2, 5, 700, 16, 2, 256, MODE_NONE, 0, 0, 0, dt },
-            };
-            for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
-                case_attention(&rg[i]);
+            dflash_backend_destroy(t128);
+            dflash_backend *s16 = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
+            const int64_t odd[1] = { 72 }, odd_gu[2] = { 72, 72 };
+            case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 100);
+            case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 70);
+            case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 100);
+            dflash_backend_destroy(s16);
+            setenv("DFLASH_CUDA_GEMM_TILE", "128", 1);
+            dflash_backend *both = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
+            unsetenv("DFLASH_CUDA_GEMM_TILE");
+            dflash_levers_reload();
+            case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 150);
+            case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 130);
+            case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 150);
+            dflash_backend_destroy(both);
+        }
+        /* linear_group: q/k/v and gate/up + SwiGLU of the seed drafter and the
+         * Qwen3-8B geometry */
+        for (int dt = 0; dt < 2; dt++) {
+            const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+            if (g_small) {
+                const int64_t qkv[3] = { 64, 32, 32 }, gu[2] = { 96, 96 };
+                case_linear_group(d, 3, qkv, 128, DFLASH_ACT_NONE, 5, 0);
+                case_linear_group(d, 2, gu, 128, DFLASH_ACT_SWIGLU, 5, 0);
+                case_linear_group(d, 3, qkv, 128, DFLASH_ACT_NONE, 70, 0);
+            } else {
+                const int64_t qkv_s[3] = { 4096, 512, 512 }, gu_s[2] = { 6144, 6144 };
+                const int64_t qkv_8[3] = { 4096, 1024, 1024 }, gu_8[2] = { 12288, 12288 };
+                for (int r = 0; r < 3; r++) {
+                    case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, rows[r], T && rows[r] == 16);
+                    case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] == 16);
+                    case_linear_group(d, 3, qkv_8, 4096, DFLASH_ACT_NONE, rows[r], T && rows[r] != 64);
+                    case_linear_group(d, 2, gu_8, 4096, DFLASH_ACT_SWIGLU, rows[r], T && rows[r] != 64);
+                }
+                case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, 130, 0);
+                case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, 130, 0);
+            }
+        }
+        if (g_small) {
+            case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 0, 0);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 1, 0);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 3, 2, 0);
+        } else {
+            case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 15, 0, T);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 16, 0, T);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 1, 0, T);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 70, 1, 0);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 16, 2, 0);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 5000, 2048, 16, 1, 0); /* split-K: the last block's epilogue */
+            case_linear_argmax(DFLASH_DTYPE_F8_E4M3, 151936, 2048, 15, 0, T);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 4096, 512, 0, T);
+            case_linear_argmax(DFLASH_DTYPE_BF16, 151936, 2048, 200, 1, 0);
+        }
+        if (T) {
+            time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 16);
+            time_layer(DFLASH_DTYPE_F8_E4M3, 2048, 4096, 512, 6144, 16);
+            time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 16);
+            time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 1);
+            /* many sessions: 8 x 16 and 32 x 16 rows */
+            time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 128);
+            time_layer(DFLASH_DTYPE_BF16, 4096, 4096, 1024, 12288, 512);
+            time_layer(DFLASH_DTYPE_BF16, 2048, 4096, 512, 6144, 512);
         }
     }
-    /* verify rows equal decode rows bit for bit (bf16 pages) */
-    if (g_small) {
-        case_attention_invariance(37, 4, 2, 64);
-        case_attention_invariance(250, 4, 2, 16);
-        case_attention_invariance(200, 4, 2, 256);
-    } else {
-        static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090 };
-        for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++)
-            case_attention_invariance(ctxs[i], 32, 8, 128);
-        case_attention_invariance(300, 6, 2, 32);
-        case_attention_invariance(129, 16, 2, 256);
-        case_attention_invariance(1000, 16, 2, 256);
+
+    if (section("norm")) {
+        /* norm_rope */
+        for (int r = 0; r < 3; r++) {
+            if (g_small) {
+                case_norm_rope(rows[r], 4, 64, 1, 300, 1e6, DFLASH_ROPE_DEFAULT, 1, 0);
+                case_norm_rope(rows[r], 2, 40, 0, 300, 1e4, DFLASH_ROPE_YARN, 8, 0);
+            } else {
+                case_norm_rope(rows[r], 32, 128, 1, 40960, 1e6, DFLASH_ROPE_DEFAULT, 1, T && rows[r] == 16);
+                case_norm_rope(rows[r], 8, 128, 1, 40960, 1e6, DFLASH_ROPE_DEFAULT, 1, 0);
+                case_norm_rope(rows[r], 4, 128, 0, 5000, 1e4, DFLASH_ROPE_LINEAR, 4, 0);
+                case_norm_rope(rows[r], 8, 128, 1, 131072, 5e5, DFLASH_ROPE_LLAMA3, 8, 0);
+                case_norm_rope(rows[r], 4, 128, 1, 131072, 1e6, DFLASH_ROPE_YARN, 4, 0);
+            }
+        }
+
+        case_qk_norm_rope(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 4, g_small ? 64 : 128, T);
+        if (!g_small)
+            case_qk_norm_rope(1, 32, 8, 128, 0);
+        /* the kernel's two paths: in registers (head_dim % 64 == 0, up to
+         * 256) and the general one */
+        case_qk_norm_rope(3, 4, 2, 256, 0);
+        case_qk_norm_rope(3, 4, 2, 32, 0);
+        case_qk_norm_rope(2, 3, 1, 96, 0);
+        /* partial rotations: a Qwen3.5's gated attention (64 of 256, 4 of 16) */
+        case_qk_norm_rope_rot(5, 4, 2, 256, 64, 0);
+        case_qk_norm_rope_rot(3, 4, 2, 16, 4, 0);
     }
 
-    /* copy_rows */
-    if (g_small) {
-        case_copy_rows(5, 64, 64, 64, 0, 0);
-        case_copy_rows(5, 30, 70, 100, 1, 0);
-    } else {
-        case_copy_rows(16, 2048, 2048, 2048, 1, T);
-        case_copy_rows(128, 1 << 20, 1 << 20, 1 << 20, 0, T); /* 512 MiB: the copy kernel's bandwidth */
-        if (T)
-            time_driver_copy((size_t)512 << 20);
-        case_copy_rows(64, 4096, 5 * 4096, 4096, 0, 0);
-        case_copy_rows(16, 2048, 2048, 3 * 2048, 0, 0);
-        case_copy_rows(3, 1001, 1003, 1001, 1, 0);
+    if (section("recurrent")) {
+        /* a linear-attention layer's primitives: the fixtures' geometry, then
+         * Qwen3.5-MoE's (16 key heads, 32 value heads of 128, conv 4) */
+        {
+            static const int few[] = { 70, 5, 130, 64 }, few_back[] = { 6, 5, 65, 1 }, few_more[] = { 3, 1, 17, 16 };
+            static const int many[] = { 17, 1, 80, 3, 130, 9 }, many_back[] = { 1, 0, 16, 3, 65, 2 },
+                             many_more[] = { 16, 1, 16, 17, 17, 1 };
+            case_recurrent((gdn_geom){ 2, 4, 16, 8, 4 }, 4, few, few_back, few_more);
+            /* value heads wider than 128 (192 threads a block) and than the key
+             * dim; a convolution of 2 and of 16 (the widest) */
+            static const int odd[] = { 70, 3 }, odd_back[] = { 65, 1 }, odd_more[] = { 9, 2 };
+            case_recurrent((gdn_geom){ 1, 2, 64, 192, 2 }, 2, odd, odd_back, odd_more);
+            case_recurrent((gdn_geom){ 2, 4, 32, 16, 16 }, 2, odd, odd_back, odd_more);
+            if (!g_small) {
+                const gdn_geom q36 = { 16, 32, 128, 128, 4 };
+                case_recurrent(q36, 6, many, many_back, many_more);
+                time_recurrent(q36, 1024, 1);
+                time_recurrent(q36, 1024, 16);
+                time_recurrent(q36, 1080, 16);
+                time_recurrent(q36, 0, 512);
+            }
+            case_sigmoid_mul(5, 96);
+            if (!g_small)
+                case_sigmoid_mul(64, 4096);
+        }
     }
-    case_gather_sum(5, 2, 96, 10);
-    if (!g_small)
-        case_gather_sum(512, 8, 2048, 4096); /* a 30B-A3B layer's 32 x 16 verify rows */
 
-    /* a MoE layer: 1 row, a verify's 16, tiles of 64 rows and more (few
-     * experts), fp8; timed at Qwen3.5-35B-A3B's experts */
-    case_moe(DFLASH_DTYPE_BF16, 1, 16, 4, 256, 128, 0);
-    case_moe(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0);
-    case_moe(DFLASH_DTYPE_BF16, 100, 8, 2, 256, 96, 0);
-    case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 256, 128, 0);
-    if (!g_small) {
-        case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
-        case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);
+    if (section("attention")) {
+        /* kv_write + attention, f32 pages (the general kernel) and bf16 pages
+         * (the tensor-core kernel where head_dim allows) */
+        for (int kd = 0; kd < 2; kd++) {
+            const dflash_dtype dt = kd ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
+            if (g_small) {
+                const attn_case cs[] = {
+                    { 1, 1, 1, 4, 2, 64, MODE_CAUSAL, 0, 0, 0, dt },   { 1, 5, 37, 4, 2, 64, MODE_CAUSAL, 0, 0, 0, dt },
+                    { 2, 3, 20, 4, 1, 32, MODE_NONE, 0, 0, 0, dt },    { 1, 16, 70, 8, 2, 64, MODE_WINDOW, 24, 0, 0, dt },
+                    { 1, 4, 70, 4, 2, 64, MODE_WINDOW, 40, 4, 0, dt }, { 1, 3, 50, 2, 1, 18, MODE_NONE, 0, 0, 0, dt },
+                    { 1, 2, 0, 4, 2, 64, MODE_NONE, 0, 0, 0, dt },     { 1, 3, 300, 4, 2, 16, MODE_CAUSAL, 0, 0, 0, dt },
+                    { 2, 16, 260, 16, 2, 128, MODE_NONE, 0, 0, 0, dt },
+                    { 1, 3, 300, 4, 2, 256, MODE_CAUSAL, 0, 0, 0, dt }, /* head_dim 256: the general kernel, 3 splits */
+                    { 1, 4, 200, 4, 2, 256, MODE_WINDOW, 40, 4, 0, dt },
+                };
+                for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+                    case_attention(&cs[i]);
+            } else {
+                static const int ctxs[] = { 1, 17, 1000, 4097 };
+                for (int ci = 0; ci < 4; ci++)
+                    for (int r = 0; r < 3; r++) {
+                        const int L = ctxs[ci], R = rows[r];
+                        const int timed = T && L == 4097 && (R == 16 || R == 1);
+                        attn_case a;
+                        /* target verify: causal over its own paged rows, 32:8 */
+                        a = (attn_case){ 1, R < L ? R : L, L, 32, 8, 128, MODE_CAUSAL, 0, 0, timed, dt };
+                        case_attention(&a);
+                        /* drafter: full layer (none) and sliding layer (window), 32:4 */
+                        a = (attn_case){ 1, R, L, 32, 4, 128, MODE_NONE, 0, 0, timed && R == 16, dt };
+                        case_attention(&a);
+                        a = (attn_case){ 1, R, L, 32, 4, 128, MODE_WINDOW, 2048, 0, 0, dt };
+                        case_attention(&a);
+                    }
+                /* ring tables: a capped drafter context (pt_len 257 = 4096 + a block) */
+                attn_case rg[] = {
+                    { 1, 16, 6000, 32, 4, 128, MODE_NONE, 0, 257, 0, dt },
+                    { 1, 16, 6000, 32, 4, 128, MODE_WINDOW, 2048, 257, 0, dt },
+                    { 2, 16, 4097, 32, 8, 128, MODE_CAUSAL, 0, 0, 0, dt },
+                    { 2, 16, 300, 32, 4, 128, MODE_WINDOW, 100, 5, 0, dt },
+                    { 1, 7, 100, 16, 16, 80, MODE_NONE, 0, 0, 0, dt },
+                    { 1, 7, 100, 8, 2, 18, MODE_WINDOW, 50, 0, 0, dt },
+                    { 1, 64, 500, 32, 4, 128, MODE_CAUSAL, 0, 0, 0, dt }, /* 512 query vectors: 4 chunks */
+                    { 3, 16, 700, 16, 2, 64, MODE_NONE, 0, 0, 0, dt },
+                    { 1, 16, 32768, 32, 8, 128, MODE_CAUSAL, 0, 0, T && kd, dt },
+                    /* a Qwen3.5's gated attention: head_dim 256, 16:2 (the general kernel) */
+                    { 1, 1, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
+                    { 1, 16, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
+                    { 2, 5, 700, 16, 2, 256, MODE_NONE, 0, 0, 0, dt },
+                };
+                for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
+                    case_attention(&rg[i]);
+            }
+        }
+        /* verify rows equal decode rows bit for bit (bf16 pages) */
+        if (g_small) {
+            case_attention_invariance(37, 4, 2, 64);
+            case_attention_invariance(250, 4, 2, 16);
+            case_attention_invariance(200, 4, 2, 256);
+        } else {
+            static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090 };
+            for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++)
+                case_attention_invariance(ctxs[i], 32, 8, 128);
+            case_attention_invariance(300, 6, 2, 32);
+            case_attention_invariance(129, 16, 2, 256);
+            case_attention_invariance(1000, 16, 2, 256);
+        }
     }
 
-    /* argmax */
-    if (g_small) {
-        case_argmax(5, 1000, 0, 0);
-        case_argmax(10, 997, 1, 0);
-    } else {
-        for (int r = 0; r < 3; r++)
-            case_argmax(rows[r], 151936, 0, T && rows[r] == 16);
-        case_argmax(20, 151936, 1, 0);
-        case_argmax(20, 151935, 1, 0);
-        case_argmax(20, 3, 1, 0);
+    if (section("copy")) {
+        /* copy_rows */
+        if (g_small) {
+            case_copy_rows(5, 64, 64, 64, 0, 0);
+            case_copy_rows(5, 30, 70, 100, 1, 0);
+        } else {
+            case_copy_rows(16, 2048, 2048, 2048, 1, T);
+            case_copy_rows(128, 1 << 20, 1 << 20, 1 << 20, 0, T); /* 512 MiB: the copy kernel's bandwidth */
+            if (T)
+                time_driver_copy((size_t)512 << 20);
+            case_copy_rows(64, 4096, 5 * 4096, 4096, 0, 0);
+            case_copy_rows(16, 2048, 2048, 3 * 2048, 0, 0);
+            case_copy_rows(3, 1001, 1003, 1001, 1, 0);
+        }
+        case_gather_sum(5, 2, 96, 10);
+        if (!g_small)
+            case_gather_sum(512, 8, 2048, 4096); /* a 30B-A3B layer's 32 x 16 verify rows */
+    }
+
+    if (section("moe")) {
+        /* a MoE layer: 1 row, a verify's 16, tiles of 64 rows and more (few
+         * experts), fp8; timed at Qwen3.5-35B-A3B's experts */
+        case_moe(DFLASH_DTYPE_BF16, 1, 16, 4, 256, 128, 0);
+        case_moe(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0);
+        case_moe(DFLASH_DTYPE_BF16, 100, 8, 2, 256, 96, 0);
+        case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 256, 128, 0);
+        if (!g_small) {
+            case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
+            case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);
+        }
+    }
+
+    if (section("argmax")) {
+        /* argmax */
+        if (g_small) {
+            case_argmax(5, 1000, 0, 0);
+            case_argmax(10, 997, 1, 0);
+        } else {
+            for (int r = 0; r < 3; r++)
+                case_argmax(rows[r], 151936, 0, T && rows[r] == 16);
+            case_argmax(20, 151936, 1, 0);
+            case_argmax(20, 151935, 1, 0);
+            case_argmax(20, 3, 1, 0);
+        }
     }
 
     if (g_flush)
