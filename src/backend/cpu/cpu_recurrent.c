@@ -203,7 +203,7 @@ dflash_status dflash_cpu_delta_rule(dflash_backend *be, const dflash_rec_args *r
             for (int t = 0; t < rows; t++) {
                 const int p = pos0 + t, chunk = p / CHUNK;
                 float *S = state_of(&h, chunk);
-                if (p % CHUNK == 0 && chunk == 0)
+                if (p == 0) /* a sequence's start: its first chunk starts from zeros */
                     memset(S, 0, (size_t)head * sizeof(float));
                 const int64_t i = row0 + t;
                 const float *y = a->y + i * C;
