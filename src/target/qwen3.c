@@ -324,7 +324,8 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     return qwen3_layer_attn_out_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
 }
 
-/* A hybrid's sequences brought to their first rows' positions. */
+/* A hybrid's forward: each sequence's rows (first row, count, position)
+ * handed to its record, which refuses a position it cannot resume at. */
 static dflash_status rec_begin(dflash_qwen3 *m, const dflash_qwen3_batch *b)
 {
     const int S = b->n_seqs;
