@@ -106,6 +106,22 @@ static inline void tc_check_hf_outputs(dflash_qwen3 *m, const dflash_st *ex, con
     dflash_qwen3_seq_free(m, &seq);
 }
 
+/* n tokens after prompt by plain greedy decoding on a fresh sequence of m. */
+static inline dflash_status tc_greedy(dflash_qwen3 *m, const int32_t *prompt, int n_prompt, int n, int32_t *out,
+                                      int *n_out)
+{
+    dflash_kv_seq seq;
+    dflash_gen_opts go;
+    dflash_gen_stats st;
+    dflash_gen_default_opts(&go);
+    go.n_new = n;
+    *n_out = 0;
+    DFLASH_TRY(dflash_qwen3_seq_init(m, &seq));
+    dflash_status s = dflash_spec_generate(m, &seq, NULL, NULL, prompt, n_prompt, &go, out, n_out, &st);
+    dflash_qwen3_seq_free(m, &seq);
+    return s;
+}
+
 /* greedy_ids (at most 64) after greedy_prompt, plain decoding. */
 static inline void tc_check_hf_greedy(dflash_qwen3 *m, const dflash_st *ex, const char *label)
 {
@@ -116,16 +132,9 @@ static inline void tc_check_hf_greedy(dflash_qwen3 *m, const dflash_st *ex, cons
         return;
     int32_t out[64];
     int n_out = 0;
-    dflash_kv_seq seq;
-    dflash_gen_opts go;
-    dflash_gen_stats st;
-    dflash_gen_default_opts(&go);
-    go.n_new = (int)N;
-    CHECK_OK(dflash_qwen3_seq_init(m, &seq));
-    CHECK_OK(dflash_spec_generate(m, &seq, NULL, NULL, prompt, (int)P, &go, out, &n_out, &st));
+    CHECK_OK(tc_greedy(m, prompt, (int)P, (int)N, out, &n_out));
     CHECKF(n_out == N && memcmp(out, want, (size_t)N * sizeof(int32_t)) == 0, "%s greedy tokens differ from HF",
            label);
-    dflash_qwen3_seq_free(m, &seq);
 }
 
 #endif

@@ -77,6 +77,7 @@
 #include "oracle_proposer.h"
 #include "spec/spec.h"
 #include "step_log.h"
+#include "target_check.h"
 
 #define BOUND_CPU 1e-4   /* GPU vs CPU: max|d| / max|cpu| */
 #define BOUND_REF 1e-4   /* GPU vs transformers / PyTorch: ||d|| / ||ref|| (f32 KV) */
@@ -422,30 +423,17 @@ static void check_qwen3(const char *name)
     if (gpu_ok && prompt && gw && N <= MAX_FX) {
         int32_t out[MAX_FX];
         int n_out = 0;
-        dflash_kv_seq seq;
-        dflash_gen_opts go;
-        dflash_gen_stats st;
-        dflash_gen_default_opts(&go);
-        go.n_new = (int)N;
-        if (step(dflash_qwen3_seq_init(mg, &seq), "gpu greedy")) {
-            if (step(dflash_spec_generate(mg, &seq, NULL, NULL, prompt, (int)P, &go, out, &n_out, &st), "gpu greedy")) {
-                if (g_kv == DFLASH_DTYPE_F32) {
-                    cmp_ids("greedy gpu==hf", out, n_out, gw, (int)N);
-                } else {
-                    /* bf16 KV may move a near-tie away from transformers' f32 choice: the CPU
-                     * with the same pages is the reference. */
-                    int32_t cout[MAX_FX];
-                    int n_cout = 0;
-                    dflash_kv_seq cseq;
-                    if (step(dflash_qwen3_seq_init(mc, &cseq), "cpu greedy")) {
-                        if (step(dflash_spec_generate(mc, &cseq, NULL, NULL, prompt, (int)P, &go, cout, &n_cout, &st),
-                                 "cpu greedy"))
-                            cmp_ids("greedy gpu==cpu", out, n_out, cout, n_cout);
-                        dflash_qwen3_seq_free(mc, &cseq);
-                    }
-                }
+        if (step(tc_greedy(mg, prompt, (int)P, (int)N, out, &n_out), "gpu greedy")) {
+            if (g_kv == DFLASH_DTYPE_F32) {
+                cmp_ids("greedy gpu==hf", out, n_out, gw, (int)N);
+            } else {
+                /* bf16 KV may move a near-tie away from transformers' f32 choice: the CPU
+                 * with the same pages is the reference. */
+                int32_t cout[MAX_FX];
+                int n_cout = 0;
+                if (step(tc_greedy(mc, prompt, (int)P, (int)N, cout, &n_cout), "cpu greedy"))
+                    cmp_ids("greedy gpu==cpu", out, n_out, cout, n_cout);
             }
-            dflash_qwen3_seq_free(mg, &seq);
         }
     }
 done:
