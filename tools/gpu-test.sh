@@ -48,6 +48,9 @@
 # warm-up; GPU_TEST_NCU_BENCH: the bench arguments of the profiled run,
 # default one seed-drafter propose; stall reasons and the hottest
 # instructions included);
+# GPU_TEST_NCU_OPS=TEXT adds Nsight Compute (same sections) on the kernels
+# of one call of each timed op of cuda_ops_check whose "op shape" contains
+# TEXT (e.g. "attention bf16"; with GPU_TEST_OPS_ONLY to skip the rest);
 # GPU_TEST_PROBE=1 builds and runs tools/cuda/stream_probe.cu (GB/s of
 # register, cp.async and bulk-copy load disciplines);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
@@ -57,6 +60,9 @@
 # commit) builds that tree's CLI too and alternates the two benches
 # (GPU_TEST_AB_BENCH: other bench arguments, GPU_TEST_AB_ROUNDS: rounds,
 # default 2, GPU_TEST_AB_LIMIT: the step's seconds, default 200);
+# GPU_TEST_AB_ENV="VAR=VALUE ..." runs "this" side with those variables
+# (alone: the same binary with and without them; the ops check runs once
+# more with them too);
 # GPU_TEST_SPLITS="2 4 8" benches with DFLASH_CUDA_GEMM_SPLIT at each;
 # GPU_TEST_OPS_ONLY=SECTION,...: cuda_ops_check's sections to run in the
 # ops check and under the sanitizers (all by default; its usage lists them:
@@ -128,6 +134,19 @@ if want check; then
     step build-ops-check build2.txt 120 build "$B/cuda_ops_check" tools/cuda/cuda_ops_check.c
     step nvrtc-test nvrtc_test.txt 120 env DFLASH_EXPECT_GPU=1 "$B/test_cuda_nvrtc"
     step ops-check ops_check.txt 240 "$B/cuda_ops_check" $OPS_ONLY
+    # GPU_TEST_AB_ENV: the same checks under the lever being compared
+    [ -n "${GPU_TEST_AB_ENV:-}" ] && step ops-check-env ops_check_env.txt 240 env $GPU_TEST_AB_ENV "$B/cuda_ops_check" $OPS_ONLY
+fi
+# GPU_TEST_NCU_OPS=TEXT: Nsight Compute on one more call of each timed op
+# whose "op shape" contains TEXT (cuda_ops_check --profile): every kernel
+# of those calls and nothing else.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters
+    --section InstructionStats"
+if want check && [ -n "${GPU_TEST_NCU_OPS:-}" ] && [ -n "$NCU" ] && [ -x "$B/cuda_ops_check" ]; then
+    step ncu-ops ncu_ops.txt 240 "$NCU" --clock-control none --profile-from-start off $NCU_SECTIONS \
+        "$B/cuda_ops_check" $OPS_ONLY --profile "$GPU_TEST_NCU_OPS"
 fi
 
 # ---- the full library (model check, CLI) ----
@@ -236,7 +255,9 @@ if want bench; then
     # like this one's and the two alternate, two rounds of the seed propose
     # and the 8B verify + decode at ctx 4096. GPU_TEST_SPLITS="2 4 8": the
     # seed propose and the 8B target with DFLASH_CUDA_GEMM_SPLIT at each.
-    if [ -n "${GPU_TEST_AB:-}" ] && [ -x "$B/dflash" ]; then
+    # GPU_TEST_AB_ENV="VAR=VALUE ...": "this" runs with those variables set
+    # (the baseline without them; with no GPU_TEST_AB, the same binary).
+    if { [ -n "${GPU_TEST_AB:-}" ] || [ -n "${GPU_TEST_AB_ENV:-}" ]; } && [ -x "$B/dflash" ]; then
         ab_build() {
             rm -rf "$B/ab" && mkdir -p "$B/ab" && tar -xf "$GPU_TEST_AB" -C "$B/ab" &&
                 (cd "$B/ab" && gcc $CFLAGS $OMP $MFLAGS -o dflash $(ls src/cli/*.c) \
@@ -246,20 +267,21 @@ if want bench; then
             local round who bin
             for round in $(seq "${GPU_TEST_AB_ROUNDS:-2}"); do
                 for who in this baseline; do
-                    bin=$B/dflash
-                    [ "$who" = baseline ] && bin=$B/ab/dflash
+                    bin="$B/dflash"
+                    [ "$who" = baseline ] && [ -n "${GPU_TEST_AB:-}" ] && bin="$B/ab/dflash"
+                    [ "$who" = this ] && [ -n "${GPU_TEST_AB_ENV:-}" ] && bin="env $GPU_TEST_AB_ENV $B/dflash"
                     echo "### $who, round $round"
                     if [ -n "${GPU_TEST_AB_BENCH:-}" ]; then
-                        "$bin" bench --device cuda $GPU_TEST_AB_BENCH || return 1
+                        $bin bench --device cuda $GPU_TEST_AB_BENCH || return 1
                         continue
                     fi
-                    "$bin" bench --device cuda --preset seed-drafter --ctx 4096 || return 1
-                    "$bin" bench --device cuda --preset qwen3-8b-target --ctx 4096 --rows 16 || return 1
+                    $bin bench --device cuda --preset seed-drafter --ctx 4096 || return 1
+                    $bin bench --device cuda --preset qwen3-8b-target --ctx 4096 --rows 16 || return 1
                 done
             done
         }
-        step ab-build ab_build.txt 120 ab_build
-        if last_ok; then
+        [ -n "${GPU_TEST_AB:-}" ] && step ab-build ab_build.txt 120 ab_build
+        if [ -z "${GPU_TEST_AB:-}" ] || last_ok; then
             step ab-bench ab_bench.txt ${GPU_TEST_AB_LIMIT:-200} ab_bench
         fi
     fi
@@ -283,13 +305,9 @@ if want bench; then
     fi
     # Nsight Compute on the kernels of one propose (GPU_TEST_NCU=1; clocks
     # left alone): why a kernel is slow, not guessed.
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
     if [ "${GPU_TEST_NCU:-0}" = 1 ] && [ -n "$NCU" ] && [ -x "$B/dflash" ]; then
         step ncu ncu.txt 200 "$NCU" --clock-control none -k "regex:${GPU_TEST_NCU_KERNELS:-attention_tc|attn_combine|gemm_bf16_2}" \
-            --launch-skip "${GPU_TEST_NCU_SKIP:-0}" --launch-count "${GPU_TEST_NCU_COUNT:-10}" \
-            --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-            --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-            --section SourceCounters --section InstructionStats \
+            --launch-skip "${GPU_TEST_NCU_SKIP:-0}" --launch-count "${GPU_TEST_NCU_COUNT:-10}" $NCU_SECTIONS \
             "$B/dflash" bench --device cuda ${GPU_TEST_NCU_BENCH:---preset seed-drafter --ctx 4096 --reps 1}
     fi
     # GPU_TEST_NCU_TIMES=1: the duration of every kernel of a seed-drafter

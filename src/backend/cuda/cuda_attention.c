@@ -21,7 +21,8 @@ typedef struct attn_tc_args {
 } attn_tc_args;
 _Static_assert(sizeof(attn_tc_args) == 144, "attn_tc_args must match kernels/attention_tc.cu");
 
-/* Keys per split and query vectors per block of attention_tc.cu. */
+/* Keys per split and query vectors per block of attention_tc.cu (halved
+ * where two warps share a query tile). */
 #define ATTN_TC_SPLIT 128
 #define ATTN_TC_QV 128
 #define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS: 262144 keys */
@@ -100,16 +101,19 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
     return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
 }
 
-/* The tensor-core kernel (bf16 pages, head_dim 16/32/64/128), then the
- * merge of key splits when a sequence has more than one. */
+/* The tensor-core kernel (bf16 pages, head_dim 16/32/64/128/256), then
+ * the merge of key splits when a sequence has more than one. */
 static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
 {
     const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
+    const int halves = D == 256; /* two warps per query tile */
     const dflash_cuda_kernel_id kid = D == 16 ? DFK_ATTENTION_TC_16 : D == 32 ? DFK_ATTENTION_TC_32
-                                      : D == 64 ? DFK_ATTENTION_TC_64 : DFK_ATTENTION_TC_128;
+                                      : D == 64 ? DFK_ATTENTION_TC_64 : D == 128 ? DFK_ATTENTION_TC_128
+                                                                      : DFK_ATTENTION_TC_256;
+    const int per_block = halves ? ATTN_TC_QV / 2 : ATTN_TC_QV;
     const int64_t qv = (int64_t)a->max_seq_rows * G;
-    const int chunks = (int)((qv + ATTN_TC_QV - 1) / ATTN_TC_QV);
-    const int cw = (int)(((qv < ATTN_TC_QV ? qv : ATTN_TC_QV) + 15) / 16);
+    const int chunks = (int)((qv + per_block - 1) / per_block);
+    const int cw = (int)(((qv < per_block ? qv : per_block) + 15) / 16) * (halves ? 2 : 1);
     const int splits = a->max_keys > 0 ? (a->max_keys + ATTN_TC_SPLIT - 1) / ATTN_TC_SPLIT : 1;
     if (splits > ATTN_TC_MAX_SPLITS || chunks > 65535)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: %d keys, %d rows per sequence", a->max_keys,
@@ -152,7 +156,8 @@ dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: %d heads", a->n_heads);
     DFLASH_TRY(cuda_enter(c));
     const int D = a->head_dim;
-    const int tc = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16 && (D == 16 || D == 32 || D == 64 || D == 128) &&
+    const int tc = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16 &&
+                   (D == 16 || D == 32 || D == 64 || D == 128 || D == 256) &&
                    a->n_seqs > 0 && a->max_seq_rows > 0 && a->max_keys >= 0 && aligned16(a->q) &&
                    (!a->k_extra || (aligned16(a->k_extra) && aligned16(a->v_extra)));
     return tc ? attention_tc(c, a) : attention_simt(c, a);

@@ -68,6 +68,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ATTENTION_TC_32] = { "attention_tc.cu", "dflash_attention_tc_32" },
     [DFK_ATTENTION_TC_64] = { "attention_tc.cu", "dflash_attention_tc_64" },
     [DFK_ATTENTION_TC_128] = { "attention_tc.cu", "dflash_attention_tc_128" },
+    [DFK_ATTENTION_TC_256] = { "attention_tc.cu", "dflash_attention_tc_256" },
     [DFK_ATTN_COMBINE] = { "attention_tc.cu", "dflash_attn_combine" },
     [DFK_ATTN_COMBINE_512] = { "attention_tc.cu", "dflash_attn_combine_512" },
     [DFK_ARGMAX] = { "argmax.cu", "dflash_argmax" },

@@ -56,10 +56,11 @@ typedef enum dflash_cuda_kernel_id {
     DFK_GEMM_SPLIT_X, /* gemm_wide.cu: its activations split into bf16 hi/lo */
     DFK_ATTENTION_F32, /* attention.cu: any head_dim, f32 or bf16 pages */
     DFK_ATTENTION_BF16,
-    DFK_ATTENTION_TC_16, /* attention_tc.cu: bf16 pages, head_dim 16..128 */
+    DFK_ATTENTION_TC_16, /* attention_tc.cu: bf16 pages, head_dim 16..256 */
     DFK_ATTENTION_TC_32,
     DFK_ATTENTION_TC_64,
     DFK_ATTENTION_TC_128,
+    DFK_ATTENTION_TC_256, /* two warps per query tile, each half of the dimensions */
     DFK_ATTN_COMBINE,     /* key splits merged, head_dim <= 128 */
     DFK_ATTN_COMBINE_512, /* the same, head_dim <= 512 */
     DFK_ARGMAX,

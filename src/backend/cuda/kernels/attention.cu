@@ -1,6 +1,6 @@
 /* attention.cu: paged attention with extra keys, causal/window masks, GQA,
  * over f32 or bf16 pages and any head_dim up to 512: the general path
- * (attention_tc.cu is the fast one for bf16 pages and head_dim 16..128).
+ * (attention_tc.cu is the fast one for bf16 pages and head_dim 16..256).
  *
  * A sequence's keys are numbered u: its paged positions [lo, hi) (through
  * the ring page table), then its extra rows; they are split into tiles of

@@ -1,15 +1,22 @@
 /* attention_tc.cu: paged attention on tensor cores over bf16 KV pages, for
- * head_dim 16, 32, 64 or 128: decode (1 row), verify (B rows, causal), the
- * drafter's block (extra keys, no mask or causal + window).
+ * head_dim 16, 32, 64, 128 or 256: decode (1 row), verify (B rows,
+ * causal), the drafter's block (extra keys, no mask or causal + window).
  *
  * One block per (sequence, KV head, key split, query chunk). A sequence's
  * keys are numbered u = 0..T-1: its paged positions [lo, hi) then its extra
  * rows; splits are fixed runs of AT_SPLIT keys of that numbering and tiles
- * fixed runs of AT_TILE keys inside a split. All query vectors of the
- * block (the sequence's rows x the query heads of this KV head, up to 128)
- * share each K/V tile, which is copied once into shared memory (cp.async,
- * two stages). Each warp owns 16 query vectors: S = Q K^T and O += P V on
+ * fixed runs of keys inside a split. All query vectors of the block (the
+ * sequence's rows x the query heads of this KV head, up to 128) share each
+ * K/V tile, which is copied once into shared memory (cp.async, two
+ * stages). Each warp owns 16 query vectors: S = Q K^T and O += P V on
  * mma.m16n8k16, with an online softmax in f32 between them.
+ *
+ * Head_dim 256 (a Qwen3.5's gated attention) would need twice the
+ * registers of 128 (a warp's queries and outputs), so there two warps share
+ * 16 query vectors, each holding half of the dimensions: each computes its
+ * half of the scores, they add the halves through shared memory (the same
+ * sum in both), run the same softmax, and each accumulates its half of O.
+ * Tiles are 16 keys there (shared memory for two stages and the halves).
  *
  * Accuracy: K and V are bf16 (the pool's values; extra keys are rounded
  * to bf16 as they would be when stored); Q is f32 split into bf16 hi + lo,
@@ -30,9 +37,9 @@
  * exact zeros, so one split or several give the same bits. */
 #include "common.cuh"
 
-#define AT_TILE 32
+#define AT_TILE 32 /* keys per tile; halved where two warps share queries */
 #define AT_SPLIT 128
-#define AT_QV 128 /* query vectors per block */
+#define AT_QV 128 /* query vectors per block; halved where two warps share them */
 
 /* cuda_attention.c mirrors this layout. */
 struct attn_tc_args {
@@ -72,20 +79,20 @@ __forceinline__ void at_split(float a, float b, u32 &hi, u32 &lo)
  * AT_SPLIT / DFLASH_KV_PAGE + 1 pages. */
 #define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
 
-/* Stage AT_TILE keys [u0, u0 + AT_TILE) of the sequence into ks/vs: paged
+/* Stage TILE keys [u0, u0 + TILE) of the sequence into ks/vs: paged
  * keys by cp.async from the pages the split's table entries `pages` name
  * (page p_first + i in pages[i], read once per block, so the copies issue
  * back to back instead of each waiting on a table read), extra keys
  * converted from f32, keys past `u_end` as zeros (their scores are
  * masked; zero V keeps 0 * V exact). */
-template <int D>
+template <int D, int TILE>
 __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const int *pages, int p_first, int kvh,
                                   int lo, int n_paged, int extra_off, int u0, int u_end)
 {
     constexpr int CH = D / 8; /* 16-byte chunks per key row */
     const i64 kv_row = (i64)a.n_kv_heads * D;
-    for (int e = threadIdx.x; e < 2 * AT_TILE * CH; e += blockDim.x) {
-        const int which = e / (AT_TILE * CH), rem = e % (AT_TILE * CH), key = rem / CH, ch = rem % CH;
+    for (int e = threadIdx.x; e < 2 * TILE * CH; e += blockDim.x) {
+        const int which = e / (TILE * CH), rem = e % (TILE * CH), key = rem / CH, ch = rem % CH;
         u32 *dst = (which ? vs + key * at_geom<D>::VW : ks + key * at_geom<D>::KW) + ch * 4;
         const int u = u0 + key;
         if (u < u_end && u < n_paged) {
@@ -113,16 +120,22 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const
     }
 }
 
-template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
+/* NH: warps sharing a tile of 16 query vectors (1, or 2 with D / 2
+ * dimensions each). */
+template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 {
     pdl_trigger();
     pdl_wait();
-    constexpr int DC = D / 32 > 0 ? D / 32 : 1; /* 32-dim chunks of a query row (D = 16: one half chunk) */
-    constexpr int NK = AT_TILE / 8;             /* key n-tiles of S */
-    constexpr int ND = D / 8;                   /* dim n-tiles of O */
-    __shared__ __align__(16) u32 ks[2][AT_TILE * at_geom<D>::KW];
-    __shared__ __align__(16) u32 vs[2][AT_TILE * at_geom<D>::VW];
+    constexpr int DH = D / NH;                    /* dimensions a warp holds */
+    constexpr int TILE = AT_TILE / NH;            /* keys per tile */
+    constexpr int DC = DH / 32 > 0 ? DH / 32 : 1; /* 32-dim chunks of a query row (D = 16: one half chunk) */
+    constexpr int NK = TILE / 8;                  /* key n-tiles of S */
+    constexpr int ND = DH / 8;                    /* dim n-tiles of O */
+    __shared__ __align__(16) u32 ks[2][TILE * at_geom<D>::KW];
+    __shared__ __align__(16) u32 vs[2][TILE * at_geom<D>::VW];
     __shared__ int pages[AT_PAGES];
+    /* NH = 2: each warp's half of the scores, [warp][element][lane] */
+    __shared__ float xch[NH > 1 ? 8 * NK * 4 * 32 : 1];
 
     const int G = a.n_heads / a.n_kv_heads;
     const int seq = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads, split = blockIdx.y;
@@ -130,12 +143,14 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
     const int lo = si[0], n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
     const int extra_off = si[2], n_extra = a.k_extra ? si[3] : 0, pos0 = si[4], row0 = si[5], n_rows = si[6];
     const int T = n_paged + n_extra, n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
-    const int QV = n_rows * G, qv0 = blockIdx.z * AT_QV;
+    const int QV = n_rows * G, qv0 = blockIdx.z * (AT_QV / NH);
     if (split >= (n_splits > 0 ? n_splits : 1) || qv0 >= QV)
         return;
     const int u_begin = split * AT_SPLIT, u_end = u_begin + AT_SPLIT < T ? u_begin + AT_SPLIT : T;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int qt = warp / NH, half = warp % NH; /* the warp's query tile, its half of the dimensions */
+    const int dim0 = half * DH;
     const bool computes = warp < a.compute_warps;
     /* This lane's two query vectors: rows g and g + 8 of the warp's tile. */
     int qpos[2], orow[2], ohead[2];
@@ -143,7 +158,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
     u32 qh[2][DC][4], ql[2][DC][4];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const int qv = qv0 + warp * 16 + g + 8 * r;
+        const int qv = qv0 + qt * 16 + g + 8 * r;
         qok[r] = computes && qv < QV;
         orow[r] = row0 + (qok[r] ? qv / G : 0);
         ohead[r] = kvh * G + (qok[r] ? qv % G : 0);
@@ -152,7 +167,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 #pragma unroll
         for (int c = 0; c < DC; c++) {
             /* D = 16: lanes t = 0, 1 take dims 8t..8t+7; t = 2, 3 hold zeros */
-            const int d0 = 32 * c + 8 * t;
+            const int d0 = dim0 + 32 * c + 8 * t;
             const bool in = qok[r] && d0 < D;
             const float4 v0 = in ? *(const float4 *)(qr + d0) : make_float4(0, 0, 0, 0);
             const float4 v1 = in ? *(const float4 *)(qr + d0 + 4) : make_float4(0, 0, 0, 0);
@@ -170,7 +185,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
     for (int n = 0; n < ND; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-    const int n_tiles = u_end > u_begin ? (u_end - u_begin + AT_TILE - 1) / AT_TILE : 0;
+    const int n_tiles = u_end > u_begin ? (u_end - u_begin + TILE - 1) / TILE : 0;
     /* the table entries of the split's paged keys, read once */
     const int p_first = (lo + u_begin) / DFLASH_KV_PAGE;
     if (threadIdx.x < AT_PAGES) {
@@ -182,25 +197,26 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
     }
     __syncthreads();
     if (n_tiles > 0) {
-        at_load_tile<D>(a, ks[0], vs[0], pages, p_first, kvh, lo, n_paged, extra_off, u_begin, u_end);
+        at_load_tile<D, TILE>(a, ks[0], vs[0], pages, p_first, kvh, lo, n_paged, extra_off, u_begin, u_end);
         cp_async_commit();
     }
     for (int ti = 0; ti < n_tiles; ti++) {
-        const int cur = ti & 1, u0 = u_begin + ti * AT_TILE;
+        const int cur = ti & 1, u0 = u_begin + ti * TILE;
         if (ti + 1 < n_tiles) {
-            at_load_tile<D>(a, ks[cur ^ 1], vs[cur ^ 1], pages, p_first, kvh, lo, n_paged, extra_off, u0 + AT_TILE,
-                            u_end);
+            at_load_tile<D, TILE>(a, ks[cur ^ 1], vs[cur ^ 1], pages, p_first, kvh, lo, n_paged, extra_off,
+                                  u0 + TILE, u_end);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
+        float s[NK][4];
         if (computes) {
             /* S = Q K^T: key n-tile n holds keys u0 + 8n + g for this lane's B. */
             /* hi and lo parts in separate accumulators: two short chains
              * of dependent mma instead of one long one */
-            float s[NK][4], sl[NK][4];
+            float sl[NK][4];
 #pragma unroll
             for (int n = 0; n < NK; n++) {
                 s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -208,7 +224,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
                 const u32 *kr = ks[cur] + (8 * n + g) * at_geom<D>::KW;
 #pragma unroll
                 for (int c = 0; c < DC; c++) {
-                    const int d0 = 32 * c + 8 * t;
+                    const int d0 = dim0 + 32 * c + 8 * t;
                     const uint4 kb = d0 < D ? *(const uint4 *)(kr + d0 / 2) : make_uint4(0, 0, 0, 0);
                     mma_bf16(s[n], qh[0][c][0], qh[1][c][0], qh[0][c][1], qh[1][c][1], kb.x, kb.y);
                     mma_bf16(sl[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
@@ -219,6 +235,22 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
                 for (int e = 0; e < 4; e++)
                     s[n][e] += sl[n][e];
             }
+            if (NH > 1) /* this warp's half of the scores, for its partner */
+#pragma unroll
+                for (int n = 0; n < NK; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        xch[(warp * NK * 4 + n * 4 + e) * 32 + lane] = s[n][e];
+        }
+        if (NH > 1)
+            __syncthreads(); /* every warp: the halves written */
+        if (computes) {
+            if (NH > 1) /* the halves added (a + b == b + a: both warps hold the same sums) */
+#pragma unroll
+                for (int n = 0; n < NK; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[n][e] += xch[((warp ^ 1) * NK * 4 + n * 4 + e) * 32 + lane];
             /* Scale and mask: element e of tile n is (query r = e / 2, key
              * u0 + 8n + 2t + e % 2). */
             float mx[2] = { NEG, NEG };
@@ -272,7 +304,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
             }
             /* O += P V, 16 keys per step; V^T fragments by ldmatrix.trans. */
 #pragma unroll
-            for (int kk = 0; kk < AT_TILE / 16; kk++) {
+            for (int kk = 0; kk < TILE / 16; kk++) {
                 u32 ph[4]; /* exact: the weights are bf16 values already */
                 ph[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
                 ph[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
@@ -282,7 +314,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
                 for (int n = 0; n < ND; n += 2) {
                     /* lanes 0-7: keys 0-7, dims 8n..; 8-15: keys 8-15; 16-31: dims 8(n+1).. */
                     const int key = 16 * kk + (lane & 15), dn = n + (lane >> 4) < ND ? n + (lane >> 4) : n;
-                    const u32 addr = smem_addr(vs[cur] + key * at_geom<D>::VW + dn * 4);
+                    const u32 addr = smem_addr(vs[cur] + key * at_geom<D>::VW + (half * ND + dn) * 4);
                     u32 b0, b1, b2, b3;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                                  : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
@@ -305,7 +337,7 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
             if (!qok[r])
                 continue;
             const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            float *op = a.out + ((i64)orow[r] * a.n_heads + ohead[r]) * D;
+            float *op = a.out + ((i64)orow[r] * a.n_heads + ohead[r]) * D + dim0;
 #pragma unroll
             for (int n = 0; n < ND; n++)
                 *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
@@ -316,26 +348,27 @@ template <int D> __forceinline__ void attention_tc_body(const attn_tc_args &a)
             if (!qok[r])
                 continue;
             const i64 unit = ((i64)split * a.n_rows + orow[r]) * a.n_heads + ohead[r];
-            float *op = a.part_o + unit * D;
+            float *op = a.part_o + unit * D + dim0;
 #pragma unroll
             for (int n = 0; n < ND; n++)
                 *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-            if (t == 0)
+            if (t == 0 && half == 0)
                 *(float2 *)(a.part_ml + unit * 2) = make_float2(m[r], l[r]);
         }
     }
 }
 
-#define ATTN_TC_KERNEL(D)                                                                                     \
+#define ATTN_TC_KERNEL(D, NH)                                                                                 \
     extern "C" __global__ void __launch_bounds__(256, 1) dflash_attention_tc_##D(const attn_tc_args a)       \
     {                                                                                                         \
-        attention_tc_body<D>(a);                                                                              \
+        attention_tc_body<D, NH>(a);                                                                          \
     }
 
-ATTN_TC_KERNEL(16)
-ATTN_TC_KERNEL(32)
-ATTN_TC_KERNEL(64)
-ATTN_TC_KERNEL(128)
+ATTN_TC_KERNEL(16, 1)
+ATTN_TC_KERNEL(32, 1)
+ATTN_TC_KERNEL(64, 1)
+ATTN_TC_KERNEL(128, 1)
+ATTN_TC_KERNEL(256, 2)
 
 /* Merge the partials of rows whose sequence has more than one split:
  * out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m) (0 for a
@@ -440,8 +473,8 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     }
 }
 
-/* head_dim <= 128 (the tensor-core kernel's), and up to 512 (the general
- * kernel's) */
+/* head_dim <= 128, and up to 512 (the tensor-core kernel's 256 and the
+ * general kernel's larger ones) */
 extern "C" __global__ void __launch_bounds__(AC_WARPS * 32)
     dflash_attn_combine(const float *part_o, const float *part_ml, float *out, const int *row_seq,
                         const int *seq_info, int n_rows, int n_heads, int has_extra, int D)
