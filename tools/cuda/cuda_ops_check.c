@@ -2119,11 +2119,16 @@ int main(int argc, char **argv)
 
     if (section("moe")) {
         /* a MoE layer: 1 row, a verify's 16, tiles of 64 rows and more (few
-         * experts), fp8; timed at Qwen3.5-35B-A3B's experts */
+         * experts), fp8, more than 256 experts (the routing's wide kernel:
+         * 257, Qwen3.5-397B's 512 top 10, the most the stage allows);
+         * timed at Qwen3.5-35B-A3B's experts */
         case_moe(DFLASH_DTYPE_BF16, 1, 16, 4, 256, 128, 0);
         case_moe(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0);
         case_moe(DFLASH_DTYPE_BF16, 100, 8, 2, 256, 96, 0);
         case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 256, 128, 0);
+        case_moe(DFLASH_DTYPE_BF16, 5, 257, 8, 256, 64, 0);
+        case_moe(DFLASH_DTYPE_BF16, 40, 512, 10, 256, 64, 0);
+        case_moe(DFLASH_DTYPE_BF16, 3, DFLASH_ROUTE_MAX_EXPERTS, 8, 256, 64, 0);
         if (!g_small) {
             case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
             case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);

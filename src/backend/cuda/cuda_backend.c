@@ -492,7 +492,7 @@ static dflash_status cuda_moe_route(dflash_backend *be, const dflash_route_args 
     int n = r->n, E = r->n_experts, k = r->k, norm = r->norm_topk_prob;
     void *args[] = { (void *)&r->logits, &n, &E, &k, &norm, (void *)&r->expert, (void *)&r->prob,
                      (void *)&r->first, (void *)&r->src, (void *)&r->slot };
-    return cuda_launch(c, DFK_MOE_ROUTE, 1, 1, 1024, args);
+    return cuda_launch(c, E <= 256 ? DFK_MOE_ROUTE : DFK_MOE_ROUTE_WIDE, 1, 1, 1024, args);
 }
 
 static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int cols, int32_t *out)

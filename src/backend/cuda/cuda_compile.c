@@ -77,6 +77,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule" },
     [DFK_SIGMOID_MUL] = { "recurrent.cu", "dflash_sigmoid_mul" },
     [DFK_MOE_ROUTE] = { "moe.cu", "dflash_moe_route" },
+    [DFK_MOE_ROUTE_WIDE] = { "moe.cu", "dflash_moe_route_wide" },
 };
 
 /* -lineinfo costs nothing at run time and lets compute-sanitizer and

@@ -69,6 +69,7 @@ typedef enum dflash_cuda_kernel_id {
     DFK_DELTA_RULE,
     DFK_SIGMOID_MUL,
     DFK_MOE_ROUTE, /* moe.cu: a MoE layer's routing and grouping */
+    DFK_MOE_ROUTE_WIDE, /* the same for more than 256 experts */
     DFK_COUNT
 } dflash_cuda_kernel_id;
 

@@ -4,21 +4,30 @@
  * a second launch or a host round trip.
  *
  * Per row (one warp each): softmax of the router logits, the lanes holding
- * experts lane, lane + 32, ... (a bit per expert marks the taken ones);
- * the k largest probabilities one at a time by warp reduction (the lower
- * expert on ties, as the CPU; a NaN never beats a number); lane 0 then
- * renormalises them in the order taken and sorts them by expert. The
- * softmax's sum is a warp reduction, so a probability may differ from
- * the CPU's by rounding; a row's result depends on its logits only.
+ * experts lane, lane + 32, ... in registers (the row is read once, every
+ * load in flight together: the routing is a chain of latencies, not
+ * bytes); a bit per expert marks the taken ones; the k largest
+ * probabilities one at a time by warp reduction (the lower expert on ties,
+ * as the CPU; a NaN never beats a number); lane 0 then renormalises them
+ * in the order taken and sorts them by expert. The softmax's sum is a warp
+ * reduction, so a probability may differ from the CPU's by rounding; a
+ * row's result depends on its logits only.
  *
  * Grouping: thread e counts the entries of expert e (the entries staged in
- * shared memory and read four at a time), a block scan gives first[], and
- * a second pass places each entry in row order. */
+ * shared memory and read four at a time), a block scan (within warps by
+ * shuffles, then over the warps' totals) gives first[], and a second pass
+ * places each entry in row order. */
 #include "common.cuh"
 
 #define MR_THREADS 1024
 #define MR_CHUNK 4096 /* entries staged in shared memory at a time (a multiple of 4) */
+/* A row's experts a lane holds: up to 256 experts (Qwen3-MoE's 128,
+ * Qwen3.5's 256), or up to the most the stage allows (1024, where the
+ * registers of 1024-thread blocks run out and values spill to L1). */
+#define MR_PER_LANE_NARROW 8
+#define MR_PER_LANE_WIDE (DFLASH_ROUTE_MAX_EXPERTS / 32)
 static_assert(MR_THREADS >= DFLASH_ROUTE_MAX_EXPERTS, "a thread per expert");
+static_assert(DFLASH_ROUTE_MAX_EXPERTS % 32 == 0 && MR_PER_LANE_WIDE <= 32, "the taken experts are a 32-bit mask");
 
 /* (v, i) beats (bv, bi): larger, or equal at a lower expert; NaN counts as
  * -inf, so it is taken only when nothing else is left. */
@@ -28,30 +37,43 @@ __forceinline__ bool mr_better(float v, int i, float bv, int bi)
     return bi < 0 || a > b || (a == b && i < bi);
 }
 
-/* Row r by one warp: expert[r k ..], prob[r k ..]. */
-__forceinline__ void mr_route_row(const float *lr, int E, int k, int norm, int *expert, float *prob)
+/* Row r by one warp: expert[r k ..], prob[r k ..]; E <= 32 PL. */
+template <int PL> __forceinline__ void mr_route_row(const float *lr, int E, int k, int norm, int *expert, float *prob)
 {
     const int lane = threadIdx.x & 31;
+    float p[PL]; /* logit, then probability, of expert lane + 32 i */
+#pragma unroll
+    for (int i = 0; i < PL; i++)
+        p[i] = lane + 32 * i < E ? lr[lane + 32 * i] : 0.0f;
     float mx = -__int_as_float(0x7f800000);
-    for (int e = lane; e < E; e += 32)
-        mx = fmaxf(mx, lr[e]);
+#pragma unroll
+    for (int i = 0; i < PL; i++)
+        if (lane + 32 * i < E)
+            mx = fmaxf(mx, p[i]);
     for (int o = 16; o > 0; o >>= 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.0f;
-    for (int e = lane; e < E; e += 32)
-        sum += expf(lr[e] - mx);
+#pragma unroll
+    for (int i = 0; i < PL; i++)
+        if (lane + 32 * i < E) {
+            p[i] = expf(p[i] - mx);
+            sum += p[i];
+        }
     sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < PL; i++)
+        p[i] /= sum;
     u32 taken = 0; /* bit i: expert lane + 32 i */
     float top = 0.0f;
     for (int j = 0; j < k; j++) {
         float bv = 0.0f;
         int bi = -1;
-        for (int e = lane, i = 0; e < E; e += 32, i++)
-            if (!(taken >> i & 1u)) {
-                const float p = expf(lr[e] - mx) / sum;
-                if (mr_better(p, e, bv, bi))
-                    bv = p, bi = e;
-            }
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            const int e = lane + 32 * i;
+            if (e < E && !(taken >> i & 1u) && mr_better(p[i], e, bv, bi))
+                bv = p[i], bi = e;
+        }
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -111,32 +133,60 @@ __forceinline__ int mr_scan(const int *expert, int nk, int k, int e, bool place,
     return count;
 }
 
+template <int PL>
+__forceinline__ void moe_route_body(const float *logits, int n, int E, int k, int norm, int *expert, float *prob,
+                                    int *first, int *src, int *slot)
+{
+    __shared__ __align__(16) int stage[MR_CHUNK];
+    __shared__ int warp_total[MR_THREADS / 32];
+    pdl_trigger();
+    pdl_wait();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < n; r += MR_THREADS / 32)
+        mr_route_row<PL>(logits + (i64)r * E, E, k, norm, expert + (i64)r * k, prob + (i64)r * k);
+    /* every row's experts are written (mr_scan begins with a barrier) */
+    const int e = threadIdx.x, nk = n * k;
+    const int count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage);
+    /* inclusive scan over the experts: within each warp, then the warps'
+     * totals (one warp), then each warp's offset */
+    int incl = count;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += v;
+    }
+    if (lane == 31)
+        warp_total[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int t = warp_total[lane], ti = t;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, ti, o);
+            if (lane >= o)
+                ti += v;
+        }
+        warp_total[lane] = ti - t; /* the warps before this one */
+    }
+    __syncthreads();
+    incl += warp_total[warp];
+    const int at = incl - count;
+    if (e < E)
+        first[e] = at;
+    if (e == E - 1)
+        first[E] = incl;
+    mr_scan(expert, nk, k, e < E ? e : -2, true, at, src, slot, stage);
+}
+
 extern "C" __global__ void __launch_bounds__(MR_THREADS) dflash_moe_route(const float *logits, int n, int E, int k,
                                                                          int norm, int *expert, float *prob,
                                                                          int *first, int *src, int *slot)
 {
-    __shared__ __align__(16) int stage[MR_CHUNK];
-    __shared__ int scan[MR_THREADS];
-    pdl_trigger();
-    pdl_wait();
-    const int warp = threadIdx.x >> 5;
-    for (int r = warp; r < n; r += MR_THREADS / 32)
-        mr_route_row(logits + (i64)r * E, E, k, norm, expert + (i64)r * k, prob + (i64)r * k);
-    /* every row's experts are written (mr_scan begins with a barrier) */
-    const int e = threadIdx.x, nk = n * k;
-    const int count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage);
-    scan[e] = count;
-    __syncthreads();
-    for (int o = 1; o < MR_THREADS; o <<= 1) { /* inclusive scan over the experts */
-        const int v = e >= o ? scan[e - o] : 0;
-        __syncthreads();
-        scan[e] += v;
-        __syncthreads();
-    }
-    const int at = scan[e] - count;
-    if (e < E)
-        first[e] = at;
-    if (e == E - 1)
-        first[E] = scan[e];
-    mr_scan(expert, nk, k, e < E ? e : -2, true, at, src, slot, stage);
+    moe_route_body<MR_PER_LANE_NARROW>(logits, n, E, k, norm, expert, prob, first, src, slot);
+}
+
+extern "C" __global__ void __launch_bounds__(MR_THREADS)
+    dflash_moe_route_wide(const float *logits, int n, int E, int k, int norm, int *expert, float *prob, int *first,
+                          int *src, int *slot)
+{
+    moe_route_body<MR_PER_LANE_WIDE>(logits, n, E, k, norm, expert, prob, first, src, slot);
 }

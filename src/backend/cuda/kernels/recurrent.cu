@@ -23,6 +23,7 @@
 #define REC_MAX_KERNEL DFLASH_CONV_MAX_KERNEL
 #define REC_ROWS DFLASH_REC_ROWS
 #define REC_CHUNK DFLASH_REC_CHUNK
+static_assert(REC_ROWS % REC_CHUNK == 0, "a chunk's rows are contiguous in the record's ring");
 
 /* grid (channel blocks, sequences), block 128: one channel per thread.
  * The window of earlier inputs stays in registers; each row's input is
@@ -79,15 +80,22 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 r
 #define REC_MAX_DK 128
 #define KS_STRIDE (REC_MAX_DK + 1) /* a padded row: thread s reading row s hits its own bank */
 
-/* The sum of squares of v[0..dim) over the block (every thread gets it),
- * in a tree: scratch [32]. */
-__forceinline__ float block_sumsq(const float *v, int dim, float *scratch)
+/* block_sum of two values at once (the same tree for each, one pair of
+ * barriers): scratch [2][32]. */
+__forceinline__ float2 block_sum2(float a, float b, float *scratch)
 {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        ss += v[i] * v[i];
-    ss = block_sum(ss, scratch);
-    return ss;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+    }
+    __syncthreads();
+    a = lane < nw ? scratch[lane] : 0.0f;
+    b = lane < nw ? scratch[32 + lane] : 0.0f;
+    return make_float2(warp_sum(a), warp_sum(b));
 }
 
 /* grid (value heads, sequences), block: a multiple of 32 covering k_dim
@@ -105,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *i
                                              int dk, int dv, float *out)
 {
     __shared__ float ks[REC_CHUNK * KS_STRIDE]; /* row c0 + s at s * KS_STRIDE */
-    __shared__ float qn[REC_MAX_DK], kn[REC_MAX_DK], Gs[REC_CHUNK], ck[REC_CHUNK], cq[REC_CHUNK], scratch[32];
+    __shared__ float qn[REC_MAX_DK], kn[REC_MAX_DK], Gs[REC_CHUNK], ck[REC_CHUNK], cq[REC_CHUNK], scratch[64];
     pdl_trigger();
     const int j = blockIdx.x, e = threadIdx.x, h = j / (n_v_heads / n_k_heads);
     const float neg_a = -expf(load_elem(A_log, adt, j)), bias = load_elem(dt_bias, ddt, j);
@@ -140,16 +148,24 @@ extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *i
         if (p == 0 && col) /* the CPU writes the first chunk's (zero) start state too */
             for (int d = 0; d < dk; d++)
                 states[(i64)d * dv + e] = 0.0f;
-        /* q and k of key head h, each over its L2 norm; q also times dk^-1/2 */
-        const float q_inv = 1.0f / sqrtf(block_sumsq(yr + (i64)h * dk, dk, scratch) + 1e-6f);
-        const float k_inv = 1.0f / sqrtf(block_sumsq(yr + Kd + (i64)h * dk, dk, scratch) + 1e-6f);
-        const float beta = 1.0f / (1.0f + expf(-b_in[i * n_v_heads + j]));
-        const float xa = a_in[i * n_v_heads + j] + bias;
+        /* The row's inputs requested together (thread d holds q[d] and
+         * k[d]: the block covers dk); then q and k of key head h, each
+         * over its L2 norm (both sums in one reduction), q also times
+         * dk^-1/2. */
+        const bool kd_own = threadIdx.x < dk;
+        const float qv = kd_own ? yr[(i64)h * dk + threadIdx.x] : 0.0f;
+        const float kv = kd_own ? yr[Kd + (i64)h * dk + threadIdx.x] : 0.0f;
+        const float vv = col ? yr[2 * Kd + (i64)j * dv + e] : 0.0f;
+        const float b_raw = b_in[i * n_v_heads + j], xa = a_in[i * n_v_heads + j] + bias;
+        const float2 ss = block_sum2(qv * qv, kv * kv, scratch);
+        const float q_inv = 1.0f / sqrtf(ss.x + 1e-6f), k_inv = 1.0f / sqrtf(ss.y + 1e-6f);
+        const float beta = 1.0f / (1.0f + expf(-b_raw));
         const float g = neg_a * (xa > 20.0f ? xa : log1pf(expf(xa)));
         const float G = (n == 0 ? 0.0f : Gs[n - 1]) + g, eG = expf(G);
-        for (int d = threadIdx.x; d < dk; d += blockDim.x) {
-            const float kd = yr[Kd + (i64)h * dk + d] * k_inv;
-            qn[d] = yr[(i64)h * dk + d] * q_inv * scale;
+        if (kd_own) {
+            const int d = threadIdx.x;
+            const float kd = kv * k_inv;
+            qn[d] = qv * q_inv * scale;
             kn[d] = kd;
             ks[n * KS_STRIDE + d] = kd;
             me[d] = kd;
@@ -180,14 +196,18 @@ extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *i
                     u += S[d] * kn[d];
                     sq += S[d] * qn[d];
                 }
-            float w = 0.0f;
-            for (int s = 0; s < n; s++)
-                w += ck[s] * slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
-            const float eu = eG * u, upd = ((yr[2 * Kd + (i64)j * dv + e] - eu) - w) * beta;
+            /* the chunk's earlier updates, each read once for both sums
+             * (in s order each); a chunk never wraps in the record's ring */
+            float w = 0.0f, acc = eG * sq;
+            const float *ds = slots + (i64)(c0 % REC_ROWS) * slot_stride + dk + e;
+#pragma unroll 8
+            for (int s = 0; s < n; s++) {
+                const float d_s = ds[(i64)s * slot_stride];
+                w += ck[s] * d_s;
+                acc += cq[s] * d_s;
+            }
+            const float eu = eG * u, upd = ((vv - eu) - w) * beta;
             me[dk + e] = upd;
-            float acc = eG * sq;
-            for (int s = 0; s < n; s++)
-                acc += cq[s] * slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
             acc += cq[n] * upd;
             out[i * n_v_heads * dv + (i64)j * dv + e] = acc;
         }
