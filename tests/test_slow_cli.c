@@ -45,7 +45,7 @@ static void test_help_lists_every_option(void)
         { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target",
                      "qwen3-30b-a3b-target", "qwen36-35b-a3b-target", "seed-pair", "tiny", "tiny-llama", "tiny-moe",
                      "tiny-q35", "--ctx", "--rows", "--sessions", "--reps",
-                     "--device", "--json", NULL } },
+                     "--device", "--json", "--profile", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         snprintf(cmd, sizeof cmd, "%s %s --help", g_bin, cases[k].sub);

@@ -313,11 +313,14 @@ if want bench; then
     # GPU_TEST_NCU_TIMES=1: the duration of every kernel of a seed-drafter
     # bench (one metric, one replay pass each: fast), as CSV; the last
     # propose's kernels against its end-to-end time show what the gaps
-    # between kernels cost.
+    # between kernels cost. Bench arguments with `--profile OP`: only that
+    # call's kernels (the large presets' weights are built unprofiled).
     if [ "${GPU_TEST_NCU_TIMES:-0}" = 1 ] && [ -n "$NCU" ] && [ -x "$B/dflash" ]; then
-        step ncu-times-seed ncu_times_seed.txt 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
-            --csv --print-units base "$B/dflash" bench --device cuda \
-            ${GPU_TEST_NCU_TIMES_BENCH:---preset seed-drafter --ctx 4096 --reps 1}
+        TB=${GPU_TEST_NCU_TIMES_BENCH:---preset seed-drafter --ctx 4096 --reps 1}
+        FROM=""
+        [[ " $TB " == *" --profile "* ]] && FROM="--profile-from-start off"
+        step ncu-times-seed ncu_times_seed.txt 300 "$NCU" --clock-control none $FROM --metrics gpu__time_duration.sum \
+            --csv --print-units base "$B/dflash" bench --device cuda $TB
     fi
     P="python3 tools/bench/torch_drafter_peer.py --device cuda"
     step peer-seed peer_seed.txt 150 $P --preset seed-drafter --ctx 512,4096

@@ -99,6 +99,7 @@ typedef struct bench_args {
     int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
     int rows[BENCH_MAX_WIDTHS]; /* verify widths; n_rows 0: 16 */
     int n_sess, sess[BENCH_MAX_SESS]; /* --sessions: sequences per forward */
+    const char *profile; /* --profile: the op (row name) whose first timed call is profiled */
 } bench_args;
 
 static void usage(FILE *f)
@@ -106,6 +107,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--sessions LIST]\n"
             "                    [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
+            "                    [--profile LIST]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards (and,\n"
             "for a preset with both, one whole speculative step: propose, verify of the\n"
@@ -157,6 +159,11 @@ static void usage(FILE *f)
             "  --drafter-quant Q  bf16 (default) or fp8: the drafter's projection weights in\n"
             "                 fp8 e4m3 with per-row scales (the LM head stays bf16)\n"
             "  --json         print one JSON object instead of the table\n"
+            "  --profile LIST (cuda) the first timed call of each row named in LIST\n"
+            "                 (comma-separated: propose, verify, decode, step) between\n"
+            "                 cuProfilerStart and cuProfilerStop,\n"
+            "                 for `ncu --profile-from-start off`: every kernel of those\n"
+            "                 calls and nothing else (building weights is not profiled)\n"
             "  -h, --help     this text\n"
             "\n"
             "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
@@ -166,6 +173,29 @@ static void usage(FILE *f)
             "sync on the CPU. On the GPU each row also gives, per call, the kernel launches,\n"
             "the host waits for the device and the host-to-device copies.\n",
             BENCH_MAX_ROWS, BENCH_MAX_SESSIONS, BENCH_WARMUP);
+}
+
+/* --profile's names: the rows a call can be profiled in. */
+static int profile_name_ok(const char *p, size_t n)
+{
+    static const char *const names[] = { "propose", "verify", "decode", "step" };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (n == strlen(names[i]) && !strncmp(p, names[i], n))
+            return 1;
+    return 0;
+}
+
+/* Whether `name` is in --profile's comma-separated list. */
+static int profiled(const char *list, const char *name)
+{
+    const size_t len = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const size_t n = strcspn(p, ",");
+        if (n == len && !strncmp(p, name, n))
+            return 1;
+        p += n + (p[n] == ',');
+    }
+    return 0;
 }
 
 static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
@@ -267,6 +297,19 @@ static int parse(int argc, char **argv, bench_args *a)
             a->fp8 = !strcmp(v, "fp8");
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
+        } else if (!strcmp(o, "--profile")) {
+            if (!(v = cli_value(argc, argv, &i)))
+                return 0;
+            for (const char *p = v; *p;) {
+                const size_t n = strcspn(p, ",");
+                if (!profile_name_ok(p, n)) {
+                    fprintf(stderr, "dflash bench: --profile expects propose, verify, decode or step (comma-separated), "
+                                    "got '%s'\n", v);
+                    return 0;
+                }
+                p += n + (p[n] == ',');
+            }
+            a->profile = v;
         } else {
             fprintf(stderr, "dflash bench: unknown option '%s' (see --help)\n", o);
             return 0;
@@ -360,6 +403,7 @@ typedef struct bench_op {
     dflash_status (*run)(void *self);
     dflash_status (*after)(void *self); /* NULL: nothing to undo */
     void *self;
+    const char *name; /* its row's name, for --profile (NULL: never profiled) */
 } bench_op;
 
 static double median_of(double *v, int n)
@@ -379,12 +423,17 @@ static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double 
     for (int i = -BENCH_WARMUP; i < reps; i++) {
         if (i == 0 && counts && o->counters)
             o->counters(r->be, &c0);
+        const int prof = i == 0 && r->cuda && op->name && profiled(r->a->profile, op->name);
+        if (prof)
+            DFLASH_TRY(dflash_cuda_profile(r->be, 1));
         double t0 = 0, t;
         DFLASH_TRY(clock_start(r, &t0));
         double h0 = cli_now_s() * 1e6;
         DFLASH_TRY(op->run(op->self));
         double h = cli_now_s() * 1e6 - h0;
         DFLASH_TRY(clock_stop(r, t0, &t));
+        if (prof)
+            DFLASH_TRY(dflash_cuda_profile(r->be, 0));
         if (op->after)
             DFLASH_TRY(op->after(op->self));
         if (i >= 0) {
@@ -450,12 +499,12 @@ static dflash_status measure_bandwidth(bench_run *r)
     }
     double med = 0, min = 0, dmed = 0;
     if (s == DFLASH_OK) {
-        bench_op op = { copy_run, NULL, &c };
+        bench_op op = { copy_run, NULL, &c, NULL };
         /* time_op's warm-up also faults the destination's pages in. */
         s = time_op(r, &op, BENCH_BW_REPS, &med, &min, NULL, NULL);
     }
     if (s == DFLASH_OK && r->cuda) {
-        bench_op op = { driver_copy_run, NULL, &c };
+        bench_op op = { driver_copy_run, NULL, &c, NULL };
         s = time_op(r, &op, BENCH_BW_REPS, &dmed, &min, NULL, NULL);
     }
     r->bw_bytes = (double)n * (double)row_bytes;
@@ -702,7 +751,7 @@ static dflash_status drafter_time(bench_run *r, drafter_set *d, const int *ctx, 
             o->p = pr, o->states = d->states, o->n_seqs = ns, o->n_drafts = h->block_size - 1;
             for (int i = 0; i < ns; i++)
                 o->last[i] = d->tokens[i], o->pos[i] = filled;
-            bench_op op = { propose_run, NULL, o };
+            bench_op op = { propose_run, NULL, o, "propose" };
             double med, min, host;
             bench_counts counts;
             s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
@@ -848,7 +897,7 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
 {
     forward_op o;
     DFLASH_TRY(forward_init(&o, m, seqs, n_seqs, width, ctx));
-    bench_op op = { forward_run, forward_after, &o };
+    bench_op op = { forward_run, forward_after, &o, name };
     double med, min, host;
     bench_counts counts;
     double experts;
@@ -924,7 +973,7 @@ static dflash_status time_step(bench_run *r, drafter_set *d, dflash_qwen3 *m, df
         o->sel[i] = i;
     }
     o->tokens[0] = random_token(7u, m->cfg.vocab_size);
-    bench_op op = { step_run, step_after, o };
+    bench_op op = { step_run, step_after, o, "step" };
     double med, min, host;
     bench_counts counts;
     double experts;

@@ -8,6 +8,7 @@
  * through mapped host memory, read at the next sync or download. */
 #include "backend/cuda/cuda_backend.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -563,6 +564,21 @@ dflash_status dflash_cuda_timer_stop(dflash_backend *be, float *ms)
     DFLASH_TRY(DFLASH_CU(&c->cu, cuEventSynchronize(c->ev[1])));
     DFLASH_TRY(DFLASH_CU(&c->cu, cuEventElapsedTime(ms, c->ev[0], c->ev[1])));
     return check_kernel_errors(c);
+}
+
+dflash_status dflash_cuda_profile(dflash_backend *be, int on)
+{
+    cuda_ctx *c = CTX(be);
+    if (be->ops != &k_cuda_ops)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda profile: not a CUDA backend");
+    /* not in the loader's table: only profiling runs need it */
+    CUresult (*fn)(void) = (CUresult(*)(void))(uintptr_t)dlsym(c->cu.lib, on ? "cuProfilerStart" : "cuProfilerStop");
+    if (!fn)
+        return dflash_fail(DFLASH_ERR_BACKEND, "cuda profile: the driver has no %s",
+                           on ? "cuProfilerStart" : "cuProfilerStop");
+    DFLASH_TRY(cuda_enter(c));
+    DFLASH_TRY(DFLASH_CU(&c->cu, cuStreamSynchronize(c->stream)));
+    return dflash_cu_check(&c->cu, fn(), on ? "cuProfilerStart()" : "cuProfilerStop()", __FILE__, __LINE__);
 }
 
 dflash_status dflash_cuda_copy(dflash_backend *be, void *dst, const void *src, size_t bytes)

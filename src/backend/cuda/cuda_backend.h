@@ -29,6 +29,10 @@ dflash_status dflash_cuda_timer_stop(dflash_backend *be, float *ms);
  * bandwidth, the ceiling a memory-bound kernel is measured against),
  * ordered on the backend's stream. */
 dflash_status dflash_cuda_copy(dflash_backend *be, void *dst, const void *src, size_t bytes);
+/* For tools: the driver's profiler switch (cuProfilerStart / Stop) after
+ * the stream's work is done, so `ncu --profile-from-start off` sees
+ * exactly the kernels launched between on = 1 and on = 0. */
+dflash_status dflash_cuda_profile(dflash_backend *be, int on);
 /* "NVIDIA H200 (sm_90a, 132 SMs)" */
 const char *dflash_cuda_device_desc(dflash_backend *be);
 
