@@ -182,7 +182,15 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
     const dflash_backend_ops *o = be->ops;
     const int E = c->num_experts, k = c->num_experts_per_tok;
     const int64_t H = c->hidden_size;
-    DFLASH_TRY(o->linear(be, x, n, &m->router, b->logits));
+    if (m->shared_gate.data) {
+        /* the router and the shared expert's gate read the same x: one
+         * launch where the backend groups */
+        const dflash_weight rg[2] = { m->router, m->shared_gate };
+        float *const rg_out[2] = { b->logits, b->sh_logit };
+        DFLASH_TRY(dflash_be_linear_group(be, x, n, rg, 2, rg_out, DFLASH_ACT_NONE));
+    } else {
+        DFLASH_TRY(o->linear(be, x, n, &m->router, b->logits));
+    }
     const dflash_route_args r = { .n = n, .n_experts = E, .k = k, .norm_topk_prob = c->norm_topk_prob,
                                   .logits = b->logits, .expert = b->expert, .prob = b->prob, .first = b->first,
                                   .src = b->src, .slot = b->slot };
@@ -214,7 +222,6 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
     float *const gu[2] = { b->sh_gate, b->sh_up };
     DFLASH_TRY(dflash_be_linear_group(be, x, n, &m->shared[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
     DFLASH_TRY(o->linear(be, b->sh_gate, n, &m->shared[QWEN3_MOE_DOWN], b->sh_out));
-    DFLASH_TRY(o->linear(be, x, n, &m->shared_gate, b->sh_logit));
     DFLASH_TRY(o->sigmoid_mul(be, b->sh_out, b->sh_logit, n, H, 1));
     return o->add(be, out, b->sh_out, (size_t)n * (size_t)H);
 }

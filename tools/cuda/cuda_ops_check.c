@@ -703,12 +703,14 @@ static dflash_status run_group(void *p)
     return dflash_be_linear_group(g_gpu, a->x, a->n, a->w, a->n_w, a->out, a->act);
 }
 
-static void case_linear_group(dflash_dtype dt, int n_w, const int64_t *N, int64_t K, enum dflash_act act, int n,
-                              int timed)
+/* dt_last: the last weight's dtype (another than dt: weights that cannot
+ * share a launch, each on its own kernel) */
+static void case_linear_group_mixed(dflash_dtype dt, dflash_dtype dt_last, int n_w, const int64_t *N, int64_t K,
+                                    enum dflash_act act, int n, int timed)
 {
     char shape[112];
-    int len = snprintf(shape, sizeof shape, "%s %s [", dflash_dtype_name(dt),
-                       act == DFLASH_ACT_SWIGLU ? "swiglu" : "group");
+    int len = snprintf(shape, sizeof shape, "%s%s%s %s [", dflash_dtype_name(dt), dt_last != dt ? "+" : "",
+                       dt_last != dt ? dflash_dtype_name(dt_last) : "", act == DFLASH_ACT_SWIGLU ? "swiglu" : "group");
     for (int i = 0; i < n_w; i++)
         len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
     snprintf(shape + len, sizeof shape - (size_t)len, "] x %lld, %d rows", (long long)K, n);
@@ -719,12 +721,13 @@ static void case_linear_group(dflash_dtype dt, int n_w, const int64_t *N, int64_
     float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
     double bytes = 4.0 * n * K;
     for (int i = 0; i < n_w; i++) {
-        make_weight(&w[i], dt, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
+        const dflash_dtype d = i == n_w - 1 ? dt_last : dt;
+        make_weight(&w[i], d, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
         wh[i] = w[i].h;
         wd[i] = w[i].d;
         ref[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
         dout[i] = gpu_poison((size_t)(n * N[i]));
-        bytes += (double)N[i] * K * dflash_dtype_size(dt) + 4.0 * n * N[i];
+        bytes += (double)N[i] * K * dflash_dtype_size(d) + 4.0 * n * N[i];
     }
     MUST(dflash_be_linear_group(g_cpu, x, n, wh, n_w, ref, act));
     MUST(dflash_be_linear_group(g_gpu, dx, n, wd, n_w, dout, act));
@@ -740,6 +743,12 @@ static void case_linear_group(dflash_dtype dt, int n_w, const int64_t *N, int64_
     }
     free(x);
     gpu_reset();
+}
+
+static void case_linear_group(dflash_dtype dt, int n_w, const int64_t *N, int64_t K, enum dflash_act act, int n,
+                              int timed)
+{
+    case_linear_group_mixed(dt, dt, n_w, N, K, act, n, timed);
 }
 
 /* A drafter layer's four weight passes back to back at 16 rows (q/k/v,
@@ -1947,6 +1956,12 @@ int main(int argc, char **argv)
                 case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, 130, 0);
                 case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, 130, 0);
             }
+            /* a router and a one-row gate (a MoE's shared expert), also with
+             * the gate in f32 (no shared launch: each its own kernel) */
+            const int64_t rg[2] = { 64, 1 }, gu2[2] = { 96, 96 };
+            case_linear_group(d, 2, rg, 128, DFLASH_ACT_NONE, 5, 0);
+            case_linear_group_mixed(d, DFLASH_DTYPE_F32, 2, rg, 128, DFLASH_ACT_NONE, 5, 0);
+            case_linear_group_mixed(d, DFLASH_DTYPE_F32, 2, gu2, 128, DFLASH_ACT_SWIGLU, 5, 0);
         }
         if (g_small) {
             case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 0, 0);
@@ -2113,6 +2128,8 @@ int main(int argc, char **argv)
             case_copy_rows(3, 1001, 1003, 1001, 1, 0);
         }
         case_gather_sum(5, 2, 96, 10);
+        case_gather_sum(3, 10, 200, 50); /* more terms than one batch of 8 */
+        case_gather_sum(2, 1, 64, 5);
         if (!g_small)
             case_gather_sum(512, 8, 2048, 4096); /* a 30B-A3B layer's 32 x 16 verify rows */
     }

@@ -478,7 +478,7 @@ static dflash_status cuda_gather_sum(dflash_backend *be, float *out, const float
     if (n <= 0 || cols <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
-    unsigned chunks = cdiv(cols, 256 * 4);
+    unsigned chunks = cdiv(cols, 256); /* a column per thread */
     if (chunks > 65535)
         chunks = 65535;
     void *args[] = { &out, (void *)&src, (void *)&idx, (void *)&w, &k, &cols };

@@ -283,9 +283,10 @@ dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, n_w))
         return gemm_launch(c, x, n, w, n_w, out, act == DFLASH_ACT_SWIGLU ? GEMM_SWIGLU : GEMM_STORE, NULL);
+    /* weights that cannot share a launch (dtypes differ, say): each on
+     * the best kernel it can take */
     for (int i = 0; i < n_w; i++)
-        if (w[i].rows > 0)
-            DFLASH_TRY(linear_simt(c, x, n, &w[i], out[i]));
+        DFLASH_TRY(cuda_linear(be, x, n, &w[i], out[i]));
     if (act == DFLASH_ACT_SWIGLU)
         return be->ops->swiglu(be, out[0], out[1], (size_t)n * (size_t)w[0].rows, out[0]);
     return DFLASH_OK;

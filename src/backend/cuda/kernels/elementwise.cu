@@ -105,17 +105,33 @@ extern "C" __global__ void dflash_copy_rows(float *dst, i64 dst_stride, const fl
 
 /* grid (n, column chunks): out[i, c] = sum over j < k, in j order, of
  * w[i * k + j] * src[idx[i * k + j] * cols + c], the product rounded before
- * the add (__fmul_rn / __fadd_rn are never fused), as the CPU computes it. */
+ * the add (__fmul_rn / __fadd_rn are never fused), as the CPU computes it.
+ * Eight rows' values are requested together before they are added (the
+ * sum is a chain of dependent loads otherwise). */
+#define GS_BATCH 8
 extern "C" __global__ void dflash_gather_sum(float *out, const float *src, const int *idx, const float *w, int k,
                                              i64 cols)
 {
     pdl_trigger();
     pdl_wait();
     const int i = blockIdx.x;
+    const int *ix = idx + (i64)i * k;
+    const float *wi = w + (i64)i * k;
     for (i64 c = (i64)blockIdx.y * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.y * blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < k; j++)
-            acc = __fadd_rn(acc, __fmul_rn(w[(i64)i * k + j], src[(i64)idx[(i64)i * k + j] * cols + c]));
+        for (int j0 = 0; j0 < k; j0 += GS_BATCH) {
+            float v[GS_BATCH], wv[GS_BATCH];
+#pragma unroll
+            for (int u = 0; u < GS_BATCH; u++) {
+                const bool in = j0 + u < k;
+                wv[u] = in ? wi[j0 + u] : 0.0f;
+                v[u] = in ? src[(i64)ix[j0 + u] * cols + c] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < GS_BATCH; u++)
+                if (j0 + u < k)
+                    acc = __fadd_rn(acc, __fmul_rn(wv[u], v[u]));
+        }
         out[(i64)i * cols + c] = acc;
     }
 }
