@@ -365,6 +365,9 @@ static dflash_status open_backend(bench_run *r)
         fprintf(stderr, "dflash bench: device: cpu (no usable GPU: %s)\n", dflash_last_error());
     }
     snprintf(r->device, sizeof r->device, "cpu (%d threads)", omp_get_max_threads());
+    if (r->a->profile)
+        fprintf(stderr, "dflash bench: --profile %s ignored: it marks CUDA calls for the CUDA profiler\n",
+                r->a->profile);
     return dflash_backend_cpu_create(&r->be);
 }
 
