@@ -321,6 +321,14 @@ static void test_bench_tiny(void)
     CHECKF(strstr(out, "Qwen3.5-MoE hybrid target 4 layers") && strstr(out, "\nverify       1") &&
                strstr(out, "\ndecode       2"),
            "output: %s", out);
+    /* --profile: a name that is no row is refused, naming it; on the CPU it
+     * is said to be ignored */
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny --reps 1 --ctx 8 --profile verify,prefill", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 2);
+    CHECKF(strstr(out, "--profile") && strstr(out, "verify,prefill"), "output: %s", out);
+    snprintf(cmd, sizeof cmd, "%s bench --preset tiny --reps 1 --ctx 8 --device cpu --profile verify,decode", g_bin);
+    CHECK(sh(cmd, out, sizeof out, 1) == 0);
+    CHECKF(strstr(out, "--profile verify,decode ignored") && strstr(out, "\nverify "), "output: %s", out);
 }
 
 int main(void)
