@@ -80,6 +80,18 @@ __forceinline__ float warp_sum(float v)
     return v;
 }
 
+/* Inclusive prefix sum over the warp's lanes (lane l gets lanes 0..l). */
+__forceinline__ int warp_incl_sum(int v)
+{
+    const int lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o)
+            v += u;
+    }
+    return v;
+}
+
 __forceinline__ float warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1)

@@ -317,13 +317,7 @@ __forceinline__ void gm_find_tile(const int *first, int E, int tm, i64 t, int *t
     int count = 0;
     for (int e = e0; e < e1; e++)
         count += (first[e + 1] - first[e] + tm - 1) / tm;
-    int incl = count;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-            incl += v;
-    }
-    const int excl = incl - count;
+    const int incl = warp_incl_sum(count), excl = incl - count;
     if (lane == 31 && t >= incl)
         tile[0] = -1;
     if (t < excl || t >= incl)

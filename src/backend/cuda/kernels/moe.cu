@@ -149,23 +149,13 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
     const int count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage);
     /* inclusive scan over the experts: within each warp, then the warps'
      * totals (one warp), then each warp's offset */
-    int incl = count;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-            incl += v;
-    }
+    int incl = warp_incl_sum(count);
     if (lane == 31)
         warp_total[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-        int t = warp_total[lane], ti = t;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, ti, o);
-            if (lane >= o)
-                ti += v;
-        }
-        warp_total[lane] = ti - t; /* the warps before this one */
+        const int t = warp_total[lane];
+        warp_total[lane] = warp_incl_sum(t) - t; /* the warps before this one */
     }
     __syncthreads();
     incl += warp_total[warp];
