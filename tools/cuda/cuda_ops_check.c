@@ -17,7 +17,6 @@
  *   --profile: one more call of each timed op whose "op shape" contains
  *     TEXT, between cuProfilerStart and cuProfilerStop, so that
  *     `ncu --profile-from-start off` sees exactly those kernels. */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -292,34 +291,18 @@ static int cmp_float(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* --profile: the text an op's "op shape" must contain, and the driver's
- * profiler switches (resolved on first use; the backend does not need
- * them). */
+/* --profile: the text an op's "op shape" must contain; such an op runs
+ * once more between the driver's profiler switches. */
 static const char *g_profile;
-typedef int (*cu_profiler_fn)(void);
 static void profiled_call(const char *op, const char *shape, run_fn run, void *arg)
 {
-    static cu_profiler_fn start, stop;
     char name[256];
     snprintf(name, sizeof name, "%s %s", op, shape);
     if (!g_profile || !strstr(name, g_profile))
         return;
-    if (!start) {
-        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        start = lib ? (cu_profiler_fn)(uintptr_t)dlsym(lib, "cuProfilerStart") : NULL;
-        stop = lib ? (cu_profiler_fn)(uintptr_t)dlsym(lib, "cuProfilerStop") : NULL;
-        if (!start || !stop) {
-            fprintf(stderr, "cuda_ops_check: --profile: cuProfilerStart/Stop not found in libcuda.so.1\n");
-            exit(2);
-        }
-    }
-    MUST(g_gpu->ops->sync(g_gpu));
-    if (start() != 0)
-        die("cuProfilerStart");
+    MUST(dflash_cuda_profile(g_gpu, 1));
     MUST(run(arg));
-    MUST(g_gpu->ops->sync(g_gpu));
-    if (stop() != 0)
-        die("cuProfilerStop");
+    MUST(dflash_cuda_profile(g_gpu, 0));
     printf("profiled: %s\n", name);
 }
 
