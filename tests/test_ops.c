@@ -1,7 +1,8 @@
 /* test_ops.c: the CPU reference ops against naive double-precision
  * recomputations on random inputs (attention over pages + extra keys with
  * every mask mode, linear in every weight dtype, norms, RoPE, the weighted
- * row sum of a MoE layer and its summation order), the MoE routing's
+ * row sum of a MoE layer and its summation order, a shared expert's gated
+ * add, a Gated DeltaNet's gated norm), the MoE routing's
  * choices, and the row-independence property the speculative loop relies
  * on. */
 #include "harness.h"
@@ -284,6 +285,65 @@ static void test_gather_sum(void)
     CHECKF(o == 1.0f, "in the other order the sum is 1, got %g", o);
 }
 
+/* linear_gated_add: out += sigmoid(gate[row]) * x W^T, against a naive
+ * double recomputation; each row's own gate. */
+static void test_linear_gated_add(void)
+{
+    enum { N = 4, IN = 19, OUT = 7 };
+    float x[N * IN], w32[OUT * IN], g[N], out[N * OUT], tmp[N * OUT];
+    double ref[N * OUT];
+    for (int i = 0; i < N * IN; i++)
+        x[i] = frand();
+    for (int i = 0; i < OUT * IN; i++)
+        w32[i] = frand();
+    for (int i = 0; i < N; i++)
+        g[i] = 3.0f * frand();
+    for (int i = 0; i < N * OUT; i++)
+        out[i] = frand();
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < OUT; r++) {
+            double acc = 0;
+            for (int c = 0; c < IN; c++)
+                acc += (double)x[i * IN + c] * w32[r * IN + c];
+            ref[i * OUT + r] = out[i * OUT + r] + acc / (1.0 + exp(-(double)g[i]));
+        }
+    const dflash_weight w = { DFLASH_DTYPE_F32, OUT, IN, w32, NULL, "down" };
+    CHECK_OK(dflash_be_linear_gated_add(be, x, N, &w, g, tmp, out));
+    const double e = rel_err(out, ref, N * OUT);
+    CHECKF(e < 1e-6, "rel err %g", e);
+}
+
+/* norm_gate: x := silu(z) * RMSNorm_head(x) * w per (row, head), against
+ * a naive double recomputation. */
+static void test_norm_gate(void)
+{
+    enum { N = 3, H = 2, D = 8 };
+    float x[N * H * D], z[N * H * D], w32[D];
+    double ref[N * H * D];
+    const int32_t pos[N] = { 5, 6, 7 };
+    for (int i = 0; i < N * H * D; i++) {
+        x[i] = frand();
+        z[i] = 2.0f * frand();
+    }
+    for (int j = 0; j < D; j++)
+        w32[j] = 1.0f + 0.5f * frand();
+    const float eps = 1e-6f;
+    for (int u = 0; u < N * H; u++) {
+        double ss = 0;
+        for (int j = 0; j < D; j++)
+            ss += (double)x[u * D + j] * x[u * D + j];
+        const double inv = 1.0 / sqrt(ss / D + eps);
+        for (int j = 0; j < D; j++) {
+            const double zz = z[u * D + j];
+            ref[u * D + j] = zz / (1.0 + exp(-zz)) * (w32[j] * (x[u * D + j] * inv));
+        }
+    }
+    const dflash_weight w = { DFLASH_DTYPE_F32, 1, D, w32, NULL, "norm" };
+    CHECK_OK(dflash_be_norm_gate(be, x, &w, z, pos, N, H, D, eps));
+    const double e = rel_err(x, ref, N * H * D);
+    CHECKF(e < 1e-6, "rel err %g", e);
+}
+
 /* add_bias: every row gets the bias, widened from each dtype; fp8 is
  * refused. */
 static void test_add_bias(void)
@@ -529,6 +589,8 @@ int main(void)
     RUN(test_argmax_ties_low_index);
     RUN(test_gather_sum);
     RUN(test_add_bias);
+    RUN(test_linear_gated_add);
+    RUN(test_norm_gate);
     RUN(test_recurrent_ops);
     RUN(test_moe_route);
     RUN(test_moe_stages);

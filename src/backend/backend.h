@@ -307,6 +307,18 @@ typedef struct dflash_backend_ops {
      * (a fused backend never writes it). */
     dflash_status (*linear_argmax)(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                    int32_t *ids);
+    /* out [n, W.rows] += sigmoid(gate[i]) * (x W^T) row i (a Qwen3.5-MoE's
+     * shared expert: its down projection, its gate and the residual add);
+     * tmp [n, W.rows] is scratch, its content afterwards unspecified. The
+     * composition: linear into tmp, sigmoid_mul, add. */
+    dflash_status (*linear_gated_add)(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                      const float *gate, float *tmp, float *out);
+    /* x [n, n_heads, head_dim] := silu(z) * RMSNorm_head(x) * norm (a Gated
+     * DeltaNet layer's output norm); the composition: norm_rope without
+     * rotation (pos: the rows' positions, which it never needs), then
+     * swiglu(z, x). */
+    dflash_status (*norm_gate)(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
+                               const int32_t *pos, int n, int n_heads, int head_dim, float eps);
 
     /* A MoE layer's routing and its experts' projections (see
      * dflash_route_args and dflash_experts_args). */
@@ -348,6 +360,10 @@ dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_
                                      int head_dim, float eps, const dflash_rope *rope);
 dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                       int32_t *ids);
+dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                         const float *gate, float *tmp, float *out);
+dflash_status dflash_be_norm_gate(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
+                                  const int32_t *pos, int n, int n_heads, int head_dim, float eps);
 
 /* MoE stages (stage_moe.c): the default routes on the host (the logits
  * downloaded, the arrays uploaded) and runs linear_group once per expert

@@ -66,11 +66,8 @@ dflash_status qwen3_gdn_recur(dflash_backend *be, const dflash_model_config *c, 
 dflash_status qwen3_gdn_output(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,
                                const qwen3_gdn_bufs *b, const int32_t *pos, int n, float *out)
 {
-    static const dflash_rope no_rotation = { .n_pairs = 0, .attn_factor = 1.0f };
-    const dflash_backend_ops *o = be->ops;
     /* transformers' gated norm: w * rmsnorm(o) first, then times silu(z) */
-    DFLASH_TRY(o->norm_rope(be, b->o, &w->norm, pos, n, c->linear_num_value_heads, c->linear_value_head_dim,
-                            c->rms_norm_eps, &no_rotation));
-    DFLASH_TRY(o->swiglu(be, b->z, b->o, (size_t)n * (size_t)value_cols(c), b->o));
-    return o->linear(be, b->o, n, &w->out, out);
+    DFLASH_TRY(dflash_be_norm_gate(be, b->o, &w->norm, b->z, pos, n, c->linear_num_value_heads,
+                                   c->linear_value_head_dim, c->rms_norm_eps));
+    return be->ops->linear(be, b->o, n, &w->out, out);
 }

@@ -221,7 +221,5 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
     /* transformers adds sigmoid(gate) * shared to the routed sum */
     float *const gu[2] = { b->sh_gate, b->sh_up };
     DFLASH_TRY(dflash_be_linear_group(be, x, n, &m->shared[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
-    DFLASH_TRY(o->linear(be, b->sh_gate, n, &m->shared[QWEN3_MOE_DOWN], b->sh_out));
-    DFLASH_TRY(o->sigmoid_mul(be, b->sh_out, b->sh_logit, n, H, 1));
-    return o->add(be, out, b->sh_out, (size_t)n * (size_t)H);
+    return dflash_be_linear_gated_add(be, b->sh_gate, n, &m->shared[QWEN3_MOE_DOWN], b->sh_logit, b->sh_out, out);
 }

@@ -734,6 +734,40 @@ static void case_linear_group(dflash_dtype dt, int n_w, const int64_t *N, int64_
     case_linear_group_mixed(dt, dt, n_w, N, K, act, n, timed);
 }
 
+/* linear_gated_add (a MoE's shared expert: down projection, sigmoid gate
+ * and residual add in one epilogue): the same bits as the GPU's own
+ * composition of linear, sigmoid_mul and add, and the CPU's within the
+ * GEMM's tolerance. */
+static void case_gated_add(dflash_dtype dt, int n, int64_t N, int64_t K)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s W %lld x %lld, %d rows", dflash_dtype_name(dt), (long long)N, (long long)K, n);
+    wpair w;
+    make_weight(&w, dt, N, K, 2.0f / sqrtf((float)K));
+    const size_t on = (size_t)n * (size_t)N;
+    float *x = rand_f32((size_t)n * (size_t)K, 1.0f), *g = rand_f32((size_t)n, 4.0f), *o = rand_f32(on, 1.0f);
+    float *ref = xmalloc(on * sizeof(float)), *tmp = xmalloc(on * sizeof(float)), *comp = xmalloc(on * sizeof(float));
+    memcpy(ref, o, on * sizeof(float));
+    MUST(dflash_be_linear_gated_add(g_cpu, x, n, &w.h, g, tmp, ref));
+    float *dx = gpu_copy(x, (size_t)n * (size_t)K * sizeof(float)), *dg = gpu_copy(g, (size_t)n * sizeof(float));
+    float *dfused = gpu_copy(o, on * sizeof(float)), *dcomp = gpu_copy(o, on * sizeof(float)), *dtmp = gpu_poison(on);
+    MUST(dflash_be_linear_gated_add(g_gpu, dx, n, &w.d, dg, dtmp, dfused));
+    MUST(g_gpu->ops->linear(g_gpu, dx, n, &w.d, dtmp));
+    MUST(g_gpu->ops->sigmoid_mul(g_gpu, dtmp, dg, n, N, 1));
+    MUST(g_gpu->ops->add(g_gpu, dcomp, dtmp, on));
+    gpu_get(comp, dcomp, on * sizeof(float));
+    check_exact("linear_gated_add == linear, sigmoid_mul, add", shape, dfused, comp, on * sizeof(float));
+    check_f32("linear_gated_add", shape, dfused, ref, on, 1e-4);
+    free(x);
+    free(g);
+    free(o);
+    free(ref);
+    free(tmp);
+    free(comp);
+    free_weight(&w);
+    gpu_reset();
+}
+
 /* A drafter layer's four weight passes back to back at 16 rows (q/k/v,
  * o, gate/up + SwiGLU, down), as a propose runs them: bytes of all four
  * over their time together. */
@@ -875,6 +909,43 @@ static dflash_rope make_rope(int hd, double theta, dflash_rope_kind kind, double
     dflash_rope r;
     MUST(dflash_rope_init(&p, hd, &r));
     return r;
+}
+
+/* norm_gate (a Gated DeltaNet layer's output: silu(z) times the per-head
+ * RMSNorm): the same bits as the GPU's own composition (norm_rope without
+ * rotation, then swiglu), the CPU's within its tolerance. */
+static void case_norm_gate(int n, int heads, int hd)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows x %d heads x %d", n, heads, hd);
+    static const dflash_rope no_rotation = { .n_pairs = 0, .attn_factor = 1.0f };
+    const size_t cnt = (size_t)n * heads * hd;
+    float *x = rand_f32(cnt, 2.0f), *z = rand_f32(cnt, 3.0f), *nw = rand_f32((size_t)hd, 1.0f);
+    float *ref = xmalloc(cnt * sizeof(float)), *comp = xmalloc(cnt * sizeof(float));
+    int32_t *pos = xmalloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        pos[i] = 3 * i;
+    memcpy(ref, x, cnt * sizeof(float));
+    const dflash_weight wh = { DFLASH_DTYPE_F32, 1, hd, nw, NULL, "norm" };
+    MUST(dflash_be_norm_gate(g_cpu, ref, &wh, z, pos, n, heads, hd, 1e-6f));
+    dflash_weight wd = wh;
+    wd.data = gpu_copy(nw, (size_t)hd * sizeof(float));
+    float *dx = gpu_copy(x, cnt * sizeof(float)), *dc = gpu_copy(x, cnt * sizeof(float));
+    float *dz = gpu_copy(z, cnt * sizeof(float));
+    int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t));
+    MUST(dflash_be_norm_gate(g_gpu, dx, &wd, dz, dpos, n, heads, hd, 1e-6f));
+    MUST(g_gpu->ops->norm_rope(g_gpu, dc, &wd, dpos, n, heads, hd, 1e-6f, &no_rotation));
+    MUST(g_gpu->ops->swiglu(g_gpu, dz, dc, cnt, dc));
+    gpu_get(comp, dc, cnt * sizeof(float));
+    check_exact("norm_gate == norm_rope, swiglu", shape, dx, comp, cnt * sizeof(float));
+    check_f32("norm_gate", shape, dx, ref, cnt, 1e-5);
+    free(x);
+    free(z);
+    free(nw);
+    free(ref);
+    free(comp);
+    free(pos);
+    gpu_reset();
 }
 
 static void case_norm_rope(int n, int heads, int hd, int with_norm, int max_pos, double theta, dflash_rope_kind kind,
@@ -1939,6 +2010,13 @@ int main(int argc, char **argv)
                 case_linear_group(d, 3, qkv_s, 2048, DFLASH_ACT_NONE, 130, 0);
                 case_linear_group(d, 2, gu_s, 2048, DFLASH_ACT_SWIGLU, 130, 0);
             }
+            /* a shared expert's down projection with its gate and the
+             * residual add: 1, 16, 64 rows (gemm.cu), 130 (gemm_wide.cu),
+             * and a K the tensor-core kernel does not take */
+            const int gated_rows[] = { 1, 16, 64, 130 };
+            for (int r = 0; r < 4; r++)
+                case_gated_add(d, gated_rows[r], g_small ? 96 : 2048, g_small ? 128 : 512);
+            case_gated_add(d, 5, 96, 100);
             /* a router and a one-row gate (a MoE's shared expert), also with
              * the gate in f32 (no shared launch: each its own kernel) */
             const int64_t rg[2] = { 64, 1 }, gu2[2] = { 96, 96 };
@@ -1999,6 +2077,12 @@ int main(int argc, char **argv)
         /* partial rotations: a Qwen3.5's gated attention (64 of 256, 4 of 16) */
         case_qk_norm_rope_rot(5, 4, 2, 256, 64, 0);
         case_qk_norm_rope_rot(3, 4, 2, 16, 4, 0);
+        /* a Gated DeltaNet's output norm: the 35B-A3B's 32 x 128, the
+         * kernel's sizes 32 and 256, and 48 (the composition) */
+        case_norm_gate(g_small ? 5 : 16, 32, 128);
+        case_norm_gate(3, 4, 32);
+        case_norm_gate(3, 2, 256);
+        case_norm_gate(2, 3, 48);
     }
 
     if (section("recurrent")) {

@@ -423,6 +423,26 @@ static dflash_status cuda_norm_rope(dflash_backend *be, float *x, const dflash_w
     return cuda_launch(c, DFK_NORM_ROPE, cdiv((int64_t)n * n_heads, 4), 1, 128, args);
 }
 
+/* One warp per (row, head) in registers (norm.cu, head_dim a multiple of
+ * 32 up to 256); other sizes take the composition (norm_rope, swiglu). */
+static dflash_status cuda_norm_gate(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
+                                    const int32_t *pos, int n, int n_heads, int head_dim, float eps)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(check_head_norm(norm, head_dim));
+    if (n <= 0 || n_heads <= 0 || head_dim <= 0)
+        return DFLASH_OK;
+    if (!norm || head_dim % 32 != 0 || head_dim > 256) {
+        static const dflash_rope no_rotation = { .n_pairs = 0, .attn_factor = 1.0f };
+        DFLASH_TRY(cuda_norm_rope(be, x, norm, pos, n, n_heads, head_dim, eps, &no_rotation));
+        return be->ops->swiglu(be, z, x, (size_t)n * (size_t)n_heads * (size_t)head_dim, x);
+    }
+    DFLASH_TRY(cuda_enter(c));
+    int ndt = (int)norm->dtype;
+    void *args[] = { &x, (void *)&norm->data, &ndt, (void *)&z, &n, &n_heads, &head_dim, &eps };
+    return cuda_launch(c, DFK_NORM_GATE, cdiv((int64_t)n * n_heads, 4), 1, 128, args);
+}
+
 static dflash_status cuda_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                        float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
                                        int n, int head_dim, float eps, const dflash_rope *rope)
@@ -537,6 +557,8 @@ static const dflash_backend_ops k_cuda_ops = {
     .argmax = cuda_argmax,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,
+    .linear_gated_add = cuda_linear_gated_add,
+    .norm_gate = cuda_norm_gate,
     .moe_route = cuda_moe_route,
     .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,

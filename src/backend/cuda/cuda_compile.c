@@ -30,6 +30,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_KV_WRITE] = { "elementwise.cu", "dflash_kv_write" },
     [DFK_ADD_RMSNORM] = { "norm.cu", "dflash_add_rmsnorm" },
     [DFK_NORM_ROPE] = { "norm.cu", "dflash_norm_rope" },
+    [DFK_NORM_GATE] = { "norm.cu", "dflash_norm_gate" },
     [DFK_QK_NORM_ROPE] = { "norm.cu", "dflash_qk_norm_rope" },
     [DFK_LINEAR_BF16_V] = { "linear.cu", "dflash_linear_bf16_v" },
     [DFK_LINEAR_BF16_S] = { "linear.cu", "dflash_linear_bf16_s" },

@@ -24,9 +24,10 @@ typedef struct gemm_args {
     float *am_val;
     int *am_idx;
     int *am_bad;
+    const float *gate;
     int m, n_w, split, mode, store;
 } gemm_args;
-_Static_assert(sizeof(gemm_args) == 200, "gemm_args must match kernels/gemm_mma.cuh");
+_Static_assert(sizeof(gemm_args) == 208, "gemm_args must match kernels/gemm_mma.cuh");
 
 /* Mirrors struct gemm_group_args in kernels/gemm.cu. */
 typedef struct gemm_group_args {
@@ -36,9 +37,9 @@ typedef struct gemm_group_args {
     const int32_t *first;
     int n_experts, tile_rows, blocks_per_tile;
 } gemm_group_args;
-_Static_assert(sizeof(gemm_group_args) == 240, "gemm_group_args must match kernels/gemm.cu");
+_Static_assert(sizeof(gemm_group_args) == 248, "gemm_group_args must match kernels/gemm.cu");
 
-enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2 }; /* gemm_mma.cuh's GM_* modes */
+enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2, GEMM_GATED_ADD = 3 }; /* gemm_mma.cuh's GM_* modes */
 #define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */
 #define GEMM_MAX_M 64 /* activation rows per launch */
 #define GEMM_MAX_SPLIT 16
@@ -197,12 +198,12 @@ static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t
 }
 
 /* The tensor-core launch of out[i] = x W[i]^T (or the SwiGLU pair, or the
- * row argmax into ids): from c->gemm_wide rows one launch of gemm_wide.cu
- * (where the device has its shared memory), else launches of gemm.cu of
- * at most GEMM_MAX_M rows (each row's result is the same bits in any of
- * them). */
+ * row argmax into ids, or out[0] += sigmoid(gate) * x W^T): from
+ * c->gemm_wide rows one launch of gemm_wide.cu (where the device has its
+ * shared memory), else launches of gemm.cu of at most GEMM_MAX_M rows
+ * (each row's result is the same bits in any of them). */
 static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
-                                 float *const *out, int mode, int32_t *ids)
+                                 float *const *out, int mode, const float *gate, int32_t *ids)
 {
     static const dflash_cuda_kernel_id k_bf16[4] = { DFK_GEMM_BF16_1, DFK_GEMM_BF16_2, DFK_GEMM_BF16_4,
                                                      DFK_GEMM_BF16_8 };
@@ -228,6 +229,7 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     const int64_t k_steps = ga.k / (fp8 ? 64 : 32);
     ga.split = gemm_split(c, rb, k_steps);
     ga.x = x;
+    ga.gate = gate;
     for (int i = 0; i < n_w; i++)
         ga.out[i] = out[i];
     const int mt = n >= c->gemm_wide ? wide_tile(c, n, rb, fp8) : 0;
@@ -250,6 +252,7 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
         const int t = m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : 3;
         ga.m = m;
         ga.x = x + (int64_t)r0 * ga.k;
+        ga.gate = gate ? gate + r0 : NULL;
         for (int i = 0; i < n_w; i++)
             ga.out[i] = out[i] ? out[i] + (int64_t)r0 * w[i].rows : NULL;
         void *args[] = { &ga };
@@ -268,7 +271,7 @@ dflash_status cuda_linear(dflash_backend *be, const float *x, int n, const dflas
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, 1))
-        return gemm_launch(c, x, n, w, 1, &out, GEMM_STORE, NULL);
+        return gemm_launch(c, x, n, w, 1, &out, GEMM_STORE, NULL, NULL);
     return linear_simt(c, x, n, w, out);
 }
 
@@ -282,7 +285,7 @@ dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, n_w))
-        return gemm_launch(c, x, n, w, n_w, out, act == DFLASH_ACT_SWIGLU ? GEMM_SWIGLU : GEMM_STORE, NULL);
+        return gemm_launch(c, x, n, w, n_w, out, act == DFLASH_ACT_SWIGLU ? GEMM_SWIGLU : GEMM_STORE, NULL, NULL);
     /* weights that cannot share a launch (dtypes differ, say): each on
      * the best kernel it can take */
     for (int i = 0; i < n_w; i++)
@@ -305,10 +308,28 @@ dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, cons
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, 1)) {
         float *none = NULL; /* the fused kernel never needs the logits */
-        return gemm_launch(c, x, n, w, 1, &none, GEMM_ARGMAX, ids);
+        return gemm_launch(c, x, n, w, 1, &none, GEMM_ARGMAX, NULL, ids);
     }
     DFLASH_TRY(linear_simt(c, x, n, w, logits));
     return be->ops->argmax(be, logits, n, (int)w->rows, ids);
+}
+
+/* out += sigmoid(gate) * x W^T in the GEMM's epilogue (one launch for
+ * three), with the composition's roundings; the composition itself where
+ * the tensor-core kernel cannot take the weight. */
+dflash_status cuda_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                    const float *gate, float *tmp, float *out)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(cuda_check_weight(w, "linear"));
+    if (n <= 0 || w->rows <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    if (gemm_ok(x, w, 1))
+        return gemm_launch(c, x, n, w, 1, &out, GEMM_GATED_ADD, gate, NULL);
+    DFLASH_TRY(linear_simt(c, x, n, w, tmp));
+    DFLASH_TRY(cuda_sigmoid_mul(be, tmp, gate, n, w->rows, 1));
+    return be->ops->add(be, out, tmp, (size_t)n * (size_t)w->rows);
 }
 
 /* Every expert's weights on the tensor-core kernel, and the tables there? */

@@ -306,7 +306,7 @@ struct gemm_group_args {
     const int *first;         /* [n_experts + 1] */
     int n_experts, tile_rows, blocks_per_tile;
 };
-static_assert(sizeof(gemm_group_args) == 240, "mirrored by gemm_group_args in cuda_gemm.c");
+static_assert(sizeof(gemm_group_args) == 248, "mirrored by gemm_group_args in cuda_gemm.c");
 
 /* Tile t of the call: tile[0] its expert (-1: no such tile), tile[1] its
  * first gathered row, tile[2] its rows. Warp 0, first[] in shared memory;

@@ -46,6 +46,7 @@
 #define GM_STORE 0
 #define GM_SWIGLU 1
 #define GM_ARGMAX 2
+#define GM_GATED_ADD 3 /* out[0] += sigmoid(gate[row]) * the product (a MoE's shared expert) */
 
 /* cuda_gemm.c mirrors this layout. */
 struct gemm_args {
@@ -62,9 +63,10 @@ struct gemm_args {
     float *am_val;                 /* argmax: [m][row blocks] best value */
     int *am_idx;                   /* argmax: [m][row blocks] its column */
     int *am_bad;                   /* argmax: [m] the row holds a NaN or +inf (reset by the finish) */
+    const float *gate;             /* gated add: [m] gate logits */
     int m, n_w, split, mode, store;
 };
-static_assert(sizeof(gemm_args) == 200, "mirrored by gemm_args in cuda_gemm.c");
+static_assert(sizeof(gemm_args) == 208, "mirrored by gemm_args in cuda_gemm.c");
 
 /* The bf16 hi/lo split of four consecutive activations as one 16-byte B
  * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
@@ -102,9 +104,10 @@ __forceinline__ float gm_silu_mul(float g, float u) { return g / (1.0f + expf(-g
 
 /* The end of four adjacent outputs col4..col4+3 of activation row m, their
  * final sums in y0 (SwiGLU: gate in y0, up in y1) and live[j] saying
- * which exist: fp8 row scales, then silu(gate) * up or the store (when
- * asked), and in argmax mode the row's candidate (bv, bi) and its
- * unusable-number flag. */
+ * which exist: fp8 row scales, then silu(gate) * up, the gated add or the
+ * store (when asked), and in argmax mode the row's candidate (bv, bi) and
+ * its unusable-number flag. The gated add rounds as the composition it
+ * replaces does (sigmoid_mul's product, then add's sum; never fused). */
 template <int FP8>
 __forceinline__ void gm_emit4(const gemm_args &a, int seg, bool swiglu, i64 m, i64 col4, const bool *live, float *y0,
                               float *y1, float &bv, int &bi)
@@ -119,9 +122,12 @@ __forceinline__ void gm_emit4(const gemm_args &a, int seg, bool swiglu, i64 m, i
             if (swiglu)
                 y1[j] *= a.scales[1][col];
         }
-        if (swiglu)
+        if (swiglu) {
             a.out[0][m * a.n[0] + col] = gm_silu_mul(y0[j], y1[j]);
-        else if (a.store)
+        } else if (a.mode == GM_GATED_ADD) {
+            float *o = a.out[0] + m * a.n[0] + col;
+            *o = __fadd_rn(*o, __fmul_rn(y0[j], 1.0f / (1.0f + expf(-a.gate[m]))));
+        } else if (a.store)
             a.out[seg][m * a.n[seg] + col] = y0[j];
         if (a.mode == GM_ARGMAX) {
             am_take(bv, bi, y0[j], (int)col);

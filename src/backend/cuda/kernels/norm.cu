@@ -1,6 +1,7 @@
-/* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row)
- * and norm_rope (per-head RMSNorm then NeoX RoPE, whole or partial, one warp
- * per (row, head)).
+/* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row),
+ * norm_rope (per-head RMSNorm then NeoX RoPE, whole or partial, one warp
+ * per (row, head)) and norm_gate (per-head RMSNorm times silu of a gate: a
+ * Gated DeltaNet layer's output norm).
  * Arithmetic follows cpu_ops.c expression by expression; only the order of
  * the sum of squares differs (a tree instead of a running sum). */
 #include "common.cuh"
@@ -180,4 +181,45 @@ extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, floa
         return;
     pdl_wait();
     norm_rope_warp(v, h < hq ? qnorm : knorm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
+}
+
+/* block 128 = 4 warps, one (row, head) per warp: v = w * (x * inv) as
+ * norm_rope's RMSNorm computes it (the same sum of squares, lane by lane
+ * then the warp), then x = silu(z) * v as swiglu computes it: the bits of
+ * norm_rope (no rotation) followed by swiglu, in one pass. head_dim a
+ * multiple of 32, at most 32 NG_PER. */
+#define NG_PER 8
+extern "C" __global__ void dflash_norm_gate(float *x, const void *norm, int ndt, const float *z, int n, int n_heads,
+                                           int head_dim, float eps)
+{
+    pdl_trigger();
+    const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (unit >= (i64)n * n_heads)
+        return; /* touches nothing */
+    const int lane = threadIdx.x & 31, per = head_dim / 32;
+    float nw[NG_PER], v[NG_PER], g[NG_PER];
+#pragma unroll
+    for (int i = 0; i < NG_PER; i++)
+        nw[i] = i < per ? load_elem(norm, ndt, lane + 32 * i) : 0.0f;
+    pdl_wait();
+    float *xr = x + unit * head_dim;
+    const float *zr = z + unit * head_dim;
+#pragma unroll
+    for (int i = 0; i < NG_PER; i++) {
+        v[i] = i < per ? xr[lane + 32 * i] : 0.0f;
+        g[i] = i < per ? zr[lane + 32 * i] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NG_PER; i++)
+        if (i < per)
+            ss += v[i] * v[i];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)head_dim + eps);
+#pragma unroll
+    for (int i = 0; i < NG_PER; i++)
+        if (i < per) {
+            const float nv = nw[i] * (v[i] * inv);
+            xr[lane + 32 * i] = g[i] / (1.0f + expf(-g[i])) * nv;
+        }
 }
