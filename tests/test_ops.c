@@ -546,6 +546,20 @@ static void test_moe_stages(void)
         }
     CHECK(same);
 
+    /* the gate/up projection reading its rows from the source rows through
+     * src (x_rows) equals the one over rows gathered beforehand */
+    float x[N * H], scratch[N * K * H], xs[N * K * H], gs[N * K * I], us[N * K * I], gx[N * K * I], ux[N * K * I];
+    for (int i = 0; i < N * H; i++)
+        x[i] = frand();
+    for (int at = 0; at < N * K; at++)
+        memcpy(xs + at * H, x + src[at] * H, H * sizeof(float));
+    a = (dflash_experts_args){ .n_experts = E, .n_w = 2, .w = w, .w_stride = 3, .per_row = K, .x = xs, .rows = N * K,
+                               .max_rows = N, .first = first, .out = { gx, ux }, .act = DFLASH_ACT_SWIGLU };
+    CHECK_OK(dflash_be_linear_experts(be, &a));
+    a.x = scratch, a.x_src = x, a.x_rows = src, a.out[0] = gs, a.out[1] = us;
+    CHECK_OK(dflash_be_linear_experts(be, &a));
+    CHECK(!memcmp(gs, gx, sizeof gs));
+
     /* the default composition (a backend without the two stages: host
      * copies, per-expert launches) gives the same bits as the CPU's own */
     dflash_backend_ops ops = *be->ops;

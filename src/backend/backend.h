@@ -195,7 +195,12 @@ typedef struct dflash_experts_args {
                                    device backend reads), or NULL where the backend does not need them */
     const float *const *scales; /* backend [n_w * n_experts]: their fp8 row scales, or NULL */
     int per_row;                /* experts each source row is routed to (a device backend sizes its work by it) */
-    const float *x;             /* [rows, cols] */
+    const float *x;             /* [rows, cols]; with x_rows, scratch of that size */
+    /* or NULL: gathered row g is x_src's row x_rows[g] (a route's src), which
+     * the composition copies into x first and a fused backend reads where
+     * it is */
+    const float *x_src;
+    const int32_t *x_rows;
     int rows, max_rows;         /* rows: first[n_experts]; max_rows: at least the most rows one expert has */
     const int32_t *first;       /* [n_experts + 1] */
     float *out[2];              /* [rows, W_e[i].rows] */

@@ -148,6 +148,8 @@ dflash_status dflash_be_linear_experts_each(dflash_backend *be, const dflash_exp
     }
     const int32_t *first = host_first ? host_first : copy;
     const int64_t K = a->w[0].cols;
+    if (s == DFLASH_OK && a->x_rows)
+        s = be->ops->copy_rows(be, (float *)a->x, K, a->x_src, K, a->x_rows, a->rows, K);
     for (int e = 0; s == DFLASH_OK && e < a->n_experts; e++) {
         const int32_t at = first[e], rows = first[e + 1] - at;
         if (!rows)

@@ -198,19 +198,21 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
     if (b->tally->on)
         DFLASH_TRY(tally_experts(be, c, b));
     const int nk = n * k;
-    DFLASH_TRY(o->copy_rows(be, b->xg, H, x, H, b->src, nk, H));
-    /* gate and up with SwiGLU, then down, each over every expert at once */
+    /* gate and up with SwiGLU (reading each gathered row from x through
+     * src), then down, each over every expert at once */
     dflash_experts_args ea = { .n_experts = E, .n_w = 2, .w = &m->experts[QWEN3_MOE_GATE], .w_stride = QWEN3_MOE_PARTS,
                                .data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_GATE * E : NULL,
                                .scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_GATE * E : NULL,
-                               .per_row = k, .x = b->xg, .rows = nk, .max_rows = n, .first = b->first,
-                               .out = { b->gate, b->up }, .act = DFLASH_ACT_SWIGLU };
+                               .per_row = k, .x = b->xg, .x_src = x, .x_rows = b->src, .rows = nk, .max_rows = n,
+                               .first = b->first, .out = { b->gate, b->up }, .act = DFLASH_ACT_SWIGLU };
     DFLASH_TRY(dflash_be_linear_experts(be, &ea));
     ea.n_w = 1;
     ea.w = &m->experts[QWEN3_MOE_DOWN];
     ea.data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_DOWN * E : NULL;
     ea.scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_DOWN * E : NULL;
     ea.x = b->gate;
+    ea.x_src = NULL;
+    ea.x_rows = NULL;
     ea.out[0] = b->y;
     ea.out[1] = NULL;
     ea.act = DFLASH_ACT_NONE;

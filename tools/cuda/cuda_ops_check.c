@@ -1396,6 +1396,29 @@ static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I,
     check_f32("linear_experts swiglu", shape, a.gu.out[0], g, nk * I, 1e-4);
     check_f32("linear_experts down", shape, a.dn.out[0], y, nk * H, 1e-4);
 
+    /* gate/up reading its rows through the route's src (x_rows) from a
+     * source of n rows: the same bits as over the rows gathered first */
+    {
+        float *xsrc = rand_f32((size_t)n * H, 1.0f), *xgat = xmalloc(nk * H * sizeof(float));
+        float *o1 = xmalloc(nk * I * sizeof(float));
+        for (size_t r = 0; r < nk; r++)
+            memcpy(xgat + r * H, xsrc + (size_t)rc.src[r] * H, H * sizeof(float));
+        dflash_experts_args pre = a.gu, via = a.gu;
+        pre.x = gpu_copy(xgat, nk * H * sizeof(float));
+        pre.out[0] = gpu_poison(nk * I), pre.out[1] = gpu_poison(nk * I);
+        MUST(dflash_be_linear_experts(g_gpu, &pre));
+        via.x = gpu_alloc(nk * H * sizeof(float)); /* scratch, for a composition */
+        via.x_src = gpu_copy(xsrc, (size_t)n * H * sizeof(float));
+        via.x_rows = a.r.src;
+        via.out[0] = gpu_poison(nk * I), via.out[1] = gpu_poison(nk * I);
+        MUST(dflash_be_linear_experts(g_gpu, &via));
+        gpu_get(o1, pre.out[0], nk * I * sizeof(float));
+        check_exact("linear_experts x_rows == gathered", shape, via.out[0], o1, nk * I * sizeof(float));
+        free(xsrc);
+        free(xgat);
+        free(o1);
+    }
+
     /* a row alone: routed alone (its gathered rows are its k experts in
      * order), through both projections; the same bits as in the batch */
     float *yb = xmalloc(nk * H * sizeof(float)), *y1 = xmalloc((size_t)k * H * sizeof(float));

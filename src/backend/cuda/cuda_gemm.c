@@ -25,9 +25,10 @@ typedef struct gemm_args {
     int *am_idx;
     int *am_bad;
     const float *gate;
+    const int32_t *x_rows;
     int m, n_w, split, mode, store;
 } gemm_args;
-_Static_assert(sizeof(gemm_args) == 208, "gemm_args must match kernels/gemm_mma.cuh");
+_Static_assert(sizeof(gemm_args) == 216, "gemm_args must match kernels/gemm_mma.cuh");
 
 /* Mirrors struct gemm_group_args in kernels/gemm.cu. */
 typedef struct gemm_group_args {
@@ -37,7 +38,7 @@ typedef struct gemm_group_args {
     const int32_t *first;
     int n_experts, tile_rows, blocks_per_tile;
 } gemm_group_args;
-_Static_assert(sizeof(gemm_group_args) == 248, "gemm_group_args must match kernels/gemm.cu");
+_Static_assert(sizeof(gemm_group_args) == 256, "gemm_group_args must match kernels/gemm.cu");
 
 enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2, GEMM_GATED_ADD = 3 }; /* gemm_mma.cuh's GM_* modes */
 #define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */
@@ -335,13 +336,14 @@ dflash_status cuda_linear_gated_add(dflash_backend *be, const float *x, int n, c
 /* Every expert's weights on the tensor-core kernel, and the tables there? */
 static int experts_gemm_ok(const dflash_experts_args *a)
 {
-    if (!a->data || !aligned16(a->x))
+    const float *x = a->x_rows ? a->x_src : a->x;
+    if (!a->data || !aligned16(x))
         return 0;
     for (int i = 0; i < a->n_w; i++)
         if (a->w[i].dtype == DFLASH_DTYPE_F8_E4M3 && !a->scales)
             return 0;
     for (int e = 0; e < a->n_experts; e++)
-        if (!gemm_ok(a->x, &a->w[(size_t)e * a->w_stride], a->n_w))
+        if (!gemm_ok(x, &a->w[(size_t)e * a->w_stride], a->n_w))
             return 0;
     return 1;
 }
@@ -379,7 +381,8 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
     g.base.n_w = a->n_w;
     g.base.mode = swiglu ? GEMM_SWIGLU : GEMM_STORE;
     g.base.store = 1;
-    g.base.x = a->x;
+    g.base.x = a->x_rows ? a->x_src : a->x;
+    g.base.x_rows = a->x_rows; /* the gate/up projection reads its rows where they are */
     g.base.split = gemm_split(c, rb * (a->per_row > 0 ? a->per_row : 1), g.base.k / (fp8 ? 64 : 32));
     const int t = a->max_rows <= 8 ? 0 : a->max_rows <= 16 ? 1 : a->max_rows <= 32 ? 2 : 3;
     const int tm = 8 << t;

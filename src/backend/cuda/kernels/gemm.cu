@@ -116,8 +116,9 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
         for (int i = 0; i < XV; i++) {
             const int e = threadIdx.x + i * GM_THREADS, row = e / (KC / 4), q = e % (KC / 4);
             const i64 kk = c0 * KSTEP + 4 * q;
-            xv[i] = row < M && kk < s1 * KSTEP ? *(const float4 *)(a.x + (i64)row * a.k + kk)
-                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const bool in = row < M && kk < s1 * KSTEP;
+            const i64 xr = in && a.x_rows ? a.x_rows[row] : row;
+            xv[i] = in ? *(const float4 *)(a.x + xr * a.k + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
     /* The first weights stream in while the previous kernel may still be
@@ -306,7 +307,7 @@ struct gemm_group_args {
     const int *first;         /* [n_experts + 1] */
     int n_experts, tile_rows, blocks_per_tile;
 };
-static_assert(sizeof(gemm_group_args) == 248, "mirrored by gemm_group_args in cuda_gemm.c");
+static_assert(sizeof(gemm_group_args) == 256, "mirrored by gemm_group_args in cuda_gemm.c");
 
 /* Tile t of the call: tile[0] its expert (-1: no such tile), tile[1] its
  * first gathered row, tile[2] its rows. Warp 0, first[] in shared memory;
@@ -357,7 +358,10 @@ template <int FP8, int NT> __forceinline__ void gemm_group_body(const gemm_group
         const i64 r0 = tile[1];
         a = g.base;
         a.m = tile[2];
-        a.x = g.base.x + r0 * a.k;
+        if (g.base.x_rows) /* the tile's rows through the gather table */
+            a.x_rows = g.base.x_rows + r0;
+        else
+            a.x = g.base.x + r0 * a.k;
         for (int i = 0; i < a.n_w; i++) {
             a.w[i] = g.wtab[(i64)i * g.n_experts + e];
             a.scales[i] = g.stab ? g.stab[(i64)i * g.n_experts + e] : nullptr;

@@ -64,9 +64,10 @@ struct gemm_args {
     int *am_idx;                   /* argmax: [m][row blocks] its column */
     int *am_bad;                   /* argmax: [m] the row holds a NaN or +inf (reset by the finish) */
     const float *gate;             /* gated add: [m] gate logits */
+    const int *x_rows;             /* gemm.cu, or NULL: activation row r is x's row x_rows[r] (gathered rows) */
     int m, n_w, split, mode, store;
 };
-static_assert(sizeof(gemm_args) == 208, "mirrored by gemm_args in cuda_gemm.c");
+static_assert(sizeof(gemm_args) == 216, "mirrored by gemm_args in cuda_gemm.c");
 
 /* The bf16 hi/lo split of four consecutive activations as one 16-byte B
  * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
