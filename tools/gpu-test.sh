@@ -60,6 +60,8 @@
 # commit) builds that tree's CLI too and alternates the two benches
 # (GPU_TEST_AB_BENCH: other bench arguments, GPU_TEST_AB_ROUNDS: rounds,
 # default 2, GPU_TEST_AB_LIMIT: the step's seconds, default 200);
+# GPU_TEST_AB_OPS=SECTION,...: each round also times those sections of
+# cuda_ops_check on both sides (the baseline's own ops check, built too);
 # GPU_TEST_AB_ENV="VAR=VALUE ..." runs "this" side with those variables
 # (alone: the same binary with and without them; the ops check runs once
 # more with them too);
@@ -261,7 +263,12 @@ if want bench; then
         ab_build() {
             rm -rf "$B/ab" && mkdir -p "$B/ab" && tar -xf "$GPU_TEST_AB" -C "$B/ab" &&
                 (cd "$B/ab" && gcc $CFLAGS $OMP $MFLAGS -o dflash $(ls src/cli/*.c) \
-                    $(find src -name '*.c' ! -path 'src/cli/*' | sort) $LIBS $CLI_LIBS -ldl -lm)
+                    $(find src -name '*.c' ! -path 'src/cli/*' | sort) $LIBS $CLI_LIBS -ldl -lm &&
+                    if [ -n "${GPU_TEST_AB_OPS:-}" ]; then
+                        gcc $CFLAGS $OMP -o cuda_ops_check tools/cuda/cuda_ops_check.c $(ls src/core/*.c) \
+                            src/backend/backend.c src/backend/stage_moe.c $(ls src/backend/cpu/*.c) \
+                            $(ls src/backend/cuda/*.c) -ldl -lm
+                    fi)
         }
         ab_bench() {
             local round who bin
@@ -271,6 +278,12 @@ if want bench; then
                     [ "$who" = baseline ] && [ -n "${GPU_TEST_AB:-}" ] && bin="$B/ab/dflash"
                     [ "$who" = this ] && [ -n "${GPU_TEST_AB_ENV:-}" ] && bin="env $GPU_TEST_AB_ENV $B/dflash"
                     echo "### $who, round $round"
+                    if [ -n "${GPU_TEST_AB_OPS:-}" ]; then
+                        local ops="$B/cuda_ops_check"
+                        [ "$who" = baseline ] && [ -n "${GPU_TEST_AB:-}" ] && ops="$B/ab/cuda_ops_check"
+                        [ "$who" = this ] && [ -n "${GPU_TEST_AB_ENV:-}" ] && ops="env $GPU_TEST_AB_ENV $ops"
+                        $ops --only "$GPU_TEST_AB_OPS" | sed -n '/shape (timed)/,/^$/p' || return 1
+                    fi
                     if [ -n "${GPU_TEST_AB_BENCH:-}" ]; then
                         $bin bench --device cuda $GPU_TEST_AB_BENCH || return 1
                         continue

@@ -99,10 +99,13 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
 
     /* Chunk loads: this thread's weights (L x rows g, g+8) and its share of
      * the activations (XV float4: staged element e = threadIdx.x + i * 256
-     * is row e / (KC / 4), float4 e % (KC / 4)). */
+     * is row e / (KC / 4), float4 e % (KC / 4)); xr[i] is that row's row
+     * of x (-1: past m), read through the gather table once, before the
+     * loop, so that no chunk's load waits on another load. */
     const uint4 zero = make_uint4(0, 0, 0, 0);
     uint4 ca[L], cb[L];
     float4 cx[XV];
+    int xr[XV];
     auto load_weights = [&](i64 c0, uint4 *wa, uint4 *wb) {
 #pragma unroll
         for (int u = 0; u < L; u++) {
@@ -114,11 +117,10 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
     auto load_x = [&](i64 c0, float4 *xv) {
 #pragma unroll
         for (int i = 0; i < XV; i++) {
-            const int e = threadIdx.x + i * GM_THREADS, row = e / (KC / 4), q = e % (KC / 4);
+            const int q = (threadIdx.x + i * GM_THREADS) % (KC / 4);
             const i64 kk = c0 * KSTEP + 4 * q;
-            const bool in = row < M && kk < s1 * KSTEP;
-            const i64 xr = in && a.x_rows ? a.x_rows[row] : row;
-            xv[i] = in ? *(const float4 *)(a.x + xr * a.k + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xv[i] = xr[i] >= 0 && kk < s1 * KSTEP ? *(const float4 *)(a.x + (i64)xr[i] * a.k + kk)
+                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
     /* The first weights stream in while the previous kernel may still be
@@ -127,6 +129,11 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
     if (s0 < s1)
         load_weights(s0, ca, cb);
     pdl_wait();
+#pragma unroll
+    for (int i = 0; i < XV; i++) {
+        const int row = (threadIdx.x + i * GM_THREADS) / (KC / 4);
+        xr[i] = row >= M ? -1 : a.x_rows ? a.x_rows[row] : row;
+    }
     if (s0 < s1)
         load_x(s0, cx);
     for (i64 c0 = s0; c0 < s1; c0 += L) {
