@@ -53,6 +53,7 @@ void dflash_levers_reload(void)
     g_levers.cuda_gemm_split = env_int("DFLASH_CUDA_GEMM_SPLIT", 0, 0, 16);
     g_levers.cuda_gemm_wide = env_int("DFLASH_CUDA_GEMM_WIDE", 65, 1, 1 << 30);
     g_levers.cuda_gemm_tile = env_int("DFLASH_CUDA_GEMM_TILE", 0, 0, 128);
+    g_levers.cuda_experts_chain = env_int("DFLASH_CUDA_EXPERTS_CHAIN", 0, 0, 8);
     const int tile = g_levers.cuda_gemm_tile;
     if (tile != 0 && tile != 32 && tile != 64 && tile != 128) {
         fprintf(stderr, "dflash: ignoring DFLASH_CUDA_GEMM_TILE='%d' (expected 32, 64 or 128)\n", tile);

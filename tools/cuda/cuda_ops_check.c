@@ -1419,6 +1419,27 @@ static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I,
         free(o1);
     }
 
+    /* blocks chaining up to 8 work items (DFLASH_CUDA_EXPERTS_CHAIN, as
+     * many as a tile's items allow): the same bits as the default blocks */
+    {
+        float *g0 = xmalloc(nk * I * sizeof(float)), *y0 = xmalloc(nk * H * sizeof(float));
+        gpu_get(g0, a.gu.out[0], nk * I * sizeof(float));
+        gpu_get(y0, a.dn.out[0], nk * H * sizeof(float));
+        dflash_experts_args gu = a.gu, dn = a.dn;
+        gu.out[0] = gpu_poison(nk * I), gu.out[1] = gpu_poison(nk * I);
+        dn.x = gu.out[0], dn.out[0] = gpu_poison(nk * H);
+        setenv("DFLASH_CUDA_EXPERTS_CHAIN", "8", 1);
+        dflash_levers_reload();
+        MUST(dflash_be_linear_experts(g_gpu, &gu));
+        MUST(dflash_be_linear_experts(g_gpu, &dn));
+        unsetenv("DFLASH_CUDA_EXPERTS_CHAIN");
+        dflash_levers_reload();
+        check_exact("linear_experts chained swiglu", shape, gu.out[0], g0, nk * I * sizeof(float));
+        check_exact("linear_experts chained down", shape, dn.out[0], y0, nk * H * sizeof(float));
+        free(g0);
+        free(y0);
+    }
+
     /* a row alone: routed alone (its gathered rows are its k experts in
      * order), through both projections; the same bits as in the batch */
     float *yb = xmalloc(nk * H * sizeof(float)), *y1 = xmalloc((size_t)k * H * sizeof(float));
@@ -2233,6 +2254,11 @@ int main(int argc, char **argv)
         case_moe(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0);
         case_moe(DFLASH_DTYPE_BF16, 100, 8, 2, 256, 96, 0);
         case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 256, 128, 0);
+        /* long K: gate/up split 8 ways, so chained blocks take a row
+         * block's slices, and the down projection's chains cross row
+         * blocks; 1088 leaves a short last chunk */
+        case_moe(DFLASH_DTYPE_BF16, 16, 16, 4, 1024, 128, 0);
+        case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 1088, 128, 0);
         case_moe(DFLASH_DTYPE_BF16, 5, 257, 8, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 40, 512, 10, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 3, DFLASH_ROUTE_MAX_EXPERTS, 8, 256, 64, 0);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "core/levers.h"
 
 /* Mirrors struct gemm_args in kernels/gemm_mma.cuh (passed by value). */
 typedef struct gemm_args {
@@ -37,6 +38,7 @@ typedef struct gemm_group_args {
     const float *const *stab;
     const int32_t *first;
     int n_experts, tile_rows, blocks_per_tile;
+    int chain;
 } gemm_group_args;
 _Static_assert(sizeof(gemm_group_args) == 256, "gemm_group_args must match kernels/gemm.cu");
 
@@ -348,11 +350,29 @@ static int experts_gemm_ok(const dflash_experts_args *a)
     return 1;
 }
 
+/* Work items per block of the grouped kernel: the most (a power of two
+ * up to 8 dividing a tile's items) that still leaves three waves of
+ * blocks over the tiles the rows can fill at most (one an expert, as the
+ * rows are spread; a single row's few experts get one item a block).
+ * Chaining only changes which block computes an item, never its sums, so
+ * it may depend on the row count. DFLASH_CUDA_EXPERTS_CHAIN=N takes the
+ * most up to N instead (read at each call: the ops check compares). */
+static int experts_chain(const cuda_ctx *c, int64_t busy_tiles, int64_t per_tile)
+{
+    const int64_t want = 3LL * 2 * c->sm_count; /* three waves of two blocks per SM */
+    const int lever = dflash_levers_get()->cuda_experts_chain, most = lever > 0 ? lever : 8;
+    int chain = 1;
+    while (chain * 2 <= most && per_tile % (chain * 2) == 0 &&
+           (lever > 0 || busy_tiles * per_tile / (chain * 2) >= want))
+        chain *= 2;
+    return chain;
+}
+
 /* One launch of gemm.cu's grouped kernel over every expert's tiles: tiles
  * of 8 NT rows (NT from the most rows one expert may have), at most
- * min(experts, rows) + rows / tile of them, each rb x split blocks; the
- * split from the shape and the experts a row activates, never from the
- * row count. */
+ * min(experts, rows) + rows / tile of them, each rb x split work items,
+ * `chain` of them a block; the split from the shape and the experts a row
+ * activates, never from the row count. */
 dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args *a)
 {
     cuda_ctx *c = CTX(be);
@@ -403,6 +423,7 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
     g.n_experts = a->n_experts;
     g.tile_rows = tm;
     g.blocks_per_tile = (int)per_tile;
+    g.chain = experts_chain(c, a->n_experts < a->rows ? a->n_experts : a->rows, per_tile);
     void *args[] = { &g };
-    return cuda_launch(c, fp8 ? k_fp8[t] : k_bf16[t], (unsigned)(tiles * per_tile), 1, 256, args);
+    return cuda_launch(c, fp8 ? k_fp8[t] : k_bf16[t], (unsigned)(tiles * per_tile / g.chain), 1, 256, args);
 }

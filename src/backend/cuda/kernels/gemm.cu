@@ -22,7 +22,10 @@
  * request). */
 #include "gemm_mma.cuh"
 
-#define GM_SPLIT_BATCH 16 /* split-K partials (a float4 each) a thread requests together */
+/* split-K partials (a float4 each) a thread requests together; 8 where the
+ * next work item's chunk is held in registers meanwhile */
+#define GM_SPLIT_BATCH 16
+#define GM_SPLIT_BATCH_CHAIN 8
 /* 16-byte weight loads per weight row per thread per chunk (a chunk is
  * loaded while the previous one is multiplied). */
 #define GM_LOADS(FP8, NT) ((NT) >= 8 ? ((FP8) ? 1 : 2) : (NT) >= 4 || (FP8) ? 2 : 4)
@@ -50,183 +53,67 @@ __forceinline__ i64 gm_ws_off(const gemm_args &a, int seg)
     return off;
 }
 
-/* Block `bid` of a call's blocks (row block bid / split, slice bid % split). */
-template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i64 bid)
+/* Where a block's work item `bid` (row block bid / split, slice bid %
+ * split) lies, for this thread: its weight (segment), row block within it,
+ * slice and chunk range, and the start of the two weight rows it loads. */
+struct gm_item {
+    const u8 *pa, *pb;
+    i64 rb, rbl, s0, s1;
+    int s, seg;
+    bool ok_a, ok_b;
+};
+
+template <int FP8> __forceinline__ gm_item gm_item_at(const gemm_args &a, i64 bid)
 {
-    constexpr int KSTEP = FP8 ? 64 : 32; /* k covered by one 16-byte load across a thread group */
-    constexpr int ESZ = FP8 ? 1 : 2;
-    constexpr int L = GM_LOADS(FP8, NT);
-    constexpr int KC = L * KSTEP;       /* k per chunk */
-    constexpr int XW = KC / 4 + 1;      /* uint4 per staged activation row (+1: no bank conflicts) */
-    constexpr int MP = NT * 8;          /* activation rows the tiles cover */
-    constexpr int XS_BYTES = MP * XW * 16, RED_BYTES = GM_WARPS * 16 * MP * 4;
-    constexpr int XV = MP * (KC / 4) / GM_THREADS; /* float4 of a chunk each thread stages */
-    __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
-    __shared__ int is_last;
-    uint4 *xs = (uint4 *)smem;
-    float(*red)[16][MP] = (float(*)[16][MP])smem;
-
+    constexpr int KSTEP = FP8 ? 64 : 32, ESZ = FP8 ? 1 : 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int S = a.split, M = a.m;
-    const i64 rb = bid / S;
-    const int s = (int)(bid % S);
+    const int S = a.split;
     const bool swiglu = a.mode == GM_SWIGLU;
-
-    /* This block's weight (segment) and first row; this warp's rows. */
-    int seg = 0;
-    i64 rbl = rb; /* row block within its segment */
+    gm_item it;
+    it.rb = bid / S;
+    it.s = (int)(bid % S);
+    it.seg = 0;
+    it.rbl = it.rb;
     if (!swiglu)
-        while (seg < a.n_w - 1 && rbl >= a.blocks[seg]) {
-            rbl -= a.blocks[seg];
-            seg++;
+        while (it.seg < a.n_w - 1 && it.rbl >= a.blocks[it.seg]) {
+            it.rbl -= a.blocks[it.seg];
+            it.seg++;
         }
     const int rows_per_block = swiglu ? GM_RB / 2 : GM_RB;
-    const int wseg = swiglu ? warp / 4 : seg;
-    const i64 row_a = rbl * rows_per_block + (swiglu ? warp % 4 : warp) * 16 + g, row_b = row_a + 8;
-    const i64 nseg = a.n[wseg];
+    const int wseg = swiglu ? warp / 4 : it.seg;
+    const i64 row_a = it.rbl * rows_per_block + (swiglu ? warp % 4 : warp) * 16 + g, row_b = row_a + 8;
     const u8 *wbase = (const u8 *)a.w[wseg];
-    const u8 *pa = wbase + (row_a * a.k + (i64)t * (KSTEP / 4)) * ESZ;
-    const u8 *pb = wbase + (row_b * a.k + (i64)t * (KSTEP / 4)) * ESZ;
-    const bool ok_a = row_a < nseg, ok_b = row_b < nseg;
-
+    it.pa = wbase + (row_a * a.k + (i64)t * (KSTEP / 4)) * ESZ;
+    it.pb = wbase + (row_b * a.k + (i64)t * (KSTEP / 4)) * ESZ;
+    it.ok_a = row_a < a.n[wseg];
+    it.ok_b = row_b < a.n[wseg];
     const i64 steps = a.k / KSTEP, per = (steps + S - 1) / S;
-    const i64 s0 = (i64)s * per, s1 = s0 + per < steps ? s0 + per : steps;
+    it.s0 = (i64)it.s * per;
+    it.s1 = it.s0 + per < steps ? it.s0 + per : steps;
+    return it;
+}
 
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
-    /* Chunk loads: this thread's weights (L x rows g, g+8) and its share of
-     * the activations (XV float4: staged element e = threadIdx.x + i * 256
-     * is row e / (KC / 4), float4 e % (KC / 4)); xr[i] is that row's row
-     * of x (-1: past m), read through the gather table once, before the
-     * loop, so that no chunk's load waits on another load. */
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    uint4 ca[L], cb[L];
-    float4 cx[XV];
-    int xr[XV];
-    auto load_weights = [&](i64 c0, uint4 *wa, uint4 *wb) {
-#pragma unroll
-        for (int u = 0; u < L; u++) {
-            const i64 st = c0 + u, off = st * KSTEP * ESZ;
-            wa[u] = ok_a && st < s1 ? load_stream(pa + off) : zero;
-            wb[u] = ok_b && st < s1 ? load_stream(pb + off) : zero;
-        }
-    };
-    auto load_x = [&](i64 c0, float4 *xv) {
-#pragma unroll
-        for (int i = 0; i < XV; i++) {
-            const int q = (threadIdx.x + i * GM_THREADS) % (KC / 4);
-            const i64 kk = c0 * KSTEP + 4 * q;
-            xv[i] = xr[i] >= 0 && kk < s1 * KSTEP ? *(const float4 *)(a.x + (i64)xr[i] * a.k + kk)
-                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-    };
-    /* The first weights stream in while the previous kernel may still be
-     * finishing (weights are never written); everything else waits. */
-    pdl_trigger();
-    if (s0 < s1)
-        load_weights(s0, ca, cb);
-    pdl_wait();
-#pragma unroll
-    for (int i = 0; i < XV; i++) {
-        const int row = (threadIdx.x + i * GM_THREADS) / (KC / 4);
-        xr[i] = row >= M ? -1 : a.x_rows ? a.x_rows[row] : row;
-    }
-    if (s0 < s1)
-        load_x(s0, cx);
-    for (i64 c0 = s0; c0 < s1; c0 += L) {
-        /* stage this chunk's activations, split, for all warps */
-#pragma unroll
-        for (int i = 0; i < XV; i++) {
-            const int e = threadIdx.x + i * GM_THREADS;
-            xs[(e / (KC / 4)) * XW + e % (KC / 4)] = split4(cx[i]);
-        }
-        __syncthreads();
-        uint4 na[L], nb[L];
-        load_weights(c0 + L, na, nb);
-        load_x(c0 + L, cx);
-#pragma unroll
-        for (int u = 0; u < L; u++) {
-            if (c0 + u >= s1)
-                break;
-            if (!FP8) {
-                /* bf16: this lane's 8 weights are k = u * 32 + 8t + 0..7 of the chunk */
-                const int idx = u * 8 + 2 * t;
-                mma_step<NT, XW>(acc, ca[u].x, cb[u].x, ca[u].y, cb[u].y, xs, g, idx);
-                mma_step<NT, XW>(acc, ca[u].z, cb[u].z, ca[u].w, cb[u].w, xs, g, idx + 1);
-            } else {
-                /* fp8: 16 weights, k = u * 64 + 16t + 0..15, four k16 steps */
-                const u32 wa[4] = { ca[u].x, ca[u].y, ca[u].z, ca[u].w }, wb[4] = { cb[u].x, cb[u].y, cb[u].z,
-                                                                                   cb[u].w };
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    mma_step<NT, XW>(acc, fp8x2_to_bf16x2(wa[q]), fp8x2_to_bf16x2(wb[q]),
-                                     fp8x2_to_bf16x2(wa[q] >> 16), fp8x2_to_bf16x2(wb[q] >> 16), xs, g,
-                                     u * 16 + 4 * t + q);
-            }
-        }
-        __syncthreads(); /* the next chunk overwrites xs */
-#pragma unroll
-        for (int u = 0; u < L; u++) {
-            ca[u] = na[u];
-            cb[u] = nb[u];
-        }
-    }
-
-    /* C fragment: (weight row g / g+8, activation rows 8j + 2t, +1). */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        red[warp][g][8 * j + 2 * t] = acc[j][0];
-        red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
-        red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
-        red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
-    }
-    __syncthreads();
-
-    /* The block's outputs: column c of the block (0..127; SwiGLU: 0..63 for
-     * gate, 64..127 for up), activation row m; its column over all
-     * weights and within its own. */
-    /* Workspace row: each weight's columns from a multiple of 4, so the
-     * last block reads four adjacent columns as one float4. */
-    const i64 n_ws = gm_ws_off(a, a.n_w);
-    if (S > 1) {
-        for (int e = threadIdx.x; e < M * GM_RB; e += GM_THREADS) {
-            const int m = e / GM_RB, c = e % GM_RB;
-            const int sg = swiglu ? c / 64 : seg;
-            const i64 col = rbl * rows_per_block + (swiglu ? c % 64 : c);
-            if (col < a.n[sg])
-                __stcg(a.ws + ((i64)s * M + m) * n_ws + gm_ws_off(a, sg) + col, red[c / 16][c % 16][m]);
-        }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            const int prev = atomicAdd(a.counters + rb, 1);
-            is_last = prev == S - 1;
-            if (is_last)
-                a.counters[rb] = 0; /* ready for the next call */
-        }
-        __syncthreads();
-        if (!is_last)
-            return;
-        __threadfence();
-    }
-    /* Final values, four adjacent columns c4..c4+3 of one activation row
-     * per thread: the block's own sums (one slice) or every slice's,
-     * added in slice order; the partials are requested together (below),
-     * so a pass costs ceil(H S / GM_SPLIT_BATCH) round trips to L2, not
-     * one per (slice, column). Without SwiGLU a row's 128 columns are one
-     * warp's 32 quads, so its argmax candidate comes out of one warp
-     * reduction. */
+/* Final values, four adjacent columns c4..c4+3 of one activation row
+ * per thread: the block's own sums (one slice) or every slice's,
+ * added in slice order; the partials are requested together (below),
+ * so a pass costs ceil(H S / B) round trips to L2 (B = GM_SPLIT_BATCH), not
+ * one per (slice, column). Without SwiGLU a row's 128 columns are one
+ * warp's 32 quads, so its argmax candidate comes out of one warp
+ * reduction. */
+template <int FP8, int NT, int B>
+__forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, float (*red)[16][NT * 8], i64 n_ws)
+{
+    const int S = a.split, M = a.m;
+    const bool swiglu = a.mode == GM_SWIGLU;
+    const int rows_per_block = swiglu ? GM_RB / 2 : GM_RB;
     const int n_out = swiglu ? GM_RB / 2 : GM_RB, quads = n_out / 4;
     const int items = M * quads; /* without SwiGLU a multiple of 32: whole warps are in or out */
-    const i64 nseg_out = a.n[swiglu ? 0 : seg];
+    const i64 nseg_out = a.n[swiglu ? 0 : it.seg];
     for (int e0 = 0; e0 < (items + GM_THREADS - 1) / GM_THREADS * GM_THREADS; e0 += GM_THREADS) {
         const int e = e0 + threadIdx.x;
         const bool in = e < items;
         const int m = in ? e / quads : 0, c4 = (e % quads) * 4;
-        const i64 col4 = rbl * rows_per_block + c4;
+        const i64 col4 = it.rbl * rows_per_block + c4;
         bool live[4];
         float y0[4], y1[4];
 #pragma unroll
@@ -245,24 +132,24 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
         } else {
             /* Load l of the H * S this thread needs (SwiGLU: gate and
              * up, H = 2) is slice l % S of half l / S; a batch requests
-             * GM_SPLIT_BATCH of them (more would spill registers), and each
+             * B of them (more would spill registers), and each
              * half's slices are added in slice order. A quad past the
              * weight's end is not loaded (the workspace row ends there);
              * the end of a quad that straddles it is padding, loaded and
              * unused. */
             const int H = swiglu ? 2 : 1, n_loads = H * S;
             const i64 stride = (i64)M * n_ws, row_off = (i64)m * n_ws + col4;
-            const float *p0 = a.ws + row_off + gm_ws_off(a, swiglu ? 0 : seg), *p1 = a.ws + row_off + gm_ws_off(a, 1);
-            for (int l0 = 0; l0 < n_loads; l0 += GM_SPLIT_BATCH) {
-                float4 part[GM_SPLIT_BATCH];
+            const float *p0 = a.ws + row_off + gm_ws_off(a, swiglu ? 0 : it.seg), *p1 = a.ws + row_off + gm_ws_off(a, 1);
+            for (int l0 = 0; l0 < n_loads; l0 += B) {
+                float4 part[B];
 #pragma unroll
-                for (int b = 0; b < GM_SPLIT_BATCH; b++) {
+                for (int b = 0; b < B; b++) {
                     const int l = l0 + b, h = l >= S, sl = l - h * S;
                     part[b] = l < n_loads && live[0] ? __ldcg((const float4 *)((h ? p1 : p0) + sl * stride))
                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
 #pragma unroll
-                for (int b = 0; b < GM_SPLIT_BATCH; b++) {
+                for (int b = 0; b < B; b++) {
                     const int l = l0 + b;
                     if (l >= n_loads)
                         break;
@@ -282,13 +169,189 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
         }
         float bv = __int_as_float(0x7fc00000);
         int bi = AM_NONE_IDX;
-        gm_emit4<FP8>(a, seg, swiglu, m, col4, live, y0, y1, bv, bi);
+        gm_emit4<FP8>(a, it.seg, swiglu, m, col4, live, y0, y1, bv, bi);
         if (a.mode == GM_ARGMAX) {
             warp_argmax(bv, bi);
             if (in && (threadIdx.x & 31) == 0) {
-                a.am_val[(i64)m * a.blocks[0] + rb] = bv;
-                a.am_idx[(i64)m * a.blocks[0] + rb] = bi;
+                a.am_val[(i64)m * a.blocks[0] + it.rb] = bv;
+                a.am_idx[(i64)m * a.blocks[0] + it.rb] = bi;
             }
+        }
+    }
+}
+
+/* Work items bid .. bid + n_items - 1 of a call, one after the other
+ * (n_items > 1 only with CHAIN, the grouped kernel's items of one tile):
+ * the next item's first chunk streams in during this one's last chunk and
+ * its split-K epilogue, so a block's loads do not stop between items. An
+ * item's arithmetic is the same in any block and order. */
+template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm_args &a, i64 bid, int n_items)
+{
+    constexpr int KSTEP = FP8 ? 64 : 32; /* k covered by one 16-byte load across a thread group */
+    constexpr int ESZ = FP8 ? 1 : 2;
+    constexpr int L = GM_LOADS(FP8, NT);
+    constexpr int KC = L * KSTEP;       /* k per chunk */
+    constexpr int XW = KC / 4 + 1;      /* uint4 per staged activation row (+1: no bank conflicts) */
+    constexpr int MP = NT * 8;          /* activation rows the tiles cover */
+    constexpr int XS_BYTES = MP * XW * 16, RED_BYTES = GM_WARPS * 16 * MP * 4;
+    constexpr int XV = MP * (KC / 4) / GM_THREADS; /* float4 of a chunk each thread stages */
+    __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
+    __shared__ int is_last;
+    uint4 *xs = (uint4 *)smem;
+    float(*red)[16][MP] = (float(*)[16][MP])smem;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int S = a.split, M = a.m;
+    const bool swiglu = a.mode == GM_SWIGLU;
+    const int rows_per_block = swiglu ? GM_RB / 2 : GM_RB;
+
+    /* Chunk loads: this thread's weights (L x rows g, g+8) and its share of
+     * the activations (XV float4: staged element e = threadIdx.x + i * 256
+     * is row e / (KC / 4), float4 e % (KC / 4)); xr[i] is that row's row
+     * of x (-1: past m), read through the gather table once, before the
+     * loop, so that no chunk's load waits on another load. */
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    uint4 ca[L], cb[L];
+    float4 cx[XV];
+    int xr[XV];
+    auto load_weights = [&](const gm_item &it, i64 c0, uint4 *wa, uint4 *wb) {
+#pragma unroll
+        for (int u = 0; u < L; u++) {
+            const i64 st = c0 + u, off = st * KSTEP * ESZ;
+            wa[u] = it.ok_a && st < it.s1 ? load_stream(it.pa + off) : zero;
+            wb[u] = it.ok_b && st < it.s1 ? load_stream(it.pb + off) : zero;
+        }
+    };
+    auto load_x = [&](const gm_item &it, i64 c0, float4 *xv) {
+#pragma unroll
+        for (int i = 0; i < XV; i++) {
+            const int q = (threadIdx.x + i * GM_THREADS) % (KC / 4);
+            const i64 kk = c0 * KSTEP + 4 * q;
+            xv[i] = xr[i] >= 0 && kk < it.s1 * KSTEP ? *(const float4 *)(a.x + (i64)xr[i] * a.k + kk)
+                                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+
+    gm_item cur = gm_item_at<FP8>(a, bid);
+    /* The first weights stream in while the previous kernel may still be
+     * finishing (weights are never written); everything else waits. */
+    pdl_trigger();
+    if (cur.s0 < cur.s1)
+        load_weights(cur, cur.s0, ca, cb);
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < XV; i++) {
+        const int row = (threadIdx.x + i * GM_THREADS) / (KC / 4);
+        xr[i] = row >= M ? -1 : a.x_rows ? a.x_rows[row] : row;
+    }
+    if (cur.s0 < cur.s1)
+        load_x(cur, cur.s0, cx);
+
+    for (int item = 0; item < (CHAIN ? n_items : 1); item++) {
+        const bool more = CHAIN && item + 1 < n_items;
+        bool have_next = false; /* the next item's first chunk is in ca, cb, cx */
+
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (i64 c0 = cur.s0; c0 < cur.s1; c0 += L) {
+            /* stage this chunk's activations, split, for all warps */
+#pragma unroll
+            for (int i = 0; i < XV; i++) {
+                const int e = threadIdx.x + i * GM_THREADS;
+                xs[(e / (KC / 4)) * XW + e % (KC / 4)] = split4(cx[i]);
+            }
+            __syncthreads();
+            uint4 na[L], nb[L];
+            const gm_item nxt = more && c0 + L >= cur.s1 ? gm_item_at<FP8>(a, bid + item + 1) : cur;
+            if (more && c0 + L >= cur.s1 && nxt.s0 < nxt.s1) {
+                load_weights(nxt, nxt.s0, na, nb);
+                load_x(nxt, nxt.s0, cx);
+                have_next = true;
+            } else {
+                load_weights(cur, c0 + L, na, nb);
+                load_x(cur, c0 + L, cx);
+            }
+#pragma unroll
+            for (int u = 0; u < L; u++) {
+                if (c0 + u >= cur.s1)
+                    break;
+                if (!FP8) {
+                    /* bf16: this lane's 8 weights are k = u * 32 + 8t + 0..7 of the chunk */
+                    const int idx = u * 8 + 2 * t;
+                    mma_step<NT, XW>(acc, ca[u].x, cb[u].x, ca[u].y, cb[u].y, xs, g, idx);
+                    mma_step<NT, XW>(acc, ca[u].z, cb[u].z, ca[u].w, cb[u].w, xs, g, idx + 1);
+                } else {
+                    /* fp8: 16 weights, k = u * 64 + 16t + 0..15, four k16 steps */
+                    const u32 wa[4] = { ca[u].x, ca[u].y, ca[u].z, ca[u].w }, wb[4] = { cb[u].x, cb[u].y, cb[u].z,
+                                                                                       cb[u].w };
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        mma_step<NT, XW>(acc, fp8x2_to_bf16x2(wa[q]), fp8x2_to_bf16x2(wb[q]),
+                                         fp8x2_to_bf16x2(wa[q] >> 16), fp8x2_to_bf16x2(wb[q] >> 16), xs, g,
+                                         u * 16 + 4 * t + q);
+                }
+            }
+            __syncthreads(); /* the next chunk overwrites xs */
+#pragma unroll
+            for (int u = 0; u < L; u++) {
+                ca[u] = na[u];
+                cb[u] = nb[u];
+            }
+        }
+
+        /* C fragment: (weight row g / g+8, activation rows 8j + 2t, +1). */
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            red[warp][g][8 * j + 2 * t] = acc[j][0];
+            red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+            red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+            red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+        }
+        __syncthreads();
+
+        /* The block's outputs: column c of the block (0..127; SwiGLU: 0..63 for
+         * gate, 64..127 for up), activation row m; its column over all
+         * weights and within its own. */
+        /* Workspace row: each weight's columns from a multiple of 4, so the
+         * last block reads four adjacent columns as one float4. */
+        const i64 n_ws = gm_ws_off(a, a.n_w);
+        bool last = true;
+        if (S > 1) {
+            for (int e = threadIdx.x; e < M * GM_RB; e += GM_THREADS) {
+                const int m = e / GM_RB, c = e % GM_RB;
+                const int sg = swiglu ? c / 64 : cur.seg;
+                const i64 col = cur.rbl * rows_per_block + (swiglu ? c % 64 : c);
+                if (col < a.n[sg])
+                    __stcg(a.ws + ((i64)cur.s * M + m) * n_ws + gm_ws_off(a, sg) + col, red[c / 16][c % 16][m]);
+            }
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                const int prev = atomicAdd(a.counters + cur.rb, 1);
+                is_last = prev == S - 1;
+                if (is_last)
+                    a.counters[cur.rb] = 0; /* ready for the next call */
+            }
+            __syncthreads();
+            last = is_last;
+            if (!CHAIN && !last)
+                return;
+            if (last)
+                __threadfence();
+        }
+        if (last)
+            gemm_finish<FP8, NT, CHAIN ? GM_SPLIT_BATCH_CHAIN : GM_SPLIT_BATCH>(a, cur, red, n_ws);
+        if (!CHAIN)
+            return;
+        __syncthreads(); /* the next item's staging overwrites red, and is_last */
+        if (!more)
+            break;
+        cur = gm_item_at<FP8>(a, bid + item + 1);
+        if (!have_next && cur.s0 < cur.s1) {
+            load_weights(cur, cur.s0, ca, cb);
+            load_x(cur, cur.s0, cx);
         }
     }
 }
@@ -297,22 +360,25 @@ template <int FP8, int NT> __forceinline__ void gemm_body(const gemm_args &a, i6
 #define GEMM_KERNEL(name, FP8, NT)                                                                            \
     extern "C" __global__ void __launch_bounds__(GM_THREADS, 2) dflash_gemm_##name##_##NT(const gemm_args a) \
     {                                                                                                         \
-        gemm_body<FP8, NT>(a, blockIdx.x);                                                                    \
+        gemm_body<FP8, NT, false>(a, blockIdx.x, 1);                                                          \
     }
 
 /* A MoE layer's experts through one projection (linear_experts in
  * backend.h): gathered rows grouped by expert (first[]), each group cut
- * into tiles of at most 8 NT rows, and each tile a gemm_body call of its
- * own with its expert's weights. A tile's blocks find it from first[]
- * (written by the routing kernel, hence after the dependency wait); blocks
- * past the last tile exit. The split and the arithmetic are gemm_body's,
- * so a row's result does not depend on the rows it shares a tile with. */
+ * into tiles of at most 8 NT rows, and each tile gemm_body's work items
+ * (row blocks x slices) over its expert's weights, `chain` consecutive
+ * items a block. A block finds its tile from first[] (written by the
+ * routing kernel, hence after the dependency wait), once for all its
+ * items; blocks past the last tile exit. The split and the arithmetic
+ * are gemm_body's, so a row's result depends neither on the rows it
+ * shares a tile with nor on the chain. */
 struct gemm_group_args {
     gemm_args base;           /* x, out: the whole call's; w, scales unused; ws and counters shared by the tiles */
     const void *const *wtab;  /* [n_w * n_experts]: expert e's weight i at i * n_experts + e */
     const float *const *stab; /* the same for fp8 scales, or NULL */
     const int *first;         /* [n_experts + 1] */
     int n_experts, tile_rows, blocks_per_tile;
+    int chain; /* consecutive work items of one tile per block (divides blocks_per_tile) */
 };
 static_assert(sizeof(gemm_group_args) == 256, "mirrored by gemm_group_args in cuda_gemm.c");
 
@@ -354,7 +420,7 @@ template <int FP8, int NT> __forceinline__ void gemm_group_body(const gemm_group
     for (int e = threadIdx.x; e <= g.n_experts; e += GM_THREADS)
         s_first[e] = g.first[e];
     __syncthreads();
-    const i64 t = blockIdx.x / g.blocks_per_tile;
+    const i64 item0 = (i64)blockIdx.x * g.chain, t = item0 / g.blocks_per_tile;
     if (threadIdx.x < 32)
         gm_find_tile(s_first, g.n_experts, g.tile_rows, t, tile);
     __syncthreads();
@@ -379,7 +445,7 @@ template <int FP8, int NT> __forceinline__ void gemm_group_body(const gemm_group
         a.counters = g.base.counters + t * (g.blocks_per_tile / a.split);
     }
     __syncthreads();
-    gemm_body<FP8, NT>(a, blockIdx.x % g.blocks_per_tile);
+    gemm_body<FP8, NT, true>(a, item0 % g.blocks_per_tile, g.chain);
 }
 
 #define GEMM_GROUP_KERNEL(name, FP8, NT)                                                                  \
