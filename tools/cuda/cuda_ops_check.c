@@ -209,11 +209,12 @@ static void free_weight(wpair *w)
 /* ---- results ------------------------------------------------------------ */
 
 typedef struct result {
-    char op[24], shape[112];
+    char op[40], shape[112];
     double err, tol;
     int pass;
 } result;
-static result g_res[1024];
+#define MAX_RESULTS 4096
+static result g_res[MAX_RESULTS];
 static int g_nres;
 
 typedef struct perf {
@@ -246,8 +247,10 @@ static double rel_err(const float *g, const float *c, size_t n)
 
 static void record(const char *op, const char *shape, double err, double tol)
 {
-    if (g_nres == 1024)
-        return;
+    if (g_nres == MAX_RESULTS) { /* never silently: a result past the table would go unseen */
+        fprintf(stderr, "cuda_ops_check: more than %d results; raise MAX_RESULTS\n", MAX_RESULTS);
+        exit(2);
+    }
     result *r = &g_res[g_nres++];
     snprintf(r->op, sizeof r->op, "%s", op);
     snprintf(r->shape, sizeof r->shape, "%s", shape);
