@@ -58,7 +58,8 @@
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
 # bench (CSV in the logs; GPU_TEST_NCU_TIMES_BENCH: other bench arguments); GPU_TEST_AB=FILE.tar (a `git archive` of another
 # commit) builds that tree's CLI too and alternates the two benches
-# (GPU_TEST_AB_BENCH: other bench arguments, GPU_TEST_AB_ROUNDS: rounds,
+# (GPU_TEST_AB_BENCH: other bench arguments, several sets separated by
+# ';', each a bench of its own; GPU_TEST_AB_ROUNDS: rounds,
 # default 2, GPU_TEST_AB_LIMIT: the step's seconds, default 200);
 # GPU_TEST_AB_OPS=SECTION,...: each round also times those sections of
 # cuda_ops_check on both sides (the baseline's own ops check, built too);
@@ -285,7 +286,11 @@ if want bench; then
                         $ops --only "$GPU_TEST_AB_OPS" | sed -n '/shape (timed)/,/^$/p' || return 1
                     fi
                     if [ -n "${GPU_TEST_AB_BENCH:-}" ]; then
-                        $bin bench --device cuda $GPU_TEST_AB_BENCH || return 1
+                        local args ab_sets
+                        IFS=';' read -ra ab_sets <<<"$GPU_TEST_AB_BENCH"
+                        for args in "${ab_sets[@]}"; do
+                            $bin bench --device cuda $args || return 1
+                        done
                         continue
                     fi
                     $bin bench --device cuda --preset seed-drafter --ctx 4096 || return 1
