@@ -99,7 +99,8 @@ typedef struct bench_args {
     int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
     int rows[BENCH_MAX_WIDTHS]; /* verify widths; n_rows 0: 16 */
     int n_sess, sess[BENCH_MAX_SESS]; /* --sessions: sequences per forward */
-    const char *profile; /* --profile: the op (row name) whose first timed call is profiled */
+    const char *profile;   /* --profile as given (for the CPU's "ignored" message) */
+    unsigned profile_mask; /* bit i: the row k_profile_rows[i] is profiled */
 } bench_args;
 
 static void usage(FILE *f)
@@ -176,26 +177,15 @@ static void usage(FILE *f)
 }
 
 /* --profile's names: the rows a call can be profiled in. */
-static int profile_name_ok(const char *p, size_t n)
-{
-    static const char *const names[] = { "propose", "verify", "decode", "step" };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (n == strlen(names[i]) && !strncmp(p, names[i], n))
-            return 1;
-    return 0;
-}
+static const char *const k_profile_rows[] = { "propose", "verify", "decode", "step" };
 
-/* Whether `name` is in --profile's comma-separated list. */
-static int profiled(const char *list, const char *name)
+/* The index of the row named by p[0 .. n) in k_profile_rows, or -1. */
+static int profile_row(const char *p, size_t n)
 {
-    const size_t len = strlen(name);
-    for (const char *p = list; p && *p;) {
-        const size_t n = strcspn(p, ",");
-        if (n == len && !strncmp(p, name, n))
-            return 1;
-        p += n + (p[n] == ',');
-    }
-    return 0;
+    for (size_t i = 0; i < sizeof k_profile_rows / sizeof k_profile_rows[0]; i++)
+        if (n == strlen(k_profile_rows[i]) && !strncmp(p, k_profile_rows[i], n))
+            return (int)i;
+    return -1;
 }
 
 static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
@@ -300,13 +290,16 @@ static int parse(int argc, char **argv, bench_args *a)
         } else if (!strcmp(o, "--profile")) {
             if (!(v = cli_value(argc, argv, &i)))
                 return 0;
+            a->profile_mask = 0;
             for (const char *p = v; *p;) {
                 const size_t n = strcspn(p, ",");
-                if (!profile_name_ok(p, n)) {
+                const int row = profile_row(p, n);
+                if (row < 0) {
                     fprintf(stderr, "dflash bench: --profile expects propose, verify, decode or step (comma-separated), "
                                     "got '%s'\n", v);
                     return 0;
                 }
+                a->profile_mask |= 1u << row;
                 p += n + (p[n] == ',');
             }
             a->profile = v;
@@ -426,7 +419,8 @@ static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double 
     for (int i = -BENCH_WARMUP; i < reps; i++) {
         if (i == 0 && counts && o->counters)
             o->counters(r->be, &c0);
-        const int prof = i == 0 && r->cuda && op->name && profiled(r->a->profile, op->name);
+        const int row = op->name ? profile_row(op->name, strlen(op->name)) : -1;
+        const int prof = i == 0 && r->cuda && row >= 0 && (r->a->profile_mask >> row & 1u);
         if (prof)
             DFLASH_TRY(dflash_cuda_profile(r->be, 1));
         double t0 = 0, t;

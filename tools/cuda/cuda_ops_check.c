@@ -209,7 +209,7 @@ static void free_weight(wpair *w)
 /* ---- results ------------------------------------------------------------ */
 
 typedef struct result {
-    char op[40], shape[112];
+    char op[64], shape[112];
     double err, tol;
     int pass;
 } result;
