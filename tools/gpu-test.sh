@@ -119,7 +119,12 @@ want() { # group: check | bench | model
     case "$ONLY" in all) return 0 ;; "$1") return 0 ;; check) [ "$1" = model ] ;; *) return 1 ;; esac
 }
 
-SRC="$(ls src/core/*.c) src/backend/backend.c src/backend/stage_moe.c $(ls src/backend/cpu/*.c) $(ls src/backend/cuda/*.c)"
+# the library without the model code (the check programs' sources), as
+# listed in the current folder: this tree's, or a baseline's (GPU_TEST_AB)
+lib_sources() {
+    echo "$(ls src/core/*.c) src/backend/backend.c src/backend/stage_moe.c $(ls src/backend/cpu/*.c) $(ls src/backend/cuda/*.c)"
+}
+SRC="$(lib_sources)"
 CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE"
 OMP=-fopenmp
 echo 'int main(void){return 0;}' >"$B/omp.c"
@@ -266,9 +271,7 @@ if want bench; then
                 (cd "$B/ab" && gcc $CFLAGS $OMP $MFLAGS -o dflash $(ls src/cli/*.c) \
                     $(find src -name '*.c' ! -path 'src/cli/*' | sort) $LIBS $CLI_LIBS -ldl -lm &&
                     if [ -n "${GPU_TEST_AB_OPS:-}" ]; then
-                        gcc $CFLAGS $OMP -o cuda_ops_check tools/cuda/cuda_ops_check.c $(ls src/core/*.c) \
-                            src/backend/backend.c src/backend/stage_moe.c $(ls src/backend/cpu/*.c) \
-                            $(ls src/backend/cuda/*.c) -ldl -lm
+                        gcc $CFLAGS $OMP -o cuda_ops_check tools/cuda/cuda_ops_check.c $(lib_sources) -ldl -lm
                     fi)
         }
         ab_bench() {
