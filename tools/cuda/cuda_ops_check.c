@@ -1336,13 +1336,18 @@ static dflash_status run_experts(void *p)
     return dflash_be_linear_experts(g_gpu, &a->dn);
 }
 
-static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I, int timed)
+/* skewed: every row prefers experts 0..k-1 (they get all n rows each, more
+ * than a tile sized for the mean holds) */
+static void case_moe_routing(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I, int timed, int skewed)
 {
     char shape[112];
-    snprintf(shape, sizeof shape, "%s %d rows, %d experts top %d, %lld x %lld", dflash_dtype_name(dt), n, E, k,
-             (long long)H, (long long)I);
+    snprintf(shape, sizeof shape, "%s %d rows, %d experts top %d, %lld x %lld%s", dflash_dtype_name(dt), n, E, k,
+             (long long)H, (long long)I, skewed ? ", skewed" : "");
     const size_t nk = (size_t)n * k;
     float *logits = rand_f32((size_t)n * E, 3.0f), *x = rand_f32(nk * H, 1.0f);
+    for (int r = 0; skewed && r < n; r++)
+        for (int e = 0; e < k; e++)
+            logits[(size_t)r * E + e] += 20.0f;
     wpair *w = xmalloc((size_t)E * 3 * sizeof *w);
     dflash_weight *wh = xmalloc((size_t)E * 3 * sizeof *wh), *wd = xmalloc((size_t)E * 3 * sizeof *wd);
     const void **ptr = xmalloc((size_t)E * 3 * sizeof *ptr);
@@ -1489,6 +1494,11 @@ static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I,
     free(w), free(wh), free(wd), free(ptr), free(sc), free(ints), free(prob), free(g), free(u), free(y), free(yb);
     free(y1), free(logits), free(x);
     gpu_reset();
+}
+
+static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I, int timed)
+{
+    case_moe_routing(dt, n, E, k, H, I, timed, 0);
 }
 
 /* The driver's device-to-device copy: the ceiling for memory-bound ops. */
@@ -2262,6 +2272,8 @@ int main(int argc, char **argv)
          * blocks; 1088 leaves a short last chunk */
         case_moe(DFLASH_DTYPE_BF16, 16, 16, 4, 1024, 128, 0);
         case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 1088, 128, 0);
+        /* experts with more rows than their tiles (sized for the mean) hold */
+        case_moe_routing(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0, 1);
         case_moe(DFLASH_DTYPE_BF16, 5, 257, 8, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 40, 512, 10, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 3, DFLASH_ROUTE_MAX_EXPERTS, 8, 256, 64, 0);

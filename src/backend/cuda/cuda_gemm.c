@@ -369,7 +369,7 @@ static int experts_chain(const cuda_ctx *c, int64_t busy_tiles, int64_t per_tile
 }
 
 /* One launch of gemm.cu's grouped kernel over every expert's tiles: tiles
- * of 8 NT rows (NT from the most rows one expert may have), at most
+ * of 8 NT rows (NT from the rows a busy expert has on average), at most
  * min(experts, rows) + rows / tile of them, each rb x split work items,
  * `chain` of them a block; the split from the shape and the experts a row
  * activates, never from the row count. */
@@ -404,9 +404,19 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
     g.base.x = a->x_rows ? a->x_src : a->x;
     g.base.x_rows = a->x_rows; /* the gate/up projection reads its rows where they are */
     g.base.split = gemm_split(c, rb * (a->per_row > 0 ? a->per_row : 1), g.base.k / (fp8 ? 64 : 32));
-    const int t = a->max_rows <= 8 ? 0 : a->max_rows <= 16 ? 1 : a->max_rows <= 32 ? 2 : 3;
+    /* Tile rows: a tile costs the mma work of all its rows however many
+     * it holds, and an expert with more rows than a tile reads its
+     * weights once per tile. Routed rows spread over the experts, so the
+     * tile is sized for twice the mean rows of a busy expert (a 16-row
+     * verify of top-8 of 256: 1, so 8-row tiles, not 16), never above
+     * the most one expert can have. Which rows share a tile does not
+     * change any row's sums. */
+    const int64_t busy = a->n_experts < a->rows ? a->n_experts : a->rows;
+    const int64_t mean2 = busy > 0 ? 2 * ((a->rows + busy - 1) / busy) : 1;
+    const int64_t want = a->max_rows < mean2 ? a->max_rows : mean2;
+    const int t = want <= 8 ? 0 : want <= 16 ? 1 : want <= 32 ? 2 : 3;
     const int tm = 8 << t;
-    const int64_t tiles = (a->n_experts < a->rows ? a->n_experts : a->rows) + a->rows / tm;
+    const int64_t tiles = busy + a->rows / tm; /* sum over experts of ceil(rows_e / tm) is at most this */
     const int64_t per_tile = rb * g.base.split;
     if (tiles * per_tile > 0x7fffffff)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear_experts: %lld tiles of %lld blocks",
@@ -423,7 +433,7 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
     g.n_experts = a->n_experts;
     g.tile_rows = tm;
     g.blocks_per_tile = (int)per_tile;
-    g.chain = experts_chain(c, a->n_experts < a->rows ? a->n_experts : a->rows, per_tile);
+    g.chain = experts_chain(c, busy, per_tile);
     void *args[] = { &g };
     return cuda_launch(c, fp8 ? k_fp8[t] : k_bf16[t], (unsigned)(tiles * per_tile / g.chain), 1, 256, args);
 }
