@@ -54,6 +54,12 @@ void dflash_levers_reload(void)
     g_levers.cuda_gemm_wide = env_int("DFLASH_CUDA_GEMM_WIDE", 65, 1, 1 << 30);
     g_levers.cuda_gemm_tile = env_int("DFLASH_CUDA_GEMM_TILE", 0, 0, 128);
     g_levers.cuda_experts_chain = env_int("DFLASH_CUDA_EXPERTS_CHAIN", 0, 0, 8);
+    g_levers.cuda_experts_tile = env_int("DFLASH_CUDA_EXPERTS_TILE", 0, 0, 64);
+    const int et = g_levers.cuda_experts_tile;
+    if (et != 0 && et != 8 && et != 16 && et != 32 && et != 64) {
+        fprintf(stderr, "dflash: ignoring DFLASH_CUDA_EXPERTS_TILE='%d' (expected 8, 16, 32 or 64)\n", et);
+        g_levers.cuda_experts_tile = 0;
+    }
     const int tile = g_levers.cuda_gemm_tile;
     if (tile != 0 && tile != 32 && tile != 64 && tile != 128) {
         fprintf(stderr, "dflash: ignoring DFLASH_CUDA_GEMM_TILE='%d' (expected 32, 64 or 128)\n", tile);

@@ -413,7 +413,8 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
      * change any row's sums. */
     const int64_t busy = a->n_experts < a->rows ? a->n_experts : a->rows;
     const int64_t mean2 = busy > 0 ? 2 * ((a->rows + busy - 1) / busy) : 1;
-    const int64_t want = a->max_rows < mean2 ? a->max_rows : mean2;
+    const int lever = dflash_levers_get()->cuda_experts_tile; /* DFLASH_CUDA_EXPERTS_TILE, for measurement */
+    const int64_t want = lever > 0 ? lever : a->max_rows < mean2 ? a->max_rows : mean2;
     const int t = want <= 8 ? 0 : want <= 16 ? 1 : want <= 32 ? 2 : 3;
     const int tm = 8 << t;
     const int64_t tiles = busy + a->rows / tm; /* sum over experts of ceil(rows_e / tm) is at most this */
