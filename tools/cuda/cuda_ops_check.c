@@ -2277,6 +2277,7 @@ int main(int argc, char **argv)
         case_moe(DFLASH_DTYPE_BF16, 5, 257, 8, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 40, 512, 10, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 3, DFLASH_ROUTE_MAX_EXPERTS, 8, 256, 64, 0);
+        case_moe(DFLASH_DTYPE_BF16, 3, 64, 40, 256, 64, 0); /* more than 32 taken: the routing's other path */
         if (!g_small) {
             case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
             case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);

@@ -8,10 +8,12 @@
  * load in flight together: the routing is a chain of latencies, not
  * bytes); a bit per expert marks the taken ones; the k largest
  * probabilities one at a time by warp reduction (the lower expert on ties,
- * as the CPU; a NaN never beats a number); lane 0 then renormalises them
- * in the order taken and sorts them by expert. The softmax's sum is a warp
- * reduction, so a probability may differ from the CPU's by rounding; a
- * row's result depends on its logits only.
+ * as the CPU; a NaN never beats a number), each kept by lane j (more than
+ * 32: written out by lane 0), then renormalised by their sum in the order
+ * taken and placed in expert order (lane j at its rank; beyond 32, lane 0
+ * sorts them in memory). The softmax's sum is a warp reduction, so a
+ * probability may differ from the CPU's by rounding; a row's result
+ * depends on its logits only.
  *
  * Grouping: thread e counts the entries of expert e (the entries staged in
  * shared memory and read four at a time), a block scan (within warps by
@@ -64,7 +66,9 @@ template <int PL> __forceinline__ void mr_route_row(const float *lr, int E, int 
     for (int i = 0; i < PL; i++)
         p[i] /= sum;
     u32 taken = 0; /* bit i: expert lane + 32 i */
-    float top = 0.0f;
+    float top = 0.0f; /* the same sum, in the same order, in every lane */
+    int my_e = -1;    /* k <= 32: lane j keeps the j-th expert taken */
+    float my_p = 0.0f;
     for (int j = 0; j < k; j++) {
         float bv = 0.0f;
         int bi = -1;
@@ -82,18 +86,30 @@ template <int PL> __forceinline__ void mr_route_row(const float *lr, int E, int 
         }
         if ((bi & 31) == lane)
             taken |= 1u << (bi >> 5);
-        if (lane == 0) {
-            expert[j] = bi;
-            prob[j] = bv;
-            top += bv;
+        top += bv;
+        if (k <= 32 && lane == j)
+            my_e = bi, my_p = bv;
+        else if (k > 32 && lane == 0)
+            expert[j] = bi, prob[j] = bv;
+    }
+    if (k <= 32) {
+        /* each lane's entry goes to its rank among the (distinct) experts
+         * taken: the order the CPU's sort by expert gives */
+        int rank = 0;
+        for (int i = 0; i < k; i++)
+            rank += __shfl_sync(0xffffffffu, my_e, i) < my_e;
+        if (lane < k) {
+            expert[rank] = my_e;
+            prob[rank] = norm ? my_p / top : my_p;
         }
+        return;
     }
     if (lane != 0)
         return;
     if (norm)
         for (int j = 0; j < k; j++)
             prob[j] /= top;
-    for (int j = 1; j < k; j++) /* insertion sort by expert: k is small */
+    for (int j = 1; j < k; j++) /* insertion sort by expert */
         for (int i = j; i > 0 && expert[i - 1] > expert[i]; i--) {
             const int e = expert[i];
             const float q = prob[i];
