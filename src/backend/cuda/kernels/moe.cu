@@ -16,9 +16,10 @@
  * depends on its logits only.
  *
  * Grouping: thread e counts the entries of expert e (the entries staged in
- * shared memory and read four at a time), a block scan (within warps by
- * shuffles, then over the warps' totals) gives first[], and a second pass
- * places each entry in row order. */
+ * shared memory, by the rows themselves when they fit one chunk, and read
+ * four at a time), a block scan (within warps by shuffles, then over the
+ * warps' totals) gives first[], and a second pass places each entry in row
+ * order. */
 #include "common.cuh"
 
 #define MR_THREADS 1024
@@ -39,8 +40,11 @@ __forceinline__ bool mr_better(float v, int i, float bv, int bi)
     return bi < 0 || a > b || (a == b && i < bi);
 }
 
-/* Row r by one warp: expert[r k ..], prob[r k ..]; E <= 32 PL. */
-template <int PL> __forceinline__ void mr_route_row(const float *lr, int E, int k, int norm, int *expert, float *prob)
+/* Row r by one warp: expert[r k ..], prob[r k ..]; E <= 32 PL. With k <=
+ * 32 and `staged`, its experts also go to staged[0 .. k) (the grouping's
+ * shared-memory copy). */
+template <int PL>
+__forceinline__ void mr_route_row(const float *lr, int E, int k, int norm, int *expert, float *prob, int *staged)
 {
     const int lane = threadIdx.x & 31;
     float p[PL]; /* logit, then probability, of expert lane + 32 i */
@@ -101,6 +105,8 @@ template <int PL> __forceinline__ void mr_route_row(const float *lr, int E, int 
         if (lane < k) {
             expert[rank] = my_e;
             prob[rank] = norm ? my_p / top : my_p;
+            if (staged)
+                staged[rank] = my_e;
         }
         return;
     }
@@ -119,15 +125,16 @@ template <int PL> __forceinline__ void mr_route_row(const float *lr, int E, int 
 }
 
 /* How many of entries [0, nk) (staged chunk by chunk) are expert e; with
- * place, also writes src and slot of each of them, from `at` on. */
+ * place, also writes src and slot of each of them, from `at` on. `staged`:
+ * the entries are in `stage` already (one chunk). */
 __forceinline__ int mr_scan(const int *expert, int nk, int k, int e, bool place, int at, int *src, int *slot,
-                            int *stage)
+                            int *stage, bool staged)
 {
     int count = 0;
     for (int c0 = 0; c0 < nk; c0 += MR_CHUNK) {
         const int len = nk - c0 < MR_CHUNK ? nk - c0 : MR_CHUNK;
         __syncthreads(); /* the previous chunk is read by everyone */
-        for (int i = threadIdx.x; i < len; i += blockDim.x)
+        for (int i = threadIdx.x; !staged && i < len; i += blockDim.x)
             stage[i] = expert[c0 + i];
         for (int i = len + threadIdx.x; i < (len + 3) / 4 * 4; i += blockDim.x)
             stage[i] = -1;
@@ -157,12 +164,17 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
     __shared__ int warp_total[MR_THREADS / 32];
     pdl_trigger();
     pdl_wait();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nk = n * k;
+    /* one chunk of entries, each row's kept in registers: the rows write
+     * them to shared memory too, and the grouping never reads them back
+     * from global memory */
+    const bool staged = nk <= MR_CHUNK && k <= 32;
     for (int r = warp; r < n; r += MR_THREADS / 32)
-        mr_route_row<PL>(logits + (i64)r * E, E, k, norm, expert + (i64)r * k, prob + (i64)r * k);
+        mr_route_row<PL>(logits + (i64)r * E, E, k, norm, expert + (i64)r * k, prob + (i64)r * k,
+                         staged ? stage + r * k : nullptr);
     /* every row's experts are written (mr_scan begins with a barrier) */
-    const int e = threadIdx.x, nk = n * k;
-    const int count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage);
+    const int e = threadIdx.x;
+    const int count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage, staged);
     /* inclusive scan over the experts: within each warp, then the warps'
      * totals (one warp), then each warp's offset */
     int incl = warp_incl_sum(count);
@@ -180,7 +192,8 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
         first[e] = at;
     if (e == E - 1)
         first[E] = incl;
-    mr_scan(expert, nk, k, e < E ? e : -2, true, at, src, slot, stage);
+    /* a single chunk is still in `stage` from the count */
+    mr_scan(expert, nk, k, e < E ? e : -2, true, at, src, slot, stage, nk <= MR_CHUNK);
 }
 
 extern "C" __global__ void __launch_bounds__(MR_THREADS) dflash_moe_route(const float *logits, int n, int E, int k,
