@@ -1444,6 +1444,23 @@ static void case_moe_routing(dflash_dtype dt, int n, int E, int k, int64_t H, in
         dflash_levers_reload();
         check_exact("linear_experts chained swiglu", shape, gu.out[0], g0, nk * I * sizeof(float));
         check_exact("linear_experts chained down", shape, dn.out[0], y0, nk * H * sizeof(float));
+        /* every tile size (DFLASH_CUDA_EXPERTS_TILE): the same bits */
+        static const char *const tiles[] = { "8", "16", "32", "64" };
+        for (int i = 0; i < 4; i++) {
+            gu.out[0] = gpu_poison(nk * I), gu.out[1] = gpu_poison(nk * I);
+            dn.x = gu.out[0], dn.out[0] = gpu_poison(nk * H);
+            setenv("DFLASH_CUDA_EXPERTS_TILE", tiles[i], 1);
+            dflash_levers_reload();
+            MUST(dflash_be_linear_experts(g_gpu, &gu));
+            MUST(dflash_be_linear_experts(g_gpu, &dn));
+            unsetenv("DFLASH_CUDA_EXPERTS_TILE");
+            dflash_levers_reload();
+            char op[48];
+            snprintf(op, sizeof op, "linear_experts tile %s swiglu", tiles[i]);
+            check_exact(op, shape, gu.out[0], g0, nk * I * sizeof(float));
+            snprintf(op, sizeof op, "linear_experts tile %s down", tiles[i]);
+            check_exact(op, shape, dn.out[0], y0, nk * H * sizeof(float));
+        }
         free(g0);
         free(y0);
     }
@@ -2278,6 +2295,7 @@ int main(int argc, char **argv)
         case_moe(DFLASH_DTYPE_BF16, 40, 512, 10, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 3, DFLASH_ROUTE_MAX_EXPERTS, 8, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 3, 64, 40, 256, 64, 0); /* more than 32 taken: the routing's other path */
+        case_moe(DFLASH_DTYPE_BF16, 520, 64, 8, 256, 64, 0); /* more entries than one staged chunk (4096) */
         if (!g_small) {
             case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
             case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);

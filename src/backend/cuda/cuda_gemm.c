@@ -407,14 +407,14 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
     /* Tile rows: a tile costs the mma work of all its rows however many
      * it holds, and an expert with more rows than a tile reads its
      * weights once per tile. Routed rows spread over the experts, so the
-     * tile is sized for twice the mean rows of a busy expert (a 16-row
-     * verify of top-8 of 256: 1, so 8-row tiles, not 16), never above
-     * the most one expert can have. Which rows share a tile does not
-     * change any row's sums. */
+     * tile is sized for four times the mean rows of a busy expert (room
+     * for skewed routing; a 16-row verify of top-8 of 256 has a mean of
+     * 1, so 8-row tiles, not 16), never above the most one expert can
+     * have. Which rows share a tile does not change any row's sums. */
     const int64_t busy = a->n_experts < a->rows ? a->n_experts : a->rows;
-    const int64_t mean2 = busy > 0 ? 2 * ((a->rows + busy - 1) / busy) : 1;
+    const int64_t room = busy > 0 ? 4 * ((a->rows + busy - 1) / busy) : 1;
     const int lever = dflash_levers_get()->cuda_experts_tile; /* DFLASH_CUDA_EXPERTS_TILE, for measurement */
-    const int64_t want = lever > 0 ? lever : a->max_rows < mean2 ? a->max_rows : mean2;
+    const int64_t want = lever > 0 ? lever : a->max_rows < room ? a->max_rows : room;
     const int t = want <= 8 ? 0 : want <= 16 ? 1 : want <= 32 ? 2 : 3;
     const int tm = 8 << t;
     const int64_t tiles = busy + a->rows / tm; /* sum over experts of ceil(rows_e / tm) is at most this */
