@@ -11,9 +11,8 @@
  * slice order (a counter per row block), then runs the epilogue. Weights
  * stream from DRAM straight into registers, a chunk ahead of use. The
  * block's activation rows are split into hi/lo once per chunk into shared
- * memory (two buffers, a chunk ahead: one barrier a chunk), where all 8
- * warps read them: activations cost L2 traffic of M / 64 of the weights'
- * (M rows), not a re-read per warp.
+ * memory, where all 8 warps read them: activations cost L2 traffic of
+ * M / 64 of the weights' (M rows), not a re-read per warp.
  *
  * Epilogues (gm_emit4): store (up to three weights with the same K share a
  * launch, each with its own output: q, k, v); SwiGLU (two weights, gate
@@ -194,7 +193,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
     constexpr int KC = L * KSTEP;       /* k per chunk */
     constexpr int XW = KC / 4 + 1;      /* uint4 per staged activation row (+1: no bank conflicts) */
     constexpr int MP = NT * 8;          /* activation rows the tiles cover */
-    constexpr int XS_BYTES = 2 * MP * XW * 16, RED_BYTES = GM_WARPS * 16 * MP * 4; /* two staging buffers */
+    constexpr int XS_BYTES = MP * XW * 16, RED_BYTES = GM_WARPS * 16 * MP * 4;
     constexpr int XV = MP * (KC / 4) / GM_THREADS; /* float4 of a chunk each thread stages */
     __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
     __shared__ int is_last;
@@ -233,14 +232,6 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
         }
     };
 
-    auto stage = [&](const float4 *xv, int b) { /* a chunk's activations, split, into buffer b */
-#pragma unroll
-        for (int i = 0; i < XV; i++) {
-            const int e = threadIdx.x + i * GM_THREADS;
-            xs[b * (MP * XW) + (e / (KC / 4)) * XW + e % (KC / 4)] = split4(xv[i]);
-        }
-    };
-
     gm_item cur = gm_item_at<FP8>(a, bid);
     /* The first weights stream in while the previous kernel may still be
      * finishing (weights are never written); everything else waits. */
@@ -264,31 +255,24 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
 #pragma unroll
         for (int j = 0; j < NT; j++)
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        /* Activations are staged one chunk ahead into the other of two
-         * buffers, so one barrier a chunk separates both the staging from
-         * its readers and the readers from the next overwrite. */
-        if (cur.s0 < cur.s1) {
-            stage(cx, 0);
-            load_x(cur, cur.s0 + L, cx);
-        }
-        __syncthreads();
-        int buf = 0;
-        for (i64 c0 = cur.s0; c0 < cur.s1; c0 += L, buf ^= 1) {
-            const bool last = c0 + L >= cur.s1;
+        for (i64 c0 = cur.s0; c0 < cur.s1; c0 += L) {
+            /* stage this chunk's activations, split, for all warps */
+#pragma unroll
+            for (int i = 0; i < XV; i++) {
+                const int e = threadIdx.x + i * GM_THREADS;
+                xs[(e / (KC / 4)) * XW + e % (KC / 4)] = split4(cx[i]);
+            }
+            __syncthreads();
             uint4 na[L], nb[L];
-            const gm_item nxt = more && last ? gm_item_at<FP8>(a, bid + item + 1) : cur;
-            if (more && last && nxt.s0 < nxt.s1) {
+            const gm_item nxt = more && c0 + L >= cur.s1 ? gm_item_at<FP8>(a, bid + item + 1) : cur;
+            if (more && c0 + L >= cur.s1 && nxt.s0 < nxt.s1) {
                 load_weights(nxt, nxt.s0, na, nb);
-                load_x(nxt, nxt.s0, cx); /* staged at the next item's start */
+                load_x(nxt, nxt.s0, cx);
                 have_next = true;
             } else {
                 load_weights(cur, c0 + L, na, nb);
+                load_x(cur, c0 + L, cx);
             }
-            if (!last) {
-                stage(cx, buf ^ 1);
-                load_x(cur, c0 + 2 * L, cx);
-            }
-            const uint4 *xb = xs + buf * (MP * XW);
 #pragma unroll
             for (int u = 0; u < L; u++) {
                 if (c0 + u >= cur.s1)
@@ -296,8 +280,8 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
                 if (!FP8) {
                     /* bf16: this lane's 8 weights are k = u * 32 + 8t + 0..7 of the chunk */
                     const int idx = u * 8 + 2 * t;
-                    mma_step<NT, XW>(acc, ca[u].x, cb[u].x, ca[u].y, cb[u].y, xb, g, idx);
-                    mma_step<NT, XW>(acc, ca[u].z, cb[u].z, ca[u].w, cb[u].w, xb, g, idx + 1);
+                    mma_step<NT, XW>(acc, ca[u].x, cb[u].x, ca[u].y, cb[u].y, xs, g, idx);
+                    mma_step<NT, XW>(acc, ca[u].z, cb[u].z, ca[u].w, cb[u].w, xs, g, idx + 1);
                 } else {
                     /* fp8: 16 weights, k = u * 64 + 16t + 0..15, four k16 steps */
                     const u32 wa[4] = { ca[u].x, ca[u].y, ca[u].z, ca[u].w }, wb[4] = { cb[u].x, cb[u].y, cb[u].z,
@@ -305,11 +289,11 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
 #pragma unroll
                     for (int q = 0; q < 4; q++)
                         mma_step<NT, XW>(acc, fp8x2_to_bf16x2(wa[q]), fp8x2_to_bf16x2(wb[q]),
-                                         fp8x2_to_bf16x2(wa[q] >> 16), fp8x2_to_bf16x2(wb[q] >> 16), xb, g,
+                                         fp8x2_to_bf16x2(wa[q] >> 16), fp8x2_to_bf16x2(wb[q] >> 16), xs, g,
                                          u * 16 + 4 * t + q);
                 }
             }
-            __syncthreads(); /* buffer buf is staged into again two chunks on */
+            __syncthreads(); /* the next chunk overwrites xs */
 #pragma unroll
             for (int u = 0; u < L; u++) {
                 ca[u] = na[u];
