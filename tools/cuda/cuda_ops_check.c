@@ -1428,22 +1428,30 @@ static void case_moe_routing(dflash_dtype dt, int n, int E, int k, int64_t H, in
     }
 
     /* blocks chaining up to 8 work items (DFLASH_CUDA_EXPERTS_CHAIN, as
-     * many as a tile's items allow): the same bits as the default blocks */
+     * many as a tile's items allow; a chain of a row block's every slice
+     * adds them in the block) and blocks of one item each (every split
+     * through the workspace): the same bits as the default blocks */
     {
         float *g0 = xmalloc(nk * I * sizeof(float)), *y0 = xmalloc(nk * H * sizeof(float));
         gpu_get(g0, a.gu.out[0], nk * I * sizeof(float));
         gpu_get(y0, a.dn.out[0], nk * H * sizeof(float));
         dflash_experts_args gu = a.gu, dn = a.dn;
-        gu.out[0] = gpu_poison(nk * I), gu.out[1] = gpu_poison(nk * I);
-        dn.x = gu.out[0], dn.out[0] = gpu_poison(nk * H);
-        setenv("DFLASH_CUDA_EXPERTS_CHAIN", "8", 1);
-        dflash_levers_reload();
-        MUST(dflash_be_linear_experts(g_gpu, &gu));
-        MUST(dflash_be_linear_experts(g_gpu, &dn));
-        unsetenv("DFLASH_CUDA_EXPERTS_CHAIN");
-        dflash_levers_reload();
-        check_exact("linear_experts chained swiglu", shape, gu.out[0], g0, nk * I * sizeof(float));
-        check_exact("linear_experts chained down", shape, dn.out[0], y0, nk * H * sizeof(float));
+        static const char *const chains[] = { "8", "1" };
+        for (int i = 0; i < 2; i++) {
+            gu.out[0] = gpu_poison(nk * I), gu.out[1] = gpu_poison(nk * I);
+            dn.x = gu.out[0], dn.out[0] = gpu_poison(nk * H);
+            setenv("DFLASH_CUDA_EXPERTS_CHAIN", chains[i], 1);
+            dflash_levers_reload();
+            MUST(dflash_be_linear_experts(g_gpu, &gu));
+            MUST(dflash_be_linear_experts(g_gpu, &dn));
+            unsetenv("DFLASH_CUDA_EXPERTS_CHAIN");
+            dflash_levers_reload();
+            char op[48];
+            snprintf(op, sizeof op, "linear_experts chain %s swiglu", chains[i]);
+            check_exact(op, shape, gu.out[0], g0, nk * I * sizeof(float));
+            snprintf(op, sizeof op, "linear_experts chain %s down", chains[i]);
+            check_exact(op, shape, dn.out[0], y0, nk * H * sizeof(float));
+        }
         /* every tile size (DFLASH_CUDA_EXPERTS_TILE): the same bits */
         static const char *const tiles[] = { "8", "16", "32", "64" };
         for (int i = 0; i < 4; i++) {

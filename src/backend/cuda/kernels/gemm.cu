@@ -94,14 +94,16 @@ template <int FP8> __forceinline__ gm_item gm_item_at(const gemm_args &a, i64 bi
 }
 
 /* Final values, four adjacent columns c4..c4+3 of one activation row
- * per thread: the block's own sums (one slice) or every slice's,
+ * per thread: red's sums (one slice, or `summed`: every slice's, added in
+ * slice order by the block itself) or every slice's from the workspace,
  * added in slice order; the partials are requested together (below),
  * so a pass costs ceil(H S / B) round trips to L2 (B = GM_SPLIT_BATCH), not
  * one per (slice, column). Without SwiGLU a row's 128 columns are one
  * warp's 32 quads, so its argmax candidate comes out of one warp
  * reduction. */
 template <int FP8, int NT, int B>
-__forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, float (*red)[16][NT * 8], i64 n_ws)
+__forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, float (*red)[16][NT * 8], i64 n_ws,
+                                 bool summed)
 {
     const int S = a.split, M = a.m;
     const bool swiglu = a.mode == GM_SWIGLU;
@@ -121,7 +123,7 @@ __forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, float (*
             live[j] = in && col4 + j < nseg_out;
             y0[j] = y1[j] = 0.0f;
         }
-        if (S == 1) {
+        if (S == 1 || summed) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int c = c4 + j;
@@ -184,7 +186,10 @@ __forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, float (*
  * (n_items > 1 only with CHAIN, the grouped kernel's items of one tile):
  * the next item's first chunk streams in during this one's last chunk and
  * its split-K epilogue, so a block's loads do not stop between items. An
- * item's arithmetic is the same in any block and order. */
+ * item's arithmetic is the same in any block and order. When the items
+ * are whole row blocks (every slice of each), the block adds the slices'
+ * sums itself, in slice order from 0, as the workspace pass would: no
+ * partials through L2, no fence, no arrival counter, the same bits. */
 template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm_args &a, i64 bid, int n_items)
 {
     constexpr int KSTEP = FP8 ? 64 : 32; /* k covered by one 16-byte load across a thread group */
@@ -204,6 +209,11 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
     const int S = a.split, M = a.m;
     const bool swiglu = a.mode == GM_SWIGLU;
     const int rows_per_block = swiglu ? GM_RB / 2 : GM_RB;
+    /* 8-row tiles only: the running sums' registers would push the wider
+     * tiles' kernels into spilling (their calls rarely chain a whole row
+     * block anyway) */
+    const bool summed = CHAIN && NT == 1 && S > 1 && n_items % S == 0 && bid % S == 0;
+    float tot[NT][4]; /* summed: the row block's slices so far */
 
     /* Chunk loads: this thread's weights (L x rows g, g+8) and its share of
      * the activations (XV float4: staged element e = threadIdx.x + i * 256
@@ -253,8 +263,11 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
 
         float acc[NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int j = 0; j < NT; j++) {
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            if (cur.s == 0)
+                tot[j][0] = tot[j][1] = tot[j][2] = tot[j][3] = 0.0f;
+        }
         for (i64 c0 = cur.s0; c0 < cur.s1; c0 += L) {
             /* stage this chunk's activations, split, for all warps */
 #pragma unroll
@@ -301,51 +314,62 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
             }
         }
 
-        /* C fragment: (weight row g / g+8, activation rows 8j + 2t, +1). */
+        /* The row block's sum: after its last slice (summed), or this
+         * item's (the workspace adds the slices). */
+        if (summed) {
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            red[warp][g][8 * j + 2 * t] = acc[j][0];
-            red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
-            red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
-            red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[j][i] = tot[j][i] += acc[j][i];
         }
-        __syncthreads();
+        if (!summed || cur.s == S - 1) {
+            /* C fragment: (weight row g / g+8, activation rows 8j + 2t, +1). */
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                red[warp][g][8 * j + 2 * t] = acc[j][0];
+                red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+                red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+                red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+            }
+            __syncthreads();
 
-        /* The block's outputs: column c of the block (0..127; SwiGLU: 0..63 for
-         * gate, 64..127 for up), activation row m; its column over all
-         * weights and within its own. */
-        /* Workspace row: each weight's columns from a multiple of 4, so the
-         * last block reads four adjacent columns as one float4. */
-        const i64 n_ws = gm_ws_off(a, a.n_w);
-        bool last = true;
-        if (S > 1) {
-            for (int e = threadIdx.x; e < M * GM_RB; e += GM_THREADS) {
-                const int m = e / GM_RB, c = e % GM_RB;
-                const int sg = swiglu ? c / 64 : cur.seg;
-                const i64 col = cur.rbl * rows_per_block + (swiglu ? c % 64 : c);
-                if (col < a.n[sg])
-                    __stcg(a.ws + ((i64)cur.s * M + m) * n_ws + gm_ws_off(a, sg) + col, red[c / 16][c % 16][m]);
-            }
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                const int prev = atomicAdd(a.counters + cur.rb, 1);
-                is_last = prev == S - 1;
-                if (is_last)
-                    a.counters[cur.rb] = 0; /* ready for the next call */
-            }
-            __syncthreads();
-            last = is_last;
-            if (!CHAIN && !last)
-                return;
-            if (last)
+            /* The block's outputs: column c of the block (0..127; SwiGLU: 0..63 for
+             * gate, 64..127 for up), activation row m; its column over all
+             * weights and within its own. */
+            /* Workspace row: each weight's columns from a multiple of 4, so the
+             * last block reads four adjacent columns as one float4. */
+            const i64 n_ws = gm_ws_off(a, a.n_w);
+            bool last = true;
+            if (S > 1 && !summed) {
+                for (int e = threadIdx.x; e < M * GM_RB; e += GM_THREADS) {
+                    const int m = e / GM_RB, c = e % GM_RB;
+                    const int sg = swiglu ? c / 64 : cur.seg;
+                    const i64 col = cur.rbl * rows_per_block + (swiglu ? c % 64 : c);
+                    if (col < a.n[sg])
+                        __stcg(a.ws + ((i64)cur.s * M + m) * n_ws + gm_ws_off(a, sg) + col, red[c / 16][c % 16][m]);
+                }
                 __threadfence();
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    const int prev = atomicAdd(a.counters + cur.rb, 1);
+                    is_last = prev == S - 1;
+                    if (is_last)
+                        a.counters[cur.rb] = 0; /* ready for the next call */
+                }
+                __syncthreads();
+                last = is_last;
+                if (!CHAIN && !last)
+                    return;
+                if (last)
+                    __threadfence();
+            }
+            if (last)
+                gemm_finish<FP8, NT, CHAIN ? GM_SPLIT_BATCH_CHAIN : GM_SPLIT_BATCH>(a, cur, red, n_ws, summed);
+            if (!CHAIN)
+                return;
+            __syncthreads(); /* the next item's staging overwrites red, and is_last */
         }
-        if (last)
-            gemm_finish<FP8, NT, CHAIN ? GM_SPLIT_BATCH_CHAIN : GM_SPLIT_BATCH>(a, cur, red, n_ws);
-        if (!CHAIN)
-            return;
-        __syncthreads(); /* the next item's staging overwrites red, and is_last */
         if (!more)
             break;
         cur = gm_item_at<FP8>(a, bid + item + 1);
