@@ -1436,37 +1436,27 @@ static void case_moe_routing(dflash_dtype dt, int n, int E, int k, int64_t H, in
         gpu_get(g0, a.gu.out[0], nk * I * sizeof(float));
         gpu_get(y0, a.dn.out[0], nk * H * sizeof(float));
         dflash_experts_args gu = a.gu, dn = a.dn;
-        static const char *const chains[] = { "8", "1" };
-        for (int i = 0; i < 2; i++) {
+        /* chains, then every tile size (DFLASH_CUDA_EXPERTS_TILE) */
+        static const struct {
+            const char *lever, *value, *what;
+        } runs[] = {
+            { "DFLASH_CUDA_EXPERTS_CHAIN", "8", "chain" }, { "DFLASH_CUDA_EXPERTS_CHAIN", "1", "chain" },
+            { "DFLASH_CUDA_EXPERTS_TILE", "8", "tile" },   { "DFLASH_CUDA_EXPERTS_TILE", "16", "tile" },
+            { "DFLASH_CUDA_EXPERTS_TILE", "32", "tile" },  { "DFLASH_CUDA_EXPERTS_TILE", "64", "tile" },
+        };
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
             gu.out[0] = gpu_poison(nk * I), gu.out[1] = gpu_poison(nk * I);
             dn.x = gu.out[0], dn.out[0] = gpu_poison(nk * H);
-            setenv("DFLASH_CUDA_EXPERTS_CHAIN", chains[i], 1);
+            setenv(runs[i].lever, runs[i].value, 1);
             dflash_levers_reload();
             MUST(dflash_be_linear_experts(g_gpu, &gu));
             MUST(dflash_be_linear_experts(g_gpu, &dn));
-            unsetenv("DFLASH_CUDA_EXPERTS_CHAIN");
+            unsetenv(runs[i].lever);
             dflash_levers_reload();
             char op[48];
-            snprintf(op, sizeof op, "linear_experts chain %s swiglu", chains[i]);
+            snprintf(op, sizeof op, "linear_experts %s %s swiglu", runs[i].what, runs[i].value);
             check_exact(op, shape, gu.out[0], g0, nk * I * sizeof(float));
-            snprintf(op, sizeof op, "linear_experts chain %s down", chains[i]);
-            check_exact(op, shape, dn.out[0], y0, nk * H * sizeof(float));
-        }
-        /* every tile size (DFLASH_CUDA_EXPERTS_TILE): the same bits */
-        static const char *const tiles[] = { "8", "16", "32", "64" };
-        for (int i = 0; i < 4; i++) {
-            gu.out[0] = gpu_poison(nk * I), gu.out[1] = gpu_poison(nk * I);
-            dn.x = gu.out[0], dn.out[0] = gpu_poison(nk * H);
-            setenv("DFLASH_CUDA_EXPERTS_TILE", tiles[i], 1);
-            dflash_levers_reload();
-            MUST(dflash_be_linear_experts(g_gpu, &gu));
-            MUST(dflash_be_linear_experts(g_gpu, &dn));
-            unsetenv("DFLASH_CUDA_EXPERTS_TILE");
-            dflash_levers_reload();
-            char op[48];
-            snprintf(op, sizeof op, "linear_experts tile %s swiglu", tiles[i]);
-            check_exact(op, shape, gu.out[0], g0, nk * I * sizeof(float));
-            snprintf(op, sizeof op, "linear_experts tile %s down", tiles[i]);
+            snprintf(op, sizeof op, "linear_experts %s %s down", runs[i].what, runs[i].value);
             check_exact(op, shape, dn.out[0], y0, nk * H * sizeof(float));
         }
         free(g0);
