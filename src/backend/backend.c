@@ -50,24 +50,36 @@ dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n,
     return be->ops->argmax(be, logits, n, (int)w->rows, ids);
 }
 
-dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                         const float *gate, float *tmp, float *out)
+dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                                  const float *gate, float *tmp, float *out)
 {
-    if (be->ops->linear_gated_add)
-        return be->ops->linear_gated_add(be, x, n, w, gate, tmp, out);
     DFLASH_TRY(be->ops->linear(be, x, n, w, tmp));
     DFLASH_TRY(be->ops->sigmoid_mul(be, tmp, gate, n, w->rows, 1));
     return be->ops->add(be, out, tmp, (size_t)n * (size_t)w->rows);
 }
 
+dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                         const float *gate, float *tmp, float *out)
+{
+    if (be->ops->linear_gated_add)
+        return be->ops->linear_gated_add(be, x, n, w, gate, tmp, out);
+    return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out);
+}
+
+dflash_status dflash_be_norm_gate_composed(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
+                                           const int32_t *pos, int n, int n_heads, int head_dim, float eps)
+{
+    static const dflash_rope no_rotation = { .n_pairs = 0, .attn_factor = 1.0f };
+    DFLASH_TRY(be->ops->norm_rope(be, x, norm, pos, n, n_heads, head_dim, eps, &no_rotation));
+    return be->ops->swiglu(be, z, x, (size_t)n * (size_t)n_heads * (size_t)head_dim, x);
+}
+
 dflash_status dflash_be_norm_gate(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
                                   const int32_t *pos, int n, int n_heads, int head_dim, float eps)
 {
-    static const dflash_rope no_rotation = { .n_pairs = 0, .attn_factor = 1.0f };
     if (be->ops->norm_gate)
         return be->ops->norm_gate(be, x, norm, z, pos, n, n_heads, head_dim, eps);
-    DFLASH_TRY(be->ops->norm_rope(be, x, norm, pos, n, n_heads, head_dim, eps, &no_rotation));
-    return be->ops->swiglu(be, z, x, (size_t)n * (size_t)n_heads * (size_t)head_dim, x);
+    return dflash_be_norm_gate_composed(be, x, norm, z, pos, n, n_heads, head_dim, eps);
 }
 
 dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim)

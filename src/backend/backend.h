@@ -369,6 +369,12 @@ dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int
                                          const float *gate, float *tmp, float *out);
 dflash_status dflash_be_norm_gate(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
                                   const int32_t *pos, int n, int n_heads, int head_dim, float eps);
+/* The compositions those two stages stand for (see the ops above): the
+ * default, and what a backend runs where its own version declines a case. */
+dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                                  const float *gate, float *tmp, float *out);
+dflash_status dflash_be_norm_gate_composed(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
+                                           const int32_t *pos, int n, int n_heads, int head_dim, float eps);
 
 /* MoE stages (stage_moe.c): the default routes on the host (the logits
  * downloaded, the arrays uploaded) and runs linear_group once per expert

@@ -755,9 +755,7 @@ static void case_gated_add(dflash_dtype dt, int n, int64_t N, int64_t K)
     float *dx = gpu_copy(x, (size_t)n * (size_t)K * sizeof(float)), *dg = gpu_copy(g, (size_t)n * sizeof(float));
     float *dfused = gpu_copy(o, on * sizeof(float)), *dcomp = gpu_copy(o, on * sizeof(float)), *dtmp = gpu_poison(on);
     MUST(dflash_be_linear_gated_add(g_gpu, dx, n, &w.d, dg, dtmp, dfused));
-    MUST(g_gpu->ops->linear(g_gpu, dx, n, &w.d, dtmp));
-    MUST(g_gpu->ops->sigmoid_mul(g_gpu, dtmp, dg, n, N, 1));
-    MUST(g_gpu->ops->add(g_gpu, dcomp, dtmp, on));
+    MUST(dflash_be_linear_gated_add_composed(g_gpu, dx, n, &w.d, dg, dtmp, dcomp));
     gpu_get(comp, dcomp, on * sizeof(float));
     check_exact("linear_gated_add == linear, sigmoid_mul, add", shape, dfused, comp, on * sizeof(float));
     check_f32("linear_gated_add", shape, dfused, ref, on, 1e-4);
@@ -921,7 +919,6 @@ static void case_norm_gate(int n, int heads, int hd)
 {
     char shape[112];
     snprintf(shape, sizeof shape, "%d rows x %d heads x %d", n, heads, hd);
-    static const dflash_rope no_rotation = { .n_pairs = 0, .attn_factor = 1.0f };
     const size_t cnt = (size_t)n * heads * hd;
     float *x = rand_f32(cnt, 2.0f), *z = rand_f32(cnt, 3.0f), *nw = rand_f32((size_t)hd, 1.0f);
     float *ref = xmalloc(cnt * sizeof(float)), *comp = xmalloc(cnt * sizeof(float));
@@ -937,8 +934,7 @@ static void case_norm_gate(int n, int heads, int hd)
     float *dz = gpu_copy(z, cnt * sizeof(float));
     int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t));
     MUST(dflash_be_norm_gate(g_gpu, dx, &wd, dz, dpos, n, heads, hd, 1e-6f));
-    MUST(g_gpu->ops->norm_rope(g_gpu, dc, &wd, dpos, n, heads, hd, 1e-6f, &no_rotation));
-    MUST(g_gpu->ops->swiglu(g_gpu, dz, dc, cnt, dc));
+    MUST(dflash_be_norm_gate_composed(g_gpu, dc, &wd, dz, dpos, n, heads, hd, 1e-6f));
     gpu_get(comp, dc, cnt * sizeof(float));
     check_exact("norm_gate == norm_rope, swiglu", shape, dx, comp, cnt * sizeof(float));
     check_f32("norm_gate", shape, dx, ref, cnt, 1e-5);

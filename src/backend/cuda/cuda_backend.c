@@ -432,11 +432,8 @@ static dflash_status cuda_norm_gate(dflash_backend *be, float *x, const dflash_w
     DFLASH_TRY(check_head_norm(norm, head_dim));
     if (n <= 0 || n_heads <= 0 || head_dim <= 0)
         return DFLASH_OK;
-    if (!norm || head_dim % 32 != 0 || head_dim > 256) {
-        static const dflash_rope no_rotation = { .n_pairs = 0, .attn_factor = 1.0f };
-        DFLASH_TRY(cuda_norm_rope(be, x, norm, pos, n, n_heads, head_dim, eps, &no_rotation));
-        return be->ops->swiglu(be, z, x, (size_t)n * (size_t)n_heads * (size_t)head_dim, x);
-    }
+    if (!norm || head_dim % 32 != 0 || head_dim > 256)
+        return dflash_be_norm_gate_composed(be, x, norm, z, pos, n, n_heads, head_dim, eps);
     DFLASH_TRY(cuda_enter(c));
     int ndt = (int)norm->dtype;
     void *args[] = { &x, (void *)&norm->data, &ndt, (void *)&z, &n, &n_heads, &head_dim, &eps };

@@ -330,9 +330,7 @@ dflash_status cuda_linear_gated_add(dflash_backend *be, const float *x, int n, c
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, 1))
         return gemm_launch(c, x, n, w, 1, &out, GEMM_GATED_ADD, gate, NULL);
-    DFLASH_TRY(linear_simt(c, x, n, w, tmp));
-    DFLASH_TRY(cuda_sigmoid_mul(be, tmp, gate, n, w->rows, 1));
-    return be->ops->add(be, out, tmp, (size_t)n * (size_t)w->rows);
+    return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out); /* its linear takes linear_simt */
 }
 
 /* Every expert's weights on the tensor-core kernel, and the tables there? */
