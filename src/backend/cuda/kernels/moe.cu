@@ -15,11 +15,16 @@
  * probability may differ from the CPU's by rounding; a row's result
  * depends on its logits only.
  *
- * Grouping: thread e counts the entries of expert e (the entries staged in
- * shared memory, by the rows themselves when they fit one chunk, and read
- * four at a time), a block scan (within warps by shuffles, then over the
- * warps' totals) gives first[], and a second pass places each entry in row
- * order. */
+ * Grouping: thread e counts the entries of expert e, a block scan (within
+ * warps by shuffles, then over the warps' totals) gives first[], and each
+ * entry is placed in row order. Up to 64 rows (decode, verify), a row
+ * takes an expert at most once, so expert e's rows are a 64-bit mask in
+ * shared memory (set by atomic or, whose result does not depend on the
+ * order): its count is the mask's popcount and an entry's place among its
+ * expert's entries the popcount of the rows below it; every entry is
+ * handled by one thread, once. Beyond that, thread e walks all the entries
+ * (staged in shared memory, by the rows themselves when they fit one
+ * chunk, and read four at a time), once to count and once to place. */
 #include "common.cuh"
 
 #define MR_THREADS 1024
@@ -162,19 +167,32 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
 {
     __shared__ __align__(16) int stage[MR_CHUNK];
     __shared__ int warp_total[MR_THREADS / 32];
+    __shared__ unsigned long long rows_of[DFLASH_ROUTE_MAX_EXPERTS]; /* masks: bit r, row r took expert e */
+    __shared__ int start[DFLASH_ROUTE_MAX_EXPERTS];                 /* masks: first[e] */
     pdl_trigger();
     pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nk = n * k;
     /* one chunk of entries, each row's kept in registers: the rows write
      * them to shared memory too, and the grouping never reads them back
      * from global memory */
-    const bool staged = nk <= MR_CHUNK && k <= 32;
+    const bool staged = nk <= MR_CHUNK && k <= 32, masks = staged && n <= 64;
+    const int e = threadIdx.x;
+    if (masks && e < E)
+        rows_of[e] = 0;
     for (int r = warp; r < n; r += MR_THREADS / 32)
         mr_route_row<PL>(logits + (i64)r * E, E, k, norm, expert + (i64)r * k, prob + (i64)r * k,
                          staged ? stage + r * k : nullptr);
     /* every row's experts are written (mr_scan begins with a barrier) */
-    const int e = threadIdx.x;
-    const int count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage, staged);
+    int count;
+    if (masks) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < nk; i += blockDim.x)
+            atomicOr(&rows_of[stage[i]], 1ull << (i / k));
+        __syncthreads();
+        count = e < E ? __popcll(rows_of[e]) : 0;
+    } else {
+        count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage, staged);
+    }
     /* inclusive scan over the experts: within each warp, then the warps'
      * totals (one warp), then each warp's offset */
     int incl = warp_incl_sum(count);
@@ -192,6 +210,18 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
         first[e] = at;
     if (e == E - 1)
         first[E] = incl;
+    if (masks) {
+        if (e < E)
+            start[e] = at;
+        __syncthreads();
+        for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+            const int x = stage[i], r = i / k;
+            const int pos = start[x] + __popcll(rows_of[x] & ((1ull << r) - 1));
+            src[pos] = r;
+            slot[i] = pos;
+        }
+        return;
+    }
     /* a single chunk is still in `stage` from the count */
     mr_scan(expert, nk, k, e < E ? e : -2, true, at, src, slot, stage, nk <= MR_CHUNK);
 }
