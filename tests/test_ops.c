@@ -286,11 +286,14 @@ static void test_gather_sum(void)
 }
 
 /* linear_gated_add: out += sigmoid(gate[row]) * x W^T, against a naive
- * double recomputation; each row's own gate. */
-static void test_linear_gated_add(void)
+ * double recomputation; each row's own gate. With a routed sum (k terms
+ * a row of src) out is that sum first, whatever it held. */
+static void check_linear_gated_add(int k)
 {
-    enum { N = 4, IN = 19, OUT = 7 };
+    enum { N = 4, IN = 19, OUT = 7, K_MAX = 3 };
     float x[N * IN], w32[OUT * IN], g[N], out[N * OUT], tmp[N * OUT];
+    float src[N * K_MAX * OUT], pw[N * K_MAX];
+    int32_t idx[N * K_MAX];
     double ref[N * OUT];
     for (int i = 0; i < N * IN; i++)
         x[i] = frand();
@@ -300,17 +303,32 @@ static void test_linear_gated_add(void)
         g[i] = 3.0f * frand();
     for (int i = 0; i < N * OUT; i++)
         out[i] = frand();
+    for (int i = 0; i < N * K_MAX * OUT; i++)
+        src[i] = frand();
+    for (int i = 0; i < N * K_MAX; i++) {
+        pw[i] = frand();
+        idx[i] = (i * 5 + 2) % (N * K_MAX); /* a permutation: 5 is prime to 12 */
+    }
     for (int i = 0; i < N; i++)
         for (int r = 0; r < OUT; r++) {
-            double acc = 0;
+            double acc = 0, base = k ? 0 : out[i * OUT + r];
             for (int c = 0; c < IN; c++)
                 acc += (double)x[i * IN + c] * w32[r * IN + c];
-            ref[i * OUT + r] = out[i * OUT + r] + acc / (1.0 + exp(-(double)g[i]));
+            for (int j = 0; j < k; j++)
+                base += (double)pw[i * k + j] * src[idx[i * k + j] * OUT + r];
+            ref[i * OUT + r] = base + acc / (1.0 + exp(-(double)g[i]));
         }
     const dflash_weight w = { DFLASH_DTYPE_F32, OUT, IN, w32, NULL, "down" };
-    CHECK_OK(dflash_be_linear_gated_add(be, x, N, &w, g, tmp, out));
+    const dflash_gather sum = { src, idx, pw, k };
+    CHECK_OK(dflash_be_linear_gated_add(be, x, N, &w, g, tmp, out, k ? &sum : NULL));
     const double e = rel_err(out, ref, N * OUT);
-    CHECKF(e < 1e-6, "rel err %g", e);
+    CHECKF(e < 1e-6, "k %d: rel err %g", k, e);
+}
+
+static void test_linear_gated_add(void)
+{
+    check_linear_gated_add(0);
+    check_linear_gated_add(3);
 }
 
 /* norm_gate: x := silu(z) * RMSNorm_head(x) * w per (row, head), against

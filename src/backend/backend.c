@@ -51,19 +51,21 @@ dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n,
 }
 
 dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                                  const float *gate, float *tmp, float *out)
+                                                  const float *gate, float *tmp, float *out, const dflash_gather *sum)
 {
+    if (sum)
+        DFLASH_TRY(be->ops->gather_sum(be, out, sum->src, sum->idx, sum->w, n, sum->k, w->rows));
     DFLASH_TRY(be->ops->linear(be, x, n, w, tmp));
     DFLASH_TRY(be->ops->sigmoid_mul(be, tmp, gate, n, w->rows, 1));
     return be->ops->add(be, out, tmp, (size_t)n * (size_t)w->rows);
 }
 
 dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                         const float *gate, float *tmp, float *out)
+                                         const float *gate, float *tmp, float *out, const dflash_gather *sum)
 {
     if (be->ops->linear_gated_add)
-        return be->ops->linear_gated_add(be, x, n, w, gate, tmp, out);
-    return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out);
+        return be->ops->linear_gated_add(be, x, n, w, gate, tmp, out, sum);
+    return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out, sum);
 }
 
 dflash_status dflash_be_norm_gate_composed(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,

@@ -162,6 +162,16 @@ enum dflash_act {
     DFLASH_ACT_SWIGLU, /* out[0] = silu(x W[0]^T) * (x W[1]^T) */
 };
 
+/* The arguments of a gather_sum (src [.., cols] rows by idx [n * k], each
+ * times w [n * k], k terms a row), for a stage that adds one in front of
+ * its own result. */
+typedef struct dflash_gather {
+    const float *src;
+    const int32_t *idx;
+    const float *w;
+    int k;
+} dflash_gather;
+
 /* The routing of a MoE layer (moe_route): for each of n rows, softmax of
  * its router logits in f32, the k most probable experts (lowest index
  * first on ties), their probabilities divided by their sum (taken in
@@ -314,10 +324,12 @@ typedef struct dflash_backend_ops {
                                    int32_t *ids);
     /* out [n, W.rows] += sigmoid(gate[i]) * (x W^T) row i (a Qwen3.5-MoE's
      * shared expert: its down projection, its gate and the residual add);
-     * tmp [n, W.rows] is scratch, its content afterwards unspecified. The
-     * composition: linear into tmp, sigmoid_mul, add. */
+     * tmp [n, W.rows] is scratch, its content afterwards unspecified. With
+     * `sum` (or NULL), out is first set to gather_sum of sum's rows (the
+     * layer's routed experts, which the same epilogue can add). The
+     * composition: gather_sum into out, linear into tmp, sigmoid_mul, add. */
     dflash_status (*linear_gated_add)(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                      const float *gate, float *tmp, float *out);
+                                      const float *gate, float *tmp, float *out, const dflash_gather *sum);
     /* x [n, n_heads, head_dim] := silu(z) * RMSNorm_head(x) * norm (a Gated
      * DeltaNet layer's output norm); the composition: norm_rope without
      * rotation (pos: the rows' positions, which it never needs), then
@@ -366,13 +378,13 @@ dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_
 dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                       int32_t *ids);
 dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                         const float *gate, float *tmp, float *out);
+                                         const float *gate, float *tmp, float *out, const dflash_gather *sum);
 dflash_status dflash_be_norm_gate(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
                                   const int32_t *pos, int n, int n_heads, int head_dim, float eps);
 /* The compositions those two stages stand for (see the ops above): the
  * default, and what a backend runs where its own version declines a case. */
 dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                                  const float *gate, float *tmp, float *out);
+                                                  const float *gate, float *tmp, float *out, const dflash_gather *sum);
 dflash_status dflash_be_norm_gate_composed(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
                                            const int32_t *pos, int n, int n_heads, int head_dim, float eps);
 

@@ -217,11 +217,14 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
     ea.out[1] = NULL;
     ea.act = DFLASH_ACT_NONE;
     DFLASH_TRY(dflash_be_linear_experts(be, &ea));
-    DFLASH_TRY(o->gather_sum(be, out, b->y, b->slot, b->prob, n, k, H));
     if (!m->shared_gate.data)
-        return DFLASH_OK;
-    /* transformers adds sigmoid(gate) * shared to the routed sum */
+        return o->gather_sum(be, out, b->y, b->slot, b->prob, n, k, H);
+    /* transformers adds sigmoid(gate) * shared to the routed sum: the
+     * routed sum is written by the shared expert's last stage (a fused
+     * backend adds it in the same epilogue) */
     float *const gu[2] = { b->sh_gate, b->sh_up };
     DFLASH_TRY(dflash_be_linear_group(be, x, n, &m->shared[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
-    return dflash_be_linear_gated_add(be, b->sh_gate, n, &m->shared[QWEN3_MOE_DOWN], b->sh_logit, b->sh_out, out);
+    const dflash_gather routed = { .src = b->y, .idx = b->slot, .w = b->prob, .k = k };
+    return dflash_be_linear_gated_add(be, b->sh_gate, n, &m->shared[QWEN3_MOE_DOWN], b->sh_logit, b->sh_out, out,
+                                      &routed);
 }

@@ -738,33 +738,63 @@ static void case_linear_group(dflash_dtype dt, int n_w, const int64_t *N, int64_
 }
 
 /* linear_gated_add (a MoE's shared expert: down projection, sigmoid gate
- * and residual add in one epilogue): the same bits as the GPU's own
- * composition of linear, sigmoid_mul and add, and the CPU's within the
- * GEMM's tolerance. */
-static void case_gated_add(dflash_dtype dt, int n, int64_t N, int64_t K)
+ * and residual add in one epilogue; with k > 0 the routed experts' sum of
+ * k terms a row written first, in the same epilogue): the same bits as
+ * the GPU's own composition of gather_sum, linear, sigmoid_mul and add,
+ * and the CPU's within the GEMM's tolerance. More than 64 rows also
+ * through gemm.cu's launches of 64 (DFLASH_CUDA_GEMM_WIDE past the row
+ * count): the same bits. */
+static void case_gated_add(dflash_dtype dt, int n, int64_t N, int64_t K, int k)
 {
     char shape[112];
-    snprintf(shape, sizeof shape, "%s W %lld x %lld, %d rows", dflash_dtype_name(dt), (long long)N, (long long)K, n);
+    snprintf(shape, sizeof shape, "%s W %lld x %lld, %d rows, %d routed", dflash_dtype_name(dt), (long long)N,
+             (long long)K, n, k);
     wpair w;
     make_weight(&w, dt, N, K, 2.0f / sqrtf((float)K));
-    const size_t on = (size_t)n * (size_t)N;
+    const size_t on = (size_t)n * (size_t)N, nk = (size_t)n * (size_t)k;
     float *x = rand_f32((size_t)n * (size_t)K, 1.0f), *g = rand_f32((size_t)n, 4.0f), *o = rand_f32(on, 1.0f);
     float *ref = xmalloc(on * sizeof(float)), *tmp = xmalloc(on * sizeof(float)), *comp = xmalloc(on * sizeof(float));
+    /* the routed terms: each of the n k rows of src used once, in shuffled slots */
+    float *src = rand_f32(nk * (size_t)N + 1, 1.0f), *pw = rand_f32(nk + 1, 0.5f);
+    int32_t *idx = xmalloc((nk + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < nk; i++)
+        idx[i] = (int32_t)i;
+    for (size_t i = nk; i > 1; i--) {
+        const size_t j = (size_t)irand((int)i);
+        const int32_t t = idx[i - 1];
+        idx[i - 1] = idx[j], idx[j] = t;
+    }
+    const dflash_gather hsum = { src, idx, pw, k };
+    const dflash_gather dsum = { gpu_copy(src, nk * (size_t)N * sizeof(float) + sizeof(float)),
+                                 gpu_copy(idx, (nk + 1) * sizeof(int32_t)), gpu_copy(pw, (nk + 1) * sizeof(float)), k };
     memcpy(ref, o, on * sizeof(float));
-    MUST(dflash_be_linear_gated_add(g_cpu, x, n, &w.h, g, tmp, ref));
+    MUST(dflash_be_linear_gated_add(g_cpu, x, n, &w.h, g, tmp, ref, k ? &hsum : NULL));
     float *dx = gpu_copy(x, (size_t)n * (size_t)K * sizeof(float)), *dg = gpu_copy(g, (size_t)n * sizeof(float));
-    float *dfused = gpu_copy(o, on * sizeof(float)), *dcomp = gpu_copy(o, on * sizeof(float)), *dtmp = gpu_poison(on);
-    MUST(dflash_be_linear_gated_add(g_gpu, dx, n, &w.d, dg, dtmp, dfused));
-    MUST(dflash_be_linear_gated_add_composed(g_gpu, dx, n, &w.d, dg, dtmp, dcomp));
+    float *dfused = k ? gpu_poison(on) : gpu_copy(o, on * sizeof(float)), *dcomp = gpu_copy(o, on * sizeof(float));
+    float *dtmp = gpu_poison(on);
+    MUST(dflash_be_linear_gated_add(g_gpu, dx, n, &w.d, dg, dtmp, dfused, k ? &dsum : NULL));
+    MUST(dflash_be_linear_gated_add_composed(g_gpu, dx, n, &w.d, dg, dtmp, dcomp, k ? &dsum : NULL));
     gpu_get(comp, dcomp, on * sizeof(float));
-    check_exact("linear_gated_add == linear, sigmoid_mul, add", shape, dfused, comp, on * sizeof(float));
+    check_exact(k ? "linear_gated_add == gather_sum, linear, sigmoid_mul, add" : "linear_gated_add == linear, sigmoid_mul, add",
+                shape, dfused, comp, on * sizeof(float));
     check_f32("linear_gated_add", shape, dfused, ref, on, 1e-4);
+    if (n > 64) {
+        float *dnarrow = k ? gpu_poison(on) : gpu_copy(o, on * sizeof(float));
+        dflash_backend *narrow = backend_with("DFLASH_CUDA_GEMM_WIDE", "100000");
+        MUST(dflash_be_linear_gated_add(narrow, dx, n, &w.d, dg, dtmp, dnarrow, k ? &dsum : NULL));
+        MUST(narrow->ops->sync(narrow));
+        dflash_backend_destroy(narrow);
+        check_exact("linear_gated_add in launches of 64 rows", shape, dnarrow, comp, on * sizeof(float));
+    }
     free(x);
     free(g);
     free(o);
     free(ref);
     free(tmp);
     free(comp);
+    free(src);
+    free(pw);
+    free(idx);
     free_weight(&w);
     gpu_reset();
 }
@@ -2083,8 +2113,10 @@ int main(int argc, char **argv)
              * and a K the tensor-core kernel does not take */
             const int gated_rows[] = { 1, 16, 64, 130 };
             for (int r = 0; r < 4; r++)
-                case_gated_add(d, gated_rows[r], g_small ? 96 : 2048, g_small ? 128 : 512);
-            case_gated_add(d, 5, 96, 100);
+                for (int k = 0; k <= 8; k += 8)
+                    case_gated_add(d, gated_rows[r], g_small ? 96 : 2048, g_small ? 128 : 512, k);
+            case_gated_add(d, 5, 96, 100, 0);
+            case_gated_add(d, 5, 96, 100, 3);
             /* a router and a one-row gate (a MoE's shared expert), also with
              * the gate in f32 (no shared launch: each its own kernel) */
             const int64_t rg[2] = { 64, 1 }, gu2[2] = { 96, 96 };

@@ -27,9 +27,12 @@ typedef struct gemm_args {
     int *am_bad;
     const float *gate;
     const int32_t *x_rows;
-    int m, n_w, split, mode, store;
+    const float *sum_src;
+    const int32_t *sum_idx;
+    const float *sum_w;
+    int m, n_w, split, mode, store, sum_k;
 } gemm_args;
-_Static_assert(sizeof(gemm_args) == 216, "gemm_args must match kernels/gemm_mma.cuh");
+_Static_assert(sizeof(gemm_args) == 240, "gemm_args must match kernels/gemm_mma.cuh");
 
 /* Mirrors struct gemm_group_args in kernels/gemm.cu. */
 typedef struct gemm_group_args {
@@ -40,7 +43,7 @@ typedef struct gemm_group_args {
     int n_experts, tile_rows, blocks_per_tile;
     int chain;
 } gemm_group_args;
-_Static_assert(sizeof(gemm_group_args) == 256, "gemm_group_args must match kernels/gemm.cu");
+_Static_assert(sizeof(gemm_group_args) == 280, "gemm_group_args must match kernels/gemm.cu");
 
 enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2, GEMM_GATED_ADD = 3 }; /* gemm_mma.cuh's GM_* modes */
 #define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */
@@ -201,12 +204,14 @@ static dflash_status gemm_wide_launch(cuda_ctx *c, gemm_args *ga, int n, int64_t
 }
 
 /* The tensor-core launch of out[i] = x W[i]^T (or the SwiGLU pair, or the
- * row argmax into ids, or out[0] += sigmoid(gate) * x W^T): from
+ * row argmax into ids, or out[0] += sigmoid(gate) * x W^T, out[0] first set
+ * to the gather_sum `sum` where given): from
  * c->gemm_wide rows one launch of gemm_wide.cu (where the device has its
  * shared memory), else launches of gemm.cu of at most GEMM_MAX_M rows
  * (each row's result is the same bits in any of them). */
 static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
-                                 float *const *out, int mode, const float *gate, int32_t *ids)
+                                 float *const *out, int mode, const float *gate, const dflash_gather *sum,
+                                 int32_t *ids)
 {
     static const dflash_cuda_kernel_id k_bf16[4] = { DFK_GEMM_BF16_1, DFK_GEMM_BF16_2, DFK_GEMM_BF16_4,
                                                      DFK_GEMM_BF16_8 };
@@ -233,6 +238,12 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     ga.split = gemm_split(c, rb, k_steps);
     ga.x = x;
     ga.gate = gate;
+    if (sum) {
+        ga.sum_src = sum->src;
+        ga.sum_idx = sum->idx;
+        ga.sum_w = sum->w;
+        ga.sum_k = sum->k;
+    }
     for (int i = 0; i < n_w; i++)
         ga.out[i] = out[i];
     const int mt = n >= c->gemm_wide ? wide_tile(c, n, rb, fp8) : 0;
@@ -256,6 +267,10 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
         ga.m = m;
         ga.x = x + (int64_t)r0 * ga.k;
         ga.gate = gate ? gate + r0 : NULL;
+        if (sum) { /* the launch's rows' terms; src is indexed by them */
+            ga.sum_idx = sum->idx + (int64_t)r0 * sum->k;
+            ga.sum_w = sum->w + (int64_t)r0 * sum->k;
+        }
         for (int i = 0; i < n_w; i++)
             ga.out[i] = out[i] ? out[i] + (int64_t)r0 * w[i].rows : NULL;
         void *args[] = { &ga };
@@ -274,7 +289,7 @@ dflash_status cuda_linear(dflash_backend *be, const float *x, int n, const dflas
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, 1))
-        return gemm_launch(c, x, n, w, 1, &out, GEMM_STORE, NULL, NULL);
+        return gemm_launch(c, x, n, w, 1, &out, GEMM_STORE, NULL, NULL, NULL);
     return linear_simt(c, x, n, w, out);
 }
 
@@ -288,7 +303,8 @@ dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, n_w))
-        return gemm_launch(c, x, n, w, n_w, out, act == DFLASH_ACT_SWIGLU ? GEMM_SWIGLU : GEMM_STORE, NULL, NULL);
+        return gemm_launch(c, x, n, w, n_w, out, act == DFLASH_ACT_SWIGLU ? GEMM_SWIGLU : GEMM_STORE, NULL, NULL,
+                           NULL);
     /* weights that cannot share a launch (dtypes differ, say): each on
      * the best kernel it can take */
     for (int i = 0; i < n_w; i++)
@@ -311,17 +327,18 @@ dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, cons
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, 1)) {
         float *none = NULL; /* the fused kernel never needs the logits */
-        return gemm_launch(c, x, n, w, 1, &none, GEMM_ARGMAX, NULL, ids);
+        return gemm_launch(c, x, n, w, 1, &none, GEMM_ARGMAX, NULL, NULL, ids);
     }
     DFLASH_TRY(linear_simt(c, x, n, w, logits));
     return be->ops->argmax(be, logits, n, (int)w->rows, ids);
 }
 
 /* out += sigmoid(gate) * x W^T in the GEMM's epilogue (one launch for
- * three), with the composition's roundings; the composition itself where
- * the tensor-core kernel cannot take the weight. */
+ * three), with the composition's roundings, the routed sum `sum` written
+ * first in the same epilogue (one launch less); the composition itself
+ * where the tensor-core kernel cannot take the weight. */
 dflash_status cuda_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                    const float *gate, float *tmp, float *out)
+                                    const float *gate, float *tmp, float *out, const dflash_gather *sum)
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_check_weight(w, "linear"));
@@ -329,8 +346,8 @@ dflash_status cuda_linear_gated_add(dflash_backend *be, const float *x, int n, c
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     if (gemm_ok(x, w, 1))
-        return gemm_launch(c, x, n, w, 1, &out, GEMM_GATED_ADD, gate, NULL);
-    return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out); /* its linear takes linear_simt */
+        return gemm_launch(c, x, n, w, 1, &out, GEMM_GATED_ADD, gate, sum, NULL);
+    return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out, sum); /* its linear takes linear_simt */
 }
 
 /* Every expert's weights on the tensor-core kernel, and the tables there? */

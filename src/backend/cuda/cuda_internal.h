@@ -121,7 +121,7 @@ dflash_status cuda_sigmoid_mul(dflash_backend *be, float *x, const float *g, int
 /* cuda_gemm.c */
 dflash_status cuda_linear(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *out);
 dflash_status cuda_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
-                                    const float *gate, float *tmp, float *out);
+                                    const float *gate, float *tmp, float *out, const dflash_gather *sum);
 dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                 float *const *out, enum dflash_act act);
 dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,

@@ -46,7 +46,8 @@
 #define GM_STORE 0
 #define GM_SWIGLU 1
 #define GM_ARGMAX 2
-#define GM_GATED_ADD 3 /* out[0] += sigmoid(gate[row]) * the product (a MoE's shared expert) */
+#define GM_GATED_ADD 3 /* out[0] += sigmoid(gate[row]) * the product (a MoE's shared expert); with sum_k,
+                          out[0] is first the weighted sum of sum_k rows of sum_src (the routed experts') */
 
 /* cuda_gemm.c mirrors this layout. */
 struct gemm_args {
@@ -65,9 +66,12 @@ struct gemm_args {
     int *am_bad;                   /* argmax: [m] the row holds a NaN or +inf (reset by the finish) */
     const float *gate;             /* gated add: [m] gate logits */
     const int *x_rows;             /* gemm.cu, or NULL: activation row r is x's row x_rows[r] (gathered rows) */
-    int m, n_w, split, mode, store;
+    const float *sum_src;          /* gated add, sum_k > 0: [.., n[0]] rows, ... */
+    const int *sum_idx;            /* ... row m's terms sum_idx[m sum_k ..] of them ... */
+    const float *sum_w;            /* ... times sum_w[m sum_k ..] (gather_sum's arguments) */
+    int m, n_w, split, mode, store, sum_k;
 };
-static_assert(sizeof(gemm_args) == 216, "mirrored by gemm_args in cuda_gemm.c");
+static_assert(sizeof(gemm_args) == 240, "mirrored by gemm_args in cuda_gemm.c");
 
 /* The bf16 hi/lo split of four consecutive activations as one 16-byte B
  * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
@@ -108,7 +112,8 @@ __forceinline__ float gm_silu_mul(float g, float u) { return g / (1.0f + expf(-g
  * which exist: fp8 row scales, then silu(gate) * up, the gated add or the
  * store (when asked), and in argmax mode the row's candidate (bv, bi) and
  * its unusable-number flag. The gated add rounds as the composition it
- * replaces does (sigmoid_mul's product, then add's sum; never fused). */
+ * replaces does (gather_sum's products and sums in term order, then
+ * sigmoid_mul's product, then add's sum; never fused). */
 template <int FP8>
 __forceinline__ void gm_emit4(const gemm_args &a, int seg, bool swiglu, i64 m, i64 col4, const bool *live, float *y0,
                               float *y1, float &bv, int &bi)
@@ -127,7 +132,16 @@ __forceinline__ void gm_emit4(const gemm_args &a, int seg, bool swiglu, i64 m, i
             a.out[0][m * a.n[0] + col] = gm_silu_mul(y0[j], y1[j]);
         } else if (a.mode == GM_GATED_ADD) {
             float *o = a.out[0] + m * a.n[0] + col;
-            *o = __fadd_rn(*o, __fmul_rn(y0[j], 1.0f / (1.0f + expf(-a.gate[m]))));
+            float base = 0.0f;
+            if (a.sum_k > 0) {
+                for (int t = 0; t < a.sum_k; t++) {
+                    const i64 at = m * a.sum_k + t;
+                    base = __fadd_rn(base, __fmul_rn(a.sum_w[at], a.sum_src[(i64)a.sum_idx[at] * a.n[0] + col]));
+                }
+            } else {
+                base = *o;
+            }
+            *o = __fadd_rn(base, __fmul_rn(y0[j], 1.0f / (1.0f + expf(-a.gate[m]))));
         } else if (a.store)
             a.out[seg][m * a.n[seg] + col] = y0[j];
         if (a.mode == GM_ARGMAX) {
