@@ -331,6 +331,33 @@ static void test_linear_gated_add(void)
     check_linear_gated_add(3);
 }
 
+/* linear_group: each of the most weights a group takes equal to its own
+ * linear; one more is refused, saying how many it takes. */
+static void test_linear_group(void)
+{
+    enum { N = 3, IN = 11, G = DFLASH_GROUP_MAX_W, ROWS_MAX = 5 + G };
+    float x[N * IN], w32[G][ROWS_MAX * IN], out[G][N * ROWS_MAX], one[N * ROWS_MAX];
+    dflash_weight w[G + 1];
+    float *outs[G + 1];
+    for (int i = 0; i < N * IN; i++)
+        x[i] = frand();
+    for (int g = 0; g < G; g++) {
+        for (int i = 0; i < ROWS_MAX * IN; i++)
+            w32[g][i] = frand();
+        w[g] = (dflash_weight){ DFLASH_DTYPE_F32, 5 + g, IN, w32[g], NULL, "w" };
+        outs[g] = out[g];
+    }
+    CHECK_OK(dflash_be_linear_group(be, x, N, w, G, outs, DFLASH_ACT_NONE));
+    for (int g = 0; g < G; g++) {
+        CHECK_OK(be->ops->linear(be, x, N, &w[g], one));
+        CHECKF(memcmp(one, out[g], (size_t)N * (size_t)w[g].rows * sizeof(float)) == 0, "weight %d of the group", g);
+    }
+    w[G] = w[0];
+    outs[G] = one;
+    CHECK_FAILS(dflash_be_linear_group(be, x, N, w, G + 1, outs, DFLASH_ACT_NONE), DFLASH_ERR_INVALID_ARG,
+                "5 weights with activation 0 (1..4");
+}
+
 /* norm_gate: x := silu(z) * RMSNorm_head(x) * w per (row, head), against
  * a naive double recomputation. */
 static void test_norm_gate(void)
@@ -622,6 +649,7 @@ int main(void)
     RUN(test_gather_sum);
     RUN(test_add_bias);
     RUN(test_linear_gated_add);
+    RUN(test_linear_group);
     RUN(test_norm_gate);
     RUN(test_recurrent_ops);
     RUN(test_moe_route);

@@ -22,8 +22,9 @@ dflash_status dflash_be_alloc_i32(dflash_backend *be, size_t count, int32_t **ou
 dflash_status dflash_be_linear_group(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                      float *const *out, enum dflash_act act)
 {
-    if (n_w < 1 || n_w > 3 || (act == DFLASH_ACT_SWIGLU && n_w != 2))
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_group: %d weights with activation %d", n_w, (int)act);
+    if (n_w < 1 || n_w > DFLASH_GROUP_MAX_W || (act == DFLASH_ACT_SWIGLU && n_w != 2))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_group: %d weights with activation %d (1..%d; SwiGLU: 2)",
+                           n_w, (int)act, DFLASH_GROUP_MAX_W);
     for (int i = 1; i < n_w; i++)
         if (w[i].cols != w[0].cols || (act == DFLASH_ACT_SWIGLU && w[i].rows != w[0].rows))
             return dflash_fail(DFLASH_ERR_SHAPE, "linear_group: weight %s is [%lld, %lld], %s is [%lld, %lld]",

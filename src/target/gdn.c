@@ -41,13 +41,10 @@ void qwen3_gdn_bufs_free(dflash_backend *be, qwen3_gdn_bufs *b)
 dflash_status qwen3_gdn_project(dflash_backend *be, const qwen3_gdn *w, const qwen3_gdn_bufs *b, const float *xn,
                                 int n)
 {
-    /* all four read xn: two launches where the backend groups (a group
-     * holds at most three weights) */
-    const dflash_weight qz[2] = { w->in_qkv, w->in_z }, ba[2] = { w->in_b, w->in_a };
-    float *const qz_out[2] = { b->qkv, b->z };
-    float *const ba_out[2] = { b->b, b->a };
-    DFLASH_TRY(dflash_be_linear_group(be, xn, n, qz, 2, qz_out, DFLASH_ACT_NONE));
-    return dflash_be_linear_group(be, xn, n, ba, 2, ba_out, DFLASH_ACT_NONE);
+    /* all four read xn: one launch where the backend groups */
+    const dflash_weight in[4] = { w->in_qkv, w->in_z, w->in_b, w->in_a };
+    float *const out[4] = { b->qkv, b->z, b->b, b->a };
+    return dflash_be_linear_group(be, xn, n, in, 4, out, DFLASH_ACT_NONE);
 }
 
 dflash_status qwen3_gdn_recur(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,

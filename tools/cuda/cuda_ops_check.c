@@ -700,9 +700,9 @@ static void case_linear_group_mixed(dflash_dtype dt, dflash_dtype dt_last, int n
     for (int i = 0; i < n_w; i++)
         len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
     snprintf(shape + len, sizeof shape - (size_t)len, "] x %lld, %d rows", (long long)K, n);
-    wpair w[3];
-    dflash_weight wh[3], wd[3];
-    float *ref[3], *dout[3];
+    wpair w[DFLASH_GROUP_MAX_W];
+    dflash_weight wh[DFLASH_GROUP_MAX_W], wd[DFLASH_GROUP_MAX_W];
+    float *ref[DFLASH_GROUP_MAX_W], *dout[DFLASH_GROUP_MAX_W];
     float *x = rand_f32((size_t)(n * K), 1.0f);
     float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
     double bytes = 4.0 * n * K;
@@ -2123,6 +2123,15 @@ int main(int argc, char **argv)
             case_linear_group(d, 2, rg, 128, DFLASH_ACT_NONE, 5, 0);
             case_linear_group_mixed(d, DFLASH_DTYPE_F32, 2, rg, 128, DFLASH_ACT_NONE, 5, 0);
             case_linear_group_mixed(d, DFLASH_DTYPE_F32, 2, gu2, 128, DFLASH_ACT_SWIGLU, 5, 0);
+            /* a Gated DeltaNet layer's four input projections (qkv, z, b, a)
+             * in one launch: 1 and 16 rows (gemm.cu), 130 (gemm_wide.cu);
+             * the last in f32 (each its own kernel) */
+            const int64_t gdn_s[4] = { 320, 128, 4, 4 }, gdn_l[4] = { 8192, 4096, 32, 32 };
+            const int gdn_rows[] = { 1, 16, 130 };
+            for (int r = 0; r < 3; r++)
+                case_linear_group(d, 4, g_small ? gdn_s : gdn_l, g_small ? 128 : 2048, DFLASH_ACT_NONE, gdn_rows[r],
+                                  T && gdn_rows[r] == 1);
+            case_linear_group_mixed(d, DFLASH_DTYPE_F32, 4, gdn_s, 128, DFLASH_ACT_NONE, 5, 0);
         }
         if (g_small) {
             case_linear_argmax(DFLASH_DTYPE_BF16, 1000, 256, 5, 0, 0);

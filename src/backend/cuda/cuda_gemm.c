@@ -13,11 +13,11 @@
 
 /* Mirrors struct gemm_args in kernels/gemm_mma.cuh (passed by value). */
 typedef struct gemm_args {
-    const void *w[3];
-    const float *scales[3];
-    float *out[3];
-    int64_t n[3];
-    int64_t blocks[3];
+    const void *w[DFLASH_GROUP_MAX_W]; /* GM_MAX_W */
+    const float *scales[DFLASH_GROUP_MAX_W];
+    float *out[DFLASH_GROUP_MAX_W];
+    int64_t n[DFLASH_GROUP_MAX_W];
+    int64_t blocks[DFLASH_GROUP_MAX_W];
     const float *x;
     int64_t k;
     float *ws;
@@ -32,7 +32,7 @@ typedef struct gemm_args {
     const float *sum_w;
     int m, n_w, split, mode, store, sum_k;
 } gemm_args;
-_Static_assert(sizeof(gemm_args) == 240, "gemm_args must match kernels/gemm_mma.cuh");
+_Static_assert(sizeof(gemm_args) == 280, "gemm_args must match kernels/gemm_mma.cuh");
 
 /* Mirrors struct gemm_group_args in kernels/gemm.cu. */
 typedef struct gemm_group_args {
@@ -43,7 +43,7 @@ typedef struct gemm_group_args {
     int n_experts, tile_rows, blocks_per_tile;
     int chain;
 } gemm_group_args;
-_Static_assert(sizeof(gemm_group_args) == 280, "gemm_group_args must match kernels/gemm.cu");
+_Static_assert(sizeof(gemm_group_args) == 320, "gemm_group_args must match kernels/gemm.cu");
 
 enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2, GEMM_GATED_ADD = 3 }; /* gemm_mma.cuh's GM_* modes */
 #define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */

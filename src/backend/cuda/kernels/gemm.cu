@@ -404,7 +404,7 @@ struct gemm_group_args {
     int n_experts, tile_rows, blocks_per_tile;
     int chain; /* consecutive work items of one tile per block (divides blocks_per_tile) */
 };
-static_assert(sizeof(gemm_group_args) == 280, "mirrored by gemm_group_args in cuda_gemm.c");
+static_assert(sizeof(gemm_group_args) == 320, "mirrored by gemm_group_args in cuda_gemm.c");
 
 /* Tile t of the call: tile[0] its expert (-1: no such tile), tile[1] its
  * first gathered row, tile[2] its rows. Warp 0, first[] in shared memory;

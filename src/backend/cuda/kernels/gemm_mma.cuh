@@ -41,7 +41,7 @@
 #define GM_THREADS 256
 #define GM_WARPS 8
 #define GM_RB 128 /* weight rows per block (SwiGLU: 64 of gate and 64 of up) */
-#define GM_MAX_W 3
+#define GM_MAX_W 4
 
 #define GM_STORE 0
 #define GM_SWIGLU 1
@@ -71,7 +71,7 @@ struct gemm_args {
     const float *sum_w;            /* ... times sum_w[m sum_k ..] (gather_sum's arguments) */
     int m, n_w, split, mode, store, sum_k;
 };
-static_assert(sizeof(gemm_args) == 240, "mirrored by gemm_args in cuda_gemm.c");
+static_assert(sizeof(gemm_args) == 280, "mirrored by gemm_args in cuda_gemm.c");
 
 /* The bf16 hi/lo split of four consecutive activations as one 16-byte B
  * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
