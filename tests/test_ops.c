@@ -506,7 +506,7 @@ static void test_recurrent_ops(void)
                 "conv_silu: 1 sequences, records of 127 floats where this layer's take 128");
     da.n_k_heads = 2;
     CHECK_FAILS(be->ops->delta_rule(be, &rd, &da), DFLASH_ERR_SHAPE, "delta_rule: 2 key heads of 1");
-    CHECK_FAILS(be->ops->sigmoid_mul(be, x, y, 1, 2, 3), DFLASH_ERR_SHAPE, "sigmoid_mul: 3 gate columns for 2");
+    CHECK_FAILS(be->ops->sigmoid_mul(be, x, y, 1, 3, 2), DFLASH_ERR_SHAPE, "sigmoid_mul: 2 gate columns for 3");
     free(rec);
 }
 

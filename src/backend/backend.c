@@ -148,7 +148,7 @@ dflash_status dflash_be_check_rec(const dflash_rec_args *r, int64_t need, const 
 
 dflash_status dflash_be_check_gate(int64_t cols, int64_t g_cols)
 {
-    if (g_cols != 1 && g_cols != cols)
+    if (g_cols != 1 && g_cols < cols)
         return dflash_fail(DFLASH_ERR_SHAPE, "sigmoid_mul: %lld gate columns for %lld columns", (long long)g_cols,
                            (long long)cols);
     return DFLASH_OK;

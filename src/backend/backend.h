@@ -278,7 +278,9 @@ typedef struct dflash_backend_ops {
                               const int32_t *pos, const float *k, const float *v, int n);
     dflash_status (*attention)(dflash_backend *be, const dflash_attn_args *a);
     /* x[i, c] *= sigmoid(g[i * g_cols + (g_cols == 1 ? 0 : c)]) for i < n,
-     * c < cols; g_cols is 1 (one gate per row) or cols (an output gate). */
+     * c < cols; g_cols is 1 (one gate per row) or at least cols (an output
+     * gate: the first cols of each g_cols, e.g. gates interleaved with the
+     * queries they came with). */
     dflash_status (*sigmoid_mul)(dflash_backend *be, float *x, const float *g, int n, int64_t cols, int64_t g_cols);
     /* Causal depthwise convolution then SiLU over each sequence's rows of
      * x [n, channels]: out[t, c] = silu(sum over i < kernel of w[c, i] *

@@ -205,15 +205,16 @@ dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, c
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &l->lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
     for (int k = 0; c->attention_bias && k < 3; k++)
         DFLASH_TRY(o->add_bias(be, qkv[k], &l->bias[QWEN3_LIN_Q + k], n, (int)l->lin[QWEN3_LIN_Q + k].rows));
-    /* [n * Hq rows of (query D | gate D)] -> q and the gates, D each */
+    /* [n * Hq rows of (query D | gate D)] -> q; the gates stay in qg for
+     * qwen35_attn_gate */
     DFLASH_TRY(o->copy_rows(be, b->q, D, b->qg, 2 * D, NULL, n * Hq, D));
-    DFLASH_TRY(o->copy_rows(be, b->attn_gate, D, b->qg + D, 2 * D, NULL, n * Hq, D));
     return dflash_be_qk_norm_rope(be, b->q, &l->q_norm, Hq, b->k, &l->k_norm, c->num_key_value_heads, b->pos, n, D,
                                   c->rms_norm_eps, &c->rope_freq);
 }
 
 dflash_status qwen35_attn_gate(dflash_backend *be, const dflash_model_config *c, const qwen3_bufs *b, int n)
 {
-    const int64_t QD = (int64_t)c->num_attention_heads * c->head_dim;
-    return be->ops->sigmoid_mul(be, b->attn, b->attn_gate, n, QD, QD);
+    /* per (row, head): D outputs times the gates after that head's query in qg */
+    const int D = c->head_dim;
+    return be->ops->sigmoid_mul(be, b->attn, b->qg + D, n * c->num_attention_heads, D, 2 * D);
 }

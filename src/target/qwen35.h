@@ -47,11 +47,12 @@ dflash_status qwen35_checkpoint_bind(dflash_binder *b, const dflash_model_config
 dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash_st *st, qwen35_extra *extra);
 
 /* A gated full-attention layer's input half: x += delta (add_delta);
- * xn = rmsnorm(x); q, b->attn_gate, k, v from the projections; q and k
- * normed and partly rotated. */
+ * xn = rmsnorm(x); b->qg (queries and gates), k, v from the projections,
+ * the queries copied to q; q and k normed and partly rotated. */
 dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                              const qwen3_bufs *b, int n, int add_delta);
-/* attn [n, heads * head_dim] *= sigmoid(b->attn_gate) */
+/* attn [n, heads * head_dim] *= sigmoid(the gates in b->qg, which
+ * qwen35_attn_in left there) */
 dflash_status qwen35_attn_gate(dflash_backend *be, const dflash_model_config *c, const qwen3_bufs *b, int n);
 
 #endif

@@ -56,8 +56,8 @@ typedef struct qwen3_bufs {
     int32_t *pos;  /* [R] absolute positions */
     qwen3_moe_bufs moe; /* a Qwen3-MoE model's sparse MLP scratch (else unallocated) */
     /* a Qwen3.5 hybrid's (else unallocated): */
-    float *qg;          /* [R, 2 * Hq*D] a gated attention's q_proj output: per head its query, then its gate */
-    float *attn_gate;   /* [R, Hq*D] the gates gathered (the queries go to q) */
+    float *qg;          /* [R, 2 * Hq*D] a gated attention's q_proj output: per head its query (copied
+                           to q), then its gate (read in place by qwen35_attn_gate) */
     qwen3_gdn_bufs gdn; /* the linear-attention layers' scratch */
 } qwen3_bufs;
 

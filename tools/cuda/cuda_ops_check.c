@@ -1252,13 +1252,15 @@ static void time_recurrent(gdn_geom g, int pos0, int rows)
     gpu_reset();
 }
 
-/* sigmoid_mul with one gate per row and with a gate per element */
+/* sigmoid_mul with a gate per element, one per row, and a gate per
+ * element from rows of twice the columns (gates interleaved with queries) */
 static void case_sigmoid_mul(int n, int64_t cols)
 {
     char shape[112];
-    for (int per_row = 0; per_row < 2; per_row++) {
-        const int64_t g_cols = per_row ? 1 : cols;
-        snprintf(shape, sizeof shape, "%d rows x %lld, gate %s", n, (long long)cols, per_row ? "per row" : "per elem");
+    for (int kind = 0; kind < 3; kind++) {
+        const int64_t g_cols = kind == 1 ? 1 : kind == 2 ? 2 * cols : cols;
+        static const char *const names[] = { "per elem", "per row", "per elem, stride 2 cols" };
+        snprintf(shape, sizeof shape, "%d rows x %lld, gate %s", n, (long long)cols, names[kind]);
         float *x = rand_f32((size_t)n * cols, 2.0f), *gt = rand_f32((size_t)n * g_cols, 6.0f);
         float *dx = gpu_copy(x, (size_t)n * cols * sizeof(float)), *dg = gpu_copy(gt, (size_t)n * g_cols * sizeof(float));
         MUST(g_cpu->ops->sigmoid_mul(g_cpu, x, gt, n, cols, g_cols));
