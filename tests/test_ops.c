@@ -323,6 +323,9 @@ static void check_linear_gated_add(int k)
     CHECK_OK(dflash_be_linear_gated_add(be, x, N, &w, g, tmp, out, k ? &sum : NULL));
     const double e = rel_err(out, ref, N * OUT);
     CHECKF(e < 1e-6, "k %d: rel err %g", k, e);
+    const dflash_gather none = { src, idx, pw, 0 };
+    CHECK_FAILS(dflash_be_linear_gated_add(be, x, N, &w, g, tmp, out, &none), DFLASH_ERR_INVALID_ARG,
+                "linear_gated_add: a routed sum of 0 terms a row");
 }
 
 static void test_linear_gated_add(void)

@@ -64,6 +64,9 @@ dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const floa
 dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,
                                          const float *gate, float *tmp, float *out, const dflash_gather *sum)
 {
+    if (sum && sum->k < 1)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_gated_add: a routed sum of %d terms a row (at least 1)",
+                           sum->k);
     if (be->ops->linear_gated_add)
         return be->ops->linear_gated_add(be, x, n, w, gate, tmp, out, sum);
     return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out, sum);
