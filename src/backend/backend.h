@@ -162,13 +162,13 @@ enum dflash_act {
     DFLASH_ACT_SWIGLU, /* out[0] = silu(x W[0]^T) * (x W[1]^T) */
 };
 
-/* The arguments of a gather_sum (src [.., cols] rows by idx [n * k], each
- * times w [n * k], k terms a row), for a stage that adds one in front of
- * its own result. */
 /* The most weights one linear_group takes (a Gated DeltaNet layer's four
  * input projections). */
 #define DFLASH_GROUP_MAX_W 4
 
+/* The arguments of a gather_sum (src [.., cols] rows by idx [n * k], each
+ * times w [n * k], k terms a row), for a stage that adds one in front of
+ * its own result. */
 typedef struct dflash_gather {
     const float *src;
     const int32_t *idx;
@@ -312,8 +312,8 @@ typedef struct dflash_backend_ops {
     /* stages: optional; NULL means dflash_be_* below composes them from
      * the ops above, which stay the definition of the result. */
     /* out[i] = x W[i]^T for i < n_w (1..DFLASH_GROUP_MAX_W weights of equal
-     * cols, e.g. q, k, v); act SWIGLU (n_w = 2): out[0] = silu(x W[0]^T) * (x W[1]^T), out[1]
-     * is scratch. */
+     * cols, e.g. q, k, v); act SWIGLU (n_w = 2): out[0] = silu(x W[0]^T) *
+     * (x W[1]^T), out[1] is scratch. */
     dflash_status (*linear_group)(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                   float *const *out, enum dflash_act act);
     /* q [n, n_q_heads, head_dim] and k [n, n_kv_heads, head_dim] in place,
