@@ -361,6 +361,29 @@ static void test_linear_group(void)
                 "5 weights with activation 0 (1..4");
 }
 
+/* sigmoid_mul: a gate per row, a gate per element, and a gate per element
+ * from longer rows (a gated attention's gates, interleaved with its
+ * queries), each against a direct recomputation. */
+static void test_sigmoid_mul(void)
+{
+    enum { N = 3, COLS = 5 };
+    const int64_t g_cols[3] = { 1, COLS, 2 * COLS };
+    for (int v = 0; v < 3; v++) {
+        float x[N * COLS], want[N * COLS], g[N * 2 * COLS];
+        for (int i = 0; i < N * COLS; i++)
+            x[i] = frand();
+        for (int i = 0; i < N * 2 * COLS; i++)
+            g[i] = 4.0f * frand();
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < COLS; c++) {
+                const float gv = g[i * g_cols[v] + (g_cols[v] == 1 ? 0 : c)];
+                want[i * COLS + c] = x[i * COLS + c] * (1.0f / (1.0f + expf(-gv)));
+            }
+        CHECK_OK(be->ops->sigmoid_mul(be, x, g, N, COLS, g_cols[v]));
+        CHECKF(memcmp(x, want, sizeof x) == 0, "gate rows of %lld", (long long)g_cols[v]);
+    }
+}
+
 /* norm_gate: x := silu(z) * RMSNorm_head(x) * w per (row, head), against
  * a naive double recomputation. */
 static void test_norm_gate(void)
@@ -653,6 +676,7 @@ int main(void)
     RUN(test_add_bias);
     RUN(test_linear_gated_add);
     RUN(test_linear_group);
+    RUN(test_sigmoid_mul);
     RUN(test_norm_gate);
     RUN(test_recurrent_ops);
     RUN(test_moe_route);
