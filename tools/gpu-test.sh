@@ -272,7 +272,12 @@ if want bench; then
                     $(find src -name '*.c' ! -path 'src/cli/*' | sort) $LIBS $CLI_LIBS -ldl -lm &&
                     if [ -n "${GPU_TEST_AB_OPS:-}" ]; then
                         gcc $CFLAGS $OMP -o cuda_ops_check tools/cuda/cuda_ops_check.c $(lib_sources) -ldl -lm
-                    fi)
+                    fi) &&
+                # this side's ops check too when the check steps did not run
+                # (GPU_TEST_ONLY=bench)
+                if [ -n "${GPU_TEST_AB_OPS:-}" ] && [ ! -x "$B/cuda_ops_check" ]; then
+                    gcc $CFLAGS $OMP -o "$B/cuda_ops_check" tools/cuda/cuda_ops_check.c $(lib_sources) -ldl -lm
+                fi
         }
         ab_bench() {
             local round who bin
