@@ -3,10 +3,10 @@
  * argument checks every backend makes (backend.c). */
 #include "backend/cuda/cuda_internal.h"
 
-/* recurrent.cu's bounds: REC_MAX_DK (the state column a thread holds) and
- * its launch bound of 256 threads, one per value column; at least one
- * thread per row of a chunk */
-enum { REC_MAX_DK = 128, REC_MAX_DV = 256 };
+/* recurrent.cu's bounds: REC_MAX_DK (the state rows a column's 4
+ * threads hold) and the value columns it checks; delta_rule's blocks
+ * (DR_COLS value columns of one head, DR_THREADS threads) */
+enum { REC_MAX_DK = 128, REC_MAX_DV = 256, DR_COLS = 32, DR_THREADS = 128 };
 
 dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
                              int n, int channels, int kernel, float *out)
@@ -33,16 +33,22 @@ dflash_status cuda_delta_rule(dflash_backend *be, const dflash_rec_args *r, cons
     DFLASH_TRY(dflash_be_check_rec(r, dflash_delta_rec_size(Hv, dk, dv), "delta_rule"));
     if (a->n_rows <= 0 || r->n_seqs <= 0)
         return DFLASH_OK;
+    if (r->max_seq_rows < 1 || r->max_seq_rows > a->n_rows)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "delta_rule: max_seq_rows %d for a call of %d rows (the launches "
+                           "cover a sequence's rows up to it)", r->max_seq_rows, a->n_rows);
     DFLASH_TRY(cuda_enter(c));
     int adt = (int)a->A_log->dtype, ddt = (int)a->dt_bias->dtype;
     int64_t stride = r->rec_stride;
-    int wide = dk > dv ? dk : dv;
-    if (wide < DFLASH_REC_CHUNK)
-        wide = DFLASH_REC_CHUNK;
-    void *args[] = { (void *)&r->info, (void *)&r->state, &stride, (void *)&a->y, (void *)&a->a, (void *)&a->b,
-                     (void *)&a->A_log->data, &adt, (void *)&a->dt_bias->data, &ddt, &Hk, &Hv, &dk, &dv,
-                     (void *)&a->out };
-    return cuda_launch(c, DFK_DELTA_RULE, (unsigned)Hv, (unsigned)r->n_seqs, cdiv(wide, 32) * 32, args);
+    /* windows of a chunk's rows of every sequence, one launch each (a
+     * verify or decode is one; recurrent.cu says why a long call is cut) */
+    for (int t0 = 0; t0 < r->max_seq_rows; t0 += DFLASH_REC_CHUNK) {
+        void *args[] = { (void *)&r->info, (void *)&r->state, &stride, (void *)&a->y, (void *)&a->a, (void *)&a->b,
+                         (void *)&a->A_log->data, &adt, (void *)&a->dt_bias->data, &ddt, &Hk, &Hv, &dk, &dv, &t0,
+                         (void *)&a->out };
+        DFLASH_TRY(cuda_launch(c, DFK_DELTA_RULE, (unsigned)Hv * cdiv(dv, DR_COLS), (unsigned)r->n_seqs, DR_THREADS,
+                               args));
+    }
+    return DFLASH_OK;
 }
 
 dflash_status cuda_sigmoid_mul(dflash_backend *be, float *x, const float *g, int n, int64_t cols, int64_t g_cols)

@@ -6,13 +6,14 @@
  * conv_silu (causal depthwise convolution over the inputs by position,
  * then SiLU) and delta_rule (the gated delta rule in its chunked form).
  *
- * Each thread owns what it updates: a channel (conv_silu), a value column
- * of one head's chunk state and row updates (delta_rule), so a record is
- * read and written by the same call with no race. Sums run in the CPU
- * reference's order, the L2 norms' sums of squares in a tree; products
- * may fuse into fmas, so results agree with the CPU within rounding, and
- * with themselves bit for bit however a sequence's rows are split into
- * calls. */
+ * Each thread owns what it updates: a channel (conv_silu), every 4th
+ * state row of a value column of one head's chunk state (delta_rule; one
+ * of a column's 4 threads writes its row updates), so a record is read
+ * and written by the same call with no race. conv_silu sums in the CPU
+ * reference's order with products free to fuse into fmas; delta_rule's
+ * sums have orders of their own, every rounding explicit. Results agree
+ * with the CPU within rounding, and with themselves bit for bit however a
+ * sequence's rows are split into calls. */
 #include "common.cuh"
 
 #if !defined(DFLASH_REC_INFO_LEN) || !defined(DFLASH_CONV_MAX_KERNEL) || !defined(DFLASH_REC_ROWS) || \
@@ -79,163 +80,229 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 r
 
 #define REC_MAX_DK 128
 #define KS_STRIDE (REC_MAX_DK + 1) /* a padded row: thread s reading row s hits its own bank */
+#define DR_COLS 32                 /* value columns of one head a block owns */
+#define DR_PARTS 4                 /* threads sharing a column, each every 4th state row */
+#define DR_THREADS (DR_COLS * DR_PARTS)
+#define DR_DS_STRIDE (DR_COLS + 8) /* a warp's (part, column) pairs on 32 banks */
+static_assert(2 * REC_CHUNK <= DR_THREADS, "a thread per (row of a chunk, dot product)");
+static_assert(REC_MAX_DK == 32 * DR_PARTS, "a warp's lanes hold q and k, 4 elements each");
 
-/* block_sum of two values at once (the same tree for each, one pair of
- * barriers): scratch [2][32]. */
-__forceinline__ float2 block_sum2(float a, float b, float *scratch)
+/* One row's inputs, requested a row ahead: lane l holds q and k elements
+ * l + 32 m (every warp the whole row: the norms need no barrier), v of
+ * the thread's column, the raw a and b of the head. */
+struct dr_row {
+    float q[DR_PARTS], k[DR_PARTS], v, a, b;
+};
+
+__forceinline__ void dr_load(dr_row &r, const float *yr, const float *a_in, const float *b_in, i64 i, int h, int j,
+                             int e, int dk, int dv, int n_v_heads, i64 Kd)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    a = warp_sum(a);
-    b = warp_sum(b);
-    __syncthreads(); /* scratch may still be read by a previous call */
-    if (lane == 0) {
-        scratch[warp] = a;
-        scratch[32 + warp] = b;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int m = 0; m < DR_PARTS; m++) {
+        const int d = lane + 32 * m;
+        r.q[m] = d < dk ? yr[(i64)h * dk + d] : 0.0f;
+        r.k[m] = d < dk ? yr[Kd + (i64)h * dk + d] : 0.0f;
     }
-    __syncthreads();
-    a = lane < nw ? scratch[lane] : 0.0f;
-    b = lane < nw ? scratch[32 + lane] : 0.0f;
-    return make_float2(warp_sum(a), warp_sum(b));
+    r.v = e < dv ? yr[2 * Kd + (i64)j * dv + e] : 0.0f;
+    r.a = a_in[i * n_v_heads + j];
+    r.b = b_in[i * n_v_heads + j];
 }
 
-/* grid (value heads, sequences), block: a multiple of 32 covering k_dim
- * (<= REC_MAX_DK), v_dim (<= 256) and the chunk's rows. Thread e holds
- * column e of the head's chunk-start state S [k_dim, v_dim] and owns
- * column e of every row's update d (read back from the record, where only
- * it writes); the chunk's normalised k rows and cumulative decays sit in
- * shared memory (35 KB: the updates there too would need more than the
- * 48 KB a launch gets without opting in, and opting in measured slower:
- * the SM changes its shared memory carveout around each launch). Record
- * layout: backend.h, dflash_delta_rec_size. */
-extern "C" __global__ void __launch_bounds__(256) dflash_delta_rule(const int *info, float *state, i64 rec_stride,
-                                             const float *y, const float *a_in, const float *b_in, const void *A_log,
-                                             int adt, const void *dt_bias, int ddt, int n_k_heads, int n_v_heads,
-                                             int dk, int dv, float *out)
+/* Sum of a value over the 4 threads of a column (lanes 4c..4c+3): every
+ * one of them gets the same bits (each level adds a commutative pair). */
+__forceinline__ float dr_part_sum(float x)
 {
-    __shared__ float ks[REC_CHUNK * KS_STRIDE]; /* row c0 + s at s * KS_STRIDE */
-    __shared__ float qn[REC_MAX_DK], kn[REC_MAX_DK], Gs[REC_CHUNK], ck[REC_CHUNK], cq[REC_CHUNK], scratch[64];
+    x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+/* grid (value heads x column blocks of DR_COLS, sequences), block
+ * DR_THREADS: thread (c, part) = (tid / 4, tid % 4) holds the rows d =
+ * 4 i + part of column e = block's first + c of the head's chunk-start
+ * state S [k_dim, v_dim] (32 registers), so a row's S^T k is 32 products
+ * a thread and two shuffles, and a head's 128 columns are 4 blocks on 4
+ * SMs. The chunk's normalised k rows and cumulative decays, and the
+ * block's columns of the chunk's row updates, sit in shared memory (46
+ * KB): the updates are read from the record only for rows an earlier
+ * call wrote. Per row two barriers: after the row's q, k and decay are
+ * stored, after the (earlier row, row) dot products. Every sum has a
+ * fixed order (explicit roundings), so a row's bits do not depend on the
+ * rows that share its call. A launch takes rows t0 .. t0 + REC_CHUNK - 1
+ * of each sequence's call (the launcher walks the windows): the row slots
+ * it writes then never wrap onto the ones another block of the head
+ * reads at its start (the chunk's earlier k rows and decays; the ring
+ * holds two chunks). Record layout: backend.h, dflash_delta_rec_size. */
+extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const int *info, float *state,
+                                             i64 rec_stride, const float *y, const float *a_in, const float *b_in,
+                                             const void *A_log, int adt, const void *dt_bias, int ddt, int n_k_heads,
+                                             int n_v_heads, int dk, int dv, int t0, float *out)
+{
+    __shared__ float ks[REC_CHUNK * KS_STRIDE];    /* k row of chunk row s at s * KS_STRIDE */
+    __shared__ float ds[REC_CHUNK * DR_DS_STRIDE]; /* update of chunk row s, column c at s * stride + c */
+    __shared__ float qn[2][REC_MAX_DK], kn[2][REC_MAX_DK]; /* the row's (alternating: a slow thread may
+                                                            * still read the previous row's) */
+    __shared__ float ck[REC_CHUNK], cq[REC_CHUNK], Gs[REC_CHUNK];
     pdl_trigger();
-    const int j = blockIdx.x, e = threadIdx.x, h = j / (n_v_heads / n_k_heads);
+    const int n_cb = (dv + DR_COLS - 1) / DR_COLS, j = blockIdx.x / n_cb, cb = blockIdx.x - j * n_cb;
+    const int tid = threadIdx.x, c = tid / DR_PARTS, part = tid % DR_PARTS, warp = tid >> 5;
+    const int e = cb * DR_COLS + c, h = j / (n_v_heads / n_k_heads);
+    const bool col = e < dv;
     const float neg_a = -expf(load_elem(A_log, adt, j)), bias = load_elem(dt_bias, ddt, j);
     pdl_wait();
     const int *f = info + blockIdx.y * DFLASH_REC_INFO_LEN;
-    const int row0 = f[0], rows = f[1], pos0 = f[2];
+    const int row0 = f[0] + t0, rows = min(f[1] - t0, REC_CHUNK), pos0 = f[2] + t0;
+    if (rows <= 0)
+        return;
     const i64 head = (i64)dk * dv, slot = (i64)dk + dv + 1, Kd = (i64)n_k_heads * dk, C = 2 * Kd + (i64)n_v_heads * dv;
     float *rec = state + f[3] * rec_stride;
     float *states = rec + j * head;                                        /* chunk m at (m % STATES) * Hv * head */
     float *slots = rec + DFLASH_REC_CHUNK_STATES * n_v_heads * head + j * slot; /* row p at (p % ROWS) * Hv * slot */
     const i64 state_stride = n_v_heads * head, slot_stride = n_v_heads * slot;
-    const bool col = e < dv;
     int c0 = pos0 - pos0 % REC_CHUNK;
-    float S[REC_MAX_DK];
+    float S[REC_MAX_DK / DR_PARTS];
 #pragma unroll
-    for (int d = 0; d < REC_MAX_DK; d++)
-        S[d] = col && d < dk && c0 > 0
+    for (int i = 0; i < REC_MAX_DK / DR_PARTS; i++) {
+        const int d = DR_PARTS * i + part;
+        S[i] = col && d < dk && c0 > 0
                    ? states[(c0 / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride + (i64)d * dv + e]
                    : 0.0f;
-    for (int i = threadIdx.x; i < (pos0 - c0) * dk; i += blockDim.x) {
+        if (pos0 == 0 && col && d < dk) /* the CPU writes the first chunk's (zero) start state too */
+            states[(i64)d * dv + e] = 0.0f;
+    }
+    /* the chunk's rows an earlier call took: k rows, decays, updates */
+    for (int i = tid; i < (pos0 - c0) * dk; i += DR_THREADS) {
         const int s = i / dk, d = i - s * dk;
         ks[s * KS_STRIDE + d] = slots[((c0 + s) % REC_ROWS) * slot_stride + d];
     }
-    for (int s = threadIdx.x; s < pos0 - c0; s += blockDim.x)
+    for (int s = tid; s < pos0 - c0; s += DR_THREADS)
         Gs[s] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + dv];
+    if (col)
+        for (int s = part; s < pos0 - c0; s += DR_PARTS)
+            ds[s * DR_DS_STRIDE + c] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
     const float scale = 1.0f / sqrtf((float)dk);
+    dr_row cur, nxt;
+    dr_load(cur, y + (i64)row0 * C, a_in, b_in, row0, h, j, e, dk, dv, n_v_heads, Kd);
+    __syncthreads();
     for (int t = 0; t < rows; t++) {
-        const int p = pos0 + t, n = p - c0;
+        const int p = pos0 + t, n = p - c0, buf = t & 1;
         const i64 i = row0 + t;
         float *me = slots + (p % REC_ROWS) * slot_stride;
-        const float *yr = y + i * C;
-        if (p == 0 && col) /* the CPU writes the first chunk's (zero) start state too */
-            for (int d = 0; d < dk; d++)
-                states[(i64)d * dv + e] = 0.0f;
-        /* The row's inputs requested together (thread d holds q[d] and
-         * k[d]: the block covers dk); then q and k of key head h, each
-         * over its L2 norm (both sums in one reduction), q also times
-         * dk^-1/2. */
-        const bool kd_own = threadIdx.x < dk;
-        const float qv = kd_own ? yr[(i64)h * dk + threadIdx.x] : 0.0f;
-        const float kv = kd_own ? yr[Kd + (i64)h * dk + threadIdx.x] : 0.0f;
-        const float vv = col ? yr[2 * Kd + (i64)j * dv + e] : 0.0f;
-        const float b_raw = b_in[i * n_v_heads + j], xa = a_in[i * n_v_heads + j] + bias;
-        const float2 ss = block_sum2(qv * qv, kv * kv, scratch);
-        const float q_inv = 1.0f / sqrtf(ss.x + 1e-6f), k_inv = 1.0f / sqrtf(ss.y + 1e-6f);
-        const float beta = 1.0f / (1.0f + expf(-b_raw));
+        if (t + 1 < rows) /* the next row's inputs in flight while this one runs */
+            dr_load(nxt, y + (i + 1) * C, a_in, b_in, i + 1, h, j, e, dk, dv, n_v_heads, Kd);
+        /* q and k over their L2 norms (q also times dk^-1/2): each warp
+         * sums the whole row, elements in m order then the lanes' tree */
+        float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+        for (int m = 0; m < DR_PARTS; m++) {
+            qq = __fmaf_rn(cur.q[m], cur.q[m], qq);
+            kk = __fmaf_rn(cur.k[m], cur.k[m], kk);
+        }
+        qq = warp_sum(qq);
+        kk = warp_sum(kk);
+        const float q_inv = 1.0f / sqrtf(qq + 1e-6f), k_inv = 1.0f / sqrtf(kk + 1e-6f);
+        const float beta = 1.0f / (1.0f + expf(-cur.b)), xa = cur.a + bias;
         const float g = neg_a * (xa > 20.0f ? xa : log1pf(expf(xa)));
         const float G = (n == 0 ? 0.0f : Gs[n - 1]) + g, eG = expf(G);
-        if (kd_own) {
-            const int d = threadIdx.x;
-            const float kd = kv * k_inv;
-            qn[d] = qv * q_inv * scale;
-            kn[d] = kd;
-            ks[n * KS_STRIDE + d] = kd;
-            me[d] = kd;
-        }
-        if (threadIdx.x == 0) {
-            Gs[n] = G;
-            me[dk + dv] = G;
-        }
-        __syncthreads();
-        /* thread s: exp(G - G_s) times k_s . k and k_s . q, in d order */
-        if (threadIdx.x <= n) {
-            const int s = threadIdx.x;
-            const float ex = expf(G - Gs[s]);
-            float kk = 0.0f, kq = 0.0f;
-            for (int d = 0; d < dk; d++) {
-                kk += ks[s * KS_STRIDE + d] * kn[d];
-                kq += ks[s * KS_STRIDE + d] * qn[d];
-            }
-            ck[s] = ex * kk;
-            cq[s] = ex * kq;
-        }
-        __syncthreads();
-        if (col) {
-            float u = 0.0f, sq = 0.0f;
+        if (tid < dk) { /* element tid: this warp's m = warp */
+            float qv = 0.0f, kv = 0.0f;
 #pragma unroll
-            for (int d = 0; d < REC_MAX_DK; d++)
-                if (d < dk) {
-                    u += S[d] * kn[d];
-                    sq += S[d] * qn[d];
+            for (int m = 0; m < DR_PARTS; m++)
+                if (m == warp) {
+                    qv = cur.q[m];
+                    kv = cur.k[m];
                 }
-            /* the chunk's earlier updates, each read once for both sums
-             * (in s order each); a chunk never wraps in the record's ring */
-            float w = 0.0f, acc = eG * sq;
-            const float *ds = slots + (i64)(c0 % REC_ROWS) * slot_stride + dk + e;
-#pragma unroll 8
-            for (int s = 0; s < n; s++) {
-                const float d_s = ds[(i64)s * slot_stride];
-                w += ck[s] * d_s;
-                acc += cq[s] * d_s;
+            const float kd = kv * k_inv;
+            qn[buf][tid] = qv * q_inv * scale;
+            kn[buf][tid] = kd;
+            ks[n * KS_STRIDE + tid] = kd;
+            if (cb == 0)
+                me[tid] = kd;
+        }
+        if (tid == 0) {
+            Gs[n] = G;
+            if (cb == 0)
+                me[dk + dv] = G;
+        }
+        __syncthreads();
+        /* thread s (< a chunk): exp(G - G_s) k_s . k; thread chunk + s:
+         * the same with q; each dot in 4 interleaved partial sums */
+        if (tid < 2 * REC_CHUNK && tid % REC_CHUNK <= n) {
+            const int s = tid % REC_CHUNK;
+            const float *x = tid < REC_CHUNK ? kn[buf] : qn[buf], *kr = ks + s * KS_STRIDE;
+            float ps[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+            for (int d0 = 0; d0 < dk; d0 += 4)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (d0 + u < dk)
+                        ps[u] = __fmaf_rn(kr[d0 + u], x[d0 + u], ps[u]);
+            const float dot = __fadd_rn(__fadd_rn(ps[0], ps[1]), __fadd_rn(ps[2], ps[3]));
+            const float v = __fmul_rn(expf(G - Gs[s]), dot);
+            if (tid < REC_CHUNK)
+                ck[s] = v;
+            else
+                cq[s] = v;
+        }
+        __syncthreads();
+        /* column e: the start state's S^T k and S^T q, then the chunk's
+         * earlier updates (rows s = part mod 4 here), each summed over
+         * the column's 4 threads */
+        float u = 0.0f, sq = 0.0f, w = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++) {
+            const int d = DR_PARTS * ii + part;
+            if (d < dk) {
+                u = __fmaf_rn(S[ii], kn[buf][d], u);
+                sq = __fmaf_rn(S[ii], qn[buf][d], sq);
             }
-            const float eu = eG * u, upd = ((vv - eu) - w) * beta;
-            me[dk + e] = upd;
-            acc += cq[n] * upd;
-            out[i * n_v_heads * dv + (i64)j * dv + e] = acc;
+        }
+        if (col)
+            for (int s = part; s < n; s += DR_PARTS) {
+                const float d_s = ds[s * DR_DS_STRIDE + c];
+                w = __fmaf_rn(ck[s], d_s, w);
+                acc = __fmaf_rn(cq[s], d_s, acc);
+            }
+        u = dr_part_sum(u);
+        sq = dr_part_sum(sq);
+        w = dr_part_sum(w);
+        acc = dr_part_sum(acc);
+        const float upd = __fmul_rn(__fsub_rn(__fsub_rn(cur.v, __fmul_rn(eG, u)), w), beta);
+        if (col) {
+            if (part == n % DR_PARTS) /* the thread that reads row n back */
+                ds[n * DR_DS_STRIDE + c] = upd;
+            if (part == 0) {
+                me[dk + e] = upd;
+                out[i * n_v_heads * dv + (i64)j * dv + e] =
+                    __fmaf_rn(cq[n], upd, __fadd_rn(__fmul_rn(eG, sq), acc));
+            }
         }
         if (n == REC_CHUNK - 1) { /* the next chunk's start state */
-            __syncthreads();
-            if (threadIdx.x < REC_CHUNK)
-                ck[threadIdx.x] = expf(G - Gs[threadIdx.x]);
-            __syncthreads();
+            __syncthreads();      /* every row's update in ds */
             if (col) {
 #pragma unroll
-                for (int d = 0; d < REC_MAX_DK; d++)
-                    S[d] *= eG;
+                for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++)
+                    S[ii] = __fmul_rn(S[ii], eG);
                 for (int s = 0; s < REC_CHUNK; s++) {
-                    const float ds = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e], ex = ck[s];
+                    const float x = __fmul_rn(expf(G - Gs[s]), ds[s * DR_DS_STRIDE + c]);
 #pragma unroll
-                    for (int d = 0; d < REC_MAX_DK; d++)
+                    for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++) {
+                        const int d = DR_PARTS * ii + part;
                         if (d < dk)
-                            S[d] += ex * ks[s * KS_STRIDE + d] * ds;
+                            S[ii] = __fmaf_rn(x, ks[s * KS_STRIDE + d], S[ii]);
+                    }
                 }
                 float *next = states + ((p + 1) / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride;
 #pragma unroll
-                for (int d = 0; d < REC_MAX_DK; d++)
+                for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++) {
+                    const int d = DR_PARTS * ii + part;
                     if (d < dk)
-                        next[(i64)d * dv + e] = S[d];
+                        next[(i64)d * dv + e] = S[ii];
+                }
             }
             c0 += REC_CHUNK;
+            __syncthreads(); /* ks, Gs and ds are the next chunk's from here */
         }
-        __syncthreads(); /* qn, kn, ks, Gs, ck and cq are rewritten by the next row */
+        cur = nxt;
     }
 }
 
