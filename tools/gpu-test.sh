@@ -50,7 +50,8 @@
 # instructions included);
 # GPU_TEST_NCU_OPS=TEXT adds Nsight Compute (same sections) on the kernels
 # of one call of each timed op of cuda_ops_check whose "op shape" contains
-# TEXT (e.g. "attention bf16"; with GPU_TEST_OPS_ONLY to skip the rest);
+# TEXT or one of its '|'-separated parts (e.g. "attention bf16"; with
+# GPU_TEST_OPS_ONLY to skip the rest);
 # GPU_TEST_PROBE=1 builds and runs tools/cuda/stream_probe.cu (GB/s of
 # register, cp.async and bulk-copy load disciplines);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.

@@ -15,8 +15,9 @@
  *   --small: small shapes only, no timing (for compute-sanitizer runs);
  *   --only: these sections of checks only (k_sections lists them);
  *   --profile: one more call of each timed op whose "op shape" contains
- *     TEXT, between cuProfilerStart and cuProfilerStop, so that
- *     `ncu --profile-from-start off` sees exactly those kernels. */
+ *     TEXT (or one of TEXT's '|'-separated parts), between cuProfilerStart
+ *     and cuProfilerStop, so that `ncu --profile-from-start off` sees
+ *     exactly those kernels. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -294,14 +295,29 @@ static int cmp_float(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* --profile: the text an op's "op shape" must contain; such an op runs
- * once more between the driver's profiler switches. */
+/* --profile: the texts ('|'-separated) one of which an op's "op shape"
+ * must contain; such an op runs once more between the driver's profiler
+ * switches. */
 static const char *g_profile;
+static int profile_wanted(const char *name)
+{
+    for (const char *p = g_profile; p && *p;) {
+        const char *bar = strchr(p, '|');
+        const size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        char part[256];
+        snprintf(part, sizeof part, "%.*s", (int)(len < sizeof part ? len : sizeof part - 1), p);
+        if (part[0] && strstr(name, part))
+            return 1;
+        p = bar ? bar + 1 : p + len;
+    }
+    return 0;
+}
+
 static void profiled_call(const char *op, const char *shape, run_fn run, void *arg)
 {
     char name[256];
     snprintf(name, sizeof name, "%s %s", op, shape);
-    if (!g_profile || !strstr(name, g_profile))
+    if (!profile_wanted(name))
         return;
     MUST(dflash_cuda_profile(g_gpu, 1));
     MUST(run(arg));
