@@ -76,6 +76,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ARGMAX_FINISH] = { "gemm.cu", "dflash_argmax_finish" },
     [DFK_CONV_SILU] = { "recurrent.cu", "dflash_conv_silu" },
     [DFK_DELTA_RULE] = { "recurrent.cu", "dflash_delta_rule" },
+    [DFK_DELTA_RULE_FULL] = { "recurrent.cu", "dflash_delta_rule_full" },
     [DFK_SIGMOID_MUL] = { "recurrent.cu", "dflash_sigmoid_mul" },
     [DFK_MOE_ROUTE] = { "moe.cu", "dflash_moe_route" },
     [DFK_MOE_ROUTE_WIDE] = { "moe.cu", "dflash_moe_route_wide" },

@@ -68,6 +68,7 @@ typedef enum dflash_cuda_kernel_id {
     DFK_ARGMAX_FINISH, /* gemm.cu: the fused LM head + argmax's last step */
     DFK_CONV_SILU, /* recurrent.cu: a linear-attention layer's primitives */
     DFK_DELTA_RULE,
+    DFK_DELTA_RULE_FULL, /* the same for k_dim == 128, bound tests compiled away */
     DFK_SIGMOID_MUL,
     DFK_MOE_ROUTE, /* moe.cu: a MoE layer's routing and grouping */
     DFK_MOE_ROUTE_WIDE, /* the same for more than 256 experts */

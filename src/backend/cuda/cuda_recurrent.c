@@ -3,10 +3,10 @@
  * argument checks every backend makes (backend.c). */
 #include "backend/cuda/cuda_internal.h"
 
-/* recurrent.cu's bounds: REC_MAX_DK (the state rows a column's 4
- * threads hold) and the value columns it checks; delta_rule's blocks
+/* recurrent.cu's bounds: REC_MAX_DK (the state rows a column's threads
+ * hold between them) and the value columns it checks; delta_rule's blocks
  * (DR_COLS value columns of one head, DR_THREADS threads) */
-enum { REC_MAX_DK = 128, REC_MAX_DV = 256, DR_COLS = 32, DR_THREADS = 128 };
+enum { REC_MAX_DK = 128, REC_MAX_DV = 256, DR_COLS = 32, DR_THREADS = 256 };
 
 dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
                              int n, int channels, int kernel, float *out)
@@ -45,8 +45,8 @@ dflash_status cuda_delta_rule(dflash_backend *be, const dflash_rec_args *r, cons
         void *args[] = { (void *)&r->info, (void *)&r->state, &stride, (void *)&a->y, (void *)&a->a, (void *)&a->b,
                          (void *)&a->A_log->data, &adt, (void *)&a->dt_bias->data, &ddt, &Hk, &Hv, &dk, &dv, &t0,
                          (void *)&a->out };
-        DFLASH_TRY(cuda_launch(c, DFK_DELTA_RULE, (unsigned)Hv * cdiv(dv, DR_COLS), (unsigned)r->n_seqs, DR_THREADS,
-                               args));
+        DFLASH_TRY(cuda_launch(c, dk == REC_MAX_DK ? DFK_DELTA_RULE_FULL : DFK_DELTA_RULE,
+                               (unsigned)Hv * cdiv(dv, DR_COLS), (unsigned)r->n_seqs, DR_THREADS, args));
     }
     return DFLASH_OK;
 }

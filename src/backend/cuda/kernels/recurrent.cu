@@ -6,9 +6,9 @@
  * conv_silu (causal depthwise convolution over the inputs by position,
  * then SiLU) and delta_rule (the gated delta rule in its chunked form).
  *
- * Each thread owns what it updates: a channel (conv_silu), every 4th
+ * Each thread owns what it updates: a channel (conv_silu), every 8th
  * state row of a value column of one head's chunk state (delta_rule; one
- * of a column's 4 threads writes its row updates), so a record is read
+ * of a column's 8 threads writes its row updates), so a record is read
  * and written by the same call with no race. conv_silu sums in the CPU
  * reference's order with products free to fuse into fmas; delta_rule's
  * sums have orders of their own, every rounding explicit. Results agree
@@ -79,73 +79,84 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 r
 }
 
 #define REC_MAX_DK 128
-#define KS_STRIDE (REC_MAX_DK + 1) /* a padded row: thread s reading row s hits its own bank */
+#define KS_STRIDE (REC_MAX_DK + 1) /* a padded row: a warp reading one row's 32 lanes hits 32 banks */
 #define DR_COLS 32                 /* value columns of one head a block owns */
-#define DR_PARTS 4                 /* threads sharing a column, each every 4th state row */
+#define DR_PARTS 8                 /* threads sharing a column, each every 8th state row */
 #define DR_THREADS (DR_COLS * DR_PARTS)
-#define DR_DS_STRIDE (DR_COLS + 8) /* a warp's (part, column) pairs on 32 banks */
-static_assert(2 * REC_CHUNK <= DR_THREADS, "a thread per (row of a chunk, dot product)");
-static_assert(REC_MAX_DK == 32 * DR_PARTS, "a warp's lanes hold q and k, 4 elements each");
+#define DR_WARPS (DR_THREADS / 32)
+#define DR_ROWS_PER (REC_MAX_DK / DR_PARTS) /* state rows a thread holds */
+#define DR_LANE (REC_MAX_DK / 32)           /* q and k elements a lane holds */
+#define DR_DS_STRIDE (DR_COLS + 4)          /* a warp's (part, column) pairs on 32 banks */
+static_assert(DR_PARTS * (DR_DS_STRIDE % 32) == 32, "ds reads of a warp conflict-free");
+static_assert(REC_MAX_DK <= DR_THREADS, "a thread per element of q and k");
 
 /* One row's inputs, requested a row ahead: lane l holds q and k elements
  * l + 32 m (every warp the whole row: the norms need no barrier), v of
  * the thread's column, the raw a and b of the head. */
 struct dr_row {
-    float q[DR_PARTS], k[DR_PARTS], v, a, b;
+    float q[DR_LANE], k[DR_LANE], v, a, b;
 };
 
+template <bool FULL>
 __forceinline__ void dr_load(dr_row &r, const float *yr, const float *a_in, const float *b_in, i64 i, int h, int j,
                              int e, int dk, int dv, int n_v_heads, i64 Kd)
 {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int m = 0; m < DR_PARTS; m++) {
+    for (int m = 0; m < DR_LANE; m++) {
         const int d = lane + 32 * m;
-        r.q[m] = d < dk ? yr[(i64)h * dk + d] : 0.0f;
-        r.k[m] = d < dk ? yr[Kd + (i64)h * dk + d] : 0.0f;
+        r.q[m] = FULL || d < dk ? yr[(i64)h * dk + d] : 0.0f;
+        r.k[m] = FULL || d < dk ? yr[Kd + (i64)h * dk + d] : 0.0f;
     }
     r.v = e < dv ? yr[2 * Kd + (i64)j * dv + e] : 0.0f;
     r.a = a_in[i * n_v_heads + j];
     r.b = b_in[i * n_v_heads + j];
 }
 
-/* Sum of a value over the 4 threads of a column (lanes 4c..4c+3): every
- * one of them gets the same bits (each level adds a commutative pair). */
+/* Sum of a value over the DR_PARTS threads of a column (adjacent lanes):
+ * every one of them gets the same bits (each level adds a commutative
+ * pair). */
 __forceinline__ float dr_part_sum(float x)
 {
-    x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
+#pragma unroll
+    for (int o = 1; o < DR_PARTS; o <<= 1)
+        x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
 }
 
 /* grid (value heads x column blocks of DR_COLS, sequences), block
- * DR_THREADS: thread (c, part) = (tid / 4, tid % 4) holds the rows d =
- * 4 i + part of column e = block's first + c of the head's chunk-start
- * state S [k_dim, v_dim] (32 registers), so a row's S^T k is 32 products
- * a thread and two shuffles, and a head's 128 columns are 4 blocks on 4
+ * DR_THREADS: thread (c, part) = (tid / 8, tid % 8) holds the rows d =
+ * 8 i + part of column e = block's first + c of the head's chunk-start
+ * state S [k_dim, v_dim] (16 registers), so a row's S^T k is 16 products
+ * a thread and three shuffles, and a head's 128 columns are 4 blocks on 4
  * SMs. The chunk's normalised k rows and cumulative decays, and the
- * block's columns of the chunk's row updates, sit in shared memory (46
+ * block's columns of the chunk's row updates, sit in shared memory (45
  * KB): the updates are read from the record only for rows an earlier
  * call wrote. Per row two barriers: after the row's q, k and decay are
- * stored, after the (earlier row, row) dot products. Every sum has a
- * fixed order (explicit roundings), so a row's bits do not depend on the
- * rows that share its call. A launch takes rows t0 .. t0 + REC_CHUNK - 1
- * of each sequence's call (the launcher walks the windows): the row slots
- * it writes then never wrap onto the ones another block of the head
- * reads at its start (the chunk's earlier k rows and decays; the ring
- * holds two chunks). Record layout: backend.h, dflash_delta_rec_size. */
-extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const int *info, float *state,
-                                             i64 rec_stride, const float *y, const float *a_in, const float *b_in,
-                                             const void *A_log, int adt, const void *dt_bias, int ddt, int n_k_heads,
-                                             int n_v_heads, int dk, int dv, int t0, float *out)
+ * stored, after the (earlier row, row) dot products, a warp per earlier
+ * row (its lanes over k_dim). Every sum has a fixed order (explicit
+ * roundings), so a row's bits do not depend on the rows that share its
+ * call. A launch takes rows t0 .. t0 + REC_CHUNK - 1 of each sequence's
+ * call (the launcher walks the windows): the row slots it writes then
+ * never wrap onto the ones another block of the head reads at its start
+ * (the chunk's earlier k rows and decays; the ring holds two chunks).
+ * FULL: k_dim == REC_MAX_DK, every bound test compiled away. Record
+ * layout: backend.h, dflash_delta_rec_size. */
+template <bool FULL>
+__forceinline__ void delta_rule_body(const int *info, float *state, i64 rec_stride, const float *y, const float *a_in,
+                                     const float *b_in, const void *A_log, int adt, const void *dt_bias, int ddt,
+                                     int n_k_heads, int n_v_heads, int dk, int dv, int t0, float *out)
 {
     __shared__ float ks[REC_CHUNK * KS_STRIDE];    /* k row of chunk row s at s * KS_STRIDE */
     __shared__ float ds[REC_CHUNK * DR_DS_STRIDE]; /* update of chunk row s, column c at s * stride + c */
     __shared__ float qn[2][REC_MAX_DK], kn[2][REC_MAX_DK]; /* the row's (alternating: a slow thread may
                                                             * still read the previous row's) */
     __shared__ float ck[REC_CHUNK], cq[REC_CHUNK], Gs[REC_CHUNK];
+    if (FULL)
+        dk = REC_MAX_DK;
     pdl_trigger();
     const int n_cb = (dv + DR_COLS - 1) / DR_COLS, j = blockIdx.x / n_cb, cb = blockIdx.x - j * n_cb;
-    const int tid = threadIdx.x, c = tid / DR_PARTS, part = tid % DR_PARTS, warp = tid >> 5;
+    const int tid = threadIdx.x, c = tid / DR_PARTS, part = tid % DR_PARTS, warp = tid >> 5, lane = tid & 31;
     const int e = cb * DR_COLS + c, h = j / (n_v_heads / n_k_heads);
     const bool col = e < dv;
     const float neg_a = -expf(load_elem(A_log, adt, j)), bias = load_elem(dt_bias, ddt, j);
@@ -160,14 +171,14 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const
     float *slots = rec + DFLASH_REC_CHUNK_STATES * n_v_heads * head + j * slot; /* row p at (p % ROWS) * Hv * slot */
     const i64 state_stride = n_v_heads * head, slot_stride = n_v_heads * slot;
     int c0 = pos0 - pos0 % REC_CHUNK;
-    float S[REC_MAX_DK / DR_PARTS];
+    float S[DR_ROWS_PER];
 #pragma unroll
-    for (int i = 0; i < REC_MAX_DK / DR_PARTS; i++) {
+    for (int i = 0; i < DR_ROWS_PER; i++) {
         const int d = DR_PARTS * i + part;
-        S[i] = col && d < dk && c0 > 0
-                   ? states[(c0 / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride + (i64)d * dv + e]
-                   : 0.0f;
-        if (pos0 == 0 && col && d < dk) /* the CPU writes the first chunk's (zero) start state too */
+        const bool in = col && (FULL || d < dk);
+        S[i] = in && c0 > 0 ? states[(c0 / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride + (i64)d * dv + e]
+                            : 0.0f;
+        if (in && pos0 == 0) /* the CPU writes the first chunk's (zero) start state too */
             states[(i64)d * dv + e] = 0.0f;
     }
     /* the chunk's rows an earlier call took: k rows, decays, updates */
@@ -182,19 +193,20 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const
             ds[s * DR_DS_STRIDE + c] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
     const float scale = 1.0f / sqrtf((float)dk);
     dr_row cur, nxt;
-    dr_load(cur, y + (i64)row0 * C, a_in, b_in, row0, h, j, e, dk, dv, n_v_heads, Kd);
+    dr_load<FULL>(cur, y + (i64)row0 * C, a_in, b_in, row0, h, j, e, dk, dv, n_v_heads, Kd);
+    nxt = cur;
     __syncthreads();
     for (int t = 0; t < rows; t++) {
         const int p = pos0 + t, n = p - c0, buf = t & 1;
         const i64 i = row0 + t;
         float *me = slots + (p % REC_ROWS) * slot_stride;
         if (t + 1 < rows) /* the next row's inputs in flight while this one runs */
-            dr_load(nxt, y + (i + 1) * C, a_in, b_in, i + 1, h, j, e, dk, dv, n_v_heads, Kd);
+            dr_load<FULL>(nxt, y + (i + 1) * C, a_in, b_in, i + 1, h, j, e, dk, dv, n_v_heads, Kd);
         /* q and k over their L2 norms (q also times dk^-1/2): each warp
          * sums the whole row, elements in m order then the lanes' tree */
         float qq = 0.0f, kk = 0.0f;
 #pragma unroll
-        for (int m = 0; m < DR_PARTS; m++) {
+        for (int m = 0; m < DR_LANE; m++) {
             qq = __fmaf_rn(cur.q[m], cur.q[m], qq);
             kk = __fmaf_rn(cur.k[m], cur.k[m], kk);
         }
@@ -207,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const
         if (tid < dk) { /* element tid: this warp's m = warp */
             float qv = 0.0f, kv = 0.0f;
 #pragma unroll
-            for (int m = 0; m < DR_PARTS; m++)
+            for (int m = 0; m < DR_LANE; m++)
                 if (m == warp) {
                     qv = cur.q[m];
                     kv = cur.k[m];
@@ -225,33 +237,45 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const
                 me[dk + dv] = G;
         }
         __syncthreads();
-        /* thread s (< a chunk): exp(G - G_s) k_s . k; thread chunk + s:
-         * the same with q; each dot in 4 interleaved partial sums */
-        if (tid < 2 * REC_CHUNK && tid % REC_CHUNK <= n) {
-            const int s = tid % REC_CHUNK;
-            const float *x = tid < REC_CHUNK ? kn[buf] : qn[buf], *kr = ks + s * KS_STRIDE;
-            float ps[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-            for (int d0 = 0; d0 < dk; d0 += 4)
+        /* a warp per earlier row s <= n: exp(G - G_s) times k_s . k and
+         * k_s . q, lane l taking elements l + 32 m in m order, then the
+         * lanes' tree */
+        {
+            float kr[DR_LANE], qr[DR_LANE];
 #pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (d0 + u < dk)
-                        ps[u] = __fmaf_rn(kr[d0 + u], x[d0 + u], ps[u]);
-            const float dot = __fadd_rn(__fadd_rn(ps[0], ps[1]), __fadd_rn(ps[2], ps[3]));
-            const float v = __fmul_rn(expf(G - Gs[s]), dot);
-            if (tid < REC_CHUNK)
-                ck[s] = v;
-            else
-                cq[s] = v;
+            for (int m = 0; m < DR_LANE; m++) {
+                const int d = lane + 32 * m;
+                kr[m] = FULL || d < dk ? kn[buf][d] : 0.0f;
+                qr[m] = FULL || d < dk ? qn[buf][d] : 0.0f;
+            }
+#pragma unroll 2
+            for (int s = warp; s <= n; s += DR_WARPS) {
+                float pk = 0.0f, pq = 0.0f;
+#pragma unroll
+                for (int m = 0; m < DR_LANE; m++) {
+                    const int d = lane + 32 * m;
+                    const float x = FULL || d < dk ? ks[s * KS_STRIDE + d] : 0.0f;
+                    pk = __fmaf_rn(x, kr[m], pk);
+                    pq = __fmaf_rn(x, qr[m], pq);
+                }
+                pk = warp_sum(pk);
+                pq = warp_sum(pq);
+                if (lane == 0) {
+                    const float ex = expf(G - Gs[s]);
+                    ck[s] = __fmul_rn(ex, pk);
+                    cq[s] = __fmul_rn(ex, pq);
+                }
+            }
         }
         __syncthreads();
         /* column e: the start state's S^T k and S^T q, then the chunk's
-         * earlier updates (rows s = part mod 4 here), each summed over
-         * the column's 4 threads */
+         * earlier updates (rows s = part mod 8 here), each summed over
+         * the column's 8 threads */
         float u = 0.0f, sq = 0.0f, w = 0.0f, acc = 0.0f;
 #pragma unroll
-        for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++) {
+        for (int ii = 0; ii < DR_ROWS_PER; ii++) {
             const int d = DR_PARTS * ii + part;
-            if (d < dk) {
+            if (FULL || d < dk) {
                 u = __fmaf_rn(S[ii], kn[buf][d], u);
                 sq = __fmaf_rn(S[ii], qn[buf][d], sq);
             }
@@ -280,22 +304,22 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const
             __syncthreads();      /* every row's update in ds */
             if (col) {
 #pragma unroll
-                for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++)
+                for (int ii = 0; ii < DR_ROWS_PER; ii++)
                     S[ii] = __fmul_rn(S[ii], eG);
                 for (int s = 0; s < REC_CHUNK; s++) {
                     const float x = __fmul_rn(expf(G - Gs[s]), ds[s * DR_DS_STRIDE + c]);
 #pragma unroll
-                    for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++) {
+                    for (int ii = 0; ii < DR_ROWS_PER; ii++) {
                         const int d = DR_PARTS * ii + part;
-                        if (d < dk)
+                        if (FULL || d < dk)
                             S[ii] = __fmaf_rn(x, ks[s * KS_STRIDE + d], S[ii]);
                     }
                 }
                 float *next = states + ((p + 1) / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride;
 #pragma unroll
-                for (int ii = 0; ii < REC_MAX_DK / DR_PARTS; ii++) {
+                for (int ii = 0; ii < DR_ROWS_PER; ii++) {
                     const int d = DR_PARTS * ii + part;
-                    if (d < dk)
+                    if (FULL || d < dk)
                         next[(i64)d * dv + e] = S[ii];
                 }
             }
@@ -305,6 +329,19 @@ extern "C" __global__ void __launch_bounds__(DR_THREADS) dflash_delta_rule(const
         cur = nxt;
     }
 }
+
+/* Any k_dim up to REC_MAX_DK, and k_dim == REC_MAX_DK (a Qwen3.5's). */
+#define DELTA_RULE_KERNEL(name, FULL)                                                                          \
+    extern "C" __global__ void __launch_bounds__(DR_THREADS)                                                   \
+        name(const int *info, float *state, i64 rec_stride, const float *y, const float *a_in, const float *b_in, \
+             const void *A_log, int adt, const void *dt_bias, int ddt, int n_k_heads, int n_v_heads, int dk, int dv, \
+             int t0, float *out)                                                                               \
+    {                                                                                                          \
+        delta_rule_body<FULL>(info, state, rec_stride, y, a_in, b_in, A_log, adt, dt_bias, ddt, n_k_heads,     \
+                              n_v_heads, dk, dv, t0, out);                                                     \
+    }
+DELTA_RULE_KERNEL(dflash_delta_rule, false)
+DELTA_RULE_KERNEL(dflash_delta_rule_full, true)
 
 /* x[i, c] *= sigmoid(g[i * g_cols + (g_cols == 1 ? 0 : c)]) over n * cols */
 extern "C" __global__ void dflash_sigmoid_mul(float *x, const float *g, i64 n, i64 cols, i64 g_cols)
