@@ -5,8 +5,9 @@
 
 /* recurrent.cu's bounds: REC_MAX_DK (the state rows a column's threads
  * hold between them) and the value columns it checks; delta_rule's blocks
- * (DR_COLS value columns of one head, DR_THREADS threads) */
-enum { REC_MAX_DK = 128, REC_MAX_DV = 256, DR_COLS = 32, DR_THREADS = 256 };
+ * (DR_COLS value columns of one head, DR_THREADS threads) and the rows of
+ * each sequence one launch takes (DR_WIN) */
+enum { REC_MAX_DK = 128, REC_MAX_DV = 256, DR_COLS = 32, DR_THREADS = 256, DR_WIN = 16 };
 
 dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,
                              int n, int channels, int kernel, float *out)
@@ -39,9 +40,9 @@ dflash_status cuda_delta_rule(dflash_backend *be, const dflash_rec_args *r, cons
     DFLASH_TRY(cuda_enter(c));
     int adt = (int)a->A_log->dtype, ddt = (int)a->dt_bias->dtype;
     int64_t stride = r->rec_stride;
-    /* windows of a chunk's rows of every sequence, one launch each (a
+    /* windows of DR_WIN rows of every sequence, one launch each (a
      * verify or decode is one; recurrent.cu says why a long call is cut) */
-    for (int t0 = 0; t0 < r->max_seq_rows; t0 += DFLASH_REC_CHUNK) {
+    for (int t0 = 0; t0 < r->max_seq_rows; t0 += DR_WIN) {
         void *args[] = { (void *)&r->info, (void *)&r->state, &stride, (void *)&a->y, (void *)&a->a, (void *)&a->b,
                          (void *)&a->A_log->data, &adt, (void *)&a->dt_bias->data, &ddt, &Hk, &Hv, &dk, &dv, &t0,
                          (void *)&a->out };

@@ -26,6 +26,53 @@
 #define REC_CHUNK DFLASH_REC_CHUNK
 static_assert(REC_ROWS % REC_CHUNK == 0, "a chunk's rows are contiguous in the record's ring");
 
+/* conv_silu's rows for a kernel size KS known at compile time (a
+ * Qwen3.5's 4): inputs in groups of CONV_GROUP rows, all of a group's
+ * requested before any is used (a row's own arithmetic is a few
+ * instructions, so a load at its turn leaves every row waiting for memory:
+ * a verify's 16 rows become one round trip, not 16). The same sums as the
+ * general loop below. */
+#define CONV_GROUP 16
+template <int KS>
+__forceinline__ void conv_rows_fixed(const float *x, float *ring, float *out, int channels, int c, int row0,
+                                     int rows, int pos0, const float *wc_all)
+{
+    float wc[KS], win[KS - 1];
+#pragma unroll
+    for (int i = 0; i < KS; i++)
+        wc[i] = wc_all[i];
+#pragma unroll
+    for (int i = 0; i < KS - 1; i++) {
+        const int pi = pos0 - (KS - 1) + i;
+        win[i] = pi >= 0 ? ring[(i64)(pi % REC_ROWS) * channels + c] : 0.0f;
+    }
+    for (int t0 = 0; t0 < rows; t0 += CONV_GROUP) {
+        float xg[CONV_GROUP];
+#pragma unroll
+        for (int k = 0; k < CONV_GROUP; k++)
+            xg[k] = t0 + k < rows ? x[(i64)(row0 + t0 + k) * channels + c] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < CONV_GROUP; k++) {
+            if (t0 + k >= rows)
+                break;
+            const int p = pos0 + t0 + k;
+            const float xt = xg[k];
+            ring[(i64)(p % REC_ROWS) * channels + c] = xt;
+            float acc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < KS - 1; i++)
+                if (p - (KS - 1) + i >= 0)
+                    acc += wc[i] * win[i];
+            acc += wc[KS - 1] * xt;
+            out[(i64)(row0 + t0 + k) * channels + c] = acc / (1.0f + expf(-acc));
+#pragma unroll
+            for (int i = 0; i < KS - 2; i++)
+                win[i] = win[i + 1];
+            win[KS - 2] = xt;
+        }
+    }
+}
+
 /* grid (channel blocks, sequences), block 128: one channel per thread.
  * The window of earlier inputs stays in registers; each row's input is
  * written to the record's slot for its position. */
@@ -45,6 +92,10 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 r
     const int *f = info + blockIdx.y * DFLASH_REC_INFO_LEN;
     const int row0 = f[0], rows = f[1], pos0 = f[2];
     float *ring = state + f[3] * rec_stride;
+    if (kernel == 4) {
+        conv_rows_fixed<4>(x, ring, out, channels, c, row0, rows, pos0, wc);
+        return;
+    }
     /* win[i]: the input at position pos0 - hist + i (nothing before 0) */
 #pragma unroll
     for (int i = 0; i < REC_MAX_KERNEL - 1; i++) {
@@ -79,38 +130,68 @@ extern "C" __global__ void dflash_conv_silu(const int *info, float *state, i64 r
 }
 
 #define REC_MAX_DK 128
-#define KS_STRIDE (REC_MAX_DK + 1) /* a padded row: a warp reading one row's 32 lanes hits 32 banks */
+#define KS_STRIDE (REC_MAX_DK + 1) /* a padded row */
 #define DR_COLS 32                 /* value columns of one head a block owns */
 #define DR_PARTS 8                 /* threads sharing a column, each every 8th state row */
 #define DR_THREADS (DR_COLS * DR_PARTS)
 #define DR_WARPS (DR_THREADS / 32)
 #define DR_ROWS_PER (REC_MAX_DK / DR_PARTS) /* state rows a thread holds */
-#define DR_LANE (REC_MAX_DK / 32)           /* q and k elements a lane holds */
+#define DR_LANE (REC_MAX_DK / 32)           /* elements of a k_dim row a lane holds */
 #define DR_DS_STRIDE (DR_COLS + 4)          /* a warp's (part, column) pairs on 32 banks */
+#define DR_WIN 16                           /* rows of each sequence one launch takes */
+#define DR_S_PER (REC_CHUNK / DR_WARPS)     /* chunk rows a warp takes in the dot products */
+#define DR_STAGE 16                         /* k rows of 128 in ck and cq together */
 static_assert(DR_PARTS * (DR_DS_STRIDE % 32) == 32, "ds reads of a warp conflict-free");
-static_assert(REC_MAX_DK <= DR_THREADS, "a thread per element of q and k");
+static_assert(DR_COLS == 32, "a warp's lanes load a window row's values of the block's columns");
+static_assert(REC_CHUNK % DR_WARPS == 0 && DR_WIN % DR_WARPS == 0, "rows spread evenly over the warps");
+static_assert(DR_STAGE * REC_MAX_DK == 2 * DR_WIN * REC_CHUNK && REC_CHUNK % DR_STAGE == 0 &&
+                  DR_STAGE * REC_MAX_DK % DR_THREADS == 0,
+              "a chunk-end stage of k rows fills ck and cq");
+static_assert(REC_CHUNK - 1 + DR_WIN <= REC_ROWS, "a launch's row slots never wrap onto the chunk rows it reads");
 
-/* One row's inputs, requested a row ahead: lane l holds q and k elements
- * l + 32 m (every warp the whole row: the norms need no barrier), v of
- * the thread's column, the raw a and b of the head. */
-struct dr_row {
-    float q[DR_LANE], k[DR_LANE], v, a, b;
-};
-
-template <bool FULL>
-__forceinline__ void dr_load(dr_row &r, const float *yr, const float *a_in, const float *b_in, i64 i, int h, int j,
-                             int e, int dk, int dv, int n_v_heads, i64 Kd)
+/* Lane l's elements l + 32 m of a k_dim row (0 past k_dim). */
+template <bool FULL> __forceinline__ void dr_row(float (&r)[DR_LANE], const float *src, int dk)
 {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int m = 0; m < DR_LANE; m++) {
-        const int d = lane + 32 * m;
-        r.q[m] = FULL || d < dk ? yr[(i64)h * dk + d] : 0.0f;
-        r.k[m] = FULL || d < dk ? yr[Kd + (i64)h * dk + d] : 0.0f;
+    for (int m = 0; m < DR_LANE; m++)
+        r[m] = FULL || lane + 32 * m < dk ? src[lane + 32 * m] : 0.0f;
+}
+
+/* The dot of two rows held as dr_row leaves them: each lane's products in
+ * m order, then the warp's tree; every lane gets the same bits. */
+__forceinline__ float dr_dot(const float (&a)[DR_LANE], const float (&b)[DR_LANE])
+{
+    float x = 0.0f;
+#pragma unroll
+    for (int m = 0; m < DR_LANE; m++)
+        x = __fmaf_rn(a[m], b[m], x);
+    return warp_sum(x);
+}
+
+/* N values' sums over the warp at once (N a power of 2, <= 32): at each
+ * butterfly level a lane keeps half of the values it still holds and
+ * sends the other half to its partner, so N sums cost about N shuffles
+ * instead of 5 N, in independent chains. The sum of value v ends in the
+ * lanes l with l >> (5 - log2 N) == v; each level adds the same pair of
+ * partials as warp_sum, so every sum has warp_sum's bits. */
+template <int N> __forceinline__ float dr_sum_many(float (&p)[N])
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16, n = N; o > 0; o >>= 1, n = n > 1 ? n / 2 : 1) {
+        if (n > 1) {
+            const bool hi = lane & o;
+#pragma unroll
+            for (int i = 0; i < n / 2; i++) {
+                const float send = hi ? p[i] : p[i + n / 2], keep = hi ? p[i + n / 2] : p[i];
+                p[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+        } else {
+            p[0] += __shfl_xor_sync(0xffffffffu, p[0], o);
+        }
     }
-    r.v = e < dv ? yr[2 * Kd + (i64)j * dv + e] : 0.0f;
-    r.a = a_in[i * n_v_heads + j];
-    r.b = b_in[i * n_v_heads + j];
+    return p[0];
 }
 
 /* Sum of a value over the DR_PARTS threads of a column (adjacent lanes):
@@ -124,22 +205,88 @@ __forceinline__ float dr_part_sum(float x)
     return x;
 }
 
+/* A chunk-end stage: this thread's DR_SV of the k rows s0 .. s0 +
+ * DR_STAGE - 1 (those below E) from the record, all requested at once. */
+#define DR_SV (DR_STAGE * REC_MAX_DK / DR_THREADS)
+template <bool FULL>
+__forceinline__ void dr_stage_load(float (&sv)[DR_SV], const float *slots, i64 slot_stride, int c0, int s0, int E,
+                                   int dk)
+{
+#pragma unroll
+    for (int i = 0; i < DR_SV; i++) {
+        const int el = threadIdx.x + DR_THREADS * i, s = s0 + el / REC_MAX_DK, d = el % REC_MAX_DK;
+        sv[i] = s < E && (FULL || d < dk) ? slots[((c0 + s) % REC_ROWS) * slot_stride + d] : 0.0f;
+    }
+}
+
+/* Phase 2's dot products of a warp's first R chunk rows s = warp + 8 r
+ * (k rows in kr, zero past nb) with every segment row t in ta..tb-1 (n0:
+ * chunk row of window row 0): ck[t][s] = e^(G_t - G_s) k_s . k_t, cq the
+ * same with q_t, for s <= t's chunk row. A row's dots are dr_dot's bits. */
+template <int R, bool FULL>
+__forceinline__ void dr_chunk_dots(const float (&kr)[DR_S_PER][DR_LANE], const float *kw, const float *qw,
+                                   const float *Gs, float (*ck)[REC_CHUNK], float (*cq)[REC_CHUNK], int ta, int tb,
+                                   int n0, int nb, int dk)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* value v of the 2 R: row r = v / 2, k (v even) or q; lane l ends with v = l >> sh */
+    constexpr int sh = R == 2 ? 3 : R == 4 ? 2 : 1;
+    static_assert(2 * R == 32 >> sh, "R is 2, 4 or 8");
+    const int v = lane >> sh, s = warp + (v >> 1) * DR_WARPS;
+    for (int t = ta; t < tb; t++) {
+        float xk[DR_LANE], xq[DR_LANE], p[2 * R];
+        dr_row<FULL>(xk, kw + t * KS_STRIDE, dk);
+        dr_row<FULL>(xq, qw + t * KS_STRIDE, dk);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            p[2 * r] = p[2 * r + 1] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < DR_LANE; m++) {
+                p[2 * r] = __fmaf_rn(kr[r][m], xk[m], p[2 * r]);
+                p[2 * r + 1] = __fmaf_rn(kr[r][m], xq[m], p[2 * r + 1]);
+            }
+        }
+        const float dot = dr_sum_many<2 * R>(p);
+        const int n = n0 + t;
+        if ((lane & ((1 << sh) - 1)) == 0 && s <= nb && s <= n) {
+            const float ex = expf(Gs[n] - Gs[s]);
+            if (v & 1)
+                cq[t][s] = __fmul_rn(ex, dot);
+            else
+                ck[t][s] = __fmul_rn(ex, dot);
+        }
+    }
+}
+
 /* grid (value heads x column blocks of DR_COLS, sequences), block
  * DR_THREADS: thread (c, part) = (tid / 8, tid % 8) holds the rows d =
  * 8 i + part of column e = block's first + c of the head's chunk-start
- * state S [k_dim, v_dim] (16 registers), so a row's S^T k is 16 products
- * a thread and three shuffles, and a head's 128 columns are 4 blocks on 4
- * SMs. The chunk's normalised k rows and cumulative decays, and the
- * block's columns of the chunk's row updates, sit in shared memory (45
- * KB): the updates are read from the record only for rows an earlier
- * call wrote. Per row two barriers: after the row's q, k and decay are
- * stored, after the (earlier row, row) dot products, a warp per earlier
- * row (its lanes over k_dim). Every sum has a fixed order (explicit
- * roundings), so a row's bits do not depend on the rows that share its
- * call. A launch takes rows t0 .. t0 + REC_CHUNK - 1 of each sequence's
- * call (the launcher walks the windows): the row slots it writes then
- * never wrap onto the ones another block of the head reads at its start
- * (the chunk's earlier k rows and decays; the ring holds two chunks).
+ * state S [k_dim, v_dim] (16 registers); a head's 128 columns are 4
+ * blocks. A launch takes DR_WIN rows of each sequence's call (rows t0 ..;
+ * the launcher walks the windows), in segments of one chunk each:
+ *
+ * 1. a warp per row: q and k over their L2 norms into shared memory, the
+ *    decay exponent and beta; one thread then sums the decays in row
+ *    order (G);
+ * 2. everything that depends only on the inputs: a warp per chunk row s
+ *    takes k_s . k_t and k_s . q_t for every segment row t after it
+ *    (times exp(G_t - G_s)), all of a warp's rows for one t reduced
+ *    together (dr_chunk_dots); each column's thread group S^T k_t,
+ *    S^T q_t;
+ * 3. the recurrence itself, row after row without a barrier: a column's
+ *    update sums its earlier updates (thread part has rows s = part mod
+ *    8, written by itself), three shuffles, the update and the output.
+ *
+ * At a chunk's last row the next start state, from the chunk's k rows:
+ * the window's from shared memory, an earlier launch's from the record,
+ * 16 at a time through ck and cq's space (one round trip a stage, not
+ * one a row; room for all 64 would take dynamic shared memory beyond the
+ * static 48 KB, and a larger shared-memory carveout than the kernels
+ * around this one use). Every sum has a fixed
+ * order (explicit roundings), so a row's bits do not depend on the rows
+ * that share its call or its window. A window's k rows are read from
+ * shared memory, earlier rows' from the record, which only an earlier
+ * launch wrote: one launch's writes never race another block's reads.
  * FULL: k_dim == REC_MAX_DK, every bound test compiled away. Record
  * layout: backend.h, dflash_delta_rec_size. */
 template <bool FULL>
@@ -147,11 +294,13 @@ __forceinline__ void delta_rule_body(const int *info, float *state, i64 rec_stri
                                      const float *b_in, const void *A_log, int adt, const void *dt_bias, int ddt,
                                      int n_k_heads, int n_v_heads, int dk, int dv, int t0, float *out)
 {
-    __shared__ float ks[REC_CHUNK * KS_STRIDE];    /* k row of chunk row s at s * KS_STRIDE */
+    __shared__ float kw[DR_WIN * KS_STRIDE], qw[DR_WIN * KS_STRIDE]; /* the window's normalised k, q rows */
+    /* window row t, chunk row s: ck (k . k), cq (k . q); at a chunk's end, DR_STAGE k rows of 128 */
+    __shared__ float ckq[2][DR_WIN][REC_CHUNK];
+    float(*ck)[REC_CHUNK] = ckq[0], (*cq)[REC_CHUNK] = ckq[1], *kst = &ckq[0][0][0];
     __shared__ float ds[REC_CHUNK * DR_DS_STRIDE]; /* update of chunk row s, column c at s * stride + c */
-    __shared__ float qn[2][REC_MAX_DK], kn[2][REC_MAX_DK]; /* the row's (alternating: a slow thread may
-                                                            * still read the previous row's) */
-    __shared__ float ck[REC_CHUNK], cq[REC_CHUNK], Gs[REC_CHUNK];
+    __shared__ float vw[DR_WIN][DR_COLS], ow[DR_WIN][DR_COLS]; /* v, then v - e^G S^T k; e^G S^T q */
+    __shared__ float Gs[REC_CHUNK], gw[DR_WIN], bw[DR_WIN];
     if (FULL)
         dk = REC_MAX_DK;
     pdl_trigger();
@@ -162,7 +311,7 @@ __forceinline__ void delta_rule_body(const int *info, float *state, i64 rec_stri
     const float neg_a = -expf(load_elem(A_log, adt, j)), bias = load_elem(dt_bias, ddt, j);
     pdl_wait();
     const int *f = info + blockIdx.y * DFLASH_REC_INFO_LEN;
-    const int row0 = f[0] + t0, rows = min(f[1] - t0, REC_CHUNK), pos0 = f[2] + t0;
+    const int row0 = f[0] + t0, rows = min(f[1] - t0, DR_WIN), pos0 = f[2] + t0;
     if (rows <= 0)
         return;
     const i64 head = (i64)dk * dv, slot = (i64)dk + dv + 1, Kd = (i64)n_k_heads * dk, C = 2 * Kd + (i64)n_v_heads * dv;
@@ -181,141 +330,203 @@ __forceinline__ void delta_rule_body(const int *info, float *state, i64 rec_stri
         if (in && pos0 == 0) /* the CPU writes the first chunk's (zero) start state too */
             states[(i64)d * dv + e] = 0.0f;
     }
-    /* the chunk's rows an earlier call took: k rows, decays, updates */
-    for (int i = tid; i < (pos0 - c0) * dk; i += DR_THREADS) {
-        const int s = i / dk, d = i - s * dk;
-        ks[s * KS_STRIDE + d] = slots[((c0 + s) % REC_ROWS) * slot_stride + d];
-    }
+    /* the chunk's rows an earlier launch took: decays, this thread's updates */
     for (int s = tid; s < pos0 - c0; s += DR_THREADS)
         Gs[s] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + dv];
-    if (col)
-        for (int s = part; s < pos0 - c0; s += DR_PARTS)
-            ds[s * DR_DS_STRIDE + c] = slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e];
-    const float scale = 1.0f / sqrtf((float)dk);
-    dr_row cur, nxt;
-    dr_load<FULL>(cur, y + (i64)row0 * C, a_in, b_in, row0, h, j, e, dk, dv, n_v_heads, Kd);
-    nxt = cur;
-    __syncthreads();
-    for (int t = 0; t < rows; t++) {
-        const int p = pos0 + t, n = p - c0, buf = t & 1;
-        const i64 i = row0 + t;
-        float *me = slots + (p % REC_ROWS) * slot_stride;
-        if (t + 1 < rows) /* the next row's inputs in flight while this one runs */
-            dr_load<FULL>(nxt, y + (i + 1) * C, a_in, b_in, i + 1, h, j, e, dk, dv, n_v_heads, Kd);
-        /* q and k over their L2 norms (q also times dk^-1/2): each warp
-         * sums the whole row, elements in m order then the lanes' tree */
-        float qq = 0.0f, kk = 0.0f;
+    {
+        float dl[REC_CHUNK / DR_PARTS]; /* all requested before the first is stored */
 #pragma unroll
-        for (int m = 0; m < DR_LANE; m++) {
-            qq = __fmaf_rn(cur.q[m], cur.q[m], qq);
-            kk = __fmaf_rn(cur.k[m], cur.k[m], kk);
+        for (int i = 0; i < REC_CHUNK / DR_PARTS; i++) {
+            const int s = part + DR_PARTS * i;
+            dl[i] = col && s < pos0 - c0 ? slots[((c0 + s) % REC_ROWS) * slot_stride + dk + e] : 0.0f;
         }
-        qq = warp_sum(qq);
-        kk = warp_sum(kk);
-        const float q_inv = 1.0f / sqrtf(qq + 1e-6f), k_inv = 1.0f / sqrtf(kk + 1e-6f);
-        const float beta = 1.0f / (1.0f + expf(-cur.b)), xa = cur.a + bias;
-        const float g = neg_a * (xa > 20.0f ? xa : log1pf(expf(xa)));
-        const float G = (n == 0 ? 0.0f : Gs[n - 1]) + g, eG = expf(G);
-        if (tid < dk) { /* element tid: this warp's m = warp */
-            float qv = 0.0f, kv = 0.0f;
 #pragma unroll
-            for (int m = 0; m < DR_LANE; m++)
-                if (m == warp) {
-                    qv = cur.q[m];
-                    kv = cur.k[m];
-                }
-            const float kd = kv * k_inv;
-            qn[buf][tid] = qv * q_inv * scale;
-            kn[buf][tid] = kd;
-            ks[n * KS_STRIDE + tid] = kd;
-            if (cb == 0)
-                me[tid] = kd;
+        for (int i = 0; i < REC_CHUNK / DR_PARTS; i++) {
+            const int s = part + DR_PARTS * i;
+            if (col && s < pos0 - c0)
+                ds[s * DR_DS_STRIDE + c] = dl[i];
         }
-        if (tid == 0) {
-            Gs[n] = G;
-            if (cb == 0)
-                me[dk + dv] = G;
+    }
+
+    /* 1. a warp per window row, every row's inputs requested first */
+    {
+        const float scale = 1.0f / sqrtf((float)dk);
+        float q[DR_WIN / DR_WARPS][DR_LANE], k[DR_WIN / DR_WARPS][DR_LANE], v[DR_WIN / DR_WARPS];
+#pragma unroll
+        for (int r = 0; r < DR_WIN / DR_WARPS; r++) {
+            const int t = warp + r * DR_WARPS;
+            const float *yr = y + (i64)(row0 + (t < rows ? t : 0)) * C;
+            dr_row<FULL>(q[r], yr + (i64)h * dk, dk);
+            dr_row<FULL>(k[r], yr + Kd + (i64)h * dk, dk);
+            v[r] = cb * DR_COLS + lane < dv ? yr[2 * Kd + (i64)j * dv + cb * DR_COLS + lane] : 0.0f;
         }
-        __syncthreads();
-        /* a warp per earlier row s <= n: exp(G - G_s) times k_s . k and
-         * k_s . q, lane l taking elements l + 32 m in m order, then the
-         * lanes' tree */
-        {
-            float kr[DR_LANE], qr[DR_LANE];
+#pragma unroll
+        for (int r = 0; r < DR_WIN / DR_WARPS; r++) {
+            const int t = warp + r * DR_WARPS;
+            if (t >= rows)
+                break;
+            float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+            for (int m = 0; m < DR_LANE; m++) {
+                qq = __fmaf_rn(q[r][m], q[r][m], qq);
+                kk = __fmaf_rn(k[r][m], k[r][m], kk);
+            }
+            qq = warp_sum(qq);
+            kk = warp_sum(kk);
+            const float q_inv = 1.0f / sqrtf(qq + 1e-6f), k_inv = 1.0f / sqrtf(kk + 1e-6f);
+            float *me = slots + ((pos0 + t) % REC_ROWS) * slot_stride;
 #pragma unroll
             for (int m = 0; m < DR_LANE; m++) {
                 const int d = lane + 32 * m;
-                kr[m] = FULL || d < dk ? kn[buf][d] : 0.0f;
-                qr[m] = FULL || d < dk ? qn[buf][d] : 0.0f;
+                if (FULL || d < dk) {
+                    const float kd = __fmul_rn(k[r][m], k_inv);
+                    kw[t * KS_STRIDE + d] = kd;
+                    qw[t * KS_STRIDE + d] = __fmul_rn(__fmul_rn(q[r][m], q_inv), scale);
+                    if (cb == 0)
+                        me[d] = kd;
+                }
             }
-#pragma unroll 2
-            for (int s = warp; s <= n; s += DR_WARPS) {
-                float pk = 0.0f, pq = 0.0f;
+            vw[t][lane] = v[r];
+            if (lane == 0) {
+                const i64 i = row0 + t;
+                const float xa = a_in[i * n_v_heads + j] + bias;
+                bw[t] = 1.0f / (1.0f + expf(-b_in[i * n_v_heads + j]));
+                gw[t] = neg_a * (xa > 20.0f ? xa : log1pf(expf(xa)));
+            }
+        }
+    }
+    __syncthreads();
+
+    for (int ta = 0; ta < rows;) {
+        const int na = pos0 + ta - c0, tb = min(rows, ta + REC_CHUNK - na), nb = pos0 + tb - 1 - c0;
+        if (tid == 0) /* decays summed in row order, one thread: G's bits do not depend on the window */
+            for (int t = ta; t < tb; t++) {
+                const int n = pos0 + t - c0;
+                const float G = __fadd_rn(n == 0 ? 0.0f : Gs[n - 1], gw[t]);
+                Gs[n] = G;
+                if (cb == 0)
+                    slots[((pos0 + t) % REC_ROWS) * slot_stride + dk + dv] = G;
+            }
+        __syncthreads();
+
+        /* 2. a warp per chunk row s = warp + 8 r <= nb, every k row requested
+         * first; then for each segment row t all of the warp's k_s . k_t and
+         * k_s . q_t reduced together. */
+        {
+            float kr[DR_S_PER][DR_LANE];
 #pragma unroll
-                for (int m = 0; m < DR_LANE; m++) {
-                    const int d = lane + 32 * m;
-                    const float x = FULL || d < dk ? ks[s * KS_STRIDE + d] : 0.0f;
-                    pk = __fmaf_rn(x, kr[m], pk);
-                    pq = __fmaf_rn(x, qr[m], pq);
+            for (int r = 0; r < DR_S_PER; r++) {
+                const int s = warp + r * DR_WARPS, ts = s + c0 - pos0; /* window row of chunk row s, if any */
+                if (s <= nb && ts >= 0) /* shared or global: one address space a load, no generic loads */
+                    dr_row<FULL>(kr[r], kw + ts * KS_STRIDE, dk);
+                else if (s <= nb)
+                    dr_row<FULL>(kr[r], slots + ((c0 + s) % REC_ROWS) * slot_stride, dk);
+                else
+#pragma unroll
+                    for (int m = 0; m < DR_LANE; m++)
+                        kr[r][m] = 0.0f;
+            }
+            if (nb < warp + 2 * DR_WARPS) /* as many rows as the warp has: the dots' cost */
+                dr_chunk_dots<2, FULL>(kr, kw, qw, Gs, ck, cq, ta, tb, pos0 - c0, nb, dk);
+            else if (nb < warp + 4 * DR_WARPS)
+                dr_chunk_dots<4, FULL>(kr, kw, qw, Gs, ck, cq, ta, tb, pos0 - c0, nb, dk);
+            else
+                dr_chunk_dots<DR_S_PER, FULL>(kr, kw, qw, Gs, ck, cq, ta, tb, pos0 - c0, nb, dk);
+        }
+        /* each column: the start state's S^T k_t and S^T q_t */
+#pragma unroll 4
+        for (int t = ta; t < tb; t++) {
+            const float eG = expf(Gs[pos0 + t - c0]);
+            float u = 0.0f, sq = 0.0f;
+#pragma unroll
+            for (int ii = 0; ii < DR_ROWS_PER; ii++) {
+                const int d = DR_PARTS * ii + part;
+                if (FULL || d < dk) {
+                    u = __fmaf_rn(S[ii], kw[t * KS_STRIDE + d], u);
+                    sq = __fmaf_rn(S[ii], qw[t * KS_STRIDE + d], sq);
                 }
-                pk = warp_sum(pk);
-                pq = warp_sum(pq);
-                if (lane == 0) {
-                    const float ex = expf(G - Gs[s]);
-                    ck[s] = __fmul_rn(ex, pk);
-                    cq[s] = __fmul_rn(ex, pq);
-                }
+            }
+            u = dr_part_sum(u);
+            sq = dr_part_sum(sq);
+            if (part == 0) {
+                vw[t][c] = __fsub_rn(vw[t][c], __fmul_rn(eG, u));
+                ow[t][c] = __fmul_rn(eG, sq);
             }
         }
         __syncthreads();
-        /* column e: the start state's S^T k and S^T q, then the chunk's
-         * earlier updates (rows s = part mod 8 here), each summed over
-         * the column's 8 threads */
-        float u = 0.0f, sq = 0.0f, w = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int ii = 0; ii < DR_ROWS_PER; ii++) {
-            const int d = DR_PARTS * ii + part;
-            if (FULL || d < dk) {
-                u = __fmaf_rn(S[ii], kn[buf][d], u);
-                sq = __fmaf_rn(S[ii], qn[buf][d], sq);
-            }
-        }
-        if (col)
-            for (int s = part; s < n; s += DR_PARTS) {
-                const float d_s = ds[s * DR_DS_STRIDE + c];
-                w = __fmaf_rn(ck[s], d_s, w);
-                acc = __fmaf_rn(cq[s], d_s, acc);
-            }
-        u = dr_part_sum(u);
-        sq = dr_part_sum(sq);
-        w = dr_part_sum(w);
-        acc = dr_part_sum(acc);
-        const float upd = __fmul_rn(__fsub_rn(__fsub_rn(cur.v, __fmul_rn(eG, u)), w), beta);
-        if (col) {
-            if (part == n % DR_PARTS) /* the thread that reads row n back */
-                ds[n * DR_DS_STRIDE + c] = upd;
-            if (part == 0) {
-                me[dk + e] = upd;
-                out[i * n_v_heads * dv + (i64)j * dv + e] =
-                    __fmaf_rn(cq[n], upd, __fadd_rn(__fmul_rn(eG, sq), acc));
-            }
-        }
-        if (n == REC_CHUNK - 1) { /* the next chunk's start state */
-            __syncthreads();      /* every row's update in ds */
+
+        /* 3. the recurrence, row after row */
+        for (int t = ta; t < tb; t++) {
+            const int n = pos0 + t - c0;
+            float w = 0.0f, acc = 0.0f;
+            if (col)
+                for (int s = part; s < n; s += DR_PARTS) {
+                    const float d_s = ds[s * DR_DS_STRIDE + c];
+                    w = __fmaf_rn(ck[t][s], d_s, w);
+                    acc = __fmaf_rn(cq[t][s], d_s, acc);
+                }
+            w = dr_part_sum(w);
+            acc = dr_part_sum(acc);
+            const float upd = __fmul_rn(__fsub_rn(vw[t][c], w), bw[t]);
             if (col) {
+                if (part == n % DR_PARTS) /* the thread that reads row n back */
+                    ds[n * DR_DS_STRIDE + c] = upd;
+                if (part == 0) {
+                    const i64 i = row0 + t;
+                    slots[((pos0 + t) % REC_ROWS) * slot_stride + dk + e] = upd;
+                    out[i * n_v_heads * dv + (i64)j * dv + e] = __fmaf_rn(cq[t][n], upd, __fadd_rn(ow[t][c], acc));
+                }
+            }
+        }
+
+        if (nb == REC_CHUNK - 1) { /* the next chunk's start state */
+            /* k_s of the rows an earlier launch took (s < E) come from the
+             * record, DR_STAGE rows at a time through kst (ck and cq are
+             * free here), the next stage requested while this one is
+             * used; the window's rows from kw. */
+            const int E = pos0 - c0 > 0 ? pos0 - c0 : 0;
+            float sv[DR_SV];
+            if (E > 0)
+                dr_stage_load<FULL>(sv, slots, slot_stride, c0, 0, E, dk);
+            const float G = Gs[REC_CHUNK - 1], eG = expf(G);
 #pragma unroll
-                for (int ii = 0; ii < DR_ROWS_PER; ii++)
-                    S[ii] = __fmul_rn(S[ii], eG);
-                for (int s = 0; s < REC_CHUNK; s++) {
+            for (int ii = 0; ii < DR_ROWS_PER; ii++)
+                S[ii] = __fmul_rn(S[ii], eG);
+#pragma unroll
+            for (int s0 = 0; s0 < REC_CHUNK; s0 += DR_STAGE) {
+                if (s0 < E) {        /* the same for the whole block */
+                    __syncthreads(); /* every row's update in ds; the last stage's reads done */
+#pragma unroll
+                    for (int i = 0; i < DR_SV; i++)
+                        kst[tid + DR_THREADS * i] = sv[i];
+                    __syncthreads();
+                    if (s0 + DR_STAGE < E)
+                        dr_stage_load<FULL>(sv, slots, slot_stride, c0, s0 + DR_STAGE, E, dk);
+                } else if (s0 == 0) {
+                    __syncthreads(); /* every row's update in ds */
+                }
+                if (!col)
+                    continue;
+                for (int s = s0; s < s0 + DR_STAGE; s++) {
                     const float x = __fmul_rn(expf(G - Gs[s]), ds[s * DR_DS_STRIDE + c]);
+                    /* k_s's elements 8 ii + part: the staged record's or the window's */
+                    const float *ks = s < E ? kst + (s - s0) * REC_MAX_DK : kw + (s + c0 - pos0) * KS_STRIDE;
+                    float kv[DR_ROWS_PER];
+#pragma unroll
+                    for (int ii = 0; ii < DR_ROWS_PER; ii++) {
+                        const int d = DR_PARTS * ii + part;
+                        kv[ii] = FULL || d < dk ? ks[d] : 0.0f;
+                    }
 #pragma unroll
                     for (int ii = 0; ii < DR_ROWS_PER; ii++) {
                         const int d = DR_PARTS * ii + part;
                         if (FULL || d < dk)
-                            S[ii] = __fmaf_rn(x, ks[s * KS_STRIDE + d], S[ii]);
+                            S[ii] = __fmaf_rn(x, kv[ii], S[ii]);
                     }
                 }
-                float *next = states + ((p + 1) / REC_CHUNK % DFLASH_REC_CHUNK_STATES) * state_stride;
+            }
+            if (col) {
+                float *next = states + ((c0 / REC_CHUNK + 1) % DFLASH_REC_CHUNK_STATES) * state_stride;
 #pragma unroll
                 for (int ii = 0; ii < DR_ROWS_PER; ii++) {
                     const int d = DR_PARTS * ii + part;
@@ -324,15 +535,15 @@ __forceinline__ void delta_rule_body(const int *info, float *state, i64 rec_stri
                 }
             }
             c0 += REC_CHUNK;
-            __syncthreads(); /* ks, Gs and ds are the next chunk's from here */
+            __syncthreads(); /* Gs, ds, ck and cq are the next chunk's from here */
         }
-        cur = nxt;
+        ta = tb;
     }
 }
 
 /* Any k_dim up to REC_MAX_DK, and k_dim == REC_MAX_DK (a Qwen3.5's). */
 #define DELTA_RULE_KERNEL(name, FULL)                                                                          \
-    extern "C" __global__ void __launch_bounds__(DR_THREADS)                                                   \
+    extern "C" __global__ void __launch_bounds__(DR_THREADS, 2)                                                \
         name(const int *info, float *state, i64 rec_stride, const float *y, const float *a_in, const float *b_in, \
              const void *A_log, int adt, const void *dt_bias, int ddt, int n_k_heads, int n_v_heads, int dk, int dv, \
              int t0, float *out)                                                                               \
