@@ -2220,11 +2220,14 @@ int main(int argc, char **argv)
             static const int many[] = { 17, 1, 80, 3, 130, 9 }, many_back[] = { 1, 0, 16, 3, 65, 2 },
                              many_more[] = { 16, 1, 16, 17, 17, 1 };
             case_recurrent((gdn_geom){ 2, 4, 16, 8, 4 }, 4, few, few_back, few_more);
-            /* value heads wider than 128 (192 threads a block) and than the key
-             * dim; a convolution of 2 and of 16 (the widest) */
+            /* value heads wider than the key dim and than one block's 32
+             * columns; a convolution of 2 and of 16 (the widest); a key dim
+             * of 128 (the delta rule's own instance for it) with a last
+             * column block half full, small enough for the sanitizers */
             static const int odd[] = { 70, 3 }, odd_back[] = { 65, 1 }, odd_more[] = { 9, 2 };
             case_recurrent((gdn_geom){ 1, 2, 64, 192, 2 }, 2, odd, odd_back, odd_more);
             case_recurrent((gdn_geom){ 2, 4, 32, 16, 16 }, 2, odd, odd_back, odd_more);
+            case_recurrent((gdn_geom){ 1, 2, 128, 48, 4 }, 2, odd, odd_back, odd_more);
             if (!g_small) {
                 const gdn_geom q36 = { 16, 32, 128, 128, 4 };
                 case_recurrent(q36, 6, many, many_back, many_more);
