@@ -282,9 +282,9 @@ __forceinline__ void dr_chunk_dots(const float (&kr)[DR_S_PER][DR_LANE], const f
  * 16 at a time through ck and cq's space (one round trip a stage, not
  * one a row; room for all 64 would take dynamic shared memory beyond the
  * static 48 KB, and a larger shared-memory carveout than the kernels
- * around this one use). Every sum has a fixed
- * order (explicit roundings), so a row's bits do not depend on the rows
- * that share its call or its window. A window's k rows are read from
+ * around this one use). Every sum has a fixed order (explicit
+ * roundings), so a row's bits do not depend on the rows that share its
+ * call or its window. A window's k rows are read from
  * shared memory, earlier rows' from the record, which only an earlier
  * launch wrote: one launch's writes never race another block's reads.
  * FULL: k_dim == REC_MAX_DK, every bound test compiled away. Record
