@@ -158,17 +158,6 @@ template <bool FULL> __forceinline__ void dr_row(float (&r)[DR_LANE], const floa
         r[m] = FULL || lane + 32 * m < dk ? src[lane + 32 * m] : 0.0f;
 }
 
-/* The dot of two rows held as dr_row leaves them: each lane's products in
- * m order, then the warp's tree; every lane gets the same bits. */
-__forceinline__ float dr_dot(const float (&a)[DR_LANE], const float (&b)[DR_LANE])
-{
-    float x = 0.0f;
-#pragma unroll
-    for (int m = 0; m < DR_LANE; m++)
-        x = __fmaf_rn(a[m], b[m], x);
-    return warp_sum(x);
-}
-
 /* N values' sums over the warp at once (N a power of 2, <= 32): at each
  * butterfly level a lane keeps half of the values it still holds and
  * sends the other half to its partner, so N sums cost about N shuffles
@@ -222,7 +211,8 @@ __forceinline__ void dr_stage_load(float (&sv)[DR_SV], const float *slots, i64 s
 /* Phase 2's dot products of a warp's first R chunk rows s = warp + 8 r
  * (k rows in kr, zero past nb) with every segment row t in ta..tb-1 (n0:
  * chunk row of window row 0): ck[t][s] = e^(G_t - G_s) k_s . k_t, cq the
- * same with q_t, for s <= t's chunk row. A row's dots are dr_dot's bits. */
+ * same with q_t, for s <= t's chunk row. A dot: each lane's products
+ * (elements lane + 32 m, m in order), then warp_sum's tree. */
 template <int R, bool FULL>
 __forceinline__ void dr_chunk_dots(const float (&kr)[DR_S_PER][DR_LANE], const float *kw, const float *qw,
                                    const float *Gs, float (*ck)[REC_CHUNK], float (*cq)[REC_CHUNK], int ta, int tb,
