@@ -3,8 +3,9 @@
  * every mask mode, linear in every weight dtype, norms, RoPE, the weighted
  * row sum of a MoE layer and its summation order, a shared expert's gated
  * add, a Gated DeltaNet's gated norm), the MoE routing's
- * choices, and the row-independence property the speculative loop relies
- * on. */
+ * choices (with a shared expert too), a shared expert joined to the
+ * routed ones against the same run apart, and the row-independence
+ * property the speculative loop relies on. */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -664,6 +665,80 @@ static void test_moe_stages(void)
     CHECK_FAILS(dflash_be_linear_experts(be, &a), DFLASH_ERR_INVALID_ARG, "2 weights (stride 3) with activation 0");
 }
 
+/* A shared expert in the routing (shared_logit): each row's entries are
+ * its k routed ones as without it, then expert E weighted by the sigmoid
+ * of its logit; expert E's rows are every row, ascending; the default
+ * composition (routing on host copies) gives the same bits. */
+static void test_moe_route_shared(void)
+{
+    enum { N = 6, E = 5, K = 2, KR = K + 1 };
+    float logits[N * E], sl[N], prob[N * KR], p1[K];
+    int32_t expert[N * KR], first[E + 2], src[N * KR], slot[N * KR], e1[K];
+    for (int i = 0; i < N * E; i++)
+        logits[i] = frand() * 3;
+    for (int i = 0; i < N; i++)
+        sl[i] = frand() * 4;
+    const dflash_route_args r = { .n = N, .n_experts = E, .k = K, .norm_topk_prob = 1, .logits = logits,
+                                  .shared_logit = sl, .expert = expert, .prob = prob, .first = first, .src = src,
+                                  .slot = slot };
+    CHECK_OK(dflash_be_moe_route(be, &r));
+    CHECK(first[0] == 0 && first[E] == N * K && first[E + 1] == N * KR);
+    for (int row = 0; row < N; row++) {
+        dflash_moe_route_row(logits + row * E, E, K, 1, e1, p1);
+        for (int j = 0; j < K; j++)
+            CHECK(expert[row * KR + j] == e1[j] && prob[row * KR + j] == p1[j]);
+        CHECK(expert[row * KR + K] == E && prob[row * KR + K] == 1.0f / (1.0f + expf(-sl[row])));
+        CHECK(slot[row * KR + K] == first[E] + row && src[first[E] + row] == row);
+        for (int j = 0; j < KR; j++)
+            CHECK(src[slot[row * KR + j]] == row);
+    }
+    dflash_backend_ops ops = *be->ops;
+    ops.moe_route = NULL;
+    dflash_backend plain = { &ops, be->ctx };
+    float prob2[N * KR];
+    int32_t expert2[N * KR], first2[E + 2], src2[N * KR], slot2[N * KR];
+    dflash_route_args r2 = r;
+    r2.expert = expert2, r2.prob = prob2, r2.first = first2, r2.src = src2, r2.slot = slot2;
+    CHECK_OK(dflash_be_moe_route(&plain, &r2));
+    CHECK(!memcmp(expert, expert2, sizeof expert) && !memcmp(prob, prob2, sizeof prob) &&
+          !memcmp(first, first2, sizeof first) && !memcmp(src, src2, sizeof src) && !memcmp(slot, slot2, sizeof slot));
+}
+
+/* A shared expert of the routed experts' shape joined to them (one more
+ * entry of every row, weighted sum over k + 1 terms) gives the same bits
+ * as run apart (its own SwiGLU and gated add after the routed sum): the
+ * same products and sums in the same order. */
+static void test_moe_shared_joined(void)
+{
+    enum { N = 7, E = 6, K = 2, H = 16, I = 8 };
+    dflash_model_config c = { 0 };
+    c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = K, c.moe_intermediate_size = I;
+    c.shared_expert_intermediate_size = I, c.norm_topk_prob = 1;
+    static uint16_t wd[(E + 1) * 3 + 2][I * H];
+    dflash_weight w[(E + 1) * 3 + 2];
+    for (int i = 0; i < (E + 1) * 3 + 2; i++) {
+        const int down = i < (E + 1) * 3 && i % 3 == 2;
+        const int64_t rows = i == (E + 1) * 3 ? E : i == (E + 1) * 3 + 1 ? 1 : down ? H : I;
+        const int64_t cols = down ? I : H;
+        for (int64_t j = 0; j < rows * cols; j++)
+            wd[i][j] = dflash_f32_to_bf16(frand() * 0.5f);
+        w[i] = (dflash_weight){ DFLASH_DTYPE_BF16, rows, cols, wd[i], NULL, "w" };
+    }
+    qwen3_moe m = { .router = w[(E + 1) * 3], .experts = w, .shared_gate = w[(E + 1) * 3 + 1] };
+    memcpy(m.shared, &w[E * 3], sizeof m.shared);
+    qwen3_moe_bufs b;
+    CHECK_OK(qwen3_moe_bufs_alloc(be, &c, N, &b));
+    float x[N * H], joined[N * H], apart[N * H];
+    for (int i = 0; i < N * H; i++)
+        x[i] = frand();
+    m.shared_joined = 1;
+    CHECK_OK(qwen3_moe_forward(be, &c, &m, &b, x, N, joined));
+    m.shared_joined = 0;
+    CHECK_OK(qwen3_moe_forward(be, &c, &m, &b, x, N, apart));
+    CHECK(!memcmp(joined, apart, sizeof joined));
+    qwen3_moe_bufs_free(be, &b);
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
@@ -681,6 +756,8 @@ int main(void)
     RUN(test_recurrent_ops);
     RUN(test_moe_route);
     RUN(test_moe_stages);
+    RUN(test_moe_route_shared);
+    RUN(test_moe_shared_joined);
     dflash_backend_destroy(be);
     TEST_END();
 }

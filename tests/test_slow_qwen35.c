@@ -1,6 +1,7 @@
 /* test_slow_qwen35.c: the CPU Qwen3.5 hybrid target (Gated DeltaNet
  * linear attention and gated full attention; dense and MoE with a shared
- * expert, the latter in the multimodal folder layout) against Hugging Face
+ * expert, in the multimodal folder layout and text-only with the shared
+ * expert as wide as the routed ones, i.e. run as one of them) against Hugging Face
  * transformers (fixtures from tools/fixtures/make_qwen35.py: logits and
  * every layer's output over 80 tokens, greedy tokens), and the properties
  * speculative decoding over a recurrent state rests on: a row's result
@@ -18,7 +19,7 @@
 #include "spec/spec.h"
 #include "target_check.h"
 
-static const char *const k_models[] = { "q35_dense", "q35_moe_mm" };
+static const char *const k_models[] = { "q35_dense", "q35_moe_mm", "q35_moe_text" };
 /* Relative L2 error allowed against transformers' f32 outputs. Both run
  * the chunked form of the delta rule (chunks of 64), with other
  * summation orders (observed differences ~5e-6); a real mistake (a

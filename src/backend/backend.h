@@ -179,19 +179,25 @@ typedef struct dflash_gather {
 /* The routing of a MoE layer (moe_route): for each of n rows, softmax of
  * its router logits in f32, the k most probable experts (lowest index
  * first on ties), their probabilities divided by their sum (taken in
- * descending order) when norm_topk_prob; then the rows grouped by expert,
- * so that each expert's rows are contiguous and its weights read once.
- * Every array in backend memory. */
+ * descending order) when norm_topk_prob; with shared_logit, one more
+ * entry per row: the shared expert, numbered n_experts, weighted
+ * sigmoid(shared_logit[r]) as sigmoid_mul computes it (a shared expert
+ * of the routed experts' shape then runs in the same launches as they
+ * do). Then the rows grouped by expert, so that each expert's rows are
+ * contiguous and its weights read once. A row has kr = k + (shared_logit
+ * != NULL) entries and there are ne = n_experts + (shared_logit != NULL)
+ * experts to group by. Every array in backend memory. */
 #define DFLASH_ROUTE_MAX_EXPERTS 1024
 typedef struct dflash_route_args {
     int n, n_experts, k, norm_topk_prob;
-    const float *logits; /* [n, n_experts] */
-    int32_t *expert;     /* [n * k]: row r's j-th expert, ascending in j */
-    float *prob;         /* [n * k]: its weight */
-    int32_t *first;      /* [n_experts + 1]: expert e's gathered rows are first[e] .. first[e + 1] - 1, its
-                            rows in ascending order (first[n_experts] = n * k) */
-    int32_t *src;        /* [n * k]: the row each gathered row comes from */
-    int32_t *slot;       /* [n * k]: the gathered row of row r's j-th expert, at r * k + j */
+    const float *logits;       /* [n, n_experts] */
+    const float *shared_logit; /* [n], or NULL: no shared expert */
+    int32_t *expert;           /* [n * kr]: row r's j-th expert, ascending in j (the shared one last) */
+    float *prob;               /* [n * kr]: its weight */
+    int32_t *first;            /* [ne + 1]: expert e's gathered rows are first[e] .. first[e + 1] - 1, its
+                                  rows in ascending order (first[ne] = n * kr) */
+    int32_t *src;              /* [n * kr]: the row each gathered row comes from */
+    int32_t *slot;             /* [n * kr]: the gathered row of row r's j-th expert, at r * kr + j */
 } dflash_route_args;
 
 /* A MoE layer's experts through one projection (linear_experts): gathered

@@ -53,22 +53,27 @@ void dflash_moe_route_row(const float *logits, int n_experts, int k, int norm_to
 
 void dflash_moe_route_rows(const dflash_route_args *r)
 {
-    const int n = r->n, k = r->k, E = r->n_experts;
+    const int n = r->n, k = r->k, E = r->n_experts, sh = r->shared_logit != NULL, kr = k + sh, ne = E + sh;
     int32_t cursor[DFLASH_ROUTE_MAX_EXPERTS];
-    for (int i = 0; i < n; i++)
-        dflash_moe_route_row(r->logits + (size_t)i * E, E, k, r->norm_topk_prob, r->expert + (size_t)i * k,
-                             r->prob + (size_t)i * k);
+    for (int i = 0; i < n; i++) {
+        dflash_moe_route_row(r->logits + (size_t)i * E, E, k, r->norm_topk_prob, r->expert + (size_t)i * kr,
+                             r->prob + (size_t)i * kr);
+        if (sh) { /* the shared expert, last: sigmoid_mul's arithmetic */
+            r->expert[(size_t)i * kr + k] = E;
+            r->prob[(size_t)i * kr + k] = 1.0f / (1.0f + expf(-r->shared_logit[i]));
+        }
+    }
     /* first[] by counting, then each expert's rows in ascending row order */
-    memset(r->first, 0, (size_t)(E + 1) * sizeof *r->first);
-    for (int i = 0; i < n * k; i++)
+    memset(r->first, 0, (size_t)(ne + 1) * sizeof *r->first);
+    for (int i = 0; i < n * kr; i++)
         r->first[r->expert[i] + 1]++;
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < ne; e++) {
         r->first[e + 1] += r->first[e];
         cursor[e] = r->first[e];
     }
-    for (int i = 0; i < n * k; i++) {
+    for (int i = 0; i < n * kr; i++) {
         const int32_t at = cursor[r->expert[i]]++;
-        r->src[at] = i / k;
+        r->src[at] = i / kr;
         r->slot[i] = at;
     }
 }
@@ -77,20 +82,24 @@ void dflash_moe_route_rows(const dflash_route_args *r)
  * routing on host copies between a download and an upload. */
 static dflash_status route_on_host(dflash_backend *be, const dflash_route_args *r)
 {
-    const size_t n = (size_t)r->n, E = (size_t)r->n_experts, nk = n * (size_t)r->k;
-    float *logits = malloc(n * E * sizeof *logits), *prob = malloc(nk * sizeof *prob);
-    int32_t *ints = malloc((3 * nk + E + 1) * sizeof *ints);
+    const size_t sh = r->shared_logit != NULL, n = (size_t)r->n, E = (size_t)r->n_experts, ne = E + sh,
+                 nk = n * ((size_t)r->k + sh);
+    /* the shared expert's logits after the router's */
+    float *logits = malloc(n * (E + sh) * sizeof *logits), *prob = malloc(nk * sizeof *prob);
+    int32_t *ints = malloc((3 * nk + ne + 1) * sizeof *ints);
     dflash_status s = logits && prob && ints ? DFLASH_OK
                                              : dflash_fail(DFLASH_ERR_OOM, "moe_route: out of memory for %d rows", r->n);
     dflash_route_args h = *r;
-    h.logits = logits, h.prob = prob, h.expert = ints, h.src = ints + nk, h.slot = ints + 2 * nk;
-    h.first = ints + 3 * nk;
+    h.logits = logits, h.shared_logit = sh ? logits + n * E : NULL;
+    h.prob = prob, h.expert = ints, h.src = ints + nk, h.slot = ints + 2 * nk, h.first = ints + 3 * nk;
     if (s == DFLASH_OK)
         s = be->ops->download(be, logits, r->logits, n * E * sizeof *logits);
+    if (s == DFLASH_OK && sh)
+        s = be->ops->download(be, logits + n * E, r->shared_logit, n * sizeof *logits);
     if (s == DFLASH_OK) {
         dflash_moe_route_rows(&h);
         const struct { void *dst; const void *host; size_t bytes; } up[] = {
-            { r->expert, h.expert, nk * 4 }, { r->prob, h.prob, nk * 4 }, { r->first, h.first, (E + 1) * 4 },
+            { r->expert, h.expert, nk * 4 }, { r->prob, h.prob, nk * 4 }, { r->first, h.first, (ne + 1) * 4 },
             { r->src, h.src, nk * 4 },       { r->slot, h.slot, nk * 4 },
         };
         for (size_t i = 0; s == DFLASH_OK && i < sizeof up / sizeof up[0]; i++)
@@ -104,9 +113,12 @@ static dflash_status route_on_host(dflash_backend *be, const dflash_route_args *
 
 dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r)
 {
-    if (r->n < 0 || r->n_experts < 1 || r->n_experts > DFLASH_ROUTE_MAX_EXPERTS || r->k < 1 || r->k > r->n_experts)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "moe_route: %d rows, %d experts, %d per row (1..%d experts, "
-                           "1..experts per row)", r->n, r->n_experts, r->k, DFLASH_ROUTE_MAX_EXPERTS);
+    const int sh = r->shared_logit != NULL;
+    if (r->n < 0 || r->n_experts < 1 || r->n_experts + sh > DFLASH_ROUTE_MAX_EXPERTS || r->k < 1 ||
+        r->k > r->n_experts)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "moe_route: %d rows, %d experts%s, %d per row (1..%d experts "
+                           "with the shared one, 1..experts per row)", r->n, r->n_experts,
+                           sh ? " and a shared one" : "", r->k, DFLASH_ROUTE_MAX_EXPERTS);
     if (r->n == 0)
         return DFLASH_OK;
     if (be->ops->moe_route)

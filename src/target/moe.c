@@ -57,18 +57,18 @@ _Static_assert(DFLASH_MAX_EXPERTS <= DFLASH_ROUTE_MAX_EXPERTS, "a configured MoE
  * weights. */
 static dflash_status build_tables(dflash_backend *be, const dflash_model_config *c, qwen3_moe *m)
 {
-    const size_t n = (size_t)c->num_experts * QWEN3_MOE_PARTS;
+    const int ne = c->num_experts + m->shared_joined;
+    const size_t n = (size_t)ne * QWEN3_MOE_PARTS;
     const void **data = malloc(n * sizeof *data);
     const float **scales = malloc(n * sizeof *scales);
     int any_scales = 0;
     dflash_status s = data && scales ? DFLASH_OK
-                                     : dflash_fail(DFLASH_ERR_OOM, "moe: out of memory for %d experts' tables",
-                                                   c->num_experts);
+                                     : dflash_fail(DFLASH_ERR_OOM, "moe: out of memory for %d experts' tables", ne);
     for (int p = 0; s == DFLASH_OK && p < QWEN3_MOE_PARTS; p++)
-        for (int e = 0; e < c->num_experts; e++) {
+        for (int e = 0; e < ne; e++) {
             const dflash_weight *w = &m->experts[e * QWEN3_MOE_PARTS + p];
-            data[(size_t)p * c->num_experts + e] = w->data;
-            scales[(size_t)p * c->num_experts + e] = w->scales;
+            data[(size_t)p * ne + e] = w->data;
+            scales[(size_t)p * ne + e] = w->scales;
             any_scales |= w->scales != NULL;
         }
     if (s == DFLASH_OK)
@@ -90,7 +90,8 @@ static dflash_status bind_experts(dflash_binder *b, const char *prefix, const df
     *m = (qwen3_moe){ 0 };
     snprintf(name, sizeof name, "%smlp.gate.weight", prefix);
     DFLASH_TRY(dflash_bind(b, name, c->num_experts, c->hidden_size, &m->router));
-    m->experts = calloc((size_t)c->num_experts * QWEN3_MOE_PARTS, sizeof *m->experts);
+    /* room for a shared expert joining them */
+    m->experts = calloc(((size_t)c->num_experts + 1) * QWEN3_MOE_PARTS, sizeof *m->experts);
     if (!m->experts)
         return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d experts' weights", dflash_st_path(b->st),
                            c->num_experts);
@@ -103,9 +104,35 @@ static dflash_status bind_experts(dflash_binder *b, const char *prefix, const df
     return s;
 }
 
+/* The shared expert and its gate; joined to the routed experts as expert
+ * E when it has their dtype and shape. */
+static dflash_status bind_shared(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m)
+{
+    static const char *const proj[QWEN3_MOE_PARTS] = { "gate_proj", "up_proj", "down_proj" };
+    const int64_t H = c->hidden_size, Is = c->shared_expert_intermediate_size;
+    char name[256];
+    for (int p = 0; p < QWEN3_MOE_PARTS; p++) {
+        snprintf(name, sizeof name, "%smlp.shared_expert.%s.weight", prefix, proj[p]);
+        DFLASH_TRY(dflash_bind(b, name, p == QWEN3_MOE_DOWN ? H : Is, p == QWEN3_MOE_DOWN ? Is : H, &m->shared[p]));
+    }
+    snprintf(name, sizeof name, "%smlp.shared_expert_gate.weight", prefix);
+    DFLASH_TRY(dflash_bind(b, name, 1, H, &m->shared_gate));
+    int same = 1;
+    for (int p = 0; p < QWEN3_MOE_PARTS; p++) {
+        const dflash_weight *w = &m->shared[p], *w0 = &m->experts[p];
+        same &= w->dtype == w0->dtype && w->rows == w0->rows && w->cols == w0->cols;
+    }
+    if (same)
+        memcpy(&m->experts[(size_t)c->num_experts * QWEN3_MOE_PARTS], m->shared, sizeof m->shared);
+    m->shared_joined = same;
+    return DFLASH_OK;
+}
+
 dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m)
 {
     DFLASH_TRY(bind_experts(b, prefix, c, m));
+    if (c->shared_expert_intermediate_size > 0)
+        DFLASH_TRY(bind_shared(b, prefix, c, m));
     return b->be ? build_tables(b->be, c, m) : DFLASH_OK;
 }
 
@@ -125,8 +152,9 @@ void qwen3_moe_release(qwen3_moe *m, dflash_backend *be)
 
 dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_moe_bufs *b)
 {
-    const size_t R = (size_t)rows, E = (size_t)c->num_experts, RK = R * (size_t)c->num_experts_per_tok,
-                 H = (size_t)c->hidden_size, I = (size_t)c->moe_intermediate_size;
+    const size_t sh = c->shared_expert_intermediate_size > 0, R = (size_t)rows, E = (size_t)c->num_experts,
+                 RK = R * ((size_t)c->num_experts_per_tok + sh), H = (size_t)c->hidden_size,
+                 I = (size_t)c->moe_intermediate_size;
     *b = (qwen3_moe_bufs){ 0 };
     DFLASH_TRY(dflash_be_alloc_f32(be, R * E, &b->logits));
     DFLASH_TRY(dflash_be_alloc_f32(be, RK * H, &b->xg));
@@ -136,7 +164,7 @@ dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config
     DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->expert));
     DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->src));
     DFLASH_TRY(dflash_be_alloc_i32(be, RK, &b->slot));
-    DFLASH_TRY(dflash_be_alloc_i32(be, E + 1, &b->first));
+    DFLASH_TRY(dflash_be_alloc_i32(be, E + sh + 1, &b->first));
     DFLASH_TRY(dflash_be_alloc_f32(be, RK, &b->prob));
     if (c->shared_expert_intermediate_size > 0) {
         const size_t Is = (size_t)c->shared_expert_intermediate_size;
@@ -180,7 +208,8 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
                                 const qwen3_moe_bufs *b, const float *x, int n, float *out)
 {
     const dflash_backend_ops *o = be->ops;
-    const int E = c->num_experts, k = c->num_experts_per_tok;
+    const int E = c->num_experts, k = c->num_experts_per_tok, joined = m->shared_joined;
+    const int ne = E + joined, kr = k + joined;
     const int64_t H = c->hidden_size;
     if (m->shared_gate.data) {
         /* the router and the shared expert's gate read the same x: one
@@ -192,24 +221,25 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
         DFLASH_TRY(o->linear(be, x, n, &m->router, b->logits));
     }
     const dflash_route_args r = { .n = n, .n_experts = E, .k = k, .norm_topk_prob = c->norm_topk_prob,
-                                  .logits = b->logits, .expert = b->expert, .prob = b->prob, .first = b->first,
-                                  .src = b->src, .slot = b->slot };
+                                  .logits = b->logits, .shared_logit = joined ? b->sh_logit : NULL,
+                                  .expert = b->expert, .prob = b->prob, .first = b->first, .src = b->src,
+                                  .slot = b->slot };
     DFLASH_TRY(dflash_be_moe_route(be, &r));
     if (b->tally->on)
         DFLASH_TRY(tally_experts(be, c, b));
-    const int nk = n * k;
     /* gate and up with SwiGLU (reading each gathered row from x through
-     * src), then down, each over every expert at once */
-    dflash_experts_args ea = { .n_experts = E, .n_w = 2, .w = &m->experts[QWEN3_MOE_GATE], .w_stride = QWEN3_MOE_PARTS,
-                               .data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_GATE * E : NULL,
-                               .scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_GATE * E : NULL,
-                               .per_row = k, .x = b->xg, .x_src = x, .x_rows = b->src, .rows = nk, .max_rows = n,
+     * src), then down, each over every expert (a joined shared expert
+     * too) at once */
+    dflash_experts_args ea = { .n_experts = ne, .n_w = 2, .w = &m->experts[QWEN3_MOE_GATE], .w_stride = QWEN3_MOE_PARTS,
+                               .data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_GATE * ne : NULL,
+                               .scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_GATE * ne : NULL,
+                               .per_row = kr, .x = b->xg, .x_src = x, .x_rows = b->src, .rows = n * kr, .max_rows = n,
                                .first = b->first, .out = { b->gate, b->up }, .act = DFLASH_ACT_SWIGLU };
     DFLASH_TRY(dflash_be_linear_experts(be, &ea));
     ea.n_w = 1;
     ea.w = &m->experts[QWEN3_MOE_DOWN];
-    ea.data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_DOWN * E : NULL;
-    ea.scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_DOWN * E : NULL;
+    ea.data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_DOWN * ne : NULL;
+    ea.scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_DOWN * ne : NULL;
     ea.x = b->gate;
     ea.x_src = NULL;
     ea.x_rows = NULL;
@@ -217,11 +247,14 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
     ea.out[1] = NULL;
     ea.act = DFLASH_ACT_NONE;
     DFLASH_TRY(dflash_be_linear_experts(be, &ea));
-    if (!m->shared_gate.data)
-        return o->gather_sum(be, out, b->y, b->slot, b->prob, n, k, H);
-    /* transformers adds sigmoid(gate) * shared to the routed sum: the
-     * routed sum is written by the shared expert's last stage (a fused
-     * backend adds it in the same epilogue) */
+    /* transformers adds sigmoid(gate) * shared to the routed sum: joined,
+     * that is the last term of each row's weighted sum (its weight the
+     * sigmoid, as sigmoid_mul computes it: the same products and sums in
+     * the same order as apart) */
+    if (!m->shared_gate.data || joined)
+        return o->gather_sum(be, out, b->y, b->slot, b->prob, n, kr, H);
+    /* apart: the routed sum is written by the shared expert's last stage
+     * (a fused backend adds it in the same epilogue) */
     float *const gu[2] = { b->sh_gate, b->sh_up };
     DFLASH_TRY(dflash_be_linear_group(be, x, n, &m->shared[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
     const dflash_gather routed = { .src = b->y, .idx = b->slot, .w = b->prob, .k = k };

@@ -27,13 +27,18 @@ enum { QWEN3_MOE_GATE, QWEN3_MOE_UP, QWEN3_MOE_DOWN, QWEN3_MOE_PARTS };
 
 typedef struct qwen3_moe {
     dflash_weight router;   /* [E, H]: mlp.gate.weight */
-    dflash_weight *experts; /* [E * QWEN3_MOE_PARTS]: expert e's gate, up [I, H] and down [H, I] at
+    dflash_weight *experts; /* [ne * QWEN3_MOE_PARTS]: expert e's gate, up [I, H] and down [H, I] at
                                e * QWEN3_MOE_PARTS; NULL on a dense layer (owned, see qwen3_moe_release) */
     /* A Qwen3.5-MoE's shared expert (shared_gate.data == NULL: none), which
      * every row runs: out += sigmoid(x shared_gate^T) * down(silu(gate(x)) * up(x)). */
     dflash_weight shared[QWEN3_MOE_PARTS]; /* gate, up [Is, H], down [H, Is] */
     dflash_weight shared_gate;             /* [1, H] */
-    /* backend [QWEN3_MOE_PARTS * E]: the experts' data pointers and, with
+    /* The shared expert has the routed experts' dtype and shape (Is = I):
+     * it is also expert E of `experts` and the tables, and runs in the
+     * experts' launches as one more entry of every row (moe_route's
+     * shared_logit), so ne = E + 1; else ne = E and it runs apart. */
+    int shared_joined;
+    /* backend [QWEN3_MOE_PARTS * ne]: the experts' data pointers and, with
      * fp8 weights, their scales' (else NULL), part-major (see
      * dflash_experts_args); NULL when bound without a backend */
     const void *const *ptrs;
@@ -42,12 +47,14 @@ typedef struct qwen3_moe {
 
 /* Scratch of the sparse MLP for R rows (k = num_experts_per_tok). */
 typedef struct qwen3_moe_bufs {
+    /* kr = k + 1 where the config has a shared expert (the most a joined
+     * one takes), else k; ne likewise E + 1 or E */
     float *logits;            /* backend [R, E] router logits */
-    float *xg, *y;            /* backend [R * k, H]: rows gathered by expert, and the experts' outputs */
-    float *gate, *up;         /* backend [R * k, I] */
-    int32_t *expert, *src, *slot; /* backend [R * k]: the routing (dflash_route_args) */
-    int32_t *first;               /* backend [E + 1] */
-    float *prob;                  /* backend [R * k] */
+    float *xg, *y;            /* backend [R * kr, H]: rows gathered by expert, and the experts' outputs */
+    float *gate, *up;         /* backend [R * kr, I] */
+    int32_t *expert, *src, *slot; /* backend [R * kr]: the routing (dflash_route_args) */
+    int32_t *first;               /* backend [ne + 1] */
+    float *prob;                  /* backend [R * kr] */
     float *sh_gate, *sh_up;       /* backend [R, Is]: the shared expert's (with shared_expert_intermediate_size) */
     float *sh_out, *sh_logit;     /* backend [R, H] and [R] */
     /* host: while `on`, the experts given rows are added to `experts` over
@@ -61,7 +68,10 @@ typedef struct qwen3_moe_bufs {
  * tensor per expert and projection ("<prefix>mlp.experts.<e>.gate_proj.weight",
  * the published layout) or stacked ("<prefix>mlp.experts.gate_up_proj"
  * [E, 2I, H], gate rows first, and "<prefix>mlp.experts.down_proj"
- * [E, H, I], as transformers 5 holds them). */
+ * [E, H, I], as transformers 5 holds them); with
+ * shared_expert_intermediate_size, the shared expert
+ * ("<prefix>mlp.shared_expert.{gate,up,down}_proj.weight") and its gate
+ * ("<prefix>mlp.shared_expert_gate.weight") too. */
 dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m);
 /* be: the backend it was bound with (NULL: bound without one). */
 void qwen3_moe_release(qwen3_moe *m, dflash_backend *be);

@@ -91,13 +91,6 @@ static dflash_status bind_swiglu(q35_bind *q, const char *p, const char *mlp, in
     return DFLASH_OK;
 }
 
-static dflash_status bind_moe(q35_bind *q, const char *p, qwen3_moe *m)
-{
-    DFLASH_TRY(qwen3_moe_bind(q->b, p, q->c, m));
-    DFLASH_TRY(bind_swiglu(q, p, "mlp.shared_expert.", q->c->shared_expert_intermediate_size, m->shared));
-    return bind(q, p, "mlp.shared_expert_gate.weight", 1, q->c->hidden_size, &m->shared_gate);
-}
-
 /* Floats of every shifted norm weight. */
 static size_t norm_floats(const dflash_model_config *c)
 {
@@ -147,7 +140,7 @@ static dflash_status bind_layer(q35_bind *q, const char *p, int i, qwen3_layer *
     DFLASH_TRY(bind_norm(q, p, "post_attention_layernorm.weight", H, &l->post_norm));
     DFLASH_TRY(c->layer_linear[i] ? bind_linear_attn(q, p, &l->gdn) : bind_full_attn(q, p, l));
     if (c->family == DFLASH_FAMILY_QWEN35_MOE)
-        return bind_moe(q, p, &l->moe);
+        return qwen3_moe_bind(q->b, p, c, &l->moe); /* the shared expert too */
     return bind_swiglu(q, p, "mlp.", c->intermediate_size, &l->lin[QWEN3_LIN_GATE]);
 }
 

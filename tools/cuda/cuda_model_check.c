@@ -1455,7 +1455,7 @@ int main(int argc, char **argv)
     static const char *qwen3[] = { "qwen3/mha_untied", "qwen3/gqa_tied", "qwen3/gqa_sharded", "qwen3/yarn_tied",
                                    "llama/llama31_gqa", "llama/llama_bias", "qwen3/qwen3_bias",
                                    "qwen3_moe/moe_experts", "qwen3_moe/moe_stacked", "qwen35/q35_dense",
-                                   "qwen35/q35_moe_mm" };
+                                   "qwen35/q35_moe_mm", "qwen35/q35_moe_text" };
     static const char *drafters[] = { "d1_sharded", "d2_tied", "d3_sliding", "d4_llama", "d5_yarn", "d6_moe" };
     for (int pass = 0; pass < 2; pass++) {
         g_kv = pass ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
@@ -1471,8 +1471,10 @@ int main(int argc, char **argv)
     check_oracle("qwen3_moe", "moe_experts");
     check_oracle("qwen35", "q35_dense");
     check_oracle("qwen35", "q35_moe_mm");
+    check_oracle("qwen35", "q35_moe_text");
     check_hybrid("q35_dense");
     check_hybrid("q35_moe_mm");
+    check_hybrid("q35_moe_text");
     check_moe_batch();
     if (pair)
         check_pystd();

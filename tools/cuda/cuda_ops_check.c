@@ -1555,6 +1555,36 @@ static void case_moe_routing(dflash_dtype dt, int n, int E, int k, int64_t H, in
     gpu_reset();
 }
 
+/* The routing with a shared expert (shared_logit): one more entry a row
+ * and one more expert to group by, on the GPU as on the CPU. */
+static void case_moe_route_shared(int n, int E, int k)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows, %d experts top %d and a shared one", n, E, k);
+    const size_t nk = (size_t)n * (k + 1);
+    float *logits = rand_f32((size_t)n * E, 3.0f), *sl = rand_f32((size_t)n, 4.0f);
+    int32_t *ints = xmalloc((4 * nk + E + 2) * sizeof *ints);
+    float *prob = xmalloc(nk * sizeof *prob);
+    dflash_route_args rc = { .n = n, .n_experts = E, .k = k, .norm_topk_prob = 1, .logits = logits,
+                             .shared_logit = sl, .expert = ints, .src = ints + nk, .slot = ints + 2 * nk,
+                             .first = ints + 3 * nk, .prob = prob };
+    MUST(dflash_be_moe_route(g_cpu, &rc));
+    dflash_route_args r = rc;
+    r.logits = gpu_copy(logits, (size_t)n * E * sizeof(float));
+    r.shared_logit = gpu_copy(sl, (size_t)n * sizeof(float));
+    r.expert = gpu_alloc(nk * 4), r.src = gpu_alloc(nk * 4), r.slot = gpu_alloc(nk * 4);
+    r.first = gpu_alloc(((size_t)E + 2) * 4);
+    r.prob = gpu_poison(nk);
+    MUST(dflash_be_moe_route(g_gpu, &r));
+    check_exact("moe_route experts", shape, r.expert, rc.expert, nk * 4);
+    check_exact("moe_route first", shape, r.first, rc.first, ((size_t)E + 2) * 4);
+    check_exact("moe_route src", shape, r.src, rc.src, nk * 4);
+    check_exact("moe_route slot", shape, r.slot, rc.slot, nk * 4);
+    check_f32("moe_route prob", shape, r.prob, rc.prob, nk, 1e-6);
+    free(logits), free(sl), free(ints), free(prob);
+    gpu_reset();
+}
+
 static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I, int timed)
 {
     case_moe_routing(dt, n, E, k, H, I, timed, 0);
@@ -2352,6 +2382,14 @@ int main(int argc, char **argv)
         case_moe(DFLASH_DTYPE_BF16, 3, DFLASH_ROUTE_MAX_EXPERTS, 8, 256, 64, 0);
         case_moe(DFLASH_DTYPE_BF16, 3, 64, 40, 256, 64, 0); /* more than 32 taken: the routing's other path */
         case_moe(DFLASH_DTYPE_BF16, 520, 64, 8, 256, 64, 0); /* more entries than one staged chunk (4096) */
+        /* a shared expert: decode, verify, more than 64 rows, more than
+         * one staged chunk, more than 32 taken, the most experts */
+        case_moe_route_shared(1, 256, 8);
+        case_moe_route_shared(16, 256, 8);
+        case_moe_route_shared(100, 64, 8);
+        case_moe_route_shared(460, 64, 8);
+        case_moe_route_shared(3, 64, 40);
+        case_moe_route_shared(5, DFLASH_ROUTE_MAX_EXPERTS - 1, 8);
         if (!g_small) {
             case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
             case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);

@@ -508,8 +508,8 @@ static dflash_status cuda_moe_route(dflash_backend *be, const dflash_route_args 
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_enter(c));
     int n = r->n, E = r->n_experts, k = r->k, norm = r->norm_topk_prob;
-    void *args[] = { (void *)&r->logits, &n, &E, &k, &norm, (void *)&r->expert, (void *)&r->prob,
-                     (void *)&r->first, (void *)&r->src, (void *)&r->slot };
+    void *args[] = { (void *)&r->logits, (void *)&r->shared_logit, &n, &E, &k, &norm, (void *)&r->expert,
+                     (void *)&r->prob, (void *)&r->first, (void *)&r->src, (void *)&r->slot };
     return cuda_launch(c, E <= 256 ? DFK_MOE_ROUTE : DFK_MOE_ROUTE_WIDE, 1, 1, 1024, args);
 }
 

@@ -15,6 +15,11 @@
  * probability may differ from the CPU's by rounding; a row's result
  * depends on its logits only.
  *
+ * A shared expert (shared_logit) is one more entry at the end of each row,
+ * written by the row's lane 0 after the routed ones: expert E, weight
+ * sigmoid(shared_logit[r]) as the gated add computes it; from there on it
+ * is an expert like the others (E + 1 to group by, k + 1 entries a row).
+ *
  * Grouping: thread e counts the entries of expert e, a block scan (within
  * warps by shuffles, then over the warps' totals) gives first[], and each
  * entry is placed in row order. Up to 64 rows (decode, verify), a row
@@ -162,8 +167,8 @@ __forceinline__ int mr_scan(const int *expert, int nk, int k, int e, bool place,
 }
 
 template <int PL>
-__forceinline__ void moe_route_body(const float *logits, int n, int E, int k, int norm, int *expert, float *prob,
-                                    int *first, int *src, int *slot)
+__forceinline__ void moe_route_body(const float *logits, const float *shared_logit, int n, int E, int k, int norm,
+                                    int *expert, float *prob, int *first, int *src, int *slot)
 {
     __shared__ __align__(16) int stage[MR_CHUNK];
     __shared__ int warp_total[MR_THREADS / 32];
@@ -171,27 +176,36 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
     __shared__ int start[DFLASH_ROUTE_MAX_EXPERTS];                 /* masks: first[e] */
     pdl_trigger();
     pdl_wait();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nk = n * k;
+    /* from here on kr entries a row and ne experts (the shared one too) */
+    const int sh = shared_logit != nullptr, kr = k + sh, ne = E + sh;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nk = n * kr;
     /* one chunk of entries, each row's kept in registers: the rows write
      * them to shared memory too, and the grouping never reads them back
      * from global memory */
     const bool staged = nk <= MR_CHUNK && k <= 32, masks = staged && n <= 64;
     const int e = threadIdx.x;
-    if (masks && e < E)
+    if (masks && e < ne)
         rows_of[e] = 0;
-    for (int r = warp; r < n; r += MR_THREADS / 32)
-        mr_route_row<PL>(logits + (i64)r * E, E, k, norm, expert + (i64)r * k, prob + (i64)r * k,
-                         staged ? stage + r * k : nullptr);
+    for (int r = warp; r < n; r += MR_THREADS / 32) {
+        mr_route_row<PL>(logits + (i64)r * E, E, k, norm, expert + (i64)r * kr, prob + (i64)r * kr,
+                         staged ? stage + r * kr : nullptr);
+        if (sh && lane == 0) {
+            expert[(i64)r * kr + k] = E;
+            prob[(i64)r * kr + k] = 1.0f / (1.0f + expf(-shared_logit[r]));
+            if (staged)
+                stage[r * kr + k] = E;
+        }
+    }
     /* every row's experts are written (mr_scan begins with a barrier) */
     int count;
     if (masks) {
         __syncthreads();
         for (int i = threadIdx.x; i < nk; i += blockDim.x)
-            atomicOr(&rows_of[stage[i]], 1ull << (i / k));
+            atomicOr(&rows_of[stage[i]], 1ull << (i / kr));
         __syncthreads();
-        count = e < E ? __popcll(rows_of[e]) : 0;
+        count = e < ne ? __popcll(rows_of[e]) : 0;
     } else {
-        count = mr_scan(expert, nk, k, e < E ? e : -2, false, 0, src, slot, stage, staged);
+        count = mr_scan(expert, nk, kr, e < ne ? e : -2, false, 0, src, slot, stage, staged);
     }
     /* inclusive scan over the experts: within each warp, then the warps'
      * totals (one warp), then each warp's offset */
@@ -206,16 +220,16 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
     __syncthreads();
     incl += warp_total[warp];
     const int at = incl - count;
-    if (e < E)
+    if (e < ne)
         first[e] = at;
-    if (e == E - 1)
-        first[E] = incl;
+    if (e == ne - 1)
+        first[ne] = incl;
     if (masks) {
-        if (e < E)
+        if (e < ne)
             start[e] = at;
         __syncthreads();
         for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-            const int x = stage[i], r = i / k;
+            const int x = stage[i], r = i / kr;
             const int pos = start[x] + __popcll(rows_of[x] & ((1ull << r) - 1));
             src[pos] = r;
             slot[i] = pos;
@@ -223,19 +237,19 @@ __forceinline__ void moe_route_body(const float *logits, int n, int E, int k, in
         return;
     }
     /* a single chunk is still in `stage` from the count */
-    mr_scan(expert, nk, k, e < E ? e : -2, true, at, src, slot, stage, nk <= MR_CHUNK);
-}
-
-extern "C" __global__ void __launch_bounds__(MR_THREADS) dflash_moe_route(const float *logits, int n, int E, int k,
-                                                                         int norm, int *expert, float *prob,
-                                                                         int *first, int *src, int *slot)
-{
-    moe_route_body<MR_PER_LANE_NARROW>(logits, n, E, k, norm, expert, prob, first, src, slot);
+    mr_scan(expert, nk, kr, e < ne ? e : -2, true, at, src, slot, stage, nk <= MR_CHUNK);
 }
 
 extern "C" __global__ void __launch_bounds__(MR_THREADS)
-    dflash_moe_route_wide(const float *logits, int n, int E, int k, int norm, int *expert, float *prob, int *first,
-                          int *src, int *slot)
+    dflash_moe_route(const float *logits, const float *shared_logit, int n, int E, int k, int norm, int *expert,
+                     float *prob, int *first, int *src, int *slot)
 {
-    moe_route_body<MR_PER_LANE_WIDE>(logits, n, E, k, norm, expert, prob, first, src, slot);
+    moe_route_body<MR_PER_LANE_NARROW>(logits, shared_logit, n, E, k, norm, expert, prob, first, src, slot);
+}
+
+extern "C" __global__ void __launch_bounds__(MR_THREADS)
+    dflash_moe_route_wide(const float *logits, const float *shared_logit, int n, int E, int k, int norm,
+                          int *expert, float *prob, int *first, int *src, int *slot)
+{
+    moe_route_body<MR_PER_LANE_WIDE>(logits, shared_logit, n, E, k, norm, expert, prob, first, src, slot);
 }
