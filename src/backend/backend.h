@@ -214,7 +214,8 @@ typedef struct dflash_experts_args {
     const void *const *data;    /* backend [n_w * n_experts]: the same weights' data pointers, i-major (what a
                                    device backend reads), or NULL where the backend does not need them */
     const float *const *scales; /* backend [n_w * n_experts]: their fp8 row scales, or NULL */
-    int per_row;                /* experts each source row is routed to (a device backend sizes its work by it) */
+    int per_row;                /* experts each source row is routed to (a device backend sizes its work by it;
+                                   a hint: a shared expert every row takes may be left out) */
     const float *x;             /* [rows, cols]; with x_rows, scratch of that size */
     /* or NULL: gathered row g is x_src's row x_rows[g] (a route's src), which
      * the composition copies into x first and a fused backend reads where

@@ -229,11 +229,14 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
         DFLASH_TRY(tally_experts(be, c, b));
     /* gate and up with SwiGLU (reading each gathered row from x through
      * src), then down, each over every expert (a joined shared expert
-     * too) at once */
+     * too) at once. per_row stays k: a device backend sizes its split-K
+     * by it, and with k + 1 a 16-row verify's gate/up projection of the
+     * 35B-A3B geometry gets 3 slices instead of 4, measured slower by
+     * more than the shared expert's own work (docs/perf-notes.md) */
     dflash_experts_args ea = { .n_experts = ne, .n_w = 2, .w = &m->experts[QWEN3_MOE_GATE], .w_stride = QWEN3_MOE_PARTS,
                                .data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_GATE * ne : NULL,
                                .scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_GATE * ne : NULL,
-                               .per_row = kr, .x = b->xg, .x_src = x, .x_rows = b->src, .rows = n * kr, .max_rows = n,
+                               .per_row = k, .x = b->xg, .x_src = x, .x_rows = b->src, .rows = n * kr, .max_rows = n,
                                .first = b->first, .out = { b->gate, b->up }, .act = DFLASH_ACT_SWIGLU };
     DFLASH_TRY(dflash_be_linear_experts(be, &ea));
     ea.n_w = 1;
