@@ -560,6 +560,28 @@ static void test_moe_route(void)
     CHECK(e[0] == 0 && e[1] == 1);
 }
 
+/* The routing r computed (n_entries entries, n_first offsets) equals
+ * what the default composition (host copies between a download and an
+ * upload) gives for the same arguments, bit for bit. */
+static void check_route_on_host(const dflash_route_args *r, int n_entries, int n_first)
+{
+    dflash_backend_ops ops = *be->ops;
+    ops.moe_route = NULL;
+    dflash_backend plain = { &ops, be->ctx };
+    float *prob = malloc((size_t)n_entries * sizeof *prob);
+    int32_t *ints = malloc(((size_t)3 * n_entries + n_first) * sizeof *ints);
+    dflash_route_args h = *r;
+    h.prob = prob, h.expert = ints, h.src = ints + n_entries, h.slot = ints + 2 * n_entries;
+    h.first = ints + 3 * n_entries;
+    CHECK_OK(dflash_be_moe_route(&plain, &h));
+    const size_t bytes = (size_t)n_entries * 4;
+    CHECK(!memcmp(r->expert, h.expert, bytes) && !memcmp(r->prob, h.prob, bytes) &&
+          !memcmp(r->first, h.first, (size_t)n_first * 4) && !memcmp(r->src, h.src, bytes) &&
+          !memcmp(r->slot, h.slot, bytes));
+    free(prob);
+    free(ints);
+}
+
 /* The MoE stages as a backend without its own runs them: rows grouped by
  * expert (each expert's rows ascending, slot pointing back), and each
  * gathered row through its expert's weights equal, bit for bit, to that
@@ -634,23 +656,17 @@ static void test_moe_stages(void)
 
     /* the default composition (a backend without the two stages: host
      * copies, per-expert launches) gives the same bits as the CPU's own */
+    check_route_on_host(&r, N * K, E + 1);
     dflash_backend_ops ops = *be->ops;
-    ops.moe_route = NULL;
     ops.linear_experts = NULL;
     dflash_backend plain = { &ops, be->ctx };
-    float prob2[N * K], g2[N * K * I], u2[N * K * I], y2[N * K * H];
-    int32_t expert2[N * K], first2[E + 1], src2[N * K], slot2[N * K];
-    dflash_route_args r2 = r;
-    r2.expert = expert2, r2.prob = prob2, r2.first = first2, r2.src = src2, r2.slot = slot2;
-    CHECK_OK(dflash_be_moe_route(&plain, &r2));
-    CHECK(!memcmp(expert, expert2, sizeof expert) && !memcmp(prob, prob2, sizeof prob) &&
-          !memcmp(first, first2, sizeof first) && !memcmp(src, src2, sizeof src) && !memcmp(slot, slot2, sizeof slot));
+    float g2[N * K * I], u2[N * K * I], y2[N * K * H];
     dflash_experts_args a2 = { .n_experts = E, .n_w = 2, .w = w, .w_stride = 3, .per_row = K, .x = xg,
-                               .rows = N * K, .max_rows = N, .first = first2, .out = { g2, u2 },
+                               .rows = N * K, .max_rows = N, .first = first, .out = { g2, u2 },
                                .act = DFLASH_ACT_SWIGLU };
     CHECK_OK(dflash_be_linear_experts(&plain, &a2));
     a2 = (dflash_experts_args){ .n_experts = E, .n_w = 1, .w = w + 2, .w_stride = 3, .per_row = K, .x = g2,
-                                .rows = N * K, .max_rows = N, .first = first2, .out = { y2 }, .act = DFLASH_ACT_NONE };
+                                .rows = N * K, .max_rows = N, .first = first, .out = { y2 }, .act = DFLASH_ACT_NONE };
     CHECK_OK(dflash_be_linear_experts(&plain, &a2));
     CHECK(!memcmp(g, g2, sizeof g) && !memcmp(y, y2, sizeof y));
 
@@ -692,16 +708,7 @@ static void test_moe_route_shared(void)
         for (int j = 0; j < KR; j++)
             CHECK(src[slot[row * KR + j]] == row);
     }
-    dflash_backend_ops ops = *be->ops;
-    ops.moe_route = NULL;
-    dflash_backend plain = { &ops, be->ctx };
-    float prob2[N * KR];
-    int32_t expert2[N * KR], first2[E + 2], src2[N * KR], slot2[N * KR];
-    dflash_route_args r2 = r;
-    r2.expert = expert2, r2.prob = prob2, r2.first = first2, r2.src = src2, r2.slot = slot2;
-    CHECK_OK(dflash_be_moe_route(&plain, &r2));
-    CHECK(!memcmp(expert, expert2, sizeof expert) && !memcmp(prob, prob2, sizeof prob) &&
-          !memcmp(first, first2, sizeof first) && !memcmp(src, src2, sizeof src) && !memcmp(slot, slot2, sizeof slot));
+    check_route_on_host(&r, N * KR, E + 2);
 }
 
 /* A shared expert of the routed experts' shape joined to them (one more
