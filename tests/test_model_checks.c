@@ -429,6 +429,9 @@ static void test_qwen35_checks(void)
                            "sparse; a shared expert 48 wide"),
            "dflash info: %s", out);
     CHECKF(try_load(dir, msg, sizeof msg) == DFLASH_OK, "%s: %s", dir, msg);
+    CHECK(run_info(fx_path(dir, sizeof dir, "qwen35", "q35_moe_text"), out, sizeof out) == 0);
+    CHECKF(strstr(out, "a shared expert 32 wide (as wide as the routed ones: run as one of them)"),
+           "dflash info: %s", out);
     char tmp[64];
     CHECK(copy_fixture(tmp, "qwen35", "q35_dense") && edit_config(tmp, "linear_value_head_dim", json_integer(16)));
     CHECK_FAILS(try_load(tmp, msg, sizeof msg), DFLASH_ERR_SHAPE,

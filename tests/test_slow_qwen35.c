@@ -53,6 +53,14 @@ static void test_logits_and_layers_match_hf(void)
         dflash_st *ex = open_expected(k);
         if (m && ex)
             tc_check_hf_outputs(m, ex, k_models[k], T_MAX, TOL);
+        /* the text fixture's shared expert (as wide as the routed ones)
+         * runs joined to them on every sparse layer, the multimodal
+         * one's (wider) apart: both paths are the ones checked here */
+        const int want_joined = !strcmp(k_models[k], "q35_moe_text");
+        for (int l = 0; m && l < m->cfg.num_hidden_layers; l++)
+            if (m->layers[l].moe.experts)
+                CHECKF(m->layers[l].moe.shared_joined == want_joined, "%s layer %d: shared expert joined %d",
+                       k_models[k], l, m->layers[l].moe.shared_joined);
         dflash_qwen3_free(m);
         dflash_st_close(ex);
     }

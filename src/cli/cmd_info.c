@@ -78,7 +78,10 @@ int dflash_cmd_info(int argc, char **argv)
                c.num_experts_per_tok, c.norm_topk_prob ? " (weights renormalised)" : "", c.moe_intermediate_size,
                sparse, c.num_hidden_layers);
         if (c.shared_expert_intermediate_size)
-            printf("; a shared expert %d wide", c.shared_expert_intermediate_size);
+            printf("; a shared expert %d wide%s", c.shared_expert_intermediate_size,
+                   c.shared_expert_intermediate_size == c.moe_intermediate_size
+                       ? " (as wide as the routed ones: run as one of them)"
+                       : "");
         printf("\n");
     }
     const dflash_rope_params *r = &c.rope;

@@ -105,7 +105,8 @@ static dflash_status bind_experts(dflash_binder *b, const char *prefix, const df
 }
 
 /* The shared expert and its gate; joined to the routed experts as expert
- * E when it has their dtype and shape. */
+ * E when it has their dtype and shape and the routing has room for one
+ * more expert. */
 static dflash_status bind_shared(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m)
 {
     static const char *const proj[QWEN3_MOE_PARTS] = { "gate_proj", "up_proj", "down_proj" };
@@ -117,7 +118,7 @@ static dflash_status bind_shared(dflash_binder *b, const char *prefix, const dfl
     }
     snprintf(name, sizeof name, "%smlp.shared_expert_gate.weight", prefix);
     DFLASH_TRY(dflash_bind(b, name, 1, H, &m->shared_gate));
-    int same = 1;
+    int same = c->num_experts < DFLASH_ROUTE_MAX_EXPERTS;
     for (int p = 0; p < QWEN3_MOE_PARTS; p++) {
         const dflash_weight *w = &m->shared[p], *w0 = &m->experts[p];
         same &= w->dtype == w0->dtype && w->rows == w0->rows && w->cols == w0->cols;
