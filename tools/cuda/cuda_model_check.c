@@ -8,7 +8,7 @@
  *  1. target fixtures (tests/data/qwen3/{mha_untied,gqa_tied,gqa_sharded,
  *     yarn_tied,qwen3_bias}, tests/data/llama/{llama31_gqa,llama_bias},
  *     tests/data/qwen3_moe/{moe_experts,moe_stacked}, the Qwen3.5 hybrids
- *     tests/data/qwen35/{q35_dense,q35_moe_mm}):
+ *     tests/data/qwen35/{q35_dense,q35_moe_mm,q35_moe_text}):
  *     input_ids forwarded with logits for every row and every layer tapped;
  *     GPU vs CPU (max|gpu - cpu| / max|cpu| <= 1e-4) and GPU vs the
  *     transformers expectation (the CPU tests' criterion, ||gpu - hf|| /
