@@ -79,9 +79,7 @@ int dflash_cmd_info(int argc, char **argv)
                sparse, c.num_hidden_layers);
         if (c.shared_expert_intermediate_size)
             printf("; a shared expert %d wide%s", c.shared_expert_intermediate_size,
-                   c.shared_expert_intermediate_size == c.moe_intermediate_size
-                       ? " (as wide as the routed ones: run as one of them)"
-                       : "");
+                   qwen3_moe_shared_may_join(&c) ? " (as wide as the routed ones: run as one of them)" : "");
         printf("\n");
     }
     const dflash_rope_params *r = &c.rope;

@@ -1,5 +1,6 @@
-/* moe.c: see moe.h. Owns the Qwen3-MoE sparse MLP: binding its router and
- * experts (per-expert tensors or transformers 5's stacked ones), the
+/* moe.c: see moe.h. Owns the Qwen3-MoE sparse MLP: binding its router,
+ * experts (per-expert tensors or transformers 5's stacked ones) and shared
+ * expert (and the SwiGLU binder a Qwen3.5 dense layer's MLP uses too), the
  * experts' pointer tables a device backend reads, and the forward built
  * from the backend's MoE stages and primitives. */
 #include "target/moe.h"
@@ -11,18 +12,25 @@
 
 /* ---- binding ------------------------------------------------------------ */
 
+dflash_status qwen3_bind_swiglu(dflash_binder *b, const char *stem, int64_t H, int64_t I, dflash_weight *w)
+{
+    static const char *const proj[QWEN3_MOE_PARTS] = { "gate_proj", "up_proj", "down_proj" };
+    char name[256];
+    for (int p = 0; p < QWEN3_MOE_PARTS; p++) {
+        snprintf(name, sizeof name, "%s%s.weight", stem, proj[p]);
+        DFLASH_TRY(dflash_bind(b, name, p == QWEN3_MOE_DOWN ? H : I, p == QWEN3_MOE_DOWN ? I : H, &w[p]));
+    }
+    return DFLASH_OK;
+}
+
 static dflash_status bind_per_expert(dflash_binder *b, const char *prefix, const dflash_model_config *c,
                                      dflash_weight *w)
 {
-    static const char *const proj[QWEN3_MOE_PARTS] = { "gate_proj", "up_proj", "down_proj" };
-    const int64_t H = c->hidden_size, I = c->moe_intermediate_size;
-    char name[256];
-    for (int e = 0; e < c->num_experts; e++)
-        for (int p = 0; p < QWEN3_MOE_PARTS; p++) {
-            snprintf(name, sizeof name, "%smlp.experts.%d.%s.weight", prefix, e, proj[p]);
-            DFLASH_TRY(dflash_bind(b, name, p == QWEN3_MOE_DOWN ? H : I, p == QWEN3_MOE_DOWN ? I : H,
-                                   &w[e * QWEN3_MOE_PARTS + p]));
-        }
+    char stem[224];
+    for (int e = 0; e < c->num_experts; e++) {
+        snprintf(stem, sizeof stem, "%smlp.experts.%d.", prefix, e);
+        DFLASH_TRY(qwen3_bind_swiglu(b, stem, c->hidden_size, c->moe_intermediate_size, &w[e * QWEN3_MOE_PARTS]));
+    }
     return DFLASH_OK;
 }
 
@@ -104,25 +112,24 @@ static dflash_status bind_experts(dflash_binder *b, const char *prefix, const df
     return s;
 }
 
+int qwen3_moe_shared_may_join(const dflash_model_config *c)
+{
+    return c->shared_expert_intermediate_size == c->moe_intermediate_size &&
+           c->num_experts < DFLASH_ROUTE_MAX_EXPERTS;
+}
+
 /* The shared expert and its gate; joined to the routed experts as expert
- * E when it has their dtype and shape and the routing has room for one
- * more expert. */
+ * E where qwen3_moe_shared_may_join and its weights have their dtype. */
 static dflash_status bind_shared(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m)
 {
-    static const char *const proj[QWEN3_MOE_PARTS] = { "gate_proj", "up_proj", "down_proj" };
-    const int64_t H = c->hidden_size, Is = c->shared_expert_intermediate_size;
-    char name[256];
-    for (int p = 0; p < QWEN3_MOE_PARTS; p++) {
-        snprintf(name, sizeof name, "%smlp.shared_expert.%s.weight", prefix, proj[p]);
-        DFLASH_TRY(dflash_bind(b, name, p == QWEN3_MOE_DOWN ? H : Is, p == QWEN3_MOE_DOWN ? Is : H, &m->shared[p]));
-    }
+    char name[224];
+    snprintf(name, sizeof name, "%smlp.shared_expert.", prefix);
+    DFLASH_TRY(qwen3_bind_swiglu(b, name, c->hidden_size, c->shared_expert_intermediate_size, m->shared));
     snprintf(name, sizeof name, "%smlp.shared_expert_gate.weight", prefix);
-    DFLASH_TRY(dflash_bind(b, name, 1, H, &m->shared_gate));
-    int same = c->num_experts < DFLASH_ROUTE_MAX_EXPERTS;
-    for (int p = 0; p < QWEN3_MOE_PARTS; p++) {
-        const dflash_weight *w = &m->shared[p], *w0 = &m->experts[p];
-        same &= w->dtype == w0->dtype && w->rows == w0->rows && w->cols == w0->cols;
-    }
+    DFLASH_TRY(dflash_bind(b, name, 1, c->hidden_size, &m->shared_gate));
+    int same = qwen3_moe_shared_may_join(c);
+    for (int p = 0; p < QWEN3_MOE_PARTS; p++)
+        same &= m->shared[p].dtype == m->experts[p].dtype;
     if (same)
         memcpy(&m->experts[(size_t)c->num_experts * QWEN3_MOE_PARTS], m->shared, sizeof m->shared);
     m->shared_joined = same;

@@ -73,6 +73,14 @@ typedef struct qwen3_moe_bufs {
  * ("<prefix>mlp.shared_expert.{gate,up,down}_proj.weight") and its gate
  * ("<prefix>mlp.shared_expert_gate.weight") too. */
 dflash_status qwen3_moe_bind(dflash_binder *b, const char *prefix, const dflash_model_config *c, qwen3_moe *m);
+/* A SwiGLU MLP's gate, up [I, H] and down [H, I] (an expert, a shared
+ * expert, a dense layer's MLP): "<stem>{gate,up,down}_proj.weight" into
+ * w[0 .. QWEN3_MOE_PARTS). */
+dflash_status qwen3_bind_swiglu(dflash_binder *b, const char *stem, int64_t H, int64_t I, dflash_weight *w);
+/* Whether a config's shared expert can run joined to the routed experts
+ * (as wide as they are, and room in the routing for one more); it does
+ * when its weights also have their dtype. */
+int qwen3_moe_shared_may_join(const dflash_model_config *c);
 /* be: the backend it was bound with (NULL: bound without one). */
 void qwen3_moe_release(qwen3_moe *m, dflash_backend *be);
 

@@ -78,19 +78,6 @@ static dflash_status bind_full_attn(q35_bind *q, const char *p, qwen3_layer *l)
     return bind_norm(q, p, "self_attn.k_norm.weight", D, &l->k_norm);
 }
 
-/* gate/up [I, H], down [H, I] under "<p><mlp>" into w[0..3) */
-static dflash_status bind_swiglu(q35_bind *q, const char *p, const char *mlp, int64_t I, dflash_weight *w)
-{
-    static const char *const proj[3] = { "gate_proj", "up_proj", "down_proj" };
-    const int64_t H = q->c->hidden_size;
-    char name[160];
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "%s%s.weight", mlp, proj[i]);
-        DFLASH_TRY(bind(q, p, name, i == 2 ? H : I, i == 2 ? I : H, &w[i]));
-    }
-    return DFLASH_OK;
-}
-
 /* Floats of every shifted norm weight. */
 static size_t norm_floats(const dflash_model_config *c)
 {
@@ -141,7 +128,9 @@ static dflash_status bind_layer(q35_bind *q, const char *p, int i, qwen3_layer *
     DFLASH_TRY(c->layer_linear[i] ? bind_linear_attn(q, p, &l->gdn) : bind_full_attn(q, p, l));
     if (c->family == DFLASH_FAMILY_QWEN35_MOE)
         return qwen3_moe_bind(q->b, p, c, &l->moe); /* the shared expert too */
-    return bind_swiglu(q, p, "mlp.", c->intermediate_size, &l->lin[QWEN3_LIN_GATE]);
+    char stem[224];
+    snprintf(stem, sizeof stem, "%smlp.", p);
+    return qwen3_bind_swiglu(q->b, stem, H, c->intermediate_size, &l->lin[QWEN3_LIN_GATE]);
 }
 
 dflash_status qwen35_checkpoint_bind(dflash_binder *b, const dflash_model_config *c, qwen3_checkpoint *w,
