@@ -335,6 +335,48 @@ static void test_linear_gated_add(void)
     check_linear_gated_add(3);
 }
 
+/* gather_add_rmsnorm: x += the weighted sum of each row's gathered rows,
+ * then out = rmsnorm(x) * w, against a naive double recomputation; a sum
+ * of no terms is refused. */
+static void test_gather_add_rmsnorm(void)
+{
+    enum { N = 3, D = 37, K = 4, SRC = 9 };
+    float x[N * D], src[SRC * D], pw[N * K], nw[D], delta[N * D], out[N * D];
+    int32_t idx[N * K];
+    double rx[N * D], ro[N * D];
+    for (int i = 0; i < N * D; i++)
+        x[i] = 2.0f * frand();
+    for (int i = 0; i < SRC * D; i++)
+        src[i] = frand();
+    for (int i = 0; i < N * K; i++) {
+        pw[i] = frand();
+        idx[i] = (i * 7 + 3) % SRC;
+    }
+    for (int i = 0; i < D; i++)
+        nw[i] = 1.0f + 0.5f * frand();
+    for (int i = 0; i < N; i++) {
+        double ss = 0;
+        for (int c = 0; c < D; c++) {
+            double v = x[i * D + c];
+            for (int j = 0; j < K; j++)
+                v += (double)pw[i * K + j] * src[idx[i * K + j] * D + c];
+            rx[i * D + c] = v;
+            ss += v * v;
+        }
+        const double inv = 1.0 / sqrt(ss / D + 1e-6);
+        for (int c = 0; c < D; c++)
+            ro[i * D + c] = rx[i * D + c] * inv * nw[c];
+    }
+    const dflash_weight w = { DFLASH_DTYPE_F32, 1, D, nw, NULL, "norm" };
+    const dflash_gather sum = { src, idx, pw, K };
+    CHECK_OK(dflash_be_gather_add_rmsnorm(be, x, &sum, delta, &w, N, D, 1e-6f, out));
+    const double ex = rel_err(x, rx, N * D), eo = rel_err(out, ro, N * D);
+    CHECKF(ex < 1e-6 && eo < 1e-6, "rel err x %g, out %g", ex, eo);
+    const dflash_gather none = { src, idx, pw, 0 };
+    CHECK_FAILS(dflash_be_gather_add_rmsnorm(be, x, &none, delta, &w, N, D, 1e-6f, out), DFLASH_ERR_INVALID_ARG,
+                "gather_add_rmsnorm: a weighted sum of 0 terms a row");
+}
+
 /* linear_group: each of the most weights a group takes equal to its own
  * linear; one more is refused, saying how many it takes. */
 static void test_linear_group(void)
@@ -712,8 +754,8 @@ static void test_moe_route_shared(void)
 }
 
 /* A shared expert of the routed experts' shape joined to them (one more
- * entry of every row, weighted sum over k + 1 terms) gives the same bits
- * as run apart (its own SwiGLU and gated add after the routed sum): the
+ * entry of every row, weighted sum over k + 1 terms, left to the caller)
+ * gives the same bits as run apart (its own SwiGLU and gated add after the routed sum): the
  * same products and sums in the same order. */
 static void test_moe_shared_joined(void)
 {
@@ -738,9 +780,16 @@ static void test_moe_shared_joined(void)
     float x[N * H], joined[N * H], apart[N * H];
     for (int i = 0; i < N * H; i++)
         x[i] = frand();
+    /* joined, the layer leaves its output as the weighted sum the next
+     * norm adds (qwen3_moe_sum): taken here on its own */
     m.shared_joined = 1;
-    CHECK_OK(qwen3_moe_forward(be, &c, &m, &b, x, N, joined));
+    CHECK(qwen3_moe_defers(&m));
+    CHECK_OK(qwen3_moe_forward(be, &c, &m, &b, x, N, NULL));
+    const dflash_gather sum = qwen3_moe_sum(&c, &m, &b);
+    CHECK(sum.k == K + 1);
+    CHECK_OK(be->ops->gather_sum(be, joined, sum.src, sum.idx, sum.w, N, sum.k, H));
     m.shared_joined = 0;
+    CHECK(!qwen3_moe_defers(&m));
     CHECK_OK(qwen3_moe_forward(be, &c, &m, &b, x, N, apart));
     CHECK(!memcmp(joined, apart, sizeof joined));
     qwen3_moe_bufs_free(be, &b);
@@ -757,6 +806,7 @@ int main(void)
     RUN(test_gather_sum);
     RUN(test_add_bias);
     RUN(test_linear_gated_add);
+    RUN(test_gather_add_rmsnorm);
     RUN(test_linear_group);
     RUN(test_sigmoid_mul);
     RUN(test_norm_gate);

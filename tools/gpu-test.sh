@@ -51,7 +51,8 @@
 # GPU_TEST_NCU_OPS=TEXT adds Nsight Compute (same sections) on the kernels
 # of one call of each timed op of cuda_ops_check whose "op shape" contains
 # TEXT or one of its '|'-separated parts (e.g. "attention bf16"; with
-# GPU_TEST_OPS_ONLY to skip the rest);
+# GPU_TEST_OPS_ONLY to skip the rest), printed with every detail into
+# ncu_ops.txt and, per SASS instruction, into ncu_ops_source.csv;
 # GPU_TEST_PROBE=1 builds and runs tools/cuda/stream_probe.cu (GB/s of
 # register, cp.async and bulk-copy load disciplines);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
@@ -67,11 +68,17 @@
 # GPU_TEST_AB_ENV="VAR=VALUE ..." runs "this" side with those variables
 # (alone: the same binary with and without them; the ops check runs once
 # more with them too);
-# GPU_TEST_SPLITS="2 4 8" benches with DFLASH_CUDA_GEMM_SPLIT at each;
+# GPU_TEST_SWEEP="VAR=V ...;VAR=W ...": the same binary once without and
+# then with each ';'-separated setting, each run the A/B's benches
+# (GPU_TEST_AB_BENCH, else its default two) and ops sections
+# (GPU_TEST_AB_OPS), e.g. "DFLASH_CUDA_GEMM_SPLIT=2;DFLASH_CUDA_GEMM_SPLIT=4"
+# (seconds: GPU_TEST_AB_LIMIT);
 # GPU_TEST_OPS_ONLY=SECTION,...: cuda_ops_check's sections to run in the
 # ops check and under the sanitizers (all by default; its usage lists them:
 # a quicker check of the ops a change touched);
-# GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
+# GPU_TEST_MODEL_ENV="VAR=VALUE ..." runs the model check a second time
+# with those variables (a lever's setting checked before it becomes the
+# default); GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
 # libraries; MODEL_CHECK_ARGS are passed to cuda_model_check (e.g.
 # --cpu-as-gpu, to check this script on a machine without a GPU);
 # GPU_TEST_BUILD: the build folder (default build-gpu-test).
@@ -153,9 +160,17 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters
     --section InstructionStats"
+# The report is saved, then printed twice: every section with its details
+# (stall reasons included), and the source page (every SASS instruction
+# with its executions and stall samples, CSV) for reading off line by line.
 if want check && [ -n "${GPU_TEST_NCU_OPS:-}" ] && [ -n "$NCU" ] && [ -x "$B/cuda_ops_check" ]; then
-    step ncu-ops ncu_ops.txt 240 "$NCU" --clock-control none --profile-from-start off $NCU_SECTIONS \
-        "$B/cuda_ops_check" $OPS_ONLY --profile "$GPU_TEST_NCU_OPS"
+    step ncu-ops ncu_ops_run.txt 240 "$NCU" --clock-control none --profile-from-start off $NCU_SECTIONS \
+        --import-source yes --export "$B/ncu_ops" --force-overwrite "$B/cuda_ops_check" $OPS_ONLY --profile "$GPU_TEST_NCU_OPS"
+    if last_ok; then
+        step ncu-ops-details ncu_ops.txt 60 "$NCU" --import "$B/ncu_ops.ncu-rep" --print-details all
+        step ncu-ops-source ncu_ops_source.csv 60 "$NCU" --import "$B/ncu_ops.ncu-rep" --page source --csv \
+            --print-source sass
+    fi
 fi
 
 # ---- the full library (model check, CLI) ----
@@ -211,6 +226,9 @@ if want model; then
         step build-model-check build3.txt 120 build_model
         if last_ok; then
             step model-check model_check.txt 240 "$B/cuda_model_check" ${MODEL_CHECK_ARGS:-}
+            # GPU_TEST_MODEL_ENV="VAR=VALUE ...": once more under those levers
+            [ -n "${GPU_TEST_MODEL_ENV:-}" ] && step model-check-env model_check_env.txt 240 \
+                env $GPU_TEST_MODEL_ENV "$B/cuda_model_check" ${MODEL_CHECK_ARGS:-}
         else
             names+=("model-check"); rcs+=("not-built"); secs+=(0)
         fi
@@ -312,17 +330,27 @@ if want bench; then
             step ab-bench ab_bench.txt ${GPU_TEST_AB_LIMIT:-200} ab_bench
         fi
     fi
-    if [ -n "${GPU_TEST_SPLITS:-}" ] && [ -x "$B/dflash" ]; then
-        split_sweep() {
-            local S
-            for S in $GPU_TEST_SPLITS; do
-                echo "### DFLASH_CUDA_GEMM_SPLIT=$S"
-                DFLASH_CUDA_GEMM_SPLIT=$S "$B/dflash" bench --device cuda --preset seed-drafter --ctx 4096 || return 1
-                DFLASH_CUDA_GEMM_SPLIT=$S "$B/dflash" bench --device cuda --preset qwen3-8b-target --ctx 4096 \
-                    --rows 16 || return 1
+    if [ -n "${GPU_TEST_SWEEP:-}" ] && [ -x "$B/dflash" ]; then
+        sweep() {
+            local set envs args sets ab_sets
+            IFS=';' read -ra sets <<<"-;$GPU_TEST_SWEEP"
+            IFS=';' read -ra ab_sets <<<"${GPU_TEST_AB_BENCH:---preset seed-drafter --ctx 4096;--preset qwen3-8b-target --ctx 4096 --rows 16}"
+            if [ -n "${GPU_TEST_AB_OPS:-}" ] && [ ! -x "$B/cuda_ops_check" ]; then
+                build "$B/cuda_ops_check" tools/cuda/cuda_ops_check.c || return 1
+            fi
+            for set in "${sets[@]}"; do
+                envs=$set
+                [ "$set" = - ] && envs=""
+                echo "### sweep: ${envs:-no variables}"
+                if [ -n "${GPU_TEST_AB_OPS:-}" ]; then
+                    env $envs "$B/cuda_ops_check" --only "$GPU_TEST_AB_OPS" | sed -n '/shape (timed)/,/^$/p' || return 1
+                fi
+                for args in "${ab_sets[@]}"; do
+                    env $envs "$B/dflash" bench --device cuda $args || return 1
+                done
             done
         }
-        step split-sweep split_sweep.txt 200 split_sweep
+        step sweep sweep.txt ${GPU_TEST_AB_LIMIT:-200} sweep
     fi
     # GPU_TEST_PROBE=1: tools/cuda/stream_probe.cu (nvcc), how loads must
     # be issued to stream a buffer at the DRAM rate.
@@ -384,7 +412,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench split_sweep stream_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|step |seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"

@@ -88,6 +88,25 @@ dflash_status dflash_be_norm_gate(dflash_backend *be, float *x, const dflash_wei
     return dflash_be_norm_gate_composed(be, x, norm, z, pos, n, n_heads, head_dim, eps);
 }
 
+dflash_status dflash_be_gather_add_rmsnorm_composed(dflash_backend *be, float *x, const dflash_gather *sum,
+                                                    float *delta, const dflash_weight *w, int n, int dim, float eps,
+                                                    float *out)
+{
+    DFLASH_TRY(be->ops->gather_sum(be, delta, sum->src, sum->idx, sum->w, n, sum->k, dim));
+    return be->ops->add_rmsnorm(be, x, delta, w, n, dim, eps, out);
+}
+
+dflash_status dflash_be_gather_add_rmsnorm(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
+                                           const dflash_weight *w, int n, int dim, float eps, float *out)
+{
+    if (sum->k < 1)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "gather_add_rmsnorm: a weighted sum of %d terms a row (at least 1)",
+                           sum->k);
+    if (be->ops->gather_add_rmsnorm)
+        return be->ops->gather_add_rmsnorm(be, x, sum, delta, w, n, dim, eps, out);
+    return dflash_be_gather_add_rmsnorm_composed(be, x, sum, delta, w, n, dim, eps, out);
+}
+
 dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim)
 {
     if (!rope || rope->n_pairs < 0 || rope->n_pairs * 2 > head_dim)

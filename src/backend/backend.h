@@ -349,6 +349,13 @@ typedef struct dflash_backend_ops {
      * swiglu(z, x). */
     dflash_status (*norm_gate)(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
                                const int32_t *pos, int n, int n_heads, int head_dim, float eps);
+    /* add_rmsnorm whose delta is the gather_sum of sum's rows (a MoE
+     * layer's weighted sum of its experts, added to the residual stream
+     * with the next norm); delta [n, dim] is scratch, its content
+     * afterwards unspecified. The composition: gather_sum into delta,
+     * add_rmsnorm. */
+    dflash_status (*gather_add_rmsnorm)(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
+                                        const dflash_weight *w, int n, int dim, float eps, float *out);
 
     /* A MoE layer's routing and its experts' projections (see
      * dflash_route_args and dflash_experts_args). */
@@ -394,12 +401,17 @@ dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int
                                          const float *gate, float *tmp, float *out, const dflash_gather *sum);
 dflash_status dflash_be_norm_gate(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
                                   const int32_t *pos, int n, int n_heads, int head_dim, float eps);
-/* The compositions those two stages stand for (see the ops above): the
+dflash_status dflash_be_gather_add_rmsnorm(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
+                                           const dflash_weight *w, int n, int dim, float eps, float *out);
+/* The compositions those stages stand for (see the ops above): the
  * default, and what a backend runs where its own version declines a case. */
 dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
                                                   const float *gate, float *tmp, float *out, const dflash_gather *sum);
 dflash_status dflash_be_norm_gate_composed(dflash_backend *be, float *x, const dflash_weight *norm, const float *z,
                                            const int32_t *pos, int n, int n_heads, int head_dim, float eps);
+dflash_status dflash_be_gather_add_rmsnorm_composed(dflash_backend *be, float *x, const dflash_gather *sum,
+                                                    float *delta, const dflash_weight *w, int n, int dim, float eps,
+                                                    float *out);
 
 /* MoE stages (stage_moe.c): the default routes on the host (the logits
  * downloaded, the arrays uploaded) and runs linear_group once per expert

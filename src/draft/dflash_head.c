@@ -420,7 +420,7 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     for (int li = 0; li < c->num_hidden_layers; li++) {
         const dflash_layer *l = &h->layers[li];
         const dflash_weight *lin = layer_lin(h, l);
-        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0));
+        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0 ? &h->layers[li - 1].w : NULL));
         dflash_attn_args a = qwen3_attn_args(c, &s->b, n);
         a.row_seq = s->row_seq;
         a.seq_info = s->seq_info;

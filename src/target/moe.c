@@ -212,13 +212,19 @@ static dflash_status tally_experts(dflash_backend *be, const dflash_model_config
     return DFLASH_OK;
 }
 
+int qwen3_moe_defers(const qwen3_moe *m) { return !m->shared_gate.data || m->shared_joined; }
+
+dflash_gather qwen3_moe_sum(const dflash_model_config *c, const qwen3_moe *m, const qwen3_moe_bufs *b)
+{
+    return (dflash_gather){ .src = b->y, .idx = b->slot, .w = b->prob, .k = c->num_experts_per_tok + m->shared_joined };
+}
+
 dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c, const qwen3_moe *m,
                                 const qwen3_moe_bufs *b, const float *x, int n, float *out)
 {
     const dflash_backend_ops *o = be->ops;
     const int E = c->num_experts, k = c->num_experts_per_tok, joined = m->shared_joined;
     const int ne = E + joined, kr = k + joined;
-    const int64_t H = c->hidden_size;
     if (m->shared_gate.data) {
         /* the router and the shared expert's gate read the same x: one
          * launch where the backend groups */
@@ -237,10 +243,10 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
         DFLASH_TRY(tally_experts(be, c, b));
     /* gate and up with SwiGLU (reading each gathered row from x through
      * src), then down, each over every expert (a joined shared expert
-     * too) at once. per_row stays k: a device backend sizes its split-K
-     * by it, and with k + 1 a 16-row verify's gate/up projection of the
-     * 35B-A3B geometry gets 3 slices instead of 4, measured slower by
-     * more than the shared expert's own work (docs/perf-notes.md) */
+     * too) at once. per_row stays k, the routed experts' count: a device
+     * backend sizes its split-K by it, and a joined shared expert's rows
+     * are extra work of the same launches, not a reason to split the
+     * routed experts' work differently (docs/perf-notes.md) */
     dflash_experts_args ea = { .n_experts = ne, .n_w = 2, .w = &m->experts[QWEN3_MOE_GATE], .w_stride = QWEN3_MOE_PARTS,
                                .data = m->ptrs ? m->ptrs + (size_t)QWEN3_MOE_GATE * ne : NULL,
                                .scales = m->scale_ptrs ? m->scale_ptrs + (size_t)QWEN3_MOE_GATE * ne : NULL,
@@ -262,10 +268,10 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
      * that is the last term of each row's weighted sum (its weight the
      * sigmoid, as sigmoid_mul computes it: the same products and sums in
      * the same order as apart) */
-    if (!m->shared_gate.data || joined)
-        return o->gather_sum(be, out, b->y, b->slot, b->prob, n, kr, H);
+    if (qwen3_moe_defers(m))
+        return DFLASH_OK; /* the caller adds qwen3_moe_sum */
     /* apart: the routed sum is written by the shared expert's last stage
-     * (a fused backend adds it in the same epilogue) */
+     * (a fused backend adds it in the same epilogue), into out */
     float *const gu[2] = { b->sh_gate, b->sh_up };
     DFLASH_TRY(dflash_be_linear_group(be, x, n, &m->shared[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
     const dflash_gather routed = { .src = b->y, .idx = b->slot, .w = b->prob, .k = k };

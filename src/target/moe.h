@@ -87,8 +87,18 @@ void qwen3_moe_release(qwen3_moe *m, dflash_backend *be);
 dflash_status qwen3_moe_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_moe_bufs *b);
 void qwen3_moe_bufs_free(dflash_backend *be, qwen3_moe_bufs *b);
 
-/* out [n, H] = the sparse MLP of rows x [n, H] (backend memory). */
+/* out [n, H] = the sparse MLP of rows x [n, H] (backend memory); where
+ * qwen3_moe_defers, out is left alone and the output is qwen3_moe_sum's
+ * weighted sum, which the caller adds (with the next norm, in one
+ * launch where the backend fuses them). */
 dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c, const qwen3_moe *m,
                                 const qwen3_moe_bufs *b, const float *x, int n, float *out);
+/* Whether the layer's output is its last forward's weighted sum of the
+ * experts' rows (no shared expert, or one joined to them): every sparse
+ * layer but one whose shared expert runs apart. */
+int qwen3_moe_defers(const qwen3_moe *m);
+/* That sum, as gather_sum's arguments: row i's kr terms are the experts'
+ * outputs for it, weighted by their routing weights. */
+dflash_gather qwen3_moe_sum(const dflash_model_config *c, const qwen3_moe *m, const qwen3_moe_bufs *b);
 
 #endif

@@ -282,8 +282,7 @@ static dflash_status linear_layer_forward(dflash_qwen3 *m, const dflash_qwen3_ba
     const qwen3_layer *l = &m->layers[li];
     const qwen3_bufs *bufs = &m->s.b;
     const int n = b->n_rows;
-    DFLASH_TRY(m->be->ops->add_rmsnorm(m->be, bufs->x, li > 0 ? bufs->delta : NULL, &l->input_norm, n,
-                                       m->cfg.hidden_size, m->cfg.rms_norm_eps, bufs->xn));
+    DFLASH_TRY(qwen3_layer_norm_in(m->be, &m->cfg, li > 0 ? l - 1 : NULL, bufs, &l->input_norm, n));
     if (li)
         DFLASH_TRY(capture_taps(m, b, li - 1));
     DFLASH_TRY(qwen35_state_layer(m->rec, m->be, &m->cfg, l, li, bufs, n));
@@ -299,10 +298,11 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     if (m->cfg.layer_linear[li])
         return linear_layer_forward(m, b, li);
     /* The previous layer's MLP output is added here, fused with this norm. */
+    const qwen3_layer *prev = li > 0 ? l - 1 : NULL;
     if (hybrid)
-        DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, li > 0));
+        DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, prev));
     else
-        DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, li > 0));
+        DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, prev));
     if (li)
         DFLASH_TRY(capture_taps(m, b, li - 1));
     DFLASH_TRY(m->be->ops->kv_write(m->be, &m->kv.layout, m->kv_layer[li], m->s.page_tables, m->pt_len,
@@ -366,8 +366,8 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
         DFLASH_TRY(layer_forward(m, b, &bounds, li));
     if (m->rec)
         qwen35_state_end(m->rec);
-    DFLASH_TRY(o->add_rmsnorm(m->be, m->s.b.x, m->s.b.delta, &m->final_norm, b->n_rows, c->hidden_size,
-                              c->rms_norm_eps, m->s.b.xn));
+    DFLASH_TRY(qwen3_layer_norm_in(m->be, c, &m->layers[c->num_hidden_layers - 1], &m->s.b, &m->final_norm,
+                                   b->n_rows));
     DFLASH_TRY(capture_taps(m, b, c->num_hidden_layers - 1));
     for (int q = 0; q < b->n_seqs; q++)
         b->seqs[q]->len = new_len[q];

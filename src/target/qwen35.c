@@ -177,12 +177,11 @@ dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash
 /* ---- gated full attention ------------------------------------------------ */
 
 dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                             const qwen3_bufs *b, int n, int add_delta)
+                             const qwen3_bufs *b, int n, const qwen3_layer *prev)
 {
     const dflash_backend_ops *o = be->ops;
     const int D = c->head_dim, Hq = c->num_attention_heads;
-    DFLASH_TRY(o->add_rmsnorm(be, b->x, add_delta ? b->delta : NULL, &l->input_norm, n, c->hidden_size,
-                              c->rms_norm_eps, b->xn));
+    DFLASH_TRY(qwen3_layer_norm_in(be, c, prev, b, &l->input_norm, n));
     float *const qkv[3] = { b->qg, b->k, b->v };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &l->lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
     for (int k = 0; c->attention_bias && k < 3; k++)

@@ -46,11 +46,12 @@ dflash_status qwen35_checkpoint_bind(dflash_binder *b, const dflash_model_config
 /* The same checks without a backend (`dflash info`). */
 dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash_st *st, qwen35_extra *extra);
 
-/* A gated full-attention layer's input half: x += delta (add_delta);
- * xn = rmsnorm(x); b->qg (queries and gates), k, v from the projections,
- * the queries copied to q; q and k normed and partly rotated. */
+/* A gated full-attention layer's input half: x += the previous layer's
+ * output (prev: qwen3_layer_norm_in's); xn = rmsnorm(x); b->qg (queries
+ * and gates), k, v from the projections, the queries copied to q; q and k
+ * normed and partly rotated. */
 dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                             const qwen3_bufs *b, int n, int add_delta);
+                             const qwen3_bufs *b, int n, const qwen3_layer *prev);
 /* attn [n, heads * head_dim] *= sigmoid(the gates in b->qg, which
  * qwen35_attn_in left there) */
 dflash_status qwen35_attn_gate(dflash_backend *be, const dflash_model_config *c, const qwen3_bufs *b, int n);

@@ -258,12 +258,22 @@ void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b)
     *b = (qwen3_bufs){ 0 };
 }
 
+dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *prev,
+                                  const qwen3_bufs *b, const dflash_weight *norm, int n)
+{
+    if (prev && prev->moe.experts && qwen3_moe_defers(&prev->moe)) {
+        const dflash_gather sum = qwen3_moe_sum(c, &prev->moe, &b->moe);
+        return dflash_be_gather_add_rmsnorm(be, b->x, &sum, b->delta, norm, n, c->hidden_size, c->rms_norm_eps,
+                                            b->xn);
+    }
+    return be->ops->add_rmsnorm(be, b->x, prev ? b->delta : NULL, norm, n, c->hidden_size, c->rms_norm_eps, b->xn);
+}
+
 dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                                  const dflash_weight *lin, const qwen3_bufs *b, int n, int add_delta)
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev)
 {
     const dflash_backend_ops *o = be->ops;
-    DFLASH_TRY(o->add_rmsnorm(be, b->x, add_delta ? b->delta : NULL, &l->input_norm, n, c->hidden_size,
-                              c->rms_norm_eps, b->xn));
+    DFLASH_TRY(qwen3_layer_norm_in(be, c, prev, b, &l->input_norm, n));
     float *const qkv[3] = { b->q, b->k, b->v };
     DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
     for (int k = 0; c->attention_bias && k < 3; k++)

@@ -12,7 +12,9 @@
  *   attn_out_mlp: delta = o(attn); x += delta; xn = rmsnorm(x);
  *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
  *                 layer's attn_in or the final norm); on a Qwen3-MoE
- *                 layer with a sparse MLP, delta = moe(xn) (target/moe.h)
+ *                 layer with a sparse MLP, delta = moe(xn) (target/moe.h),
+ *                 left as its weighted sum of the experts' rows for the
+ *                 next norm to add (qwen3_layer_norm_in)
  *
  * A Qwen3.5 hybrid's layers reuse the MLP half (qwen3_layer_mlp); their
  * mixers are its gated attention (target/qwen35.h) or a Gated DeltaNet
@@ -93,9 +95,17 @@ dflash_status qwen3_checkpoint_check(const dflash_model_config *c, const dflash_
 dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_bufs *b);
 void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b);
 
-/* lin: the projection weights to use (l->lin, or quantized copies). */
+/* x += the previous layer's output, then xn = rmsnorm(x) with `norm`.
+ * prev: that layer (NULL: none, x is the embedding), which left its
+ * output in b->delta, or, a sparse MLP that defers it (qwen3_moe_defers),
+ * as its weighted sum of the experts' rows, added here (delta then
+ * scratch). */
+dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *prev,
+                                  const qwen3_bufs *b, const dflash_weight *norm, int n);
+/* lin: the projection weights to use (l->lin, or quantized copies);
+ * prev: as qwen3_layer_norm_in's. */
 dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                                  const dflash_weight *lin, const qwen3_bufs *b, int n, int add_delta);
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev);
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                                        const dflash_weight *lin, const qwen3_bufs *b, int n);
 

@@ -438,6 +438,69 @@ static void case_rmsnorm(int n, int dim, int with_delta, int timed)
     gpu_reset();
 }
 
+/* gather_add_rmsnorm: the GPU's fused launch equal bit for bit to its
+ * own composition (gather_sum into a buffer, add_rmsnorm), and both to
+ * the CPU's (x exactly: the same weighted sums; the norm within 1e-5).
+ * dim > 4096 takes the composition inside the stage. Timed: the fused
+ * stage and the two launches it replaces. */
+typedef struct garms_arg {
+    float *x, *delta, *out;
+    const dflash_gather *sum;
+    const dflash_weight *w;
+    int n, dim, composed;
+} garms_arg;
+static dflash_status run_garms(void *p)
+{
+    garms_arg *a = p;
+    if (a->composed)
+        return dflash_be_gather_add_rmsnorm_composed(g_gpu, a->x, a->sum, a->delta, a->w, a->n, a->dim, 1e-6f,
+                                                     a->out);
+    return dflash_be_gather_add_rmsnorm(g_gpu, a->x, a->sum, a->delta, a->w, a->n, a->dim, 1e-6f, a->out);
+}
+
+static void case_gather_add_rmsnorm(int n, int k, int dim, int src_rows, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d x %d, %d terms from %d rows", n, dim, k, src_rows);
+    const size_t cnt = (size_t)n * dim, nk = (size_t)n * k, src_n = (size_t)src_rows * dim;
+    float *x = rand_f32(cnt, 3.0f), *src = rand_f32(src_n, 1.0f), *gw = rand_f32(nk, 1.0f);
+    int32_t *idx = xmalloc(nk * sizeof(int32_t));
+    for (size_t i = 0; i < nk; i++)
+        idx[i] = irand(src_rows);
+    wpair w;
+    make_weight(&w, DFLASH_DTYPE_BF16, 1, dim, 2.0f);
+    float *delta = xmalloc(cnt * sizeof(float)), *ref = xmalloc(cnt * sizeof(float));
+    const dflash_gather hsum = { .src = src, .idx = idx, .w = gw, .k = k };
+    float *dx = gpu_copy(x, cnt * sizeof(float)), *dx2 = gpu_copy(x, cnt * sizeof(float));
+    const dflash_gather dsum = { .src = gpu_copy(src, src_n * sizeof(float)),
+                                 .idx = gpu_copy(idx, nk * sizeof(int32_t)),
+                                 .w = gpu_copy(gw, nk * sizeof(float)),
+                                 .k = k };
+    float *dd = gpu_poison(cnt), *dout = gpu_poison(cnt), *dout2 = gpu_poison(cnt);
+    MUST(dflash_be_gather_add_rmsnorm_composed(g_cpu, x, &hsum, delta, &w.h, n, dim, 1e-6f, ref));
+    MUST(dflash_be_gather_add_rmsnorm(g_gpu, dx, &dsum, dd, &w.d, n, dim, 1e-6f, dout));
+    MUST(dflash_be_gather_add_rmsnorm_composed(g_gpu, dx2, &dsum, dd, &w.d, n, dim, 1e-6f, dout2));
+    check_f32("gather_add_rmsnorm", shape, dout, ref, cnt, 1e-5);
+    char s2[128];
+    snprintf(s2, sizeof s2, "%s (x)", shape);
+    check_f32("gather_add_rmsnorm", s2, dx, x, cnt, 0.0);
+    float *comp = xmalloc(cnt * sizeof(float));
+    gpu_get(comp, dout2, cnt * sizeof(float));
+    check_exact("gather_add_rmsnorm == gather_sum, add_rmsnorm", shape, dout, comp, cnt * sizeof(float));
+    gpu_get(comp, dx2, cnt * sizeof(float));
+    check_exact("gather_add_rmsnorm == gather_sum, add_rmsnorm", s2, dx, comp, cnt * sizeof(float));
+    if (timed) {
+        garms_arg a = { dx, dd, dout, &dsum, &w.d, n, dim, 0 };
+        const double bytes = (double)cnt * 4 * 3 + (double)nk * 4 * dim + dim * 2.0;
+        time_op("gather_add_rmsnorm", shape, run_garms, &a, bytes);
+        a.composed = 1;
+        time_op("gather_sum, add_rmsnorm", shape, run_garms, &a, bytes);
+    }
+    free(x), free(src), free(gw), free(idx), free(delta), free(ref), free(comp);
+    free_weight(&w);
+    gpu_reset();
+}
+
 typedef struct ew_arg {
     float *a;
     const float *b;
@@ -2038,6 +2101,19 @@ int main(int argc, char **argv)
                 case_rmsnorm(rows[r], 128, 0, 0);
             }
         }
+        if (!g_small) /* the widest row the kernel takes (a Llama 70B's) */
+            case_rmsnorm(2, 8192, 1, 0);
+        /* with a MoE layer's weighted sum as the delta: the 35B-A3B's top
+         * 8 + shared at 1 and 16 rows, odd sizes, the most the fused
+         * kernel takes, and beyond (composed) */
+        case_gather_add_rmsnorm(3, 3, 100, 20, 0);
+        case_gather_add_rmsnorm(2, 1, 64, 5, 0);
+        if (!g_small) {
+            case_gather_add_rmsnorm(1, 9, 2048, 257, T);
+            case_gather_add_rmsnorm(16, 9, 2048, 144, T);
+            case_gather_add_rmsnorm(5, 8, 4096, 40, 0);
+            case_gather_add_rmsnorm(2, 10, 5000, 20, 0);
+        }
     }
 
     if (section("elementwise")) {
@@ -2370,11 +2446,24 @@ int main(int argc, char **argv)
         case_moe(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0);
         case_moe(DFLASH_DTYPE_BF16, 100, 8, 2, 256, 96, 0);
         case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 256, 128, 0);
-        /* long K: gate/up split 8 ways, so chained blocks take a row
-         * block's slices, and the down projection's chains cross row
-         * blocks; 1088 leaves a short last chunk */
-        case_moe(DFLASH_DTYPE_BF16, 16, 16, 4, 1024, 128, 0);
-        case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 1088, 128, 0);
+        /* long K: gate/up split 8 ways (slices of any length allowed), so
+         * chained blocks take a row block's slices, and the down
+         * projection's chains cross row blocks; 1088 leaves a short last
+         * chunk */
+        {
+            const char *slice = getenv("DFLASH_CUDA_EXPERTS_SLICE");
+            char *was = slice ? strdup(slice) : NULL; /* a sweep's setting, for the cases after these */
+            setenv("DFLASH_CUDA_EXPERTS_SLICE", "1", 1);
+            dflash_levers_reload();
+            case_moe(DFLASH_DTYPE_BF16, 16, 16, 4, 1024, 128, 0);
+            case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 1088, 128, 0);
+            if (was)
+                setenv("DFLASH_CUDA_EXPERTS_SLICE", was, 1);
+            else
+                unsetenv("DFLASH_CUDA_EXPERTS_SLICE");
+            free(was);
+            dflash_levers_reload();
+        }
         /* experts with more rows than their tiles (sized for the mean) hold */
         case_moe_routing(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0, 1);
         case_moe(DFLASH_DTYPE_BF16, 5, 257, 8, 256, 64, 0);

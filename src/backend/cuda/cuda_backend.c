@@ -299,22 +299,52 @@ static dflash_status cuda_embed(dflash_backend *be, const dflash_weight *table, 
     return cuda_launch(c, DFK_EMBED, (unsigned)n, chunks ? chunks : 1, 256, args);
 }
 
-static dflash_status cuda_add_rmsnorm(dflash_backend *be, float *x, const float *delta, const dflash_weight *w,
-                                      int n, int dim, float eps, float *out)
+/* norm.cu's add_rmsnorm: AR_PER (16) elements a thread, at most 512
+ * threads (its ~92 registers a thread do not fit 1024 threads in an SM's
+ * 64K registers). */
+enum { RMS_MAX_THREADS = 512, RMS_MAX_DIM = 16 * RMS_MAX_THREADS };
+
+/* An RMSNorm's weight fits rows of dim, and norm.cu takes such rows. */
+static dflash_status check_rmsnorm(const dflash_weight *w, int dim)
 {
-    cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_check_weight(w, "rmsnorm"));
     if (w->rows * w->cols != dim)
         return dflash_fail(DFLASH_ERR_SHAPE, "rmsnorm: weight %s has %lld elements, rows have %d",
                            w->name ? w->name : "?", (long long)(w->rows * w->cols), dim);
-    if (dim > 16 * 1024) /* norm.cu AR_PER elements per thread, 1024 threads */
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda rmsnorm: rows of %d elements (at most 16384)", dim);
+    if (dim > RMS_MAX_DIM)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda rmsnorm: rows of %d elements (at most %d)", dim, RMS_MAX_DIM);
+    return DFLASH_OK;
+}
+
+static dflash_status cuda_add_rmsnorm(dflash_backend *be, float *x, const float *delta, const dflash_weight *w,
+                                      int n, int dim, float eps, float *out)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(check_rmsnorm(w, dim));
     if (n <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     int wdt = (int)w->dtype;
     void *args[] = { &x, (void *)&delta, (void *)&w->data, &wdt, &dim, &eps, &out };
-    return cuda_launch(c, DFK_ADD_RMSNORM, (unsigned)n, 1, row_threads(dim, 1024), args);
+    return cuda_launch(c, DFK_ADD_RMSNORM, (unsigned)n, 1, row_threads(dim, RMS_MAX_THREADS), args);
+}
+
+/* add_rmsnorm with a gathered delta, in one launch where the row fits the
+ * kernel's block (norm.cu: dim <= 4096), else composed. */
+static dflash_status cuda_gather_add_rmsnorm(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
+                                             const dflash_weight *w, int n, int dim, float eps, float *out)
+{
+    cuda_ctx *c = CTX(be);
+    if (dim > 4096)
+        return dflash_be_gather_add_rmsnorm_composed(be, x, sum, delta, w, n, dim, eps, out);
+    DFLASH_TRY(check_rmsnorm(w, dim));
+    if (n <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    int wdt = (int)w->dtype, k = sum->k;
+    void *args[] = { &x, (void *)&sum->src, (void *)&sum->idx, (void *)&sum->w, &k, (void *)&w->data, &wdt, &dim, &eps,
+                     &out };
+    return cuda_launch(c, DFK_GATHER_ADD_RMSNORM, (unsigned)n, 1, row_threads(dim, RMS_MAX_THREADS), args);
 }
 
 /* Elementwise launches: enough blocks to fill the GPU a few times over; the
@@ -556,6 +586,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .linear_argmax = cuda_linear_argmax,
     .linear_gated_add = cuda_linear_gated_add,
     .norm_gate = cuda_norm_gate,
+    .gather_add_rmsnorm = cuda_gather_add_rmsnorm,
     .moe_route = cuda_moe_route,
     .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,

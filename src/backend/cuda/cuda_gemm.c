@@ -383,6 +383,23 @@ static int experts_chain(const cuda_ctx *c, int64_t busy_tiles, int64_t per_tile
     return chain;
 }
 
+/* Split-K of the grouped kernel: gemm_split's, but no slice shorter
+ * than EXPERTS_SLICE k-steps (a k-step: 64 bytes of a weight row). The
+ * round-trip model behind gemm_split counts waves of blocks, and a
+ * grouped launch is several waves whatever its split (its blocks are the
+ * busy experts' tiles), so what more slices save in wave time they do not
+ * save here, while each slice costs its partial sums' round trip; on the
+ * 35B-A3B experts (gate/up K 2048, down K 512) 2 and 1 slices beat the
+ * model's 4 and 2 (docs/perf-notes.md). From the shape only, never the
+ * row count. DFLASH_CUDA_EXPERTS_SLICE=N takes N instead (tuning). */
+enum { EXPERTS_SLICE = 32 };
+static int experts_split(const cuda_ctx *c, int64_t rb, int64_t k_steps)
+{
+    const int split = gemm_split(c, rb, k_steps), lever = dflash_levers_get()->cuda_experts_slice;
+    const int64_t least = lever > 0 ? lever : EXPERTS_SLICE, most = k_steps / least > 1 ? k_steps / least : 1;
+    return c->gemm_split > 0 || split <= most ? split : (int)most;
+}
+
 /* One launch of gemm.cu's grouped kernel over every expert's tiles: tiles
  * of 8 NT rows (NT from the rows a busy expert has on average), at most
  * min(experts, rows) + rows / tile of them, each rb x split work items,
@@ -418,7 +435,7 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
     g.base.store = 1;
     g.base.x = a->x_rows ? a->x_src : a->x;
     g.base.x_rows = a->x_rows; /* the gate/up projection reads its rows where they are */
-    g.base.split = gemm_split(c, rb * (a->per_row > 0 ? a->per_row : 1), g.base.k / (fp8 ? 64 : 32));
+    g.base.split = experts_split(c, rb * (a->per_row > 0 ? a->per_row : 1), g.base.k / (fp8 ? 64 : 32));
     /* Tile rows: a tile costs the mma work of all its rows however many
      * it holds, and an expert with more rows than a tile reads its
      * weights once per tile. Routed rows spread over the experts, so the

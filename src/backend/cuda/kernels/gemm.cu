@@ -438,6 +438,7 @@ template <int FP8, int NT> __forceinline__ void gemm_group_body(const gemm_group
     /* the tile's arguments live in shared memory: a local copy would be
      * indexed by segment at run time, i.e. spilled to the stack */
     __shared__ int s_first[DFLASH_ROUTE_MAX_EXPERTS + 1], tile[3];
+    __shared__ int s_rows[8 * NT]; /* x_rows: the tile's rows of x, read while thread 0 reads the tables */
     __shared__ gemm_args a;
     pdl_trigger();
     pdl_wait(); /* first[] and x come from the kernels before */
@@ -450,13 +451,15 @@ template <int FP8, int NT> __forceinline__ void gemm_group_body(const gemm_group
     __syncthreads();
     if (tile[0] < 0)
         return;
+    if (g.base.x_rows && threadIdx.x < tile[2])
+        s_rows[threadIdx.x] = g.base.x_rows[tile[1] + threadIdx.x];
     if (threadIdx.x == 0) {
         const int e = tile[0];
         const i64 r0 = tile[1];
         a = g.base;
         a.m = tile[2];
-        if (g.base.x_rows) /* the tile's rows through the gather table */
-            a.x_rows = g.base.x_rows + r0;
+        if (g.base.x_rows) /* the tile's rows through the gather table, staged */
+            a.x_rows = s_rows;
         else
             a.x = g.base.x + r0 * a.k;
         for (int i = 0; i < a.n_w; i++) {

@@ -1,4 +1,5 @@
-/* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row),
+/* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row;
+ * also with the added delta a gathered weighted sum: gather_add_rmsnorm),
  * norm_rope (per-head RMSNorm then NeoX RoPE, whole or partial, one warp
  * per (row, head)) and norm_gate (per-head RMSNorm times silu of a gate: a
  * Gated DeltaNet layer's output norm).
@@ -6,24 +7,31 @@
  * the sum of squares differs (a tree instead of a running sum). */
 #include "common.cuh"
 
-/* grid n, block 32..1024 with dim <= AR_PER * blockDim: if delta,
+/* grid n, block 32..512 with dim <= PER * blockDim: if delta,
  * x += delta (written back); then out = w * (x * inv),
- * inv = 1 / sqrt(mean(x^2) + eps). A thread holds its AR_PER elements
+ * inv = 1 / sqrt(mean(x^2) + eps). A thread holds its PER elements
  * j = threadIdx.x + i * blockDim.x in registers and requests all of them
  * (the weights before waiting on the previous kernel: they are never
  * written) before using any, so the kernel costs a few memory round trips,
  * not one per element. The sum of squares runs in the same order as a
- * strided loop would. */
+ * strided loop would.
+ * GATHER: the delta is not read but computed, as gather_sum computes it
+ * (elementwise.cu): the sum over terms t < k, in t order from 0, of
+ * gw[t] * src[idx[t] row], each product rounded before the add; AR_TERMS
+ * terms' rows requested together. The same bits as gather_sum into a
+ * buffer and this kernel reading it. */
 #define AR_PER 16
-extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
-                                              float eps, float *out)
+#define AR_TERMS 6
+template <bool GATHER, int PER>
+__forceinline__ void add_rmsnorm_row(float *x, const float *delta, const float *src, const int *idx, const float *gw,
+                                     int k, const void *w, int wdt, int dim, float eps, float *out)
 {
     __shared__ float scratch[32];
     const int bd = blockDim.x;
     pdl_trigger();
-    float wv[AR_PER], v[AR_PER], d[AR_PER];
+    float wv[PER], v[PER], d[PER];
 #pragma unroll
-    for (int i = 0; i < AR_PER; i++) {
+    for (int i = 0; i < PER; i++) {
         const int j = threadIdx.x + i * bd;
         wv[i] = j < dim ? load_elem(w, wdt, j) : 0.0f;
     }
@@ -31,18 +39,42 @@ extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, cons
     float *xr = x + (i64)blockIdx.x * dim;
     const float *dr = delta ? delta + (i64)blockIdx.x * dim : 0;
 #pragma unroll
-    for (int i = 0; i < AR_PER; i++) {
+    for (int i = 0; i < PER; i++) {
         const int j = threadIdx.x + i * bd;
         v[i] = j < dim ? xr[j] : 0.0f;
-        d[i] = j < dim && dr ? dr[j] : 0.0f;
+        d[i] = j < dim && dr && !GATHER ? dr[j] : 0.0f;
+    }
+    if (GATHER) {
+        const int *ix = idx + (i64)blockIdx.x * k;
+        const float *wr = gw + (i64)blockIdx.x * k;
+        for (int t0 = 0; t0 < k; t0 += AR_TERMS) {
+            float tw[AR_TERMS], g[AR_TERMS][PER];
+#pragma unroll
+            for (int u = 0; u < AR_TERMS; u++) {
+                const bool in = t0 + u < k;
+                tw[u] = in ? wr[t0 + u] : 0.0f;
+                const float *row = src + (in ? (i64)ix[t0 + u] * dim : 0);
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    const int j = threadIdx.x + i * bd;
+                    g[u][i] = in && j < dim ? row[j] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < AR_TERMS; u++)
+#pragma unroll
+                for (int i = 0; i < PER; i++)
+                    if (t0 + u < k)
+                        d[i] = __fadd_rn(d[i], __fmul_rn(tw[u], g[u][i]));
+        }
     }
     float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < AR_PER; i++) {
+    for (int i = 0; i < PER; i++) {
         const int j = threadIdx.x + i * bd;
         if (j >= dim)
             continue;
-        if (dr) {
+        if (dr || GATHER) {
             v[i] += d[i];
             xr[j] = v[i];
         }
@@ -52,11 +84,30 @@ extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, cons
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
     float *o = out + (i64)blockIdx.x * dim;
 #pragma unroll
-    for (int i = 0; i < AR_PER; i++) {
+    for (int i = 0; i < PER; i++) {
         const int j = threadIdx.x + i * bd;
         if (j < dim)
             o[j] = wv[i] * (v[i] * inv);
     }
+}
+
+extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
+                                              float eps, float *out)
+{
+    add_rmsnorm_row<false, AR_PER>(x, delta, nullptr, nullptr, nullptr, 0, w, wdt, dim, eps, out);
+}
+
+/* The same with the delta of row i the weighted sum of its k gathered
+ * rows of src (gather_add_rmsnorm in backend.h): idx, gw [n * k]. Launched
+ * with dflash_add_rmsnorm's block (so each element has the same thread and
+ * the sum of squares the same order), which is at most 512 threads of
+ * AR_GATHER_PER elements for dim <= 4096: the limit the registers of
+ * its launch bounds set. */
+#define AR_GATHER_PER 8
+extern "C" __global__ void __launch_bounds__(512) dflash_gather_add_rmsnorm(float *x, const float *src, const int *idx, const float *gw,
+                                                     int k, const void *w, int wdt, int dim, float eps, float *out)
+{
+    add_rmsnorm_row<true, AR_GATHER_PER>(x, nullptr, src, idx, gw, k, w, wdt, dim, eps, out);
 }
 
 /* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
