@@ -12,9 +12,10 @@
  *   attn_out_mlp: delta = o(attn); x += delta; xn = rmsnorm(x);
  *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
  *                 layer's attn_in or the final norm); on a Qwen3-MoE
- *                 layer with a sparse MLP, delta = moe(xn) (target/moe.h),
- *                 left as its weighted sum of the experts' rows for the
- *                 next norm to add (qwen3_layer_norm_in)
+ *                 layer with a sparse MLP, moe(xn) (target/moe.h): in
+ *                 delta, or, where it defers, left as its weighted sum of
+ *                 the experts' rows in b->moe for the next norm to add
+ *                 (qwen3_layer_norm_in); delta is then not written
  *
  * A Qwen3.5 hybrid's layers reuse the MLP half (qwen3_layer_mlp); their
  * mixers are its gated attention (target/qwen35.h) or a Gated DeltaNet
@@ -110,7 +111,10 @@ dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_co
                                        const dflash_weight *lin, const qwen3_bufs *b, int n);
 
 /* The MLP half after the mixer's output is in b->delta: x += delta;
- * xn = rmsnorm(x); delta = mlp(xn) (what attn_out_mlp runs after o_proj). */
+ * xn = rmsnorm(x); delta = mlp(xn) (what attn_out_mlp runs after o_proj),
+ * except on a sparse layer that defers its output (qwen3_moe_defers):
+ * delta is then left alone and the output is qwen3_moe_sum of b->moe,
+ * which only qwen3_layer_norm_in (given this layer as prev) reads. */
 dflash_status qwen3_layer_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                               const dflash_weight *lin, const qwen3_bufs *b, int n);
 

@@ -383,15 +383,16 @@ static int experts_chain(const cuda_ctx *c, int64_t busy_tiles, int64_t per_tile
     return chain;
 }
 
-/* Split-K of the grouped kernel: gemm_split's, but no slice shorter
- * than EXPERTS_SLICE k-steps (a k-step: 64 bytes of a weight row). The
- * round-trip model behind gemm_split counts waves of blocks, and a
- * grouped launch is several waves whatever its split (its blocks are the
- * busy experts' tiles), so what more slices save in wave time they do not
- * save here, while each slice costs its partial sums' round trip; on the
- * 35B-A3B experts (gate/up K 2048, down K 512) 2 and 1 slices beat the
- * model's 4 and 2 (docs/perf-notes.md). From the shape only, never the
- * row count. DFLASH_CUDA_EXPERTS_SLICE=N takes N instead (tuning). */
+/* Split-K of the grouped kernel: gemm_split's, but at most k_steps /
+ * EXPERTS_SLICE slices (a k-step: 64 bytes of a weight row), so slices
+ * of about EXPERTS_SLICE k-steps or more. The round-trip model behind
+ * gemm_split counts waves of blocks, and a grouped launch is several
+ * waves whatever its split (its blocks are the busy experts' tiles), so
+ * what more slices save in wave time they do not save here, while each
+ * slice costs its partial sums' round trip; on the 35B-A3B experts the
+ * gate/up projection (K 2048) runs faster in 2 slices than in the
+ * model's 4 (docs/perf-notes.md). From the shape only, never the row
+ * count. DFLASH_CUDA_EXPERTS_SLICE=N takes N instead (tuning). */
 enum { EXPERTS_SLICE = 32 };
 static int experts_split(const cuda_ctx *c, int64_t rb, int64_t k_steps)
 {
