@@ -104,8 +104,9 @@ extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, cons
  * AR_GATHER_PER elements for dim <= 4096: the limit the registers of
  * its launch bounds set. */
 #define AR_GATHER_PER 8
-extern "C" __global__ void __launch_bounds__(512) dflash_gather_add_rmsnorm(float *x, const float *src, const int *idx, const float *gw,
-                                                     int k, const void *w, int wdt, int dim, float eps, float *out)
+extern "C" __global__ void __launch_bounds__(512)
+    dflash_gather_add_rmsnorm(float *x, const float *src, const int *idx, const float *gw, int k, const void *w, int wdt,
+                              int dim, float eps, float *out)
 {
     add_rmsnorm_row<true, AR_GATHER_PER>(x, nullptr, src, idx, gw, k, w, wdt, dim, eps, out);
 }
