@@ -212,7 +212,7 @@ static dflash_status tally_experts(dflash_backend *be, const dflash_model_config
     return DFLASH_OK;
 }
 
-int qwen3_moe_defers(const qwen3_moe *m) { return !m->shared_gate.data || m->shared_joined; }
+int qwen3_moe_defers(const qwen3_moe *m) { return m->experts && (!m->shared_gate.data || m->shared_joined); }
 
 dflash_gather qwen3_moe_sum(const dflash_model_config *c, const qwen3_moe *m, const qwen3_moe_bufs *b)
 {
@@ -274,7 +274,7 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
      * (a fused backend adds it in the same epilogue), into out */
     float *const gu[2] = { b->sh_gate, b->sh_up };
     DFLASH_TRY(dflash_be_linear_group(be, x, n, &m->shared[QWEN3_MOE_GATE], 2, gu, DFLASH_ACT_SWIGLU));
-    const dflash_gather routed = { .src = b->y, .idx = b->slot, .w = b->prob, .k = k };
+    const dflash_gather routed = qwen3_moe_sum(c, m, b); /* the routed experts' k terms */
     return dflash_be_linear_gated_add(be, b->sh_gate, n, &m->shared[QWEN3_MOE_DOWN], b->sh_logit, b->sh_out, out,
                                       &routed);
 }

@@ -95,7 +95,8 @@ dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c
                                 const qwen3_moe_bufs *b, const float *x, int n, float *out);
 /* Whether the layer's output is its last forward's weighted sum of the
  * experts' rows (no shared expert, or one joined to them): every sparse
- * layer but one whose shared expert runs apart. */
+ * layer but one whose shared expert runs apart; never a dense layer
+ * (experts NULL). */
 int qwen3_moe_defers(const qwen3_moe *m);
 /* That sum, as gather_sum's arguments: row i's kr terms are the experts'
  * outputs for it, weighted by their routing weights. */

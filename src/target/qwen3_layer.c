@@ -261,7 +261,7 @@ void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b)
 dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *prev,
                                   const qwen3_bufs *b, const dflash_weight *norm, int n)
 {
-    if (prev && prev->moe.experts && qwen3_moe_defers(&prev->moe)) {
+    if (prev && qwen3_moe_defers(&prev->moe)) {
         const dflash_gather sum = qwen3_moe_sum(c, &prev->moe, &b->moe);
         return dflash_be_gather_add_rmsnorm(be, b->x, &sum, b->delta, norm, n, c->hidden_size, c->rms_norm_eps,
                                             b->xn);

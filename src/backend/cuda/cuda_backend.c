@@ -303,6 +303,8 @@ static dflash_status cuda_embed(dflash_backend *be, const dflash_weight *table, 
  * threads (its ~92 registers a thread do not fit 1024 threads in an SM's
  * 64K registers). */
 enum { RMS_MAX_THREADS = 512, RMS_MAX_DIM = 16 * RMS_MAX_THREADS };
+/* its gathered-delta twin: AR_GATHER_PER (8) elements a thread */
+enum { RMS_GATHER_MAX_DIM = 8 * RMS_MAX_THREADS };
 
 /* An RMSNorm's weight fits rows of dim, and norm.cu takes such rows. */
 static dflash_status check_rmsnorm(const dflash_weight *w, int dim)
@@ -330,12 +332,12 @@ static dflash_status cuda_add_rmsnorm(dflash_backend *be, float *x, const float 
 }
 
 /* add_rmsnorm with a gathered delta, in one launch where the row fits the
- * kernel's block (norm.cu: dim <= 4096), else composed. */
+ * kernel's block (norm.cu: dim <= RMS_GATHER_MAX_DIM), else composed. */
 static dflash_status cuda_gather_add_rmsnorm(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
                                              const dflash_weight *w, int n, int dim, float eps, float *out)
 {
     cuda_ctx *c = CTX(be);
-    if (dim > 4096)
+    if (dim > RMS_GATHER_MAX_DIM)
         return dflash_be_gather_add_rmsnorm_composed(be, x, sum, delta, w, n, dim, eps, out);
     DFLASH_TRY(check_rmsnorm(w, dim));
     if (n <= 0)
