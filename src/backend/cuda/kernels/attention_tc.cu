@@ -20,9 +20,10 @@
  *
  * Accuracy: K and V are bf16 (the pool's values; extra keys are rounded
  * to bf16 as they would be when stored); Q is f32 split into bf16 hi + lo,
- * so the scores are f32-accurate (they go through exp); max, exp and sums
- * are f32 as in the CPU reference. The softmax weights P enter P V as
- * bf16 (as in FlashAttention), and the normalizer sums those rounded
+ * so the scores are f32-accurate (they go through exp); max and sums are
+ * f32 as in the CPU reference, the exponentials 2^x of scores scaled into
+ * log2 units (one ex2 each, ~2^-22 relative). The softmax weights P enter
+ * P V as bf16 (as in FlashAttention), and the normalizer sums those rounded
  * weights, so the output is an exactly normalized average whose weights
  * are within 2^-9 relative of the CPU's: the output agrees with the CPU's
  * to ~1e-3 relative, the order of bf16 KV's own rounding.
@@ -40,6 +41,8 @@
 #define AT_TILE 32 /* keys per tile; halved where two warps share queries */
 #define AT_SPLIT 128
 #define AT_QV 128 /* query vectors per block; halved where two warps share them */
+#define AT_KP_MAX 0x7fffffff /* key-position bounds that never hide a key */
+#define AT_KP_MIN (-0x7fffffff - 1)
 
 /* cuda_attention.c mirrors this layout. */
 struct attn_tc_args {
@@ -75,48 +78,71 @@ __forceinline__ void at_split(float a, float b, u32 &hi, u32 &lo)
     lo = pack_bf16(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xffff0000u));
 }
 
+/* 2^x, one MUFU.EX2 (relative error ~2^-22, far below the bf16
+ * rounding of the weights it makes); 2^-inf = 0. */
+__forceinline__ float at_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Page-table entries a split can touch: AT_SPLIT keys span at most
  * AT_SPLIT / DFLASH_KV_PAGE + 1 pages. */
 #define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
+
+/* Where a block's paged K rows start: page block `blk`'s rows of this
+ * layer and KV head are at head + blk * page_elems (V: v_off further). */
+struct at_src {
+    const u16 *head;
+    i64 page_elems, v_off;
+};
+
+/* Eight f32 values rounded to bf16 into 16 bytes of shared memory. */
+__forceinline__ void at_store_bf16(u32 *dst, const float *src)
+{
+    const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
+    *(uint4 *)dst = make_uint4(pack_bf16(v0.x, v0.y), pack_bf16(v0.z, v0.w), pack_bf16(v1.x, v1.y),
+                               pack_bf16(v1.z, v1.w));
+}
 
 /* Stage TILE keys [u0, u0 + TILE) of the sequence into ks/vs: paged
  * keys by cp.async from the pages the split's table entries `pages` name
  * (page p_first + i in pages[i], read once per block, so the copies issue
  * back to back instead of each waiting on a table read), extra keys
  * converted from f32, keys past `u_end` as zeros (their scores are
- * masked; zero V keeps 0 * V exact). */
+ * masked; zero V keeps 0 * V exact). A thread copies one 16-byte chunk
+ * (ch) of a key's K row and the same chunk of its V row, for keys
+ * threadIdx.x / CH, + blockDim.x / CH, ...: everything but the page
+ * lookup is the same for every tile. */
 template <int D, int TILE>
-__forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const int *pages, int p_first, int kvh,
-                                  int lo, int n_paged, int extra_off, int u0, int u_end)
+__forceinline__ void at_load_tile(const attn_tc_args &a, const at_src &src, u32 *ks, u32 *vs, const int *pages,
+                                  int p_first, int kvh, int lo, int n_paged, int extra_off, int u0, int u_end)
 {
-    constexpr int CH = D / 8; /* 16-byte chunks per key row */
-    const i64 kv_row = (i64)a.n_kv_heads * D;
-    for (int e = threadIdx.x; e < 2 * TILE * CH; e += blockDim.x) {
-        const int which = e / (TILE * CH), rem = e % (TILE * CH), key = rem / CH, ch = rem % CH;
-        u32 *dst = (which ? vs + key * at_geom<D>::VW : ks + key * at_geom<D>::KW) + ch * 4;
-        const int u = u0 + key;
+    constexpr unsigned CH = D / 8; /* 16-byte chunks per key row */
+    const unsigned ch = threadIdx.x % CH, keys_per_pass = blockDim.x / CH;
+    for (unsigned key = threadIdx.x / CH; key < (unsigned)TILE; key += keys_per_pass) {
+        u32 *kd = ks + key * at_geom<D>::KW + ch * 4, *vd = vs + key * at_geom<D>::VW + ch * 4;
+        const int u = u0 + (int)key;
         if (u < u_end && u < n_paged) {
-            const int pos = lo + u;
-            const int blk = pages[pos / DFLASH_KV_PAGE - p_first];
-            if (blk >= 0 && blk < a.n_pages) {
-                const u16 *src = a.pool +
-                                 ((((i64)blk * a.n_layers + a.layer) * 2 + which) * a.n_kv_heads + kvh) *
-                                     DFLASH_KV_PAGE * D +
-                                 (i64)(pos % DFLASH_KV_PAGE) * D + ch * 8;
-                cp_async16(dst, src);
+            const unsigned pos = (unsigned)(lo + u);
+            const int blk = pages[pos / DFLASH_KV_PAGE - (unsigned)p_first];
+            if ((unsigned)blk < (unsigned)a.n_pages) {
+                const u16 *k = src.head + blk * src.page_elems + (pos % DFLASH_KV_PAGE) * D + ch * 8;
+                cp_async16(kd, k);
+                cp_async16(vd, k + src.v_off);
                 continue;
             }
-            if (ch == 0 && which == 0)
-                report_error(a.eflag, a.ehost, ERR_ATTN_PAGE, pos, blk, a.n_pages);
+            if (ch == 0)
+                report_error(a.eflag, a.ehost, ERR_ATTN_PAGE, (int)pos, blk, a.n_pages);
         } else if (u < u_end) {
-            const float *src = (which ? a.v_extra : a.k_extra) + (i64)(extra_off + u - n_paged) * kv_row +
-                               (i64)kvh * D + ch * 8;
-            const float4 v0 = *(const float4 *)src, v1 = *(const float4 *)(src + 4);
-            *(uint4 *)dst = make_uint4(pack_bf16(v0.x, v0.y), pack_bf16(v0.z, v0.w), pack_bf16(v1.x, v1.y),
-                                       pack_bf16(v1.z, v1.w));
+            const i64 off = ((i64)(extra_off + u - n_paged) * a.n_kv_heads + kvh) * D + ch * 8;
+            at_store_bf16(kd, a.k_extra + off);
+            at_store_bf16(vd, a.v_extra + off);
             continue;
         }
-        *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+        *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+        *(uint4 *)vd = make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -153,7 +179,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     const int dim0 = half * DH;
     const bool computes = warp < a.compute_warps;
     /* This lane's two query vectors: rows g and g + 8 of the warp's tile. */
-    int qpos[2], orow[2], ohead[2];
+    int orow[2], ohead[2], khi[2], klo[2]; /* row r sees key positions kp with klo < kp <= khi */
     bool qok[2];
     u32 qh[2][DC][4], ql[2][DC][4];
 #pragma unroll
@@ -162,7 +188,9 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
         qok[r] = computes && qv < QV;
         orow[r] = row0 + (qok[r] ? qv / G : 0);
         ohead[r] = kvh * G + (qok[r] ? qv % G : 0);
-        qpos[r] = qok[r] ? a.q_pos[orow[r]] : 0;
+        const int qpos = qok[r] ? a.q_pos[orow[r]] : 0;
+        khi[r] = !qok[r] ? AT_KP_MIN : a.causal ? qpos : AT_KP_MAX;
+        klo[r] = a.window > 0 ? qpos - a.window : AT_KP_MIN;
         const float *qr = a.q + ((i64)orow[r] * a.n_heads + ohead[r]) * D;
 #pragma unroll
         for (int c = 0; c < DC; c++) {
@@ -179,6 +207,8 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     }
 
     const float NEG = -__int_as_float(0x7f800000);
+    /* scores in log2 units: exp(x) = 2^(x log2 e), one ex2 each */
+    const float scale2 = a.scale * 1.4426950408889634f;
     float m[2] = { NEG, NEG }, l[2] = { 0.0f, 0.0f };
     float o[ND][4];
 #pragma unroll
@@ -195,15 +225,18 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
                                  ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
                                  : -1;
     }
+    const at_src src = { a.pool + ((i64)a.layer * 2 * a.n_kv_heads + kvh) * DFLASH_KV_PAGE * D,
+                         (i64)a.n_layers * 2 * a.n_kv_heads * DFLASH_KV_PAGE * D,
+                         (i64)a.n_kv_heads * DFLASH_KV_PAGE * D };
     __syncthreads();
     if (n_tiles > 0) {
-        at_load_tile<D, TILE>(a, ks[0], vs[0], pages, p_first, kvh, lo, n_paged, extra_off, u_begin, u_end);
+        at_load_tile<D, TILE>(a, src, ks[0], vs[0], pages, p_first, kvh, lo, n_paged, extra_off, u_begin, u_end);
         cp_async_commit();
     }
     for (int ti = 0; ti < n_tiles; ti++) {
         const int cur = ti & 1, u0 = u_begin + ti * TILE;
         if (ti + 1 < n_tiles) {
-            at_load_tile<D, TILE>(a, ks[cur ^ 1], vs[cur ^ 1], pages, p_first, kvh, lo, n_paged, extra_off,
+            at_load_tile<D, TILE>(a, src, ks[cur ^ 1], vs[cur ^ 1], pages, p_first, kvh, lo, n_paged, extra_off,
                                   u0 + TILE, u_end);
             cp_async_commit();
             cp_async_wait<1>();
@@ -251,22 +284,23 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         s[n][e] += xch[((warp ^ 1) * NK * 4 + n * 4 + e) * 32 + lane];
-            /* Scale and mask: element e of tile n is (query r = e / 2, key
-             * u0 + 8n + 2t + e % 2). */
+            /* Scale (into log2 units) and mask: element e of tile n is
+             * (query r = e / 2, key u0 + 8n + 2t + e % 2). */
             float mx[2] = { NEG, NEG };
 #pragma unroll
             for (int n = 0; n < NK; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, u = u0 + 8 * n + 2 * t + (e & 1);
+                for (int j = 0; j < 2; j++) {
+                    const int u = u0 + 8 * n + 2 * t + j;
                     const int kp = u < n_paged ? lo + u : pos0 + (u - n_paged);
-                    bool vis = qok[r] && u < u_end;
-                    if (a.causal && kp > qpos[r])
-                        vis = false;
-                    if (a.window > 0 && qpos[r] - kp >= a.window)
-                        vis = false;
-                    s[n][e] = vis ? s[n][e] * a.scale : NEG;
-                    mx[r] = fmaxf(mx[r], s[n][e]);
+                    const bool key_in = u < u_end;
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int e = 2 * r + j;
+                        const bool vis = key_in && kp <= khi[r] && kp > klo[r];
+                        s[n][e] = vis ? s[n][e] * scale2 : NEG;
+                        mx[r] = fmaxf(mx[r], s[n][e]);
+                    }
                 }
             float corr[2];
 #pragma unroll
@@ -274,7 +308,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
                 const float mn = fmaxf(m[r], mx[r]);
-                corr[r] = m[r] == NEG ? 0.0f : expf(m[r] - mn);
+                corr[r] = m[r] == NEG ? 0.0f : at_exp2(m[r] - mn);
                 m[r] = mn;
             }
             float psum[2] = { 0.0f, 0.0f };
@@ -285,7 +319,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
                     const int r = e >> 1;
                     /* P enters the mma as bf16: round it here, so the
                      * normalizer sums the very weights used */
-                    const float p = m[r] == NEG ? 0.0f : round_bf16(expf(s[n][e] - m[r]));
+                    const float p = m[r] == NEG ? 0.0f : round_bf16(at_exp2(s[n][e] - m[r]));
                     s[n][e] = p;
                     psum[r] += p;
                 }
@@ -352,8 +386,8 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
 #pragma unroll
             for (int n = 0; n < ND; n++)
                 *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-            if (t == 0 && half == 0)
-                *(float2 *)(a.part_ml + unit * 2) = make_float2(m[r], l[r]);
+            if (t == 0 && half == 0) /* m back in natural-log units, as the merge takes it */
+                *(float2 *)(a.part_ml + unit * 2) = make_float2(m[r] * 0.6931471805599453f, l[r]);
         }
     }
 }
