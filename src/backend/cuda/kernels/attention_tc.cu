@@ -91,13 +91,6 @@ __forceinline__ float at_exp2(float x)
  * AT_SPLIT / DFLASH_KV_PAGE + 1 pages. */
 #define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
 
-/* Where a block's paged K rows start: page block `blk`'s rows of this
- * layer and KV head are at head + blk * page_elems (V: v_off further). */
-struct at_src {
-    const u16 *head;
-    i64 page_elems, v_off;
-};
-
 /* Eight f32 values rounded to bf16 into 16 bytes of shared memory. */
 __forceinline__ void at_store_bf16(u32 *dst, const float *src)
 {
@@ -107,17 +100,19 @@ __forceinline__ void at_store_bf16(u32 *dst, const float *src)
 }
 
 /* Stage TILE keys [u0, u0 + TILE) of the sequence into ks/vs: paged
- * keys by cp.async from the pages the split's table entries `pages` name
- * (page p_first + i in pages[i], read once per block, so the copies issue
- * back to back instead of each waiting on a table read), extra keys
- * converted from f32, keys past `u_end` as zeros (their scores are
- * masked; zero V keeps 0 * V exact). A thread copies one 16-byte chunk
- * (ch) of a key's K row and the same chunk of its V row, for keys
- * threadIdx.x / CH, + blockDim.x / CH, ...: everything but the page
- * lookup is the same for every tile. */
+ * keys by cp.async from the split's pages (page p_first + i: its K rows
+ * of this layer and KV head at page_k[i], V rows v_off further, null for
+ * a table entry outside the pool, pages[i]; both read once per block, so
+ * the copies issue back to back instead of each waiting on a table
+ * read), extra keys converted from f32, keys past `u_end` as zeros
+ * (their scores are masked; zero V keeps 0 * V exact). A thread copies
+ * one 16-byte chunk (ch) of a key's K row and the same chunk of its V
+ * row, for keys threadIdx.x / CH, then every blockDim.x / CH further:
+ * everything but the page lookup is the same for every tile. */
 template <int D, int TILE>
-__forceinline__ void at_load_tile(const attn_tc_args &a, const at_src &src, u32 *ks, u32 *vs, const int *pages,
-                                  int p_first, int kvh, int lo, int n_paged, int extra_off, int u0, int u_end)
+__forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const u16 *const *page_k,
+                                  const int *pages, i64 v_off, int p_first, int kvh, int lo, int n_paged,
+                                  int extra_off, int u0, int u_end)
 {
     constexpr unsigned CH = D / 8; /* 16-byte chunks per key row */
     const unsigned ch = threadIdx.x % CH, keys_per_pass = blockDim.x / CH;
@@ -125,16 +120,16 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, const at_src &src, u32 
         u32 *kd = ks + key * at_geom<D>::KW + ch * 4, *vd = vs + key * at_geom<D>::VW + ch * 4;
         const int u = u0 + (int)key;
         if (u < u_end && u < n_paged) {
-            const unsigned pos = (unsigned)(lo + u);
-            const int blk = pages[pos / DFLASH_KV_PAGE - (unsigned)p_first];
-            if ((unsigned)blk < (unsigned)a.n_pages) {
-                const u16 *k = src.head + blk * src.page_elems + (pos % DFLASH_KV_PAGE) * D + ch * 8;
+            const unsigned pos = (unsigned)(lo + u), pi = pos / DFLASH_KV_PAGE - (unsigned)p_first;
+            const u16 *k = page_k[pi];
+            if (k) {
+                k += (pos % DFLASH_KV_PAGE) * D + ch * 8;
                 cp_async16(kd, k);
-                cp_async16(vd, k + src.v_off);
+                cp_async16(vd, k + v_off);
                 continue;
             }
             if (ch == 0)
-                report_error(a.eflag, a.ehost, ERR_ATTN_PAGE, (int)pos, blk, a.n_pages);
+                report_error(a.eflag, a.ehost, ERR_ATTN_PAGE, (int)pos, pages[pi], a.n_pages);
         } else if (u < u_end) {
             const i64 off = ((i64)(extra_off + u - n_paged) * a.n_kv_heads + kvh) * D + ch * 8;
             at_store_bf16(kd, a.k_extra + off);
@@ -160,6 +155,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     __shared__ __align__(16) u32 ks[2][TILE * at_geom<D>::KW];
     __shared__ __align__(16) u32 vs[2][TILE * at_geom<D>::VW];
     __shared__ int pages[AT_PAGES];
+    __shared__ const u16 *page_k[AT_PAGES];
     /* NH = 2: each warp's half of the scores, [warp][element][lane] */
     __shared__ float xch[NH > 1 ? 8 * NK * 4 * 32 : 1];
 
@@ -218,26 +214,31 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     const int n_tiles = u_end > u_begin ? (u_end - u_begin + TILE - 1) / TILE : 0;
     /* the table entries of the split's paged keys, read once */
     const int p_first = (lo + u_begin) / DFLASH_KV_PAGE;
+    const i64 v_off = (i64)a.n_kv_heads * DFLASH_KV_PAGE * D; /* a page's V rows after its K rows */
     if (threadIdx.x < AT_PAGES) {
         const int last_u = (u_end < n_paged ? u_end : n_paged) - 1; /* the split's last paged key */
         const int pg = p_first + threadIdx.x;
-        pages[threadIdx.x] = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_PAGE
-                                 ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
-                                 : -1;
+        const int blk = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_PAGE
+                            ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
+                            : -1;
+        pages[threadIdx.x] = blk;
+        /* pool layout [page][layer][K, V][kv head][DFLASH_KV_PAGE][D] */
+        page_k[threadIdx.x] = (unsigned)blk < (unsigned)a.n_pages
+                                  ? a.pool + ((((i64)blk * a.n_layers + a.layer) * 2) * a.n_kv_heads + kvh) *
+                                                 DFLASH_KV_PAGE * D
+                                  : nullptr;
     }
-    const at_src src = { a.pool + ((i64)a.layer * 2 * a.n_kv_heads + kvh) * DFLASH_KV_PAGE * D,
-                         (i64)a.n_layers * 2 * a.n_kv_heads * DFLASH_KV_PAGE * D,
-                         (i64)a.n_kv_heads * DFLASH_KV_PAGE * D };
     __syncthreads();
     if (n_tiles > 0) {
-        at_load_tile<D, TILE>(a, src, ks[0], vs[0], pages, p_first, kvh, lo, n_paged, extra_off, u_begin, u_end);
+        at_load_tile<D, TILE>(a, ks[0], vs[0], page_k, pages, v_off, p_first, kvh, lo, n_paged, extra_off, u_begin,
+                              u_end);
         cp_async_commit();
     }
     for (int ti = 0; ti < n_tiles; ti++) {
         const int cur = ti & 1, u0 = u_begin + ti * TILE;
         if (ti + 1 < n_tiles) {
-            at_load_tile<D, TILE>(a, src, ks[cur ^ 1], vs[cur ^ 1], pages, p_first, kvh, lo, n_paged, extra_off,
-                                  u0 + TILE, u_end);
+            at_load_tile<D, TILE>(a, ks[cur ^ 1], vs[cur ^ 1], page_k, pages, v_off, p_first, kvh, lo, n_paged,
+                                  extra_off, u0 + TILE, u_end);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
