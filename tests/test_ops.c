@@ -227,6 +227,71 @@ static void test_attention_modes(void)
     check_attention(0, 0, 0, DFLASH_DTYPE_BF16, 36, 2);
 }
 
+/* qk_norm_rope_store: what the stage leaves (q, k, the pool) is exactly
+ * what qk_norm_rope (or norm_rope on k alone) and then kv_write leave, in
+ * both pool dtypes; without a destination the pool is not touched. */
+static void test_qk_norm_rope_store(void)
+{
+    enum { N = 3, HQ = 4, HKV = 2, D = 8, BT = 2, NP = 4, NL = 2 };
+    const int row = HKV * D;
+    int32_t pos[N] = { 0, 17, 18 }, row_seq[N] = { 0, 0, 0 }, table[BT] = { 3, 1 };
+    float q0[N * HQ * D], k0[N * row], v[N * row], qn[D], kn[D];
+    for (int i = 0; i < N * HQ * D; i++)
+        q0[i] = frand();
+    for (int i = 0; i < N * row; i++) {
+        k0[i] = frand();
+        v[i] = frand();
+    }
+    for (int i = 0; i < D; i++) {
+        qn[i] = 1.0f + 0.1f * frand();
+        kn[i] = 1.0f + 0.1f * frand();
+    }
+    dflash_weight wq = { DFLASH_DTYPE_F32, 1, D, qn, NULL, "qn" }, wk = { DFLASH_DTYPE_F32, 1, D, kn, NULL, "kn" };
+    dflash_rope rope;
+    CHECK_OK(dflash_rope_default(10000.0, D, &rope));
+    for (int bf = 0; bf < 2; bf++)
+        for (int hq = 0; hq <= HQ; hq += HQ) {
+            const dflash_dtype dt = bf ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
+            const size_t pool_bytes = (size_t)NP * NL * 2 * row * DFLASH_KV_PAGE * dflash_dtype_size(dt);
+            dflash_kv_layout kv_a = { NP, NL, HKV, D, dt, NULL }, kv_b = kv_a;
+            CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_a.data));
+            CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_b.data));
+            memset(kv_a.data, 0, pool_bytes);
+            memset(kv_b.data, 0, pool_bytes);
+            float qa[N * HQ * D], ka[N * row], qb[N * HQ * D], kb[N * row];
+            memcpy(qa, q0, sizeof qa);
+            memcpy(qb, q0, sizeof qb);
+            memcpy(ka, k0, sizeof ka);
+            memcpy(kb, k0, sizeof kb);
+            const dflash_kv_dest dst = { &kv_a, 1, table, BT, row_seq, v };
+            CHECK_OK(dflash_be_qk_norm_rope_store(be, hq ? qa : NULL, hq ? &wq : NULL, hq, ka, &wk, HKV, pos, N, D,
+                                                  1e-6f, &rope, &dst));
+            if (hq)
+                CHECK_OK(dflash_be_qk_norm_rope(be, qb, &wq, hq, kb, &wk, HKV, pos, N, D, 1e-6f, &rope));
+            else
+                CHECK_OK(be->ops->norm_rope(be, kb, &wk, pos, N, HKV, D, 1e-6f, &rope));
+            CHECK_OK(be->ops->kv_write(be, &kv_b, 1, table, BT, row_seq, pos, kb, v, N));
+            CHECKF(memcmp(ka, kb, sizeof ka) == 0 && memcmp(qa, qb, sizeof qa) == 0, "%s, %d q heads: q or k differ",
+                   dflash_dtype_name(dt), hq);
+            CHECKF(memcmp(kv_a.data, kv_b.data, pool_bytes) == 0, "%s, %d q heads: pools differ",
+                   dflash_dtype_name(dt), hq);
+            /* the rotation moved k, so the pool holds k as the stage left it */
+            CHECK(memcmp(ka, k0, sizeof ka) != 0);
+            /* no destination: the pool untouched */
+            memset(kv_a.data, 0, pool_bytes);
+            memcpy(qa, q0, sizeof qa);
+            memcpy(ka, k0, sizeof ka);
+            CHECK_OK(dflash_be_qk_norm_rope_store(be, qa, &wq, HQ, ka, &wk, HKV, pos, N, D, 1e-6f, &rope, NULL));
+            const unsigned char *pa = kv_a.data;
+            size_t nonzero = 0;
+            for (size_t i = 0; i < pool_bytes; i++)
+                nonzero += pa[i] != 0;
+            CHECKF(nonzero == 0, "%s: no destination, yet %zu pool bytes written", dflash_dtype_name(dt), nonzero);
+            be->ops->free(be, kv_a.data);
+            be->ops->free(be, kv_b.data);
+        }
+}
+
 /* A row's linear/attention result must not depend on the batch it is in. */
 static void test_linear_row_independent(void)
 {
@@ -801,6 +866,7 @@ int main(void)
     RUN(test_linear_dtypes);
     RUN(test_rmsnorm_and_rope);
     RUN(test_attention_modes);
+    RUN(test_qk_norm_rope_store);
     RUN(test_linear_row_independent);
     RUN(test_argmax_ties_low_index);
     RUN(test_gather_sum);

@@ -125,6 +125,25 @@ dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_
     return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope);
 }
 
+dflash_status dflash_be_qk_norm_rope_store(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                           float *k, const dflash_weight *k_norm, int n_kv_heads,
+                                           const int32_t *pos, int n, int head_dim, float eps,
+                                           const dflash_rope *rope, const dflash_kv_dest *dst)
+{
+    if (!dst)
+        return dflash_be_qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope);
+    if (be->ops->qk_norm_rope_store && k_norm &&
+        (n_q_heads == 0 || (q_norm && q_norm->dtype == k_norm->dtype)))
+        return be->ops->qk_norm_rope_store(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps,
+                                           rope, dst);
+    if (n_q_heads > 0)
+        DFLASH_TRY(dflash_be_qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps,
+                                          rope));
+    else
+        DFLASH_TRY(be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope));
+    return be->ops->kv_write(be, dst->kv, dst->layer, dst->page_tables, dst->pt_len, dst->row_seq, pos, k, dst->v, n);
+}
+
 static const char *wname(const dflash_weight *w) { return w->name ? w->name : "?"; }
 
 dflash_status dflash_be_check_bias(const dflash_weight *b, int cols)

@@ -57,6 +57,17 @@ typedef struct dflash_kv_layout {
  * ring (a sequence that sees at most (pt_len - 1) * PAGE positions). */
 #define DFLASH_SEQ_INFO_LEN 7
 
+/* Where a stage stores its rows' K and V in the paged pool: kv_write's
+ * arguments but the rows' k and positions, which the stage has. */
+typedef struct dflash_kv_dest {
+    const dflash_kv_layout *kv;
+    int layer;
+    const int32_t *page_tables;
+    int pt_len;
+    const int32_t *row_seq;
+    const float *v; /* [n, n_kv_heads * head_dim] */
+} dflash_kv_dest;
+
 /* Attention over each row's visible keys: its sequence's paged positions
  * [lo, hi), then its extra rows (the drafter's block keys, in backend
  * memory, f32; with a BF16 pool they are rounded to bf16 as they would be
@@ -329,6 +340,13 @@ typedef struct dflash_backend_ops {
     dflash_status (*qk_norm_rope)(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads, float *k,
                                   const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
                                   int head_dim, float eps, const dflash_rope *rope);
+    /* qk_norm_rope (n_q_heads may be 0: k alone, q and q_norm unused),
+     * then kv_write of the rows' k as it leaves and of dst->v at their
+     * positions: the two ops' results, in one pass. */
+    dflash_status (*qk_norm_rope_store)(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                        float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
+                                        int n, int head_dim, float eps, const dflash_rope *rope,
+                                        const dflash_kv_dest *dst);
     /* ids[i] = argmax over columns of row i of x W^T (argmax's rules, -1
      * included);
      * logits [n, W.rows] is scratch, its content afterwards unspecified
@@ -395,6 +413,12 @@ dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim);
 dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                      float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
                                      int head_dim, float eps, const dflash_rope *rope);
+/* q/k norm and RoPE (q_norm and k_norm, or neither), then, with dst, the
+ * rows' K and V into the pool (n_q_heads 0: k alone). */
+dflash_status dflash_be_qk_norm_rope_store(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                           float *k, const dflash_weight *k_norm, int n_kv_heads,
+                                           const int32_t *pos, int n, int head_dim, float eps,
+                                           const dflash_rope *rope, const dflash_kv_dest *dst);
 dflash_status dflash_be_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                       int32_t *ids);
 dflash_status dflash_be_linear_gated_add(dflash_backend *be, const float *x, int n, const dflash_weight *w,

@@ -346,12 +346,12 @@ static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **sta
         for (int li = 0; li < c->num_hidden_layers; li++) {
             const dflash_layer *l = &h->layers[li];
             const dflash_weight *lin = layer_lin(h, l);
-            DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], s->b.k));
-            DFLASH_TRY(o->linear(h->be, s->b.xn, m, &lin[QWEN3_LIN_V], s->b.v));
-            DFLASH_TRY(o->norm_rope(h->be, s->b.k, &l->w.k_norm, s->b.pos, m, c->num_key_value_heads, c->head_dim,
-                                    c->rms_norm_eps, &c->rope_freq));
-            DFLASH_TRY(o->kv_write(h->be, &h->kv.layout, li, s->page_tables, h->pt_len, s->row_seq, s->b.pos, s->b.k,
-                                   s->b.v, m));
+            float *const kv[2] = { s->b.k, s->b.v };
+            DFLASH_TRY(dflash_be_linear_group(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], 2, kv, DFLASH_ACT_NONE));
+            /* k normed and rotated, then K and V into the pages */
+            const dflash_kv_dest dst = { &h->kv.layout, li, s->page_tables, h->pt_len, s->row_seq, s->b.v };
+            DFLASH_TRY(dflash_be_qk_norm_rope_store(h->be, NULL, NULL, 0, s->b.k, &l->w.k_norm, c->num_key_value_heads,
+                                                    s->b.pos, m, c->head_dim, c->rms_norm_eps, &c->rope_freq, &dst));
         }
     }
     for (int q = 0; q < n; q++)
@@ -420,7 +420,7 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     for (int li = 0; li < c->num_hidden_layers; li++) {
         const dflash_layer *l = &h->layers[li];
         const dflash_weight *lin = layer_lin(h, l);
-        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0 ? &h->layers[li - 1].w : NULL));
+        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0 ? &h->layers[li - 1].w : NULL, NULL));
         dflash_attn_args a = qwen3_attn_args(c, &s->b, n);
         a.row_seq = s->row_seq;
         a.seq_info = s->seq_info;

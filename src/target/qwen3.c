@@ -299,14 +299,14 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
         return linear_layer_forward(m, b, li);
     /* The previous layer's MLP output is added here, fused with this norm. */
     const qwen3_layer *prev = li > 0 ? l - 1 : NULL;
+    /* the rows' K and V go into the pages as q and k are normed and rotated */
+    const dflash_kv_dest dst = { &m->kv.layout, m->kv_layer[li], m->s.page_tables, m->pt_len, m->s.row_seq, bufs->v };
     if (hybrid)
-        DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, prev));
+        DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, prev, &dst));
     else
-        DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, prev));
+        DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, prev, &dst));
     if (li)
         DFLASH_TRY(capture_taps(m, b, li - 1));
-    DFLASH_TRY(m->be->ops->kv_write(m->be, &m->kv.layout, m->kv_layer[li], m->s.page_tables, m->pt_len,
-                                    m->s.row_seq, bufs->pos, bufs->k, bufs->v, n));
     dflash_attn_args a = qwen3_attn_args(&m->cfg, bufs, n);
     a.row_seq = m->s.row_seq;
     a.seq_info = m->s.seq_info;

@@ -177,7 +177,7 @@ dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash
 /* ---- gated full attention ------------------------------------------------ */
 
 dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                             const qwen3_bufs *b, int n, const qwen3_layer *prev)
+                             const qwen3_bufs *b, int n, const qwen3_layer *prev, const dflash_kv_dest *dst)
 {
     const dflash_backend_ops *o = be->ops;
     const int D = c->head_dim, Hq = c->num_attention_heads;
@@ -189,8 +189,8 @@ dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, c
     /* [n * Hq rows of (query D | gate D)] -> q; the gates stay in qg for
      * qwen35_attn_gate */
     DFLASH_TRY(o->copy_rows(be, b->q, D, b->qg, 2 * D, NULL, n * Hq, D));
-    return dflash_be_qk_norm_rope(be, b->q, &l->q_norm, Hq, b->k, &l->k_norm, c->num_key_value_heads, b->pos, n, D,
-                                  c->rms_norm_eps, &c->rope_freq);
+    return dflash_be_qk_norm_rope_store(be, b->q, &l->q_norm, Hq, b->k, &l->k_norm, c->num_key_value_heads, b->pos,
+                                        n, D, c->rms_norm_eps, &c->rope_freq, dst);
 }
 
 dflash_status qwen35_attn_gate(dflash_backend *be, const dflash_model_config *c, const qwen3_bufs *b, int n)

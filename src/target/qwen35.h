@@ -49,9 +49,10 @@ dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash
 /* A gated full-attention layer's input half: x += the previous layer's
  * output (prev: qwen3_layer_norm_in's); xn = rmsnorm(x); b->qg (queries
  * and gates), k, v from the projections, the queries copied to q; q and k
- * normed and partly rotated. */
+ * normed and partly rotated, and K and V stored at dst (as
+ * qwen3_layer_attn_in's). */
 dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                             const qwen3_bufs *b, int n, const qwen3_layer *prev);
+                             const qwen3_bufs *b, int n, const qwen3_layer *prev, const dflash_kv_dest *dst);
 /* attn [n, heads * head_dim] *= sigmoid(the gates in b->qg, which
  * qwen35_attn_in left there) */
 dflash_status qwen35_attn_gate(dflash_backend *be, const dflash_model_config *c, const qwen3_bufs *b, int n);

@@ -270,7 +270,8 @@ dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config 
 }
 
 dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev)
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev,
+                                  const dflash_kv_dest *dst)
 {
     const dflash_backend_ops *o = be->ops;
     DFLASH_TRY(qwen3_layer_norm_in(be, c, prev, b, &l->input_norm, n));
@@ -279,9 +280,9 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
     for (int k = 0; c->attention_bias && k < 3; k++)
         DFLASH_TRY(o->add_bias(be, qkv[k], &l->bias[QWEN3_LIN_Q + k], n, (int)lin[QWEN3_LIN_Q + k].rows));
     const int qk = dflash_config_qk_norm(c);
-    return dflash_be_qk_norm_rope(be, b->q, qk ? &l->q_norm : NULL, c->num_attention_heads, b->k,
-                                  qk ? &l->k_norm : NULL, c->num_key_value_heads, b->pos, n, c->head_dim,
-                                  c->rms_norm_eps, &c->rope_freq);
+    return dflash_be_qk_norm_rope_store(be, b->q, qk ? &l->q_norm : NULL, c->num_attention_heads, b->k,
+                                        qk ? &l->k_norm : NULL, c->num_key_value_heads, b->pos, n, c->head_dim,
+                                        c->rms_norm_eps, &c->rope_freq, dst);
 }
 
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,

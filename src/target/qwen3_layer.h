@@ -104,9 +104,11 @@ void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b);
 dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *prev,
                                   const qwen3_bufs *b, const dflash_weight *norm, int n);
 /* lin: the projection weights to use (l->lin, or quantized copies);
- * prev: as qwen3_layer_norm_in's. */
+ * prev: as qwen3_layer_norm_in's; dst: where the rows' K and V go in the
+ * pool, stored as q and k are normed and rotated (NULL: left in b). */
 dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev);
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev,
+                                  const dflash_kv_dest *dst);
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                                        const dflash_weight *lin, const qwen3_bufs *b, int n);
 

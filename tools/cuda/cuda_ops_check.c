@@ -1135,6 +1135,68 @@ static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
     case_qk_norm_rope_rot(n, hq, hkv, hd, hd, timed);
 }
 
+/* q/k norm + RoPE with the K and V store (dflash_be_qk_norm_rope_store):
+ * q, k and the pool bit for bit what the GPU's qk_norm_rope (or norm_rope
+ * on k alone, hq 0) and kv_write leave, and q, k (and an f32 pool) within
+ * 1e-5 of the CPU's. Rows alternate between two sequences, each with a
+ * two-entry ring table; a sequence's positions are distinct modulo its
+ * ring (32), so no two rows write the same slot. */
+static void case_qk_norm_rope_store(int n, int hq, int hkv, int hd, int rot, dflash_dtype kdt)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d, rope %d dims, %s pages", n, hq, hkv, hd, rot,
+             dflash_dtype_name(kdt));
+    const dflash_rope rope = make_rope(rot, 1e6, DFLASH_ROPE_YARN, 4);
+    enum { NP = 6, NL = 3, BT = 2, layer = 2 };
+    const size_t nq = (size_t)n * hq * hd, nk = (size_t)n * hkv * hd;
+    const size_t pool_n = (size_t)NP * NL * 2 * hkv * DFLASH_KV_PAGE * hd, pool_bytes = pool_n * dflash_dtype_size(kdt);
+    float *q = rand_f32(nq ? nq : 1, 2.0f), *k = rand_f32(nk, 2.0f), *v = rand_f32(nk, 2.0f);
+    int32_t *pos = xmalloc((size_t)n * sizeof(int32_t)), *rs = xmalloc((size_t)n * sizeof(int32_t));
+    const int32_t table[2 * BT] = { 4, 1, 0, 5 }; /* sequence 0: pages 4, 1; sequence 1: 0, 5 */
+    for (int i = 0; i < n; i++) {
+        rs[i] = i % 2;
+        pos[i] = 64 + (i / 2) * 4 + irand(4); /* pages 4 and 5: ring entries 0 and 1 */
+    }
+    void *cpu_pool = calloc(1, pool_bytes);
+    wpair qn, kn;
+    make_weight(&qn, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
+    make_weight(&kn, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
+    dflash_kv_layout hkv_l = { NP, NL, hkv, hd, kdt, cpu_pool }, fused = hkv_l, composed = hkv_l;
+    fused.data = gpu_copy(cpu_pool, pool_bytes); /* zeros */
+    composed.data = gpu_copy(cpu_pool, pool_bytes);
+    float *dq = gpu_copy(q, (nq ? nq : 1) * sizeof(float)), *dk = gpu_copy(k, nk * sizeof(float));
+    float *dq2 = gpu_copy(q, (nq ? nq : 1) * sizeof(float)), *dk2 = gpu_copy(k, nk * sizeof(float));
+    float *dv = gpu_copy(v, nk * sizeof(float));
+    int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t)), *drs = gpu_copy(rs, (size_t)n * sizeof(int32_t));
+    int32_t *dtab = gpu_copy(table, sizeof table);
+    const dflash_kv_dest gdst = { &fused, layer, dtab, BT, drs, dv }, cdst = { &hkv_l, layer, table, BT, rs, v };
+    MUST(dflash_be_qk_norm_rope_store(g_gpu, dq, &qn.d, hq, dk, &kn.d, hkv, dpos, n, hd, 1e-6f, &rope, &gdst));
+    if (hq)
+        MUST(dflash_be_qk_norm_rope(g_gpu, dq2, &qn.d, hq, dk2, &kn.d, hkv, dpos, n, hd, 1e-6f, &rope));
+    else
+        MUST(g_gpu->ops->norm_rope(g_gpu, dk2, &kn.d, dpos, n, hkv, hd, 1e-6f, &rope));
+    MUST(g_gpu->ops->kv_write(g_gpu, &composed, layer, dtab, BT, drs, dpos, dk2, dv, n));
+    MUST(dflash_be_qk_norm_rope_store(g_cpu, q, &qn.h, hq, k, &kn.h, hkv, pos, n, hd, 1e-6f, &rope, &cdst));
+    float *hq2 = xmalloc((nq ? nq : 1) * sizeof(float)), *hk2 = xmalloc(nk * sizeof(float));
+    void *hpool = xmalloc(pool_bytes);
+    gpu_get(hq2, dq2, (nq ? nq : 1) * sizeof(float));
+    gpu_get(hk2, dk2, nk * sizeof(float));
+    gpu_get(hpool, composed.data, pool_bytes);
+    if (hq)
+        check_exact("qk_norm_rope_store q", shape, dq, hq2, nq * sizeof(float));
+    check_exact("qk_norm_rope_store k", shape, dk, hk2, nk * sizeof(float));
+    check_exact("qk_norm_rope_store pool", shape, fused.data, hpool, pool_bytes);
+    if (hq)
+        check_f32("qk_norm_rope_store q", shape, dq, q, nq, 1e-5);
+    check_f32("qk_norm_rope_store k", shape, dk, k, nk, 1e-5);
+    if (kdt == DFLASH_DTYPE_F32)
+        check_f32("qk_norm_rope_store pool", shape, fused.data, cpu_pool, pool_n, 1e-5);
+    free(q), free(k), free(v), free(pos), free(rs), free(cpu_pool), free(hq2), free(hk2), free(hpool);
+    free_weight(&qn);
+    free_weight(&kn);
+    gpu_reset();
+}
+
 /* ---- recurrent state: conv_silu, delta_rule, sigmoid_mul ---------------- */
 
 /* Gated DeltaNet geometry of a case. */
@@ -2310,6 +2372,15 @@ int main(int argc, char **argv)
         /* partial rotations: a Qwen3.5's gated attention (64 of 256, 4 of 16) */
         case_qk_norm_rope_rot(5, 4, 2, 256, 64, 0);
         case_qk_norm_rope_rot(3, 4, 2, 16, 4, 0);
+        /* with the K and V store: both pool dtypes, the register and the
+         * general path, k alone (the drafter's context), a partial rotation */
+        for (int kd = 0; kd < 2; kd++) {
+            const dflash_dtype dt = kd ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
+            case_qk_norm_rope_store(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 8, 128, 128, dt);
+            case_qk_norm_rope_store(5, 0, 4, 128, 128, dt);
+            case_qk_norm_rope_store(3, 4, 2, 96, 96, dt);
+            case_qk_norm_rope_store(4, 4, 2, 256, 64, dt);
+        }
         /* a Gated DeltaNet's output norm: the 35B-A3B's 32 x 128, the
          * kernel's sizes 32 and 256, and 48 (the composition) */
         case_norm_gate(g_small ? 5 : 16, 32, 128);

@@ -27,7 +27,7 @@ _Static_assert(sizeof(attn_tc_args) == 144, "attn_tc_args must match kernels/att
 #define ATTN_TC_QV 128
 #define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS: 262144 keys */
 
-static dflash_status check_kv(const dflash_kv_layout *kv, int layer, const char *op)
+dflash_status cuda_check_kv(const dflash_kv_layout *kv, int layer, const char *op)
 {
     if (kv->dtype != DFLASH_DTYPE_F32 && kv->dtype != DFLASH_DTYPE_BF16)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda %s: KV pool dtype %s (F32 or BF16)", op,
@@ -43,7 +43,7 @@ dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int 
                                    const int32_t *pos, const float *k, const float *v, int n)
 {
     cuda_ctx *c = CTX(be);
-    DFLASH_TRY(check_kv(kv, layer, "kv_write"));
+    DFLASH_TRY(cuda_check_kv(kv, layer, "kv_write"));
     if (pt_len <= 0)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda kv_write: page table length %d", pt_len);
     if (n <= 0)
@@ -145,7 +145,7 @@ dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)
     if (a->head_dim <= 0 || a->head_dim > 512)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: head_dim %d (1..512 supported)", a->head_dim);
     if (a->kv) {
-        DFLASH_TRY(check_kv(a->kv, a->layer, "attention"));
+        DFLASH_TRY(cuda_check_kv(a->kv, a->layer, "attention"));
         if (a->kv->n_kv_heads != a->n_kv_heads || a->kv->head_dim != a->head_dim)
             return dflash_fail(DFLASH_ERR_SHAPE, "cuda attention: pool has %d x %d kv heads, args %d x %d",
                                a->kv->n_kv_heads, a->kv->head_dim, a->n_kv_heads, a->head_dim);

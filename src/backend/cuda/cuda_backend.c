@@ -472,25 +472,66 @@ static dflash_status cuda_norm_gate(dflash_backend *be, float *x, const dflash_w
     return cuda_launch(c, DFK_NORM_GATE, cdiv((int64_t)n * n_heads, 4), 1, 128, args);
 }
 
-static dflash_status cuda_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
-                                       float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
-                                       int n, int head_dim, float eps, const dflash_rope *rope)
+/* Mirrors struct qk_store in kernels/norm.cu. */
+typedef struct qk_store {
+    void *pool;
+    const int32_t *page_tables, *row_seq;
+    const float *v;
+    void *eflag, *ehost;
+    int bf16, n_pages, n_layers, layer, pt_len;
+} qk_store;
+_Static_assert(sizeof(qk_store) == 72, "qk_store must match kernels/norm.cu");
+
+/* q and k in one launch (n_q_heads may be 0: k alone); with st->pool the
+ * k heads' warps also store K and V. */
+static dflash_status qk_norm_rope_launch(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                         float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
+                                         int n, int head_dim, float eps, const dflash_rope *rope, qk_store *st)
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(dflash_be_check_rope(rope, head_dim));
-    DFLASH_TRY(check_head_norm(q_norm, head_dim));
+    DFLASH_TRY(check_head_norm(n_q_heads > 0 ? q_norm : NULL, head_dim));
     DFLASH_TRY(check_head_norm(k_norm, head_dim));
     if (n <= 0 || n_q_heads + n_kv_heads <= 0 || head_dim <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
     CUdeviceptr inv_freq;
     DFLASH_TRY(rope_table_get(c, rope, &inv_freq));
-    int ndt = (int)q_norm->dtype;
+    int ndt = (int)k_norm->dtype;
     float attn = rope->attn_factor;
     int half = rope->n_pairs;
-    void *args[] = { &q, (void *)&q_norm->data, &k, (void *)&k_norm->data, &ndt, (void *)&pos, &n, &n_q_heads,
-                     &n_kv_heads, &head_dim, &half, &eps, &inv_freq, &attn };
+    const void *qn = n_q_heads > 0 ? q_norm->data : NULL;
+    void *args[] = { &q, (void *)&qn, &k, (void *)&k_norm->data, &ndt, (void *)&pos, &n, &n_q_heads, &n_kv_heads,
+                     &head_dim, &half, &eps, &inv_freq, &attn, st };
     return cuda_launch(c, DFK_QK_NORM_ROPE, cdiv((int64_t)n * (n_q_heads + n_kv_heads), 4), 1, 128, args);
+}
+
+static dflash_status cuda_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                       float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
+                                       int n, int head_dim, float eps, const dflash_rope *rope)
+{
+    qk_store none = { 0 };
+    return qk_norm_rope_launch(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope, &none);
+}
+
+static dflash_status cuda_qk_norm_rope_store(dflash_backend *be, float *q, const dflash_weight *q_norm,
+                                             int n_q_heads, float *k, const dflash_weight *k_norm, int n_kv_heads,
+                                             const int32_t *pos, int n, int head_dim, float eps,
+                                             const dflash_rope *rope, const dflash_kv_dest *dst)
+{
+    cuda_ctx *c = CTX(be);
+    const dflash_kv_layout *kv = dst->kv;
+    DFLASH_TRY(cuda_check_kv(kv, dst->layer, "kv_write"));
+    if (dst->pt_len <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda kv_write: page table length %d", dst->pt_len);
+    if (kv->n_kv_heads != n_kv_heads || kv->head_dim != head_dim)
+        return dflash_fail(DFLASH_ERR_SHAPE, "cuda kv_write: pool has %d x %d kv heads, rows %d x %d", kv->n_kv_heads,
+                           kv->head_dim, n_kv_heads, head_dim);
+    qk_store st = { .pool = kv->data, .page_tables = dst->page_tables, .row_seq = dst->row_seq, .v = dst->v,
+                    .eflag = (void *)(uintptr_t)c->err_flag, .ehost = (void *)(uintptr_t)c->err_host_dev,
+                    .bf16 = kv->dtype == DFLASH_DTYPE_BF16, .n_pages = kv->n_pages, .n_layers = kv->n_layers,
+                    .layer = dst->layer, .pt_len = dst->pt_len };
+    return qk_norm_rope_launch(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope, &st);
 }
 
 static dflash_status cuda_swiglu(dflash_backend *be, const float *gate, const float *up, size_t count, float *out)
@@ -593,6 +634,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,
     .qk_norm_rope = cuda_qk_norm_rope,
+    .qk_norm_rope_store = cuda_qk_norm_rope_store,
 };
 
 /* ---- tools -------------------------------------------------------------- */

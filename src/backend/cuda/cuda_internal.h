@@ -129,6 +129,8 @@ dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, cons
 dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args *a);
 
 /* cuda_attention.c */
+/* A pool this backend reads and writes (F32 or BF16), and a layer of it. */
+dflash_status cuda_check_kv(const dflash_kv_layout *kv, int layer, const char *op);
 dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer, const int32_t *page_tables,
                             int pt_len, const int32_t *row_seq, const int32_t *pos, const float *k, const float *v,
                             int n);

@@ -1,7 +1,8 @@
 /* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row;
  * also with the added delta a gathered weighted sum: gather_add_rmsnorm),
  * norm_rope (per-head RMSNorm then NeoX RoPE, whole or partial, one warp
- * per (row, head)) and norm_gate (per-head RMSNorm times silu of a gate: a
+ * per (row, head); for q and k together, optionally storing K and V into
+ * the KV pages) and norm_gate (per-head RMSNorm times silu of a gate: a
  * Gated DeltaNet layer's output norm).
  * Arithmetic follows cpu_ops.c expression by expression; only the order of
  * the sum of squares differs (a tree instead of a running sum). */
@@ -217,11 +218,54 @@ extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt,
     norm_rope_warp(x + unit * head_dim, norm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
 }
 
+/* Where dflash_qk_norm_rope also stores the rows' K and V (pool null:
+ * nowhere); cuda_backend.c mirrors it. */
+struct qk_store {
+    void *pool;              /* [n_pages][n_layers][K, V][hkv][DFLASH_KV_PAGE][head_dim], f32 or bf16 */
+    const int *page_tables;  /* [n_seqs, pt_len] */
+    const int *row_seq;      /* [n] */
+    const float *v;          /* [n, hkv, head_dim] */
+    int *eflag, *ehost;
+    int bf16, n_pages, n_layers, layer, pt_len;
+};
+static_assert(sizeof(qk_store) == 72, "mirrored by qk_store in cuda_backend.c");
+
+/* Head kh of row i: its k (kr, as this warp just wrote it) and its v into
+ * the page of position p, as dflash_kv_write stores them (the same
+ * rounding); a position outside the pool reported, not written. */
+__forceinline__ void qk_store_head(const qk_store &st, int i, int kh, int hkv, int p, const float *kr, int head_dim)
+{
+    const int lane = threadIdx.x & 31;
+    const int blk = p >= 0 ? st.page_tables[(i64)st.row_seq[i] * st.pt_len + (p / DFLASH_KV_PAGE) % st.pt_len] : -1;
+    if (blk < 0 || blk >= st.n_pages) {
+        if (lane == 0)
+            report_error(st.eflag, st.ehost, ERR_KV_WRITE_PAGE, p, blk, st.n_pages);
+        return;
+    }
+    __syncwarp(); /* kr's elements as the warp's lanes wrote them */
+    for (int which = 0; which < 2; which++) {
+        const float *src = which ? st.v + ((i64)i * hkv + kh) * head_dim : kr;
+        const i64 dst = (((((i64)blk * st.n_layers + st.layer) * 2 + which) * hkv + kh) * DFLASH_KV_PAGE +
+                         p % DFLASH_KV_PAGE) * head_dim;
+        for (int c = lane; c < head_dim; c += 32) {
+            if (st.bf16) {
+                u16 h;
+                asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(src[c]));
+                ((u16 *)st.pool)[dst + c] = h;
+            } else {
+                ((float *)st.pool)[dst + c] = src[c];
+            }
+        }
+    }
+}
+
 /* q [n, hq, head_dim] and k [n, hkv, head_dim] in one launch, each head as
- * dflash_norm_rope does it (q with qnorm, k with knorm). */
+ * dflash_norm_rope does it (q with qnorm, k with knorm); with st.pool,
+ * each k head's warp then stores that head's K and V as dflash_kv_write
+ * would (hq may be 0: k alone). */
 extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
                                                const int *pos, int n, int hq, int hkv, int head_dim, int half,
-                                               float eps, const float *inv_freq, float attn)
+                                               float eps, const float *inv_freq, float attn, const qk_store st)
 {
     pdl_trigger();
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -229,10 +273,12 @@ extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, floa
         return; /* touches nothing */
     const int i = (int)(unit / (hq + hkv)), h = (int)(unit % (hq + hkv));
     float *v = h < hq ? q + ((i64)i * hq + h) * head_dim : k + ((i64)i * hkv + h - hq) * head_dim;
-    if (norm_rope_fast(v, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, half, eps, inv_freq, attn))
-        return;
-    pdl_wait();
-    norm_rope_warp(v, h < hq ? qnorm : knorm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
+    if (!norm_rope_fast(v, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, half, eps, inv_freq, attn)) {
+        pdl_wait();
+        norm_rope_warp(v, h < hq ? qnorm : knorm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
+    }
+    if (st.pool && h >= hq)
+        qk_store_head(st, i, h - hq, hkv, pos[i], v, head_dim);
 }
 
 /* block 128 = 4 warps, one (row, head) per warp: v = w * (x * inv) as
