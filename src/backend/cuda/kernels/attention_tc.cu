@@ -435,21 +435,6 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
         return; /* the attention kernel wrote this row */
     const float NEG = -__int_as_float(0x7f800000);
     const i64 stride = (i64)n_rows * n_heads, unit = (i64)row * n_heads + h;
-    /* dims lane, lane + 32, ... (D <= 32 QN); AC_UNROLL of the warp's
-     * splits requested together. The first AC_UNROLL are requested now,
-     * with the (m, l) below: they do not depend on the weights. */
-    const int nw = blockDim.x >> 5; /* at most AC_WARPS */
-    auto load_o = [&](int s0, float (*o)[QN]) {
-#pragma unroll
-        for (int u = 0; u < AC_UNROLL; u++) {
-            const int s = s0 + u * nw;
-#pragma unroll
-            for (int q = 0; q < QN; q++)
-                o[u][q] = s < n_splits && lane + 32 * q < D ? part_o[(s * stride + unit) * D + lane + 32 * q] : 0.0f;
-        }
-    };
-    float o[AC_UNROLL][QN];
-    load_o(warp, o);
     /* Each thread's (m, l) are read once: the first AC_ML_REGS splits
      * of the thread from registers, any beyond from the partials again. */
     float mx = NEG, ml_m[AC_ML_REGS], ml_l[AC_ML_REGS];
@@ -481,14 +466,22 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
         den += ws * part_ml[(s * stride + unit) * 2 + 1];
     }
     den = block_sum(den, scratch); /* also orders the w[] writes before the reads below */
-    /* the warp's splits added in split order */
+    /* dims lane, lane + 32, ... (D <= 32 QN); AC_UNROLL of the warp's
+     * splits requested together, added in split order */
+    const int nw = blockDim.x >> 5; /* at most AC_WARPS */
     float num[QN];
 #pragma unroll
     for (int q = 0; q < QN; q++)
         num[q] = 0.0f;
     for (int s0 = warp; s0 < n_splits; s0 += nw * AC_UNROLL) {
-        if (s0 != warp)
-            load_o(s0, o);
+        float o[AC_UNROLL][QN];
+#pragma unroll
+        for (int u = 0; u < AC_UNROLL; u++) {
+            const int s = s0 + u * nw;
+#pragma unroll
+            for (int q = 0; q < QN; q++)
+                o[u][q] = s < n_splits && lane + 32 * q < D ? part_o[(s * stride + unit) * D + lane + 32 * q] : 0.0f;
+        }
 #pragma unroll
         for (int u = 0; u < AC_UNROLL; u++) {
             const int s = s0 + u * nw;
