@@ -521,12 +521,12 @@ static dflash_status cuda_qk_norm_rope_store(dflash_backend *be, float *q, const
 {
     cuda_ctx *c = CTX(be);
     const dflash_kv_layout *kv = dst->kv;
-    DFLASH_TRY(cuda_check_kv(kv, dst->layer, "kv_write"));
+    DFLASH_TRY(cuda_check_kv(kv, dst->layer, "qk_norm_rope_store"));
     if (dst->pt_len <= 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda kv_write: page table length %d", dst->pt_len);
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda qk_norm_rope_store: page table length %d", dst->pt_len);
     if (kv->n_kv_heads != n_kv_heads || kv->head_dim != head_dim)
-        return dflash_fail(DFLASH_ERR_SHAPE, "cuda kv_write: pool has %d x %d kv heads, rows %d x %d", kv->n_kv_heads,
-                           kv->head_dim, n_kv_heads, head_dim);
+        return dflash_fail(DFLASH_ERR_SHAPE, "cuda qk_norm_rope_store: pool has %d x %d kv heads, rows %d x %d",
+                           kv->n_kv_heads, kv->head_dim, n_kv_heads, head_dim);
     qk_store st = { .pool = kv->data, .page_tables = dst->page_tables, .row_seq = dst->row_seq, .v = dst->v,
                     .eflag = (void *)(uintptr_t)c->err_flag, .ehost = (void *)(uintptr_t)c->err_host_dev,
                     .bf16 = kv->dtype == DFLASH_DTYPE_BF16, .n_pages = kv->n_pages, .n_layers = kv->n_layers,
