@@ -235,6 +235,27 @@ __forceinline__ void mma_bf16(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* KV pages (backend.h's layout [n_pages][n_layers][2][n_kv_heads]
+ * [DFLASH_KV_PAGE][head_dim]): the pool block of position p of the
+ * sequence *seq (its page table a ring of pt_len entries; -1 for p < 0),
+ * and one element of a K or V row stored there, f32 or rounded to bf16.
+ * kv_write and the q/k norm's store share them: the same bits. */
+__forceinline__ int kv_page_of(const int *page_tables, int pt_len, const int *seq, int p)
+{
+    return p >= 0 ? page_tables[(i64)*seq * pt_len + (p / DFLASH_KV_PAGE) % pt_len] : -1;
+}
+
+__forceinline__ void kv_store_elem(void *pool, int bf16, i64 at, float v)
+{
+    if (bf16) {
+        u16 h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        ((u16 *)pool)[at] = h;
+    } else {
+        ((float *)pool)[at] = v;
+    }
+}
+
 /* Record the first error of this stream's work: the device word `flag`
  * decides which report wins; the details go to mapped host memory, which the
  * host reads after its next synchronization (no copy on the normal path). */

@@ -150,7 +150,7 @@ extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_pages, in
     pdl_wait();
     const int i = blockIdx.x, which = blockIdx.y;
     const int p = pos[i];
-    const int blk = p >= 0 ? page_tables[(i64)row_seq[i] * pt_len + (p / DFLASH_KV_PAGE) % pt_len] : -1;
+    const int blk = kv_page_of(page_tables, pt_len, row_seq + i, p);
     if (blk < 0 || blk >= n_pages) {
         if (threadIdx.x == 0 && which == 0)
             report_error(eflag, ehost, ERR_KV_WRITE_PAGE, p, blk, n_pages);
@@ -161,12 +161,6 @@ extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_pages, in
     const float *src = (which ? v : k) + (i64)i * row_len;
     for (int c = threadIdx.x; c < row_len; c += blockDim.x) {
         const i64 dst = ((head0 + c / head_dim) * DFLASH_KV_PAGE + p % DFLASH_KV_PAGE) * head_dim + c % head_dim;
-        if (bf16) {
-            u16 h;
-            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(src[c]));
-            ((u16 *)pool)[dst] = h;
-        } else {
-            ((float *)pool)[dst] = src[c];
-        }
+        kv_store_elem(pool, bf16, dst, src[c]);
     }
 }

@@ -236,7 +236,7 @@ static_assert(sizeof(qk_store) == 72, "mirrored by qk_store in cuda_backend.c");
 __forceinline__ void qk_store_head(const qk_store &st, int i, int kh, int hkv, int p, const float *kr, int head_dim)
 {
     const int lane = threadIdx.x & 31;
-    const int blk = p >= 0 ? st.page_tables[(i64)st.row_seq[i] * st.pt_len + (p / DFLASH_KV_PAGE) % st.pt_len] : -1;
+    const int blk = kv_page_of(st.page_tables, st.pt_len, st.row_seq + i, p);
     if (blk < 0 || blk >= st.n_pages) {
         if (lane == 0)
             report_error(st.eflag, st.ehost, ERR_KV_WRITE_PAGE, p, blk, st.n_pages);
@@ -247,15 +247,8 @@ __forceinline__ void qk_store_head(const qk_store &st, int i, int kh, int hkv, i
         const float *src = which ? st.v + ((i64)i * hkv + kh) * head_dim : kr;
         const i64 dst = (((((i64)blk * st.n_layers + st.layer) * 2 + which) * hkv + kh) * DFLASH_KV_PAGE +
                          p % DFLASH_KV_PAGE) * head_dim;
-        for (int c = lane; c < head_dim; c += 32) {
-            if (st.bf16) {
-                u16 h;
-                asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(src[c]));
-                ((u16 *)st.pool)[dst + c] = h;
-            } else {
-                ((float *)st.pool)[dst + c] = src[c];
-            }
-        }
+        for (int c = lane; c < head_dim; c += 32)
+            kv_store_elem(st.pool, st.bf16, dst + c, src[c]);
     }
 }
 
