@@ -115,11 +115,20 @@ dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim)
     return DFLASH_OK;
 }
 
+/* Whether one launch can norm q and k: both norms of one dtype, or
+ * neither (RoPE alone); with no q heads, k's alone. */
+static int qk_norms_join(const dflash_weight *q_norm, int n_q_heads, const dflash_weight *k_norm)
+{
+    if (n_q_heads == 0)
+        return 1;
+    return q_norm && k_norm ? q_norm->dtype == k_norm->dtype : !q_norm && !k_norm;
+}
+
 dflash_status dflash_be_qk_norm_rope(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                      float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
                                      int head_dim, float eps, const dflash_rope *rope)
 {
-    if (be->ops->qk_norm_rope && q_norm && k_norm && q_norm->dtype == k_norm->dtype)
+    if (be->ops->qk_norm_rope && qk_norms_join(q_norm, n_q_heads, k_norm))
         return be->ops->qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope);
     DFLASH_TRY(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, rope));
     return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope);
@@ -132,8 +141,7 @@ dflash_status dflash_be_qk_norm_rope_store(dflash_backend *be, float *q, const d
 {
     if (!dst)
         return dflash_be_qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope);
-    if (be->ops->qk_norm_rope_store && k_norm &&
-        (n_q_heads == 0 || (q_norm && q_norm->dtype == k_norm->dtype)))
+    if (be->ops->qk_norm_rope_store && qk_norms_join(q_norm, n_q_heads, k_norm))
         return be->ops->qk_norm_rope_store(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps,
                                            rope, dst);
     if (n_q_heads > 0)

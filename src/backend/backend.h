@@ -335,8 +335,8 @@ typedef struct dflash_backend_ops {
     dflash_status (*linear_group)(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                   float *const *out, enum dflash_act act);
     /* q [n, n_q_heads, head_dim] and k [n, n_kv_heads, head_dim] in place,
-     * each as norm_rope does it (q with q_norm, k with k_norm; both
-     * given, of the same dtype). */
+     * each as norm_rope does it (q with q_norm, k with k_norm: both of
+     * one dtype, or both NULL for RoPE alone). */
     dflash_status (*qk_norm_rope)(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads, float *k,
                                   const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos, int n,
                                   int head_dim, float eps, const dflash_rope *rope);

@@ -1141,11 +1141,11 @@ static void case_qk_norm_rope(int n, int hq, int hkv, int hd, int timed)
  * 1e-5 of the CPU's. Rows alternate between two sequences, each with a
  * two-entry ring table; a sequence's positions are distinct modulo its
  * ring (32), so no two rows write the same slot. */
-static void case_qk_norm_rope_store(int n, int hq, int hkv, int hd, int rot, dflash_dtype kdt)
+static void case_qk_norm_rope_store(int n, int hq, int hkv, int hd, int rot, dflash_dtype kdt, int normed)
 {
     char shape[112];
-    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d, rope %d dims, %s pages", n, hq, hkv, hd, rot,
-             dflash_dtype_name(kdt));
+    snprintf(shape, sizeof shape, "%d rows x %d + %d heads x %d, rope %d dims, %s pages%s", n, hq, hkv, hd, rot,
+             dflash_dtype_name(kdt), normed ? "" : ", no norms");
     const dflash_rope rope = make_rope(rot, 1e6, DFLASH_ROPE_YARN, 4);
     enum { NP = 6, NL = 3, BT = 2, layer = 2 };
     const size_t nq = (size_t)n * hq * hd, nk = (size_t)n * hkv * hd;
@@ -1170,13 +1170,16 @@ static void case_qk_norm_rope_store(int n, int hq, int hkv, int hd, int rot, dfl
     int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t)), *drs = gpu_copy(rs, (size_t)n * sizeof(int32_t));
     int32_t *dtab = gpu_copy(table, sizeof table);
     const dflash_kv_dest gdst = { &fused, layer, dtab, BT, drs, dv }, cdst = { &hkv_l, layer, table, BT, rs, v };
-    MUST(dflash_be_qk_norm_rope_store(g_gpu, dq, &qn.d, hq, dk, &kn.d, hkv, dpos, n, hd, 1e-6f, &rope, &gdst));
+    /* without norms (a Llama): RoPE alone, the stage's kernel still */
+    const dflash_weight *gqn = normed ? &qn.d : NULL, *gkn = normed ? &kn.d : NULL;
+    MUST(dflash_be_qk_norm_rope_store(g_gpu, dq, gqn, hq, dk, gkn, hkv, dpos, n, hd, 1e-6f, &rope, &gdst));
     if (hq)
-        MUST(dflash_be_qk_norm_rope(g_gpu, dq2, &qn.d, hq, dk2, &kn.d, hkv, dpos, n, hd, 1e-6f, &rope));
+        MUST(dflash_be_qk_norm_rope(g_gpu, dq2, gqn, hq, dk2, gkn, hkv, dpos, n, hd, 1e-6f, &rope));
     else
-        MUST(g_gpu->ops->norm_rope(g_gpu, dk2, &kn.d, dpos, n, hkv, hd, 1e-6f, &rope));
+        MUST(g_gpu->ops->norm_rope(g_gpu, dk2, gkn, dpos, n, hkv, hd, 1e-6f, &rope));
     MUST(g_gpu->ops->kv_write(g_gpu, &composed, layer, dtab, BT, drs, dpos, dk2, dv, n));
-    MUST(dflash_be_qk_norm_rope_store(g_cpu, q, &qn.h, hq, k, &kn.h, hkv, pos, n, hd, 1e-6f, &rope, &cdst));
+    MUST(dflash_be_qk_norm_rope_store(g_cpu, q, normed ? &qn.h : NULL, hq, k, normed ? &kn.h : NULL, hkv, pos, n, hd,
+                                      1e-6f, &rope, &cdst));
     float *hq2 = xmalloc((nq ? nq : 1) * sizeof(float)), *hk2 = xmalloc(nk * sizeof(float));
     void *hpool = xmalloc(pool_bytes);
     gpu_get(hq2, dq2, (nq ? nq : 1) * sizeof(float));
@@ -2376,10 +2379,12 @@ int main(int argc, char **argv)
          * general path, k alone (the drafter's context), a partial rotation */
         for (int kd = 0; kd < 2; kd++) {
             const dflash_dtype dt = kd ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
-            case_qk_norm_rope_store(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 8, 128, 128, dt);
-            case_qk_norm_rope_store(5, 0, 4, 128, 128, dt);
-            case_qk_norm_rope_store(3, 4, 2, 96, 96, dt);
-            case_qk_norm_rope_store(4, 4, 2, 256, 64, dt);
+            case_qk_norm_rope_store(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 8, 128, 128, dt, 1);
+            case_qk_norm_rope_store(5, 0, 4, 128, 128, dt, 1);
+            case_qk_norm_rope_store(3, 4, 2, 96, 96, dt, 1);
+            case_qk_norm_rope_store(4, 4, 2, 256, 64, dt, 1);
+            case_qk_norm_rope_store(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 8, 128, 128, dt, 0);
+            case_qk_norm_rope_store(3, 4, 2, 96, 96, dt, 0);
         }
         /* a Gated DeltaNet's output norm: the 35B-A3B's 32 x 128, the
          * kernel's sizes 32 and 256, and 48 (the composition) */

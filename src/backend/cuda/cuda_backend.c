@@ -497,11 +497,12 @@ static dflash_status qk_norm_rope_launch(dflash_backend *be, float *q, const dfl
     DFLASH_TRY(cuda_enter(c));
     CUdeviceptr inv_freq;
     DFLASH_TRY(rope_table_get(c, rope, &inv_freq));
-    int ndt = (int)k_norm->dtype;
+    /* one dtype for both norms (dflash_be_qk_norm_rope's rule); none: RoPE alone */
+    int ndt = k_norm ? (int)k_norm->dtype : 0;
     float attn = rope->attn_factor;
     int half = rope->n_pairs;
-    const void *qn = n_q_heads > 0 ? q_norm->data : NULL;
-    void *args[] = { &q, (void *)&qn, &k, (void *)&k_norm->data, &ndt, (void *)&pos, &n, &n_q_heads, &n_kv_heads,
+    const void *qn = n_q_heads > 0 && q_norm ? q_norm->data : NULL, *kn = k_norm ? k_norm->data : NULL;
+    void *args[] = { &q, (void *)&qn, &k, (void *)&kn, &ndt, (void *)&pos, &n, &n_q_heads, &n_kv_heads,
                      &head_dim, &half, &eps, &inv_freq, &attn, st };
     return cuda_launch(c, DFK_QK_NORM_ROPE, cdiv((int64_t)n * (n_q_heads + n_kv_heads), 4), 1, 128, args);
 }

@@ -198,6 +198,16 @@ __forceinline__ void pdl_wait()
 #endif
 }
 
+/* *p += v at device scope, returning the old value: a release of every
+ * write ordered before it (a barrier orders the block's) and an acquire
+ * of the writes released by the atomics before it on p. */
+__forceinline__ int atom_add_acq_rel(int *p, int v)
+{
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 /* Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), in
  * groups: commit closes a group, cp_async_wait<N> waits until at most N
  * groups are still in flight. */

@@ -93,6 +93,20 @@ template <int FP8> __forceinline__ gm_item gm_item_at(const gemm_args &a, i64 bi
     return it;
 }
 
+/* The block's sums before the epilogue, column c of the block (its weight
+ * row, 0..127) and activation row m of MP, at red[gm_red<MP>(c, m)]: a
+ * warp's 16 columns as [m][16] with rows 20 floats apart and warps
+ * 20 MP + 16 apart. A thread then reads four adjacent columns of a row as
+ * one float4, and neither those reads (eight quads of one row per
+ * quarter warp, two warps' columns) nor the mma fragment's writes (rows
+ * 2t, 2t + 1 of columns g, g + 8) meet in a shared-memory bank. */
+#define GM_RED_ROW 20
+#define GM_RED_BYTES(MP) (GM_WARPS * (GM_RED_ROW * (MP) + 16) * 4)
+template <int MP> __forceinline__ int gm_red(int c, int m)
+{
+    return (c >> 4) * (GM_RED_ROW * MP + 16) + m * GM_RED_ROW + (c & 15);
+}
+
 /* Final values, four adjacent columns c4..c4+3 of one activation row
  * per thread: red's sums (one slice, or `summed`: every slice's, added in
  * slice order by the block itself) or every slice's from the workspace,
@@ -102,7 +116,7 @@ template <int FP8> __forceinline__ gm_item gm_item_at(const gemm_args &a, i64 bi
  * warp's 32 quads, so its argmax candidate comes out of one warp
  * reduction. */
 template <int FP8, int NT, int B>
-__forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, float (*red)[16][NT * 8], i64 n_ws,
+__forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, const float *red, i64 n_ws,
                                  bool summed)
 {
     const int S = a.split, M = a.m;
@@ -124,13 +138,11 @@ __forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, float (*
             y0[j] = y1[j] = 0.0f;
         }
         if (S == 1 || summed) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int c = c4 + j;
-                y0[j] = red[c / 16][c % 16][m];
-                if (swiglu)
-                    y1[j] = red[4 + c / 16][c % 16][m];
-            }
+            const float4 r0 = *(const float4 *)&red[gm_red<NT * 8>(c4, m)];
+            const float4 r1 = swiglu ? *(const float4 *)&red[gm_red<NT * 8>(64 + c4, m)] : r0;
+            y0[0] = r0.x, y0[1] = r0.y, y0[2] = r0.z, y0[3] = r0.w;
+            if (swiglu)
+                y1[0] = r1.x, y1[1] = r1.y, y1[2] = r1.z, y1[3] = r1.w;
         } else {
             /* Load l of the H * S this thread needs (SwiGLU: gate and
              * up, H = 2) is slice l % S of half l / S; a batch requests
@@ -198,12 +210,12 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
     constexpr int KC = L * KSTEP;       /* k per chunk */
     constexpr int XW = KC / 4 + 1;      /* uint4 per staged activation row (+1: no bank conflicts) */
     constexpr int MP = NT * 8;          /* activation rows the tiles cover */
-    constexpr int XS_BYTES = MP * XW * 16, RED_BYTES = GM_WARPS * 16 * MP * 4;
+    constexpr int XS_BYTES = MP * XW * 16, RED_BYTES = GM_RED_BYTES(MP);
     constexpr int XV = MP * (KC / 4) / GM_THREADS; /* float4 of a chunk each thread stages */
     __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
     __shared__ int is_last;
     uint4 *xs = (uint4 *)smem;
-    float(*red)[16][MP] = (float(*)[16][MP])smem;
+    float *red = (float *)smem;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int S = a.split, M = a.m;
@@ -327,10 +339,11 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
             /* C fragment: (weight row g / g+8, activation rows 8j + 2t, +1). */
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                red[warp][g][8 * j + 2 * t] = acc[j][0];
-                red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
-                red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
-                red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+                const int c = warp * 16 + g, m = 8 * j + 2 * t;
+                red[gm_red<MP>(c, m)] = acc[j][0];
+                red[gm_red<MP>(c, m + 1)] = acc[j][1];
+                red[gm_red<MP>(c + 8, m)] = acc[j][2];
+                red[gm_red<MP>(c + 8, m + 1)] = acc[j][3];
             }
             __syncthreads();
 
@@ -342,17 +355,26 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
             const i64 n_ws = gm_ws_off(a, a.n_w);
             bool last = true;
             if (S > 1 && !summed) {
-                for (int e = threadIdx.x; e < M * GM_RB; e += GM_THREADS) {
-                    const int m = e / GM_RB, c = e % GM_RB;
-                    const int sg = swiglu ? c / 64 : cur.seg;
-                    const i64 col = cur.rbl * rows_per_block + (swiglu ? c % 64 : c);
-                    if (col < a.n[sg])
-                        __stcg(a.ws + ((i64)cur.s * M + m) * n_ws + gm_ws_off(a, sg) + col, red[c / 16][c % 16][m]);
+                /* Four adjacent columns of a row per thread, a warp a row's
+                 * 128 (SwiGLU: 64 of gate, then 64 of up); a quad that
+                 * straddles a weight's end stores the workspace row's
+                 * padding. */
+                const int sg0 = swiglu ? 0 : cur.seg;
+                const i64 col0 = cur.rbl * rows_per_block, slice = (i64)cur.s * M * n_ws;
+                float *ws0 = a.ws + slice + gm_ws_off(a, sg0), *ws1 = swiglu ? a.ws + slice + gm_ws_off(a, 1) : ws0;
+                for (int e = threadIdx.x; e < M * (GM_RB / 4); e += GM_THREADS) {
+                    const int m = e / (GM_RB / 4), c4 = e % (GM_RB / 4) * 4;
+                    const bool up = swiglu && c4 >= 64;
+                    const i64 col = col0 + (up ? c4 - 64 : c4);
+                    if (col < a.n[up ? 1 : sg0])
+                        __stcg((float4 *)((up ? ws1 : ws0) + m * n_ws + col), *(const float4 *)&red[gm_red<MP>(c4, m)]);
                 }
-                __threadfence();
+                /* The block's arrival releases its partials (every thread's,
+                 * ordered before thread 0's atomic by the barrier), and the
+                 * last block's acquires the others' before it reads them. */
                 __syncthreads();
                 if (threadIdx.x == 0) {
-                    const int prev = atomicAdd(a.counters + cur.rb, 1);
+                    const int prev = atom_add_acq_rel(a.counters + cur.rb, 1);
                     is_last = prev == S - 1;
                     if (is_last)
                         a.counters[cur.rb] = 0; /* ready for the next call */
@@ -361,8 +383,6 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
                 last = is_last;
                 if (!CHAIN && !last)
                     return;
-                if (last)
-                    __threadfence();
             }
             if (last)
                 gemm_finish<FP8, NT, CHAIN ? GM_SPLIT_BATCH_CHAIN : GM_SPLIT_BATCH>(a, cur, red, n_ws, summed);

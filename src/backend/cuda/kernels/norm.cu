@@ -253,9 +253,9 @@ __forceinline__ void qk_store_head(const qk_store &st, int i, int kh, int hkv, i
 }
 
 /* q [n, hq, head_dim] and k [n, hkv, head_dim] in one launch, each head as
- * dflash_norm_rope does it (q with qnorm, k with knorm); with st.pool,
- * each k head's warp then stores that head's K and V as dflash_kv_write
- * would (hq may be 0: k alone). */
+ * dflash_norm_rope does it (q with qnorm, k with knorm; both null: RoPE
+ * alone); with st.pool, each k head's warp then stores that head's K and
+ * V as dflash_kv_write would (hq may be 0: k alone). */
 extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
                                                const int *pos, int n, int hq, int hkv, int head_dim, int half,
                                                float eps, const float *inv_freq, float attn, const qk_store st)
