@@ -40,7 +40,9 @@
 #     tables, then a summary table last. Exit status non-zero if anything
 #     failed.
 # A step that would start after GPU_TEST_DEADLINE seconds (default 540) is
-# skipped and listed as such, so the run ends inside a 600 s device call.
+# skipped and listed as such, and every step (the A/B benches and the sweep
+# included) is cut at its own limit or 50 s past the deadline, whichever is
+# first, so the run and its summary end inside a 600 s device call.
 # Knobs: GPU_TEST_ONLY=check (1-4, 6) | bench (5) | model (4) | all (default);
 # GPU_TEST_NCU=1 adds an Nsight Compute profile of one propose's kernels
 # (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches,
@@ -96,6 +98,26 @@ export PYTHONUNBUFFERED=1
 DEADLINE=${GPU_TEST_DEADLINE:-540}
 OPS_ONLY=${GPU_TEST_OPS_ONLY:+--only $GPU_TEST_OPS_ONLY}
 names=() rcs=() secs=()
+# limited SECONDS FUNCTION ARGS...: what `timeout` does, for a shell
+# function (the A/B benches, the sweep, the builds): it runs in a process
+# group of its own, which gets TERM at the limit (KILL 5 s later), so the
+# programs it started end with it; status 124 then, as timeout's.
+limited() {
+    local limit=$1 t0=$SECONDS pid dog rc
+    shift
+    set -m # job control: the background job below leads its own process group
+    "$@" &
+    pid=$!
+    set +m
+    # the watchdog writes nowhere: an open output would keep a pipe after it alive
+    (sleep "$limit" && kill -TERM -- "-$pid" && sleep 5 && kill -KILL -- "-$pid") >/dev/null 2>&1 &
+    dog=$!
+    wait "$pid"
+    rc=$?
+    kill "$dog" 2>/dev/null
+    [ $((SECONDS - t0)) -ge "$limit" ] && [ "$rc" -ge 128 ] && rc=124
+    return "$rc"
+}
 step() { # name, log file, timeout seconds, command...
     local name=$1 log=$2 limit=$3; shift 3
     if [ -n "${GPU_TEST_SKIP:-}" ] && [[ "$name" =~ ^(${GPU_TEST_SKIP})$ ]]; then
@@ -112,8 +134,8 @@ step() { # name, log file, timeout seconds, command...
     [ "$limit" -gt "$left" ] && limit=$left
     echo "=== $name (limit ${limit}s): $*"
     local t0=$SECONDS
-    if [ "$(type -t "$1")" = function ]; then # builds: short, and timeout cannot run functions
-        "$@" 2>&1 | tee "$LOG/$log"
+    if [ "$(type -t "$1")" = function ]; then # timeout cannot run a shell function
+        limited "$limit" "$@" 2>&1 | tee "$LOG/$log"
     else
         timeout -k 5 "$limit" "$@" 2>&1 | tee "$LOG/$log"
     fi
