@@ -292,6 +292,77 @@ static void test_qk_norm_rope_store(void)
         }
 }
 
+/* A backend with the fused q/k ops (the CPU has none): each counts its
+ * calls and computes what the composition would, on the CPU backend. */
+static int g_fused_qk, g_fused_qk_store;
+static dflash_status spy_qk_norm_rope(dflash_backend *b, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                      float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
+                                      int n, int head_dim, float eps, const dflash_rope *rope)
+{
+    (void)b;
+    g_fused_qk++;
+    CHECK_OK(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, rope));
+    return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope);
+}
+static dflash_status spy_qk_norm_rope_store(dflash_backend *b, float *q, const dflash_weight *q_norm, int n_q_heads,
+                                            float *k, const dflash_weight *k_norm, int n_kv_heads,
+                                            const int32_t *pos, int n, int head_dim, float eps,
+                                            const dflash_rope *rope, const dflash_kv_dest *dst)
+{
+    (void)b;
+    g_fused_qk_store++;
+    return dflash_be_qk_norm_rope_store(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope,
+                                        dst);
+}
+
+/* Which q/k norms one fused launch takes: both of one dtype, or none
+ * (RoPE alone, a Llama), or k's alone without q heads; a lone q norm or
+ * two dtypes go through the composition. */
+static void test_qk_norm_rope_dispatch(void)
+{
+    enum { N = 2, HQ = 2, HKV = 1, D = 8, NP = 2, NL = 1 };
+    dflash_backend_ops ops = *be->ops;
+    ops.qk_norm_rope = spy_qk_norm_rope;
+    ops.qk_norm_rope_store = spy_qk_norm_rope_store;
+    dflash_backend spy = { &ops, be->ctx };
+    int32_t pos[N] = { 3, 4 }, row_seq[N] = { 0, 0 }, table[1] = { 1 };
+    float q[N * HQ * D], k[N * HKV * D], v[N * HKV * D], n32[D];
+    uint16_t n16[D];
+    for (int i = 0; i < D; i++) {
+        n32[i] = 1.0f + 0.1f * frand();
+        n16[i] = 0x3f80; /* bf16 1.0 */
+    }
+    for (int i = 0; i < N * HQ * D; i++)
+        q[i] = frand();
+    for (int i = 0; i < N * HKV * D; i++)
+        k[i] = v[i] = frand();
+    const dflash_weight w32 = { DFLASH_DTYPE_F32, 1, D, n32, NULL, "n32" };
+    const dflash_weight w16 = { DFLASH_DTYPE_BF16, 1, D, n16, NULL, "n16" };
+    dflash_rope rope;
+    CHECK_OK(dflash_rope_default(10000.0, D, &rope));
+    dflash_kv_layout kv = { NP, NL, HKV, D, DFLASH_DTYPE_F32, NULL };
+    CHECK_OK(be->ops->alloc(be, (size_t)NP * NL * 2 * HKV * DFLASH_KV_PAGE * D * sizeof(float), &kv.data));
+    const dflash_kv_dest dst = { &kv, 0, table, 1, row_seq, v };
+    const struct {
+        const dflash_weight *qn, *kn;
+        int hq, fused;
+    } cases[] = {
+        { &w32, &w32, HQ, 1 }, { NULL, NULL, HQ, 1 }, { NULL, &w32, 0, 1 }, { NULL, NULL, 0, 1 },
+        { &w32, NULL, HQ, 0 }, { NULL, &w32, HQ, 0 }, { &w32, &w16, HQ, 0 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int store = 0; store < 2; store++) {
+            g_fused_qk = g_fused_qk_store = 0;
+            CHECK_OK(dflash_be_qk_norm_rope_store(&spy, q, cases[c].qn, cases[c].hq, k, cases[c].kn, HKV, pos, N, D,
+                                                  1e-6f, &rope, store ? &dst : NULL));
+            const int fused = store ? g_fused_qk_store : g_fused_qk;
+            CHECKF(fused == cases[c].fused && g_fused_qk + g_fused_qk_store == fused,
+                   "case %zu, %s: fused calls %d/%d, expected %d", c, store ? "store" : "no store", g_fused_qk,
+                   g_fused_qk_store, cases[c].fused);
+        }
+    be->ops->free(be, kv.data);
+}
+
 /* A row's linear/attention result must not depend on the batch it is in. */
 static void test_linear_row_independent(void)
 {
@@ -867,6 +938,7 @@ int main(void)
     RUN(test_rmsnorm_and_rope);
     RUN(test_attention_modes);
     RUN(test_qk_norm_rope_store);
+    RUN(test_qk_norm_rope_dispatch);
     RUN(test_linear_row_independent);
     RUN(test_argmax_ties_low_index);
     RUN(test_gather_sum);
