@@ -301,7 +301,7 @@ static dflash_status spy_qk_norm_rope(dflash_backend *b, float *q, const dflash_
 {
     (void)b;
     g_fused_qk++;
-    CHECK_OK(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, rope));
+    DFLASH_TRY(be->ops->norm_rope(be, q, q_norm, pos, n, n_q_heads, head_dim, eps, rope));
     return be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope);
 }
 static dflash_status spy_qk_norm_rope_store(dflash_backend *b, float *q, const dflash_weight *q_norm, int n_q_heads,

@@ -144,11 +144,7 @@ dflash_status dflash_be_qk_norm_rope_store(dflash_backend *be, float *q, const d
     if (be->ops->qk_norm_rope_store && qk_norms_join(q_norm, n_q_heads, k_norm))
         return be->ops->qk_norm_rope_store(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps,
                                            rope, dst);
-    if (n_q_heads > 0)
-        DFLASH_TRY(dflash_be_qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps,
-                                          rope));
-    else
-        DFLASH_TRY(be->ops->norm_rope(be, k, k_norm, pos, n, n_kv_heads, head_dim, eps, rope));
+    DFLASH_TRY(dflash_be_qk_norm_rope(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope));
     return be->ops->kv_write(be, dst->kv, dst->layer, dst->page_tables, dst->pt_len, dst->row_seq, pos, k, dst->v, n);
 }
 
