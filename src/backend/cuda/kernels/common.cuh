@@ -248,11 +248,20 @@ __forceinline__ void mma_bf16(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, 
 /* KV pages (backend.h's layout [n_pages][n_layers][2][n_kv_heads]
  * [DFLASH_KV_PAGE][head_dim]): the pool block of position p of the
  * sequence *seq (its page table a ring of pt_len entries; -1 for p < 0),
- * and one element of a K or V row stored there, f32 or rounded to bf16.
+ * where a head's K or V row of that position begins there, and one
+ * element of such a row stored, f32 or rounded to bf16.
  * kv_write and the q/k norm's store share them: the same bits. */
 __forceinline__ int kv_page_of(const int *page_tables, int pt_len, const int *seq, int p)
 {
     return p >= 0 ? page_tables[(i64)*seq * pt_len + (p / DFLASH_KV_PAGE) % pt_len] : -1;
+}
+
+/* Where position p's row of KV head kh begins in pool block blk: its K
+ * (which 0) or V (1) of `layer`, head_dim elements from there. */
+__forceinline__ i64 kv_row_at(int blk, int n_layers, int layer, int which, int n_kv_heads, int kh, int p, int head_dim)
+{
+    return (((((i64)blk * n_layers + layer) * 2 + which) * n_kv_heads + kh) * DFLASH_KV_PAGE + p % DFLASH_KV_PAGE) *
+           head_dim;
 }
 
 __forceinline__ void kv_store_elem(void *pool, int bf16, i64 at, float v)

@@ -157,10 +157,9 @@ extern "C" __global__ void dflash_kv_write(void *pool, int bf16, int n_pages, in
         return;
     }
     const int row_len = n_kv_heads * head_dim;
-    const i64 head0 = (((i64)blk * n_layers + layer) * 2 + which) * n_kv_heads;
     const float *src = (which ? v : k) + (i64)i * row_len;
     for (int c = threadIdx.x; c < row_len; c += blockDim.x) {
-        const i64 dst = ((head0 + c / head_dim) * DFLASH_KV_PAGE + p % DFLASH_KV_PAGE) * head_dim + c % head_dim;
+        const i64 dst = kv_row_at(blk, n_layers, layer, which, n_kv_heads, c / head_dim, p, head_dim) + c % head_dim;
         kv_store_elem(pool, bf16, dst, src[c]);
     }
 }

@@ -245,8 +245,7 @@ __forceinline__ void qk_store_head(const qk_store &st, int i, int kh, int hkv, i
     __syncwarp(); /* kr's elements as the warp's lanes wrote them */
     for (int which = 0; which < 2; which++) {
         const float *src = which ? st.v + ((i64)i * hkv + kh) * head_dim : kr;
-        const i64 dst = (((((i64)blk * st.n_layers + st.layer) * 2 + which) * hkv + kh) * DFLASH_KV_PAGE +
-                         p % DFLASH_KV_PAGE) * head_dim;
+        const i64 dst = kv_row_at(blk, st.n_layers, st.layer, which, hkv, kh, p, head_dim);
         for (int c = lane; c < head_dim; c += 32)
             kv_store_elem(st.pool, st.bf16, dst + c, src[c]);
     }
