@@ -38,14 +38,20 @@ dflash_status cuda_check_kv(const dflash_kv_layout *kv, int layer, const char *o
     return DFLASH_OK;
 }
 
+dflash_status cuda_check_kv_store(const dflash_kv_layout *kv, int layer, int pt_len, const char *op)
+{
+    DFLASH_TRY(cuda_check_kv(kv, layer, op));
+    if (pt_len <= 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda %s: page table length %d", op, pt_len);
+    return DFLASH_OK;
+}
+
 dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer,
                                    const int32_t *page_tables, int pt_len, const int32_t *row_seq,
                                    const int32_t *pos, const float *k, const float *v, int n)
 {
     cuda_ctx *c = CTX(be);
-    DFLASH_TRY(cuda_check_kv(kv, layer, "kv_write"));
-    if (pt_len <= 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda kv_write: page table length %d", pt_len);
+    DFLASH_TRY(cuda_check_kv_store(kv, layer, pt_len, "kv_write"));
     if (n <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));

@@ -522,9 +522,7 @@ static dflash_status cuda_qk_norm_rope_store(dflash_backend *be, float *q, const
 {
     cuda_ctx *c = CTX(be);
     const dflash_kv_layout *kv = dst->kv;
-    DFLASH_TRY(cuda_check_kv(kv, dst->layer, "qk_norm_rope_store"));
-    if (dst->pt_len <= 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda qk_norm_rope_store: page table length %d", dst->pt_len);
+    DFLASH_TRY(cuda_check_kv_store(kv, dst->layer, dst->pt_len, "qk_norm_rope_store"));
     if (kv->n_kv_heads != n_kv_heads || kv->head_dim != head_dim)
         return dflash_fail(DFLASH_ERR_SHAPE, "cuda qk_norm_rope_store: pool has %d x %d kv heads, rows %d x %d",
                            kv->n_kv_heads, kv->head_dim, n_kv_heads, head_dim);

@@ -131,6 +131,9 @@ dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args 
 /* cuda_attention.c */
 /* A pool this backend reads and writes (F32 or BF16), and a layer of it. */
 dflash_status cuda_check_kv(const dflash_kv_layout *kv, int layer, const char *op);
+/* The same for a stage that stores rows there: also a page table of at
+ * least one entry. */
+dflash_status cuda_check_kv_store(const dflash_kv_layout *kv, int layer, int pt_len, const char *op);
 dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int layer, const int32_t *page_tables,
                             int pt_len, const int32_t *row_seq, const int32_t *pos, const float *k, const float *v,
                             int n);
