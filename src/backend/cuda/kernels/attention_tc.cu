@@ -222,10 +222,8 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
                             ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
                             : -1;
         pages[threadIdx.x] = blk;
-        /* pool layout [page][layer][K, V][kv head][DFLASH_KV_PAGE][D] */
         page_k[threadIdx.x] = (unsigned)blk < (unsigned)a.n_pages
-                                  ? a.pool + ((((i64)blk * a.n_layers + a.layer) * 2) * a.n_kv_heads + kvh) *
-                                                 DFLASH_KV_PAGE * D
+                                  ? a.pool + kv_row_at(blk, a.n_layers, a.layer, 0, a.n_kv_heads, kvh, 0, D)
                                   : nullptr;
     }
     __syncthreads();
