@@ -392,6 +392,57 @@ static void test_fp8_weights_close(void)
     }
 }
 
+/* The CPU backend with its uploads counted (the pair is opened on it). */
+static int g_uploads;
+static dflash_backend *g_cpu;
+static dflash_status counting_upload(dflash_backend *b, void *dst, const void *src, size_t bytes)
+{
+    g_uploads++;
+    return g_cpu->ops->upload(b, dst, src, bytes);
+}
+
+/* A drafter call sends its inputs (positions, rows' sequences, ids, the
+ * drafted rows, records, page tables) in one upload: a context pass and
+ * a block forward each make exactly one. */
+static void test_one_upload_per_call(void)
+{
+    dflash_backend_ops ops = *be->ops;
+    ops.upload = counting_upload;
+    dflash_backend spy = { &ops, be->ctx };
+    g_cpu = be;
+    be = &spy;
+    pair p;
+    const int ok = open_pair("d2_tied", 0, 0, &p);
+    be = g_cpu;
+    int64_t T = 0;
+    const int32_t *prompt = ok ? fx_i32(p.ex, "prompt_ids", &T) : NULL;
+    if (prompt && T > 0 && T <= 64) {
+        dflash_kv_seq seq, *sp = &seq;
+        void *state;
+        CHECK_OK(dflash_qwen3_seq_init(p.t, &seq));
+        CHECK_OK(p.h->proposer.ops->alloc_state(&p.h->proposer, 200, &state));
+        const int *taps;
+        const int n_taps = p.h->proposer.ops->tap_layers(&p.h->proposer, &taps);
+        int32_t pos[64], rs[64];
+        for (int i = 0; i < T; i++)
+            pos[i] = i, rs[i] = 0;
+        dflash_qwen3_batch b = { (int)T, prompt, pos, rs, 1, &sp, 0, NULL, n_taps, taps, 0 };
+        float *logits, *tap_rows = NULL;
+        CHECK_OK(dflash_qwen3_forward(p.t, &b, &logits, &tap_rows));
+        dflash_ctx_rows rows = { prompt, (int)T, 0, tap_rows, (int64_t)n_taps * p.t->cfg.hidden_size };
+        g_uploads = 0;
+        CHECK_OK(p.h->proposer.ops->begin(&p.h->proposer, state, &rows));
+        CHECKF(g_uploads == 1, "a context pass made %d uploads, not 1", g_uploads);
+        int32_t last = prompt[T - 1], at = (int32_t)T, drafts[64];
+        g_uploads = 0;
+        CHECK_OK(p.h->proposer.ops->propose(&p.h->proposer, &state, 1, &last, &at, p.h->block_size - 1, drafts));
+        CHECKF(g_uploads == 1, "a block forward made %d uploads, not 1", g_uploads);
+        p.h->proposer.ops->free_state(&p.h->proposer, state);
+        dflash_qwen3_seq_free(p.t, &seq);
+    }
+    close_pair(&p);
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
@@ -400,6 +451,7 @@ int main(void)
     RUN(test_bad_drafter_folders);
     RUN(test_fp8_weights_close);
     RUN(test_causal_drafter);
+    RUN(test_one_upload_per_call);
     dflash_backend_destroy(be);
     TEST_END();
 }

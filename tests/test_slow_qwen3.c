@@ -171,6 +171,58 @@ static void test_pool_exhaustion_isolated(void)
     dflash_qwen3_free(m);
 }
 
+/* The CPU backend with its uploads counted. */
+static int g_uploads;
+static dflash_status counting_upload(dflash_backend *b, void *dst, const void *src, size_t bytes)
+{
+    g_uploads++;
+    return be->ops->upload(b, dst, src, bytes);
+}
+
+/* A forward sends its inputs (ids, positions, rows' sequences, the logit
+ * rows, every sequence's record and page table) in one upload, however
+ * many sequences it holds, and computes what the plain backend does. */
+static void test_one_upload_per_forward(void)
+{
+    dflash_backend_ops ops = *be->ops;
+    ops.upload = counting_upload;
+    dflash_backend spy = { &ops, be->ctx };
+    dflash_qwen3 *m = NULL, *ref = NULL;
+    CHECK_OK(tc_load(&spy, "qwen3/gqa_tied", 8, 3, &m));
+    CHECK_OK(tc_load(be, "qwen3/gqa_tied", 8, 3, &ref));
+    if (!m || !ref)
+        goto out;
+    const int V = m->cfg.vocab_size;
+    dflash_kv_seq s[3], r[3], *sp[3], *rp[3];
+    for (int q = 0; q < 3; q++) {
+        CHECK_OK(dflash_qwen3_seq_init(m, &s[q]));
+        CHECK_OK(dflash_qwen3_seq_init(ref, &r[q]));
+        sp[q] = &s[q];
+        rp[q] = &r[q];
+    }
+    /* rows: sequence 0 three, 1 one, 2 two; logits of rows 2, 3, 5 */
+    const int32_t tok[6] = { 5, 9, 13, 17, 21, 25 }, pos[6] = { 0, 1, 2, 0, 0, 1 }, rs[6] = { 0, 0, 0, 1, 2, 2 };
+    const int32_t lr[3] = { 2, 3, 5 };
+    dflash_qwen3_batch b = { 6, tok, pos, rs, 3, sp, 3, lr, 0, NULL, 0 };
+    float *logits = NULL, *want = NULL;
+    g_uploads = 0;
+    CHECK_OK(dflash_qwen3_forward(m, &b, &logits, NULL));
+    CHECKF(g_uploads == 1, "a forward of 3 sequences made %d uploads, not 1", g_uploads);
+    static float got[3 * 1024];
+    CHECK((size_t)3 * V <= sizeof got / sizeof got[0]);
+    memcpy(got, logits, (size_t)3 * V * sizeof(float));
+    b.seqs = rp;
+    CHECK_OK(dflash_qwen3_forward(ref, &b, &want, NULL));
+    CHECK(memcmp(got, want, (size_t)3 * V * sizeof(float)) == 0);
+    for (int q = 0; q < 3; q++) {
+        dflash_qwen3_seq_free(m, &s[q]);
+        dflash_qwen3_seq_free(ref, &r[q]);
+    }
+out:
+    dflash_qwen3_free(m);
+    dflash_qwen3_free(ref);
+}
+
 int main(void)
 {
     dflash_backend_cpu_create(&be);
@@ -179,6 +231,7 @@ int main(void)
     RUN(test_verify_equals_decodes);
     RUN(test_bad_batches);
     RUN(test_pool_exhaustion_isolated);
+    RUN(test_one_upload_per_forward);
     dflash_backend_destroy(be);
     TEST_END();
 }

@@ -152,17 +152,9 @@ static dflash_status alloc_scratch(dflash_head *h)
     DFLASH_TRY(dflash_be_alloc_f32(h->be, R * H, &s->z));
     DFLASH_TRY(dflash_be_alloc_f32(h->be, R * H, &s->hsel));
     DFLASH_TRY(dflash_be_alloc_f32(h->be, R * (size_t)h->cfg.vocab_size, &s->logits));
-    int32_t **ints[] = { &s->ids, &s->row_seq, &s->sel, &s->argmax };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        DFLASH_TRY(dflash_be_alloc_i32(h->be, R, ints[i]));
-    DFLASH_TRY(dflash_be_alloc_i32(h->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
-    DFLASH_TRY(dflash_be_alloc_i32(h->be, S * (size_t)h->pt_len, &s->page_tables));
-    s->h_pos = malloc(R * sizeof(int32_t));
-    s->h_row_seq = malloc(R * sizeof(int32_t));
-    s->h_info = malloc(S * DFLASH_SEQ_INFO_LEN * sizeof(int32_t));
-    s->h_tables = malloc(S * (size_t)h->pt_len * sizeof(int32_t));
-    if (!s->h_pos || !s->h_row_seq || !s->h_info || !s->h_tables)
-        return dflash_fail(DFLASH_ERR_OOM, "dflash head: out of memory for %zu rows' staging", R);
+    DFLASH_TRY(dflash_be_alloc_i32(h->be, R, &s->argmax));
+    DFLASH_TRY(dflash_fwd_inputs_alloc(h->be, (int)R, (int)S, h->pt_len, &s->in));
+    s->b.pos = s->in.pos;
     return DFLASH_OK;
 }
 
@@ -170,14 +162,11 @@ static void free_scratch(dflash_head *h)
 {
     dflash_scratch *s = &h->s;
     qwen3_bufs_free(h->be, &s->b);
-    void *p[] = { s->z, s->hsel, s->logits, s->ids, s->row_seq, s->sel, s->argmax, s->seq_info, s->page_tables };
+    void *p[] = { s->z, s->hsel, s->logits, s->argmax };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             h->be->ops->free(h->be, p[i]);
-    free(s->h_pos);
-    free(s->h_row_seq);
-    free(s->h_info);
-    free(s->h_tables);
+    dflash_fwd_inputs_free(h->be, &s->in);
 }
 
 static const dflash_proposer_ops k_dflash_ops;
@@ -319,7 +308,7 @@ static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **sta
         dflash_proposer_state *st = states[q];
         const dflash_ctx_rows *r = &rows[q];
         if (r->n <= 0) {
-            memcpy(s->h_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
+            memcpy(s->in.h_page_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
             continue;
         }
         const int32_t end = r->pos0 + r->n;
@@ -332,16 +321,14 @@ static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **sta
         DFLASH_TRY(o->linear(h->be, r->taps + (int64_t)first * r->taps_stride, mq, &h->fc,
                              s->z + (int64_t)m * c->hidden_size));
         for (int i = 0; i < mq; i++) {
-            s->h_pos[m + i] = r->pos0 + first + i;
-            s->h_row_seq[m + i] = q;
+            s->in.h_pos[m + i] = r->pos0 + first + i;
+            s->in.h_row_seq[m + i] = q;
         }
-        memcpy(s->h_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
+        memcpy(s->in.h_page_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
         m += mq;
     }
     if (m > 0) {
-        DFLASH_TRY(o->upload(h->be, s->b.pos, s->h_pos, (size_t)m * sizeof(int32_t)));
-        DFLASH_TRY(o->upload(h->be, s->row_seq, s->h_row_seq, (size_t)m * sizeof(int32_t)));
-        DFLASH_TRY(o->upload(h->be, s->page_tables, s->h_tables, (size_t)n * h->pt_len * sizeof(int32_t)));
+        DFLASH_TRY(dflash_fwd_inputs_upload(h->be, &s->in, n));
         DFLASH_TRY(o->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps, s->b.xn));
         for (int li = 0; li < c->num_hidden_layers; li++) {
             const dflash_layer *l = &h->layers[li];
@@ -349,7 +336,7 @@ static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **sta
             float *const kv[2] = { s->b.k, s->b.v };
             DFLASH_TRY(dflash_be_linear_group(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], 2, kv, DFLASH_ACT_NONE));
             /* k normed and rotated, then K and V into the pages */
-            const dflash_kv_dest dst = { &h->kv.layout, li, s->page_tables, h->pt_len, s->row_seq, s->b.v };
+            const dflash_kv_dest dst = { &h->kv.layout, li, s->in.page_tables, h->pt_len, s->in.row_seq, s->b.v };
             DFLASH_TRY(dflash_be_qk_norm_rope_store(h->be, NULL, NULL, 0, s->b.k, &l->w.k_norm, c->num_key_value_heads,
                                                     s->b.pos, m, c->head_dim, c->rms_norm_eps, &c->rope_freq, &dst));
         }
@@ -389,7 +376,7 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     const dflash_backend_ops *o = h->be->ops;
     dflash_scratch *s = &h->s;
     const int B = n_drafts + 1, n = n_seqs * B;
-    int32_t ids[n], pos[n], row_seq[n], sel[n_seqs * n_drafts];
+    dflash_fwd_inputs *in = &s->in;
     int max_keys = 0;
     for (int q = 0; q < n_seqs; q++) {
         const dflash_proposer_state *st = states[q];
@@ -397,36 +384,31 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: propose at position %d but sequence %d has "
                                "%d committed positions", positions[q], q, st->kv.len);
         for (int j = 0; j < B; j++) {
-            ids[q * B + j] = j == 0 ? last_tokens[q] : c->mask_token_id;
-            pos[q * B + j] = positions[q] + j;
-            row_seq[q * B + j] = q;
+            in->h_ids[q * B + j] = j == 0 ? last_tokens[q] : c->mask_token_id;
+            in->h_pos[q * B + j] = positions[q] + j;
+            in->h_row_seq[q * B + j] = q;
             if (j > 0)
-                sel[q * n_drafts + j - 1] = q * B + j;
+                in->h_sel[q * n_drafts + j - 1] = q * B + j;
         }
         /* Context keys [lo, s) from the pages, then the block's own B rows. */
         const int32_t info[DFLASH_SEQ_INFO_LEN] = { st->kv.lo, st->kv.len, q * B, B, positions[q], q * B, B };
         if (st->kv.len - st->kv.lo + B > max_keys)
             max_keys = st->kv.len - st->kv.lo + B;
-        memcpy(s->h_info + (size_t)q * DFLASH_SEQ_INFO_LEN, info, sizeof info);
-        memcpy(s->h_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
+        memcpy(in->h_seq_info + (size_t)q * DFLASH_SEQ_INFO_LEN, info, sizeof info);
+        memcpy(in->h_page_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
     }
-    DFLASH_TRY(o->upload(h->be, s->seq_info, s->h_info, (size_t)n_seqs * DFLASH_SEQ_INFO_LEN * sizeof(int32_t)));
-    DFLASH_TRY(o->upload(h->be, s->page_tables, s->h_tables, (size_t)n_seqs * h->pt_len * sizeof(int32_t)));
-    DFLASH_TRY(o->upload(h->be, s->ids, ids, sizeof ids));
-    DFLASH_TRY(o->upload(h->be, s->b.pos, pos, sizeof pos));
-    DFLASH_TRY(o->upload(h->be, s->row_seq, row_seq, sizeof row_seq));
-    DFLASH_TRY(o->upload(h->be, s->sel, sel, sizeof sel));
-    DFLASH_TRY(o->embed(h->be, &h->embed, s->ids, n, s->b.x));
+    DFLASH_TRY(dflash_fwd_inputs_upload(h->be, in, n_seqs));
+    DFLASH_TRY(o->embed(h->be, &h->embed, in->ids, n, s->b.x));
     for (int li = 0; li < c->num_hidden_layers; li++) {
         const dflash_layer *l = &h->layers[li];
         const dflash_weight *lin = layer_lin(h, l);
         DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0 ? &h->layers[li - 1].w : NULL, NULL));
         dflash_attn_args a = qwen3_attn_args(c, &s->b, n);
-        a.row_seq = s->row_seq;
-        a.seq_info = s->seq_info;
+        a.row_seq = in->row_seq;
+        a.seq_info = in->seq_info;
         a.kv = &h->kv.layout;
         a.layer = li;
-        a.page_tables = s->page_tables;
+        a.page_tables = in->page_tables;
         a.pt_len = h->pt_len;
         a.k_extra = s->b.k;
         a.v_extra = s->b.v;
@@ -441,7 +423,7 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     DFLASH_TRY(o->add_rmsnorm(h->be, s->b.x, s->b.delta, &h->norm, n, c->hidden_size, c->rms_norm_eps, s->b.xn));
     /* Row j predicts the token at its own position s+j; row 0 is discarded. */
     const int nd = n_seqs * n_drafts;
-    DFLASH_TRY(o->copy_rows(h->be, s->hsel, c->hidden_size, s->b.xn, c->hidden_size, s->sel, nd, c->hidden_size));
+    DFLASH_TRY(o->copy_rows(h->be, s->hsel, c->hidden_size, s->b.xn, c->hidden_size, in->sel, nd, c->hidden_size));
     if (h->keep_logits) {
         DFLASH_TRY(o->linear(h->be, s->hsel, nd, &h->lm_head, s->logits));
         DFLASH_TRY(o->argmax(h->be, s->logits, nd, c->vocab_size, s->argmax));

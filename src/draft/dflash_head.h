@@ -47,13 +47,10 @@ typedef struct dflash_scratch {
     float *z;             /* [R, H] context features: fc(taps) */
     float *hsel;          /* [R, H] rows sent to the LM head */
     float *logits;        /* [R, V] */
-    int32_t *ids, *row_seq, *sel, *argmax; /* [R] */
-    int32_t *seq_info;    /* [S * DFLASH_SEQ_INFO_LEN] */
-    int32_t *page_tables;/* [S * pt_len] */
-    /* host staging of a call's per-row and per-sequence inputs, uploaded
-     * once per call: positions and row_seq [R], seq_info [S * INFO_LEN],
-     * page tables [S * pt_len] */
-    int32_t *h_pos, *h_row_seq, *h_info, *h_tables;
+    int32_t *argmax;      /* [R] the drafts */
+    /* a call's ids, positions (b.pos), row_seq, sel, per-sequence records
+     * and page tables: filled on the host, uploaded once per call */
+    dflash_fwd_inputs in;
 } dflash_scratch;
 
 /* Backend kernels resolved once when the head is built. The CPU backend

@@ -48,22 +48,21 @@ static dflash_status alloc_scratch(dflash_qwen3 *m)
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * (size_t)c->vocab_size, &s->logits));
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * DFLASH_MAX_TAPS * H, &s->taps));
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * H, &s->hsel));
-    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->ids));
-    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->row_seq));
-    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->sel));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->best));
-    DFLASH_TRY(dflash_be_alloc_i32(m->be, S * DFLASH_SEQ_INFO_LEN, &s->seq_info));
-    return dflash_be_alloc_i32(m->be, S * (size_t)m->pt_len, &s->page_tables);
+    DFLASH_TRY(dflash_fwd_inputs_alloc(m->be, (int)R, (int)S, m->pt_len, &s->in));
+    s->b.pos = s->in.pos;
+    return DFLASH_OK;
 }
 
 static void free_scratch(dflash_qwen3 *m)
 {
     qwen3_scratch *s = &m->s;
     qwen3_bufs_free(m->be, &s->b);
-    void *p[] = { s->logits, s->taps, s->hsel, s->ids, s->row_seq, s->sel, s->best, s->seq_info, s->page_tables };
+    void *p[] = { s->logits, s->taps, s->hsel, s->best };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             m->be->ops->free(m->be, p[i]);
+    dflash_fwd_inputs_free(m->be, &s->in);
 }
 
 /* A Qwen3.5 hybrid needs the linear-attention primitives. */
@@ -229,16 +228,19 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     return DFLASH_OK;
 }
 
-/* Upload the rows and the per-sequence records; *bounds gets the
- * attention grid bounds (most rows and keys of one sequence). */
+/* Upload the rows, the rows picked for the LM head and the per-sequence
+ * records, all in one; *bounds gets the attention grid bounds (most rows
+ * and keys of one sequence). */
 static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, const int32_t *new_len,
                                   dflash_attn_args *bounds)
 {
-    const dflash_backend_ops *o = m->be->ops;
+    dflash_fwd_inputs *in = &m->s.in;
     const size_t nr = (size_t)b->n_rows * sizeof(int32_t);
-    DFLASH_TRY(o->upload(m->be, m->s.ids, b->tokens, nr));
-    DFLASH_TRY(o->upload(m->be, m->s.b.pos, b->positions, nr));
-    DFLASH_TRY(o->upload(m->be, m->s.row_seq, b->row_seq, nr));
+    memcpy(in->h_ids, b->tokens, nr);
+    memcpy(in->h_pos, b->positions, nr);
+    memcpy(in->h_row_seq, b->row_seq, nr);
+    if (b->n_logit_rows > 0)
+        memcpy(in->h_sel, b->logit_rows, (size_t)b->n_logit_rows * sizeof(int32_t));
     bounds->n_seqs = b->n_seqs;
     bounds->max_seq_rows = bounds->max_keys = 0;
     for (int q = 0, row0 = 0; q < b->n_seqs; q++) {
@@ -247,17 +249,16 @@ static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, 
             rows++;
         /* Every stored position is a candidate key; causal masking bounds
          * what each row sees. */
-        int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, new_len[q], 0, 0, 0, row0, rows };
-        DFLASH_TRY(o->upload(m->be, m->s.seq_info + q * DFLASH_SEQ_INFO_LEN, info, sizeof info));
-        DFLASH_TRY(o->upload(m->be, m->s.page_tables + (size_t)q * m->pt_len, b->seqs[q]->table,
-                             (size_t)m->pt_len * sizeof(int32_t)));
+        const int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, new_len[q], 0, 0, 0, row0, rows };
+        memcpy(in->h_seq_info + (size_t)q * DFLASH_SEQ_INFO_LEN, info, sizeof info);
+        memcpy(in->h_page_tables + (size_t)q * m->pt_len, b->seqs[q]->table, (size_t)m->pt_len * sizeof(int32_t));
         if (rows > bounds->max_seq_rows)
             bounds->max_seq_rows = rows;
         if (new_len[q] > bounds->max_keys)
             bounds->max_keys = new_len[q];
         row0 += rows;
     }
-    return DFLASH_OK;
+    return dflash_fwd_inputs_upload(m->be, in, b->n_seqs);
 }
 
 /* After the residual add that completes layer `layer`, copy the rows into
@@ -300,7 +301,7 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     /* The previous layer's MLP output is added here, fused with this norm. */
     const qwen3_layer *prev = li > 0 ? l - 1 : NULL;
     /* the rows' K and V go into the pages as q and k are normed and rotated */
-    const dflash_kv_dest dst = { &m->kv.layout, m->kv_layer[li], m->s.page_tables, m->pt_len, m->s.row_seq, bufs->v };
+    const dflash_kv_dest dst = { &m->kv.layout, m->kv_layer[li], m->s.in.page_tables, m->pt_len, m->s.in.row_seq, bufs->v };
     if (hybrid)
         DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, prev, &dst));
     else
@@ -308,11 +309,11 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     if (li)
         DFLASH_TRY(capture_taps(m, b, li - 1));
     dflash_attn_args a = qwen3_attn_args(&m->cfg, bufs, n);
-    a.row_seq = m->s.row_seq;
-    a.seq_info = m->s.seq_info;
+    a.row_seq = m->s.in.row_seq;
+    a.seq_info = m->s.in.seq_info;
     a.kv = &m->kv.layout;
     a.layer = m->kv_layer[li];
-    a.page_tables = m->s.page_tables;
+    a.page_tables = m->s.in.page_tables;
     a.pt_len = m->pt_len;
     a.causal = 1;
     a.n_seqs = bounds->n_seqs;
@@ -361,7 +362,7 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     DFLASH_TRY(upload_batch(m, b, new_len, &bounds));
     if (m->rec)
         DFLASH_TRY(rec_begin(m, b));
-    DFLASH_TRY(o->embed(m->be, &m->embed, m->s.ids, b->n_rows, m->s.b.x));
+    DFLASH_TRY(o->embed(m->be, &m->embed, m->s.in.ids, b->n_rows, m->s.b.x));
     for (int li = 0; li < c->num_hidden_layers; li++)
         DFLASH_TRY(layer_forward(m, b, &bounds, li));
     if (m->rec)
@@ -372,8 +373,7 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     for (int q = 0; q < b->n_seqs; q++)
         b->seqs[q]->len = new_len[q];
     if (b->n_logit_rows > 0) {
-        DFLASH_TRY(o->upload(m->be, m->s.sel, b->logit_rows, (size_t)b->n_logit_rows * sizeof(int32_t)));
-        DFLASH_TRY(o->copy_rows(m->be, m->s.hsel, c->hidden_size, m->s.b.xn, c->hidden_size, m->s.sel,
+        DFLASH_TRY(o->copy_rows(m->be, m->s.hsel, c->hidden_size, m->s.b.xn, c->hidden_size, m->s.in.sel,
                                 b->n_logit_rows, c->hidden_size));
         if (b->argmax_only) {
             DFLASH_TRY(dflash_be_linear_argmax(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits,

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/fwd_inputs.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "kv/kv_pool.h"
@@ -37,10 +38,8 @@ typedef struct qwen3_scratch {
     float *logits;                  /* [R, V] */
     float *taps;                    /* [R, DFLASH_MAX_TAPS * H] */
     float *hsel;                    /* [R, H] rows gathered for the LM head */
-    int32_t *ids, *row_seq, *sel;   /* [R] */
     int32_t *best;                  /* [R] argmax of the logit rows (greedy) */
-    int32_t *seq_info;              /* [S * DFLASH_SEQ_INFO_LEN] */
-    int32_t *page_tables;          /* [S * pt_len] */
+    dflash_fwd_inputs in;           /* ids, positions (b.pos), row_seq, sel, records, page tables */
 } qwen3_scratch;
 
 typedef struct dflash_qwen3 {

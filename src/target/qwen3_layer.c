@@ -239,7 +239,6 @@ dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c,
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         DFLASH_TRY(dflash_be_alloc_f32(be, f[i].n, f[i].p));
-    DFLASH_TRY(dflash_be_alloc_i32(be, R, &b->pos));
     if (dflash_family_is_qwen35(c->family) && !c->is_dflash) {
         DFLASH_TRY(dflash_be_alloc_f32(be, R * 2 * QD, &b->qg));
         DFLASH_TRY(qwen3_gdn_bufs_alloc(be, c, rows, &b->gdn));
@@ -249,7 +248,7 @@ dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c,
 
 void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b)
 {
-    void *p[] = { b->x, b->xn, b->q, b->k, b->v, b->attn, b->delta, b->gate, b->up, b->pos, b->qg };
+    void *p[] = { b->x, b->xn, b->q, b->k, b->v, b->attn, b->delta, b->gate, b->up, b->qg };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         if (p[i])
             be->ops->free(be, p[i]);

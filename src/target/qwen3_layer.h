@@ -56,7 +56,7 @@ typedef struct qwen3_bufs {
     float *delta;  /* [R, H] pending residual update */
     float *gate;   /* [R, I] */
     float *up;     /* [R, I] */
-    int32_t *pos;  /* [R] absolute positions */
+    int32_t *pos;  /* [R] absolute positions: the owner's forward inputs (not allocated here) */
     qwen3_moe_bufs moe; /* a Qwen3-MoE model's sparse MLP scratch (else unallocated) */
     /* a Qwen3.5 hybrid's (else unallocated): */
     float *qg;          /* [R, 2 * Hq*D] a gated attention's q_proj output: per head its query (copied
