@@ -4,45 +4,52 @@
 
 #include <stdlib.h>
 
-/* The offsets of the layout, in int32 elements. */
-static size_t off_seq_info(const dflash_fwd_inputs *in) { return 4 * (size_t)in->rows; }
-static size_t off_tables(const dflash_fwd_inputs *in)
+/* Where the parts start for R rows and S sequences, in int32 elements:
+ * four row arrays, the records, the second records, the page tables;
+ * then the end. */
+enum { PART_SEQ_INFO = 4, PART_REC_INFO, PART_TABLES, PART_END };
+static size_t part_at(const dflash_fwd_inputs *in, size_t R, size_t S, int part)
 {
-    return off_seq_info(in) + (size_t)in->seqs * DFLASH_SEQ_INFO_LEN;
+    size_t at = (size_t)(part < PART_SEQ_INFO ? part : PART_SEQ_INFO) * R;
+    if (part > PART_SEQ_INFO)
+        at += S * DFLASH_SEQ_INFO_LEN;
+    if (part > PART_REC_INFO)
+        at += S * (size_t)in->rec_len;
+    if (part > PART_TABLES)
+        at += S * (size_t)in->pt_len;
+    return at;
 }
 
-/* The views of one base pointer: ids, pos, row_seq, sel, seq_info,
- * page_tables in that order. */
-static void views(const dflash_fwd_inputs *in, int32_t *base, int32_t **v)
+/* The views into one of the two copies (dev or host) for R rows and S
+ * sequences. */
+static void set_views(const dflash_fwd_inputs *in, size_t R, size_t S, int32_t *base, int32_t **ids,
+                      int32_t **pos, int32_t **row_seq, int32_t **sel, int32_t **seq_info, int32_t **rec_info,
+                      int32_t **page_tables)
 {
-    for (int i = 0; i < 4; i++)
-        v[i] = base + (size_t)i * in->rows;
-    v[4] = base + off_seq_info(in);
-    v[5] = base + off_tables(in);
+    *ids = base;
+    *pos = base + part_at(in, R, S, 1);
+    *row_seq = base + part_at(in, R, S, 2);
+    *sel = base + part_at(in, R, S, 3);
+    *seq_info = base + part_at(in, R, S, PART_SEQ_INFO);
+    *rec_info = in->rec_len > 0 ? base + part_at(in, R, S, PART_REC_INFO) : NULL;
+    *page_tables = base + part_at(in, R, S, PART_TABLES);
 }
 
-dflash_status dflash_fwd_inputs_alloc(dflash_backend *be, int rows, int seqs, int pt_len, dflash_fwd_inputs *in)
+dflash_status dflash_fwd_inputs_alloc(dflash_backend *be, int rows, int seqs, int pt_len, int rec_len,
+                                      dflash_fwd_inputs *in)
 {
-    *in = (dflash_fwd_inputs){ .rows = rows, .seqs = seqs, .pt_len = pt_len };
-    if (rows <= 0 || seqs <= 0 || pt_len <= 0)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "forward inputs: %d rows, %d sequences, page tables of %d", rows,
-                           seqs, pt_len);
-    const size_t n = off_tables(in) + (size_t)seqs * pt_len;
+    *in = (dflash_fwd_inputs){ .rows = rows, .seqs = seqs, .pt_len = pt_len, .rec_len = rec_len };
+    if (rows <= 0 || seqs <= 0 || pt_len <= 0 || rec_len < 0)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "forward inputs: %d rows, %d sequences, page tables of %d, records of %d", rows, seqs,
+                           pt_len, rec_len);
+    const size_t n = part_at(in, (size_t)rows, (size_t)seqs, PART_END);
     DFLASH_TRY(dflash_be_alloc_i32(be, n, &in->dev));
     in->host = calloc(n, sizeof(int32_t));
     if (!in->host)
         return dflash_fail(DFLASH_ERR_OOM, "forward inputs: out of memory for a %zu-byte host mirror",
                            n * sizeof(int32_t));
-    int32_t **dv[] = { &in->ids, &in->pos, &in->row_seq, &in->sel, &in->seq_info, &in->page_tables };
-    int32_t **hv[] = { &in->h_ids, &in->h_pos, &in->h_row_seq, &in->h_sel, &in->h_seq_info, &in->h_page_tables };
-    int32_t *d[6], *h[6];
-    views(in, in->dev, d);
-    views(in, in->host, h);
-    for (int i = 0; i < 6; i++) {
-        *dv[i] = d[i];
-        *hv[i] = h[i];
-    }
-    return DFLASH_OK;
+    return dflash_fwd_inputs_begin(in, rows, seqs);
 }
 
 void dflash_fwd_inputs_free(dflash_backend *be, dflash_fwd_inputs *in)
@@ -53,10 +60,23 @@ void dflash_fwd_inputs_free(dflash_backend *be, dflash_fwd_inputs *in)
     *in = (dflash_fwd_inputs){ 0 };
 }
 
-dflash_status dflash_fwd_inputs_upload(dflash_backend *be, const dflash_fwd_inputs *in, int n_seqs)
+dflash_status dflash_fwd_inputs_begin(dflash_fwd_inputs *in, int n_rows, int n_seqs)
 {
-    if (n_seqs < 0 || n_seqs > in->seqs)
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "forward inputs: %d sequences (capacity %d)", n_seqs, in->seqs);
-    const size_t n = off_tables(in) + (size_t)n_seqs * in->pt_len;
+    if (n_rows < 0 || n_rows > in->rows || n_seqs < 0 || n_seqs > in->seqs)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "forward inputs: %d rows and %d sequences (room for %d and %d)",
+                           n_rows, n_seqs, in->rows, in->seqs);
+    in->n_rows = n_rows;
+    in->n_seqs = n_seqs;
+    const size_t R = (size_t)n_rows, S = (size_t)n_seqs;
+    set_views(in, R, S, in->dev, &in->ids, &in->pos, &in->row_seq, &in->sel, &in->seq_info, &in->rec_info,
+              &in->page_tables);
+    set_views(in, R, S, in->host, &in->h_ids, &in->h_pos, &in->h_row_seq, &in->h_sel, &in->h_seq_info,
+              &in->h_rec_info, &in->h_page_tables);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_fwd_inputs_upload(dflash_backend *be, const dflash_fwd_inputs *in)
+{
+    const size_t n = part_at(in, (size_t)in->n_rows, (size_t)in->n_seqs, PART_END);
     return be->ops->upload(be, in->dev, in->host, n * sizeof(int32_t));
 }

@@ -12,23 +12,33 @@
 
 typedef struct dflash_fwd_inputs {
     int rows, seqs, pt_len; /* capacities: rows per forward, sequences, page-table entries per sequence */
+    int rec_len;            /* int32s of a second per-sequence record (a hybrid's recurrent state), or 0 */
+    int n_rows, n_seqs;     /* the shape dflash_fwd_inputs_begin laid out */
     int32_t *dev;           /* the backend block */
     int32_t *host;          /* its mirror */
-    /* Views into dev, and the same offsets into host (h_ prefix):
-     * [rows] each of ids, pos, row_seq, sel; then [seqs * DFLASH_SEQ_INFO_LEN]
-     * records, then [seqs * pt_len] page tables. */
-    int32_t *ids, *pos, *row_seq, *sel, *seq_info, *page_tables;
-    int32_t *h_ids, *h_pos, *h_row_seq, *h_sel, *h_seq_info, *h_page_tables;
+    /* Views into dev, and the same offsets into host (h_ prefix), packed
+     * for the shape: [n_rows] each of ids, pos, row_seq, sel; then the
+     * attention records [n_seqs * DFLASH_SEQ_INFO_LEN], the second records
+     * [n_seqs * rec_len] (NULL without), the page tables [n_seqs * pt_len]. */
+    int32_t *ids, *pos, *row_seq, *sel, *seq_info, *rec_info, *page_tables;
+    int32_t *h_ids, *h_pos, *h_row_seq, *h_sel, *h_seq_info, *h_rec_info, *h_page_tables;
 } dflash_fwd_inputs;
 
-/* Capacities must be positive. Free with dflash_fwd_inputs_free (also
- * after a failure here). */
-dflash_status dflash_fwd_inputs_alloc(dflash_backend *be, int rows, int seqs, int pt_len, dflash_fwd_inputs *in);
+/* Capacities must be positive (rec_len may be 0); the views start laid
+ * out for the capacities. Free with dflash_fwd_inputs_free (also after a
+ * failure here). */
+dflash_status dflash_fwd_inputs_alloc(dflash_backend *be, int rows, int seqs, int pt_len, int rec_len,
+                                      dflash_fwd_inputs *in);
 void dflash_fwd_inputs_free(dflash_backend *be, dflash_fwd_inputs *in);
 
-/* One upload of the mirror: the row arrays whole (what the forward did
- * not fill is sent but never read) and the records and page tables of
- * sequences 0..n_seqs-1. */
-dflash_status dflash_fwd_inputs_upload(dflash_backend *be, const dflash_fwd_inputs *in, int n_seqs);
+/* Lay the views out for a forward of at most n_rows rows and n_seqs
+ * sequences (within the capacities), each part right after the one
+ * before, so that the upload sends only what such a forward uses. The
+ * views move with the shape: read them after this call. */
+dflash_status dflash_fwd_inputs_begin(dflash_fwd_inputs *in, int n_rows, int n_seqs);
+
+/* One upload of the mirror as begin laid it out (a row array's slots past
+ * the rows a forward filled are sent but never read). */
+dflash_status dflash_fwd_inputs_upload(dflash_backend *be, const dflash_fwd_inputs *in);
 
 #endif

@@ -153,9 +153,7 @@ static dflash_status alloc_scratch(dflash_head *h)
     DFLASH_TRY(dflash_be_alloc_f32(h->be, R * H, &s->hsel));
     DFLASH_TRY(dflash_be_alloc_f32(h->be, R * (size_t)h->cfg.vocab_size, &s->logits));
     DFLASH_TRY(dflash_be_alloc_i32(h->be, R, &s->argmax));
-    DFLASH_TRY(dflash_fwd_inputs_alloc(h->be, (int)R, (int)S, h->pt_len, &s->in));
-    s->b.pos = s->in.pos;
-    return DFLASH_OK;
+    return dflash_fwd_inputs_alloc(h->be, (int)R, (int)S, h->pt_len, 0, &s->in);
 }
 
 static void free_scratch(dflash_head *h)
@@ -303,7 +301,11 @@ static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **sta
     const dflash_model_config *c = &h->cfg;
     const dflash_backend_ops *o = h->be->ops;
     dflash_scratch *s = &h->s;
-    int m = 0;
+    int m = 0, bound = 0;
+    for (int q = 0; q < n; q++)
+        bound += rows[q].n > 0 ? rows[q].n : 0;
+    DFLASH_TRY(dflash_fwd_inputs_begin(&s->in, bound, n));
+    s->b.pos = s->in.pos;
     for (int q = 0; q < n; q++) {
         dflash_proposer_state *st = states[q];
         const dflash_ctx_rows *r = &rows[q];
@@ -328,7 +330,7 @@ static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **sta
         m += mq;
     }
     if (m > 0) {
-        DFLASH_TRY(dflash_fwd_inputs_upload(h->be, &s->in, n));
+        DFLASH_TRY(dflash_fwd_inputs_upload(h->be, &s->in));
         DFLASH_TRY(o->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps, s->b.xn));
         for (int li = 0; li < c->num_hidden_layers; li++) {
             const dflash_layer *l = &h->layers[li];
@@ -377,6 +379,8 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     dflash_scratch *s = &h->s;
     const int B = n_drafts + 1, n = n_seqs * B;
     dflash_fwd_inputs *in = &s->in;
+    DFLASH_TRY(dflash_fwd_inputs_begin(in, n, n_seqs));
+    s->b.pos = in->pos;
     int max_keys = 0;
     for (int q = 0; q < n_seqs; q++) {
         const dflash_proposer_state *st = states[q];
@@ -397,7 +401,7 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
         memcpy(in->h_seq_info + (size_t)q * DFLASH_SEQ_INFO_LEN, info, sizeof info);
         memcpy(in->h_page_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
     }
-    DFLASH_TRY(dflash_fwd_inputs_upload(h->be, in, n_seqs));
+    DFLASH_TRY(dflash_fwd_inputs_upload(h->be, in));
     DFLASH_TRY(o->embed(h->be, &h->embed, in->ids, n, s->b.x));
     for (int li = 0; li < c->num_hidden_layers; li++) {
         const dflash_layer *l = &h->layers[li];

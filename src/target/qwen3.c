@@ -49,9 +49,8 @@ static dflash_status alloc_scratch(dflash_qwen3 *m)
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * DFLASH_MAX_TAPS * H, &s->taps));
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * H, &s->hsel));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->best));
-    DFLASH_TRY(dflash_fwd_inputs_alloc(m->be, (int)R, (int)S, m->pt_len, &s->in));
-    s->b.pos = s->in.pos;
-    return DFLASH_OK;
+    /* a hybrid's recurrent-state entries go up with the rest */
+    return dflash_fwd_inputs_alloc(m->be, (int)R, (int)S, m->pt_len, m->rec ? DFLASH_REC_INFO_LEN : 0, &s->in);
 }
 
 static void free_scratch(dflash_qwen3 *m)
@@ -228,13 +227,21 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     return DFLASH_OK;
 }
 
-/* Upload the rows, the rows picked for the LM head and the per-sequence
- * records, all in one; *bounds gets the attention grid bounds (most rows
- * and keys of one sequence). */
-static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, const int32_t *new_len,
-                                  dflash_attn_args *bounds)
+/* The rows, the rows picked for the LM head and the per-sequence records
+ * into the forward inputs' host mirror, laid out for this batch (the
+ * positions and a hybrid's entries are read through b.pos and m->rec);
+ * *bounds gets the attention grid bounds (most rows and keys of one
+ * sequence). */
+static dflash_status fill_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, const int32_t *new_len,
+                                dflash_attn_args *bounds)
 {
     dflash_fwd_inputs *in = &m->s.in;
+    DFLASH_TRY(dflash_fwd_inputs_begin(in, b->n_rows, b->n_seqs));
+    m->s.b.pos = in->pos;
+    if (m->rec) {
+        m->rec->info = in->rec_info;
+        m->rec->b_info = in->h_rec_info;
+    }
     const size_t nr = (size_t)b->n_rows * sizeof(int32_t);
     memcpy(in->h_ids, b->tokens, nr);
     memcpy(in->h_pos, b->positions, nr);
@@ -258,7 +265,7 @@ static dflash_status upload_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, 
             bounds->max_keys = new_len[q];
         row0 += rows;
     }
-    return dflash_fwd_inputs_upload(m->be, in, b->n_seqs);
+    return DFLASH_OK;
 }
 
 /* After the residual add that completes layer `layer`, copy the rows into
@@ -346,7 +353,7 @@ static dflash_status rec_begin(dflash_qwen3 *m, const dflash_qwen3_batch *b)
         if (!rows[q])
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: sequence %d of the batch has no rows (a hybrid "
                                "target's sequences each need at least one)", q);
-    return qwen35_state_begin(m->rec, m->be, S, recs, p0, row0, rows);
+    return qwen35_state_begin(m->rec, S, recs, p0, row0, rows);
 }
 
 dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps)
@@ -359,9 +366,10 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
         *taps = NULL;
     dflash_attn_args bounds;
     DFLASH_TRY(prepare_batch(m, b, new_len));
-    DFLASH_TRY(upload_batch(m, b, new_len, &bounds));
+    DFLASH_TRY(fill_batch(m, b, new_len, &bounds));
     if (m->rec)
         DFLASH_TRY(rec_begin(m, b));
+    DFLASH_TRY(dflash_fwd_inputs_upload(m->be, &m->s.in));
     DFLASH_TRY(o->embed(m->be, &m->embed, m->s.in.ids, b->n_rows, m->s.b.x));
     for (int li = 0; li < c->num_hidden_layers; li++)
         DFLASH_TRY(layer_forward(m, b, &bounds, li));

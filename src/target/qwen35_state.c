@@ -20,24 +20,21 @@ dflash_status qwen35_state_init(qwen35_state *s, dflash_backend *be, const dflas
     const size_t recs = (size_t)s->n_lin * (size_t)n_recs;
     DFLASH_TRY(dflash_be_alloc_f32(be, recs * (size_t)s->conv_size, &s->conv));
     DFLASH_TRY(dflash_be_alloc_f32(be, recs * (size_t)s->delta_size, &s->delta));
-    DFLASH_TRY(dflash_be_alloc_i32(be, (size_t)n_recs * DFLASH_REC_INFO_LEN, &s->info));
     s->recs = calloc((size_t)n_recs, sizeof *s->recs);
     s->b_rec = calloc((size_t)n_recs, sizeof *s->b_rec);
-    s->b_info = calloc((size_t)n_recs * DFLASH_REC_INFO_LEN, sizeof *s->b_info);
-    if (!s->recs || !s->b_rec || !s->b_info)
+    if (!s->recs || !s->b_rec)
         return dflash_fail(DFLASH_ERR_OOM, "hybrid target: out of memory for %d sequences' state", n_recs);
     return DFLASH_OK;
 }
 
 void qwen35_state_free(qwen35_state *s, dflash_backend *be)
 {
-    void *dev[] = { s->conv, s->delta, s->info };
+    void *dev[] = { s->conv, s->delta };
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             be->ops->free(be, dev[i]);
     free(s->recs);
     free(s->b_rec);
-    free(s->b_info);
     *s = (qwen35_state){ 0 };
 }
 
@@ -74,7 +71,7 @@ static dflash_status check_resume(const qwen35_rec *rec, int32_t p)
     return DFLASH_OK;
 }
 
-dflash_status qwen35_state_begin(qwen35_state *s, dflash_backend *be, int n_seqs, const int *recs, const int32_t *p0,
+dflash_status qwen35_state_begin(qwen35_state *s, int n_seqs, const int *recs, const int32_t *p0,
                                  const int32_t *row0, const int32_t *rows)
 {
     if (n_seqs > s->n_recs)
@@ -98,7 +95,6 @@ dflash_status qwen35_state_begin(qwen35_state *s, dflash_backend *be, int n_seqs
         if (rows[q] > s->max_seq_rows)
             s->max_seq_rows = rows[q];
     }
-    DFLASH_TRY(be->ops->upload(be, s->info, s->b_info, (size_t)n_seqs * DFLASH_REC_INFO_LEN * sizeof(int32_t)));
     for (int q = 0; q < n_seqs; q++)
         s->recs[recs[q]].broken = 1; /* until the forward ends */
     return DFLASH_OK;

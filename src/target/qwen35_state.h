@@ -35,12 +35,13 @@ typedef struct qwen35_state {
     int64_t conv_size, delta_size;  /* floats of one record of one layer */
     int64_t state_floats, row_floats; /* of a layer: one chunk-start state; what a row writes (input, k, d, G) */
     float *conv, *delta;            /* backend: linear layer l's record r at (l * n_recs + r) * size */
-    int32_t *info;                  /* backend [n_recs * DFLASH_REC_INFO_LEN]: the forward's entries */
+    int32_t *info;                  /* backend [n_recs * DFLASH_REC_INFO_LEN]: the forward's entries,
+                                       in the owner's forward inputs (set by it after init) */
     qwen35_rec *recs;               /* host [n_recs] */
     /* the forward in progress (host): per sequence of the batch */
     int n_batch, max_seq_rows;
     int *b_rec;
-    int32_t *b_info;                /* [n_recs * DFLASH_REC_INFO_LEN] */
+    int32_t *b_info;                /* [n_recs * DFLASH_REC_INFO_LEN]: their host mirror, likewise */
 } qwen35_state;
 
 /* n_recs: sequences that may hold state at once. */
@@ -52,9 +53,10 @@ dflash_status qwen35_state_acquire(qwen35_state *s, int *id);
 void qwen35_state_release(qwen35_state *s, int id);
 
 /* Before a forward: checks that each sequence's record can resume at the
- * position of its first row and uploads the forward's entries.
+ * position of its first row and writes the forward's entries into b_info
+ * (the owner uploads them with the rest of its forward inputs).
  * recs[q], p0[q], row0[q], rows[q] per sequence q of the batch. */
-dflash_status qwen35_state_begin(qwen35_state *s, dflash_backend *be, int n_seqs, const int *recs, const int32_t *p0,
+dflash_status qwen35_state_begin(qwen35_state *s, int n_seqs, const int *recs, const int32_t *p0,
                                  const int32_t *row0, const int32_t *rows);
 /* Linear-attention layer `li` of the forward: b->delta = the mixer's
  * output for the rows of b->xn, the records written. */
