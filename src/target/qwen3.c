@@ -308,7 +308,8 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     /* The previous layer's MLP output is added here, fused with this norm. */
     const qwen3_layer *prev = li > 0 ? l - 1 : NULL;
     /* the rows' K and V go into the pages as q and k are normed and rotated */
-    const dflash_kv_dest dst = { &m->kv.layout, m->kv_layer[li], m->s.in.page_tables, m->pt_len, m->s.in.row_seq, bufs->v };
+    const dflash_kv_dest dst = { &m->kv.layout, m->kv_layer[li], m->s.in.page_tables, m->pt_len, m->s.in.row_seq,
+                                 bufs->v };
     if (hybrid)
         DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, prev, &dst));
     else
