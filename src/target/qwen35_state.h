@@ -35,13 +35,13 @@ typedef struct qwen35_state {
     int64_t conv_size, delta_size;  /* floats of one record of one layer */
     int64_t state_floats, row_floats; /* of a layer: one chunk-start state; what a row writes (input, k, d, G) */
     float *conv, *delta;            /* backend: linear layer l's record r at (l * n_recs + r) * size */
-    int32_t *info;                  /* backend [n_recs * DFLASH_REC_INFO_LEN]: the forward's entries,
-                                       in the owner's forward inputs (set by it after init) */
+    int32_t *info;                  /* backend [n_batch * DFLASH_REC_INFO_LEN]: the forward's entries,
+                                       in the owner's forward inputs (set by it before each forward) */
     qwen35_rec *recs;               /* host [n_recs] */
     /* the forward in progress (host): per sequence of the batch */
     int n_batch, max_seq_rows;
     int *b_rec;
-    int32_t *b_info;                /* [n_recs * DFLASH_REC_INFO_LEN]: their host mirror, likewise */
+    int32_t *b_info;                /* [n_batch * DFLASH_REC_INFO_LEN]: their host mirror, likewise */
 } qwen35_state;
 
 /* n_recs: sequences that may hold state at once. */
