@@ -95,7 +95,7 @@ static const bench_preset *find_preset(const char *name)
 typedef struct bench_args {
     const bench_preset *preset;
     const char *device;
-    int reps, json, n_ctx, fp8, n_rows;
+    int reps, json, n_ctx, fp8, n_rows, graph;
     int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
     int rows[BENCH_MAX_WIDTHS]; /* verify widths; n_rows 0: 16 */
     int n_sess, sess[BENCH_MAX_SESS]; /* --sessions: sequences per forward */
@@ -108,7 +108,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--sessions LIST]\n"
             "                    [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
-            "                    [--profile LIST]\n"
+            "                    [--profile LIST] [--graph]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards (and,\n"
             "for a preset with both, one whole speculative step: propose, verify of the\n"
@@ -165,6 +165,11 @@ static void usage(FILE *f)
             "                 cuProfilerStart and cuProfilerStop,\n"
             "                 for `ncu --profile-from-start off`: every kernel of those\n"
             "                 calls and nothing else (building weights is not profiled)\n"
+            "  --graph        (cuda) also each target verify and decode replayed from a CUDA\n"
+            "                 graph captured from one call (rows verify.g, decode.g): what\n"
+            "                 launching the kernels one by one costs; the replay's greedy\n"
+            "                 tokens must equal the call's (MoE and hybrid targets: not\n"
+            "                 captured, their forwards wait for the device)\n"
             "  -h, --help     this text\n"
             "\n"
             "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
@@ -287,6 +292,8 @@ static int parse(int argc, char **argv, bench_args *a)
             a->fp8 = !strcmp(v, "fp8");
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
+        } else if (!strcmp(o, "--graph")) {
+            a->graph = 1;
         } else if (!strcmp(o, "--profile")) {
             if (!(v = cli_value(argc, argv, &i)))
                 return 0;
@@ -338,8 +345,9 @@ typedef struct bench_run {
     double bw_bytes;  /* the copy's size */
     double bw_op;     /* the backend copy op's own bandwidth */
     double bw_driver; /* the driver's device copy (GPU), 0 on the CPU */
-    /* per context: propose, verifies, decode, and those of every session count */
-    bench_row rows[(BENCH_MAX_WIDTHS + 2) * BENCH_MAX_CTX * (1 + BENCH_MAX_SESS)];
+    /* per context: propose, verifies, decode (each twice with --graph), and
+     * those of every session count */
+    bench_row rows[(2 * (BENCH_MAX_WIDTHS + 1) + 1) * BENCH_MAX_CTX * (1 + BENCH_MAX_SESS)];
     int n_rows;
 } bench_run;
 
@@ -361,6 +369,8 @@ static dflash_status open_backend(bench_run *r)
     if (r->a->profile)
         fprintf(stderr, "dflash bench: --profile %s ignored: it marks CUDA calls for the CUDA profiler\n",
                 r->a->profile);
+    if (r->a->graph)
+        fprintf(stderr, "dflash bench: --graph ignored: it replays CUDA graphs\n");
     return dflash_backend_cpu_create(&r->be);
 }
 
@@ -889,6 +899,65 @@ static dflash_status time_op_experts(bench_run *r, dflash_qwen3 *m, const bench_
     return s;
 }
 
+/* --graph: one forward captured into a CUDA graph, its replay timed. */
+typedef struct graph_op {
+    dflash_backend *be;
+    dflash_cuda_graph *g;
+} graph_op;
+
+static dflash_status graph_run(void *self)
+{
+    graph_op *o = self;
+    return dflash_cuda_graph_launch(o->be, o->g);
+}
+
+/* Capture one call of o, check that a replay gives the call's greedy tokens
+ * (the captured kernels read the same inputs and state), and time replays
+ * as row `name`. */
+static dflash_status time_forward_graph(bench_run *r, forward_op *o, double bytes, const char *name)
+{
+    dflash_qwen3 *m = o->m;
+    dflash_backend *be = m->be;
+    const size_t nb = (size_t)o->n * sizeof(int32_t);
+    int32_t *want = malloc(2 * nb), *got = want + o->n;
+    if (!want)
+        return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory for %d rows", o->n);
+    graph_op g = { be, NULL };
+    dflash_status s = forward_run(o);
+    if (s == DFLASH_OK)
+        s = be->ops->download(be, want, m->s.best, nb);
+    if (s == DFLASH_OK)
+        s = forward_after(o);
+    memset(got, 0xff, nb); /* -1 everywhere: a replay that writes nothing cannot pass */
+    if (s == DFLASH_OK)
+        s = be->ops->upload(be, m->s.best, got, nb);
+    if (s == DFLASH_OK && (s = dflash_cuda_capture_begin(be)) == DFLASH_OK) {
+        s = forward_run(o);
+        dflash_status e = dflash_cuda_capture_end(be, &g.g);
+        s = s != DFLASH_OK ? s : e;
+    }
+    if (s == DFLASH_OK)
+        s = forward_after(o);
+    if (s == DFLASH_OK)
+        s = graph_run(&g);
+    if (s == DFLASH_OK)
+        s = be->ops->download(be, got, m->s.best, nb);
+    for (int i = 0; s == DFLASH_OK && i < o->n; i++)
+        if (got[i] != want[i])
+            s = dflash_fail(DFLASH_ERR_BACKEND, "bench --graph: %s row %d: the replayed graph's token %d differs "
+                            "from the call's %d", name, i, got[i], want[i]);
+    bench_op op = { graph_run, NULL, &g, NULL };
+    double med, min, host;
+    bench_counts counts;
+    if (s == DFLASH_OK)
+        s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
+    if (s == DFLASH_OK)
+        add_row(r, name, o->n_seqs, o->n, o->ctx, med, min, bytes, host, &counts);
+    dflash_cuda_graph_free(be, g.g);
+    free(want);
+    return s;
+}
+
 static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
                                   int32_t ctx, double weights, const char *name)
 {
@@ -899,9 +968,13 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
     bench_counts counts;
     double experts;
     dflash_status s = time_op_experts(r, m, &op, &med, &min, &host, &counts, &experts);
+    const double bytes = forward_bytes(m, weights, experts, n_seqs, width, ctx);
     if (s == DFLASH_OK)
-        add_row(r, name, n_seqs, o.n, ctx, med, min, forward_bytes(m, weights, experts, n_seqs, width, ctx), host,
-                &counts);
+        add_row(r, name, n_seqs, o.n, ctx, med, min, bytes, host, &counts);
+    /* a MoE's routing and a hybrid's state wait for the device or change
+     * with every call: not replayable */
+    if (s == DFLASH_OK && r->cuda && r->a->graph && !m->cfg.num_experts && !m->rec)
+        s = time_forward_graph(r, &o, bytes, !strcmp(name, "decode") ? "decode.g" : "verify.g");
     free(o.tokens);
     return s;
 }

@@ -171,7 +171,10 @@ static void cuda_free(dflash_backend *be, void *p)
 }
 
 /* Pageable sources are staged by the driver before the call returns, so the
- * caller may reuse `src` at once; the copy stays ordered with the ops. */
+ * caller may reuse `src` at once; the copy stays ordered with the ops.
+ * While the stream is captured into a graph a copy from pageable memory
+ * cannot be a node of it: the bytes are copied now, synchronously, and
+ * every replay reads what they were at capture. */
 static dflash_status cuda_upload(dflash_backend *be, void *dst, const void *src, size_t bytes)
 {
     cuda_ctx *c = CTX(be);
@@ -180,6 +183,8 @@ static dflash_status cuda_upload(dflash_backend *be, void *dst, const void *src,
     DFLASH_TRY(cuda_enter(c));
     c->count.uploads++;
     c->count.upload_bytes += (int64_t)bytes;
+    if (c->capturing)
+        return DFLASH_CU(&c->cu, cuMemcpyHtoD(DPTR(dst), src, bytes));
     return DFLASH_CU(&c->cu, cuMemcpyHtoDAsync(DPTR(dst), src, bytes, c->stream));
 }
 
@@ -637,6 +642,8 @@ static const dflash_backend_ops k_cuda_ops = {
 };
 
 /* ---- tools -------------------------------------------------------------- */
+
+int cuda_is_backend(const dflash_backend *be) { return be->ops == &k_cuda_ops; }
 
 dflash_status dflash_cuda_timer_start(dflash_backend *be)
 {

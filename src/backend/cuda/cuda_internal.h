@@ -55,6 +55,7 @@ typedef struct cuda_ctx {
     int n_rope, cap_rope;
     CUevent ev[2]; /* timer start, stop (tools only) */
     dflash_backend_counters count; /* launches, waits, copies (benchmarks) */
+    int capturing; /* the stream is being captured into a graph (cuda_graph.c) */
     /* Workspaces: attention partials of key splits (attention_tc.cu);
      * split-K partials, arrival counters (kept zero between calls) and
      * argmax partials of the GEMM (gemm.cu); the many-row GEMM's split
@@ -68,6 +69,9 @@ typedef struct cuda_ctx {
 #define CTX(be) ((cuda_ctx *)(be)->ctx)
 #define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
 #define HPTR(d) ((void *)(uintptr_t)(d))
+
+/* Is `be` a CUDA backend (the tools' entry points check before CTX)? */
+int cuda_is_backend(const dflash_backend *be);
 
 /* The primary context is current on whichever thread calls in (an engine
  * may move between threads, one at a time). */

@@ -54,6 +54,13 @@ static const sym_spec k_cu_syms[] = {
     CU_SYM(cuEventRecord, "cuEventRecord"),
     CU_SYM(cuEventSynchronize, "cuEventSynchronize"),
     CU_SYM(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime"),
+    CU_SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2"),
+    CU_SYM(cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
+    CU_SYM(cuStreamEndCapture, "cuStreamEndCapture"),
+    CU_SYM(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),
+    CU_SYM(cuGraphLaunch, "cuGraphLaunch"),
+    CU_SYM(cuGraphExecDestroy, "cuGraphExecDestroy"),
+    CU_SYM(cuGraphDestroy, "cuGraphDestroy"),
 };
 
 #define NV_SYM(member) { offsetof(dflash_nvrtc_api, member), { #member, NULL } }

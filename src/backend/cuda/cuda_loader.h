@@ -22,6 +22,8 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 
 enum {
     DFLASH_CUDA_SUCCESS = 0,
@@ -32,6 +34,7 @@ enum {
     DFLASH_CU_STREAM_NON_BLOCKING = 1,
     DFLASH_CU_EVENT_DEFAULT = 0,
     DFLASH_CU_MEMHOSTALLOC_DEVICEMAP = 2,
+    DFLASH_CU_STREAM_CAPTURE_MODE_RELAXED = 2,
 };
 
 /* cuLaunchKernelEx's configuration (cuda.h's CUlaunchConfig and
@@ -98,6 +101,13 @@ typedef struct dflash_cuda_api {
     CUresult (*cuEventRecord)(CUevent e, CUstream s);
     CUresult (*cuEventSynchronize)(CUevent e);
     CUresult (*cuEventElapsedTime)(float *ms, CUevent a, CUevent b);
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void *src, size_t bytes);
+    CUresult (*cuStreamBeginCapture)(CUstream s, int mode);
+    CUresult (*cuStreamEndCapture)(CUstream s, CUgraph *g);
+    CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec *e, CUgraph g, unsigned long long flags);
+    CUresult (*cuGraphLaunch)(CUgraphExec e, CUstream s);
+    CUresult (*cuGraphExecDestroy)(CUgraphExec e);
+    CUresult (*cuGraphDestroy)(CUgraph g);
 } dflash_cuda_api;
 
 typedef struct dflash_nvrtc_api {
