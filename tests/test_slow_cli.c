@@ -45,7 +45,7 @@ static void test_help_lists_every_option(void)
         { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target",
                      "qwen3-30b-a3b-target", "qwen36-35b-a3b-target", "seed-pair", "tiny", "tiny-llama", "tiny-moe",
                      "tiny-q35", "--ctx", "--rows", "--sessions", "--reps",
-                     "--device", "--json", "--profile", "--graph", NULL } },
+                     "--device", "--json", "--profile", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         snprintf(cmd, sizeof cmd, "%s %s --help", g_bin, cases[k].sub);
@@ -329,10 +329,6 @@ static void test_bench_tiny(void)
     snprintf(cmd, sizeof cmd, "%s bench --preset tiny --reps 1 --ctx 8 --device cpu --profile verify,decode", g_bin);
     CHECK(sh(cmd, out, sizeof out, 1) == 0);
     CHECKF(strstr(out, "--profile verify,decode ignored") && strstr(out, "\nverify "), "output: %s", out);
-    /* --graph on the CPU: said to be ignored, no graph rows */
-    snprintf(cmd, sizeof cmd, "%s bench --preset tiny --reps 1 --ctx 8 --device cpu --graph", g_bin);
-    CHECK(sh(cmd, out, sizeof out, 1) == 0);
-    CHECKF(strstr(out, "--graph ignored") && strstr(out, "\nverify ") && !strstr(out, "verify.g"), "output: %s", out);
 }
 
 int main(void)

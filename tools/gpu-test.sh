@@ -275,9 +275,6 @@ if want bench; then
             step bench-seed-fp8 bench_seed_fp8.txt 120 $D --preset seed-drafter --ctx 512,4096 --drafter-quant fp8
             step bench-8b-drafter bench_8b_drafter.txt 120 $D --preset qwen3-8b-drafter --ctx 4096
             step bench-8b-target bench_8b_target.txt 180 $D --preset qwen3-8b-target --ctx 1,4096 --rows 2,4,8,16
-            # the same forwards replayed from a CUDA graph (rows verify.g,
-            # decode.g): what launching kernel by kernel costs
-            step bench-8b-graph bench_8b_graph.txt 150 $D --preset qwen3-8b-target --ctx 1,4096 --rows 16 --graph --reps 10
             step bench-llama-target bench_llama_target.txt 120 $D --preset llama31-8b-target --ctx 1,4096
             step bench-8b-sessions bench_8b_sessions.txt 200 $D --preset qwen3-8b-target --ctx 1024 --sessions 4,8,32 --rows 2,4,8,16 \
                 --reps 10
@@ -289,7 +286,7 @@ if want bench; then
             # these sizes; same bits, for the tile's A/B)
             step bench-8b-sessions-t64 bench_8b_sessions_t64.txt 200 env DFLASH_CUDA_GEMM_TILE=64 \
                 $D --preset qwen3-8b-target --ctx 1024 --sessions 8,32 --rows 4,8,16 --reps 10
-            step bench-pystd bench_pystd.txt 60 $D --preset pystd --ctx 1,256 --rows 1,2,4,8,16 --graph
+            step bench-pystd bench_pystd.txt 60 $D --preset pystd --ctx 1,256 --rows 1,2,4,8,16
             # Qwen3-30B-A3B (61 GB of random weights built on the host,
             # then copied): rows grouped by expert, routing on the host
             step bench-30b-moe bench_30b_moe.txt 300 $D --preset qwen3-30b-a3b-target --ctx 1,1024 --rows 4,16 \
@@ -437,7 +434,7 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_8b_graph bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench sweep stream_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench sweep stream_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|step |seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk)' "$LOG/$f.txt"

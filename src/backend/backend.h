@@ -382,6 +382,18 @@ typedef struct dflash_backend_ops {
 
     /* diagnostics: optional; NULL where nothing is counted (the CPU) */
     void (*counters)(dflash_backend *be, dflash_backend_counters *out);
+
+    /* Graphs (backend/graph.h): optional; NULL where ops always run as
+     * called (the CPU). Between capture_begin and capture_end the ops run
+     * nothing but are recorded; an op that cannot be (an upload, a
+     * download or sync, a workspace that has to grow) fails, and then
+     * capture_end fails too and leaves the queue as before. graph_launch
+     * replays a recording: the same ops, arguments and addresses; *stale
+     * = 1 and nothing launched when a workspace it uses has moved since. */
+    dflash_status (*capture_begin)(dflash_backend *be);
+    dflash_status (*capture_end)(dflash_backend *be, void **graph);
+    dflash_status (*graph_launch)(dflash_backend *be, void *graph, int *stale);
+    void (*graph_free)(dflash_backend *be, void *graph);
 } dflash_backend_ops;
 
 struct dflash_backend {

@@ -31,12 +31,16 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/graph.h"
 #include "cli/args.h"
 #include "cli/bench_model.h"
 #include "cli/commands.h"
 #include "draft/dflash_head.h"
 
 #define BENCH_WARMUP 3
+/* on the GPU a shape's first calls run eagerly, the later ones replay its
+ * captured graph (backend/graph.h): warm-up past the capture */
+#define BENCH_WARMUP_GPU (DFLASH_GRAPH_EAGER + 3)
 #define BENCH_MAX_REPS 1000
 #define BENCH_MAX_CTX 16      /* context lengths per run */
 #define BENCH_VERIFY_ROWS 16   /* default verify width */
@@ -95,7 +99,7 @@ static const bench_preset *find_preset(const char *name)
 typedef struct bench_args {
     const bench_preset *preset;
     const char *device;
-    int reps, json, n_ctx, fp8, n_rows, graph;
+    int reps, json, n_ctx, fp8, n_rows;
     int ctx[BENCH_MAX_CTX]; /* ascending, distinct; n_ctx 0: the defaults */
     int rows[BENCH_MAX_WIDTHS]; /* verify widths; n_rows 0: 16 */
     int n_sess, sess[BENCH_MAX_SESS]; /* --sessions: sequences per forward */
@@ -108,7 +112,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--sessions LIST]\n"
             "                    [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
-            "                    [--profile LIST] [--graph]\n"
+            "                    [--profile LIST]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards (and,\n"
             "for a preset with both, one whole speculative step: propose, verify of the\n"
@@ -154,7 +158,8 @@ static void usage(FILE *f)
             "                 verify of N x the widths (verify / decode at N is the tokens\n"
             "                 per session a step must commit for speculation to pay, the\n"
             "                 propose not counted)\n"
-            "  --reps N       timed calls per row after %d warm-up calls (default 20);\n"
+            "  --reps N       timed calls per row after %d warm-up calls (%d on the GPU,\n"
+            "                 past the capture of each shape's CUDA graph; default 20);\n"
             "                 the median and the minimum are reported\n"
             "  --device D     cpu (default), cuda, or auto (cuda when a GPU is usable)\n"
             "  --drafter-quant Q  bf16 (default) or fp8: the drafter's projection weights in\n"
@@ -165,11 +170,6 @@ static void usage(FILE *f)
             "                 cuProfilerStart and cuProfilerStop,\n"
             "                 for `ncu --profile-from-start off`: every kernel of those\n"
             "                 calls and nothing else (building weights is not profiled)\n"
-            "  --graph        (cuda) also each target verify and decode replayed from a CUDA\n"
-            "                 graph captured from one call (rows verify.g, decode.g): what\n"
-            "                 launching the kernels one by one costs; the replay's greedy\n"
-            "                 tokens must equal the call's (MoE and hybrid targets: not\n"
-            "                 captured, their forwards wait for the device)\n"
             "  -h, --help     this text\n"
             "\n"
             "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
@@ -178,7 +178,7 @@ static void usage(FILE *f)
             "Times are per call: CUDA events on the GPU, the monotonic clock around call +\n"
             "sync on the CPU. On the GPU each row also gives, per call, the kernel launches,\n"
             "the host waits for the device and the host-to-device copies.\n",
-            BENCH_MAX_ROWS, BENCH_MAX_SESSIONS, BENCH_WARMUP);
+            BENCH_MAX_ROWS, BENCH_MAX_SESSIONS, BENCH_WARMUP, BENCH_WARMUP_GPU);
 }
 
 /* --profile's names: the rows a call can be profiled in. */
@@ -292,8 +292,6 @@ static int parse(int argc, char **argv, bench_args *a)
             a->fp8 = !strcmp(v, "fp8");
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
-        } else if (!strcmp(o, "--graph")) {
-            a->graph = 1;
         } else if (!strcmp(o, "--profile")) {
             if (!(v = cli_value(argc, argv, &i)))
                 return 0;
@@ -339,15 +337,14 @@ typedef struct bench_row {
 typedef struct bench_run {
     const bench_args *a;
     dflash_backend *be;
-    int cuda;
+    int cuda, warmup;
     char device[160];
     double bw;        /* bytes per second, read + written: what floors divide by */
     double bw_bytes;  /* the copy's size */
     double bw_op;     /* the backend copy op's own bandwidth */
     double bw_driver; /* the driver's device copy (GPU), 0 on the CPU */
-    /* per context: propose, verifies, decode (each twice with --graph), and
-     * those of every session count */
-    bench_row rows[(2 * (BENCH_MAX_WIDTHS + 1) + 1) * BENCH_MAX_CTX * (1 + BENCH_MAX_SESS)];
+    /* per context: propose, verifies, decode, and those of every session count */
+    bench_row rows[(BENCH_MAX_WIDTHS + 2) * BENCH_MAX_CTX * (1 + BENCH_MAX_SESS)];
     int n_rows;
 } bench_run;
 
@@ -358,6 +355,7 @@ static dflash_status open_backend(bench_run *r)
         dflash_status s = dflash_backend_cuda_create(0, &r->be);
         if (s == DFLASH_OK) {
             r->cuda = 1;
+            r->warmup = BENCH_WARMUP_GPU;
             snprintf(r->device, sizeof r->device, "cuda: %s", dflash_cuda_device_desc(r->be));
             return DFLASH_OK;
         }
@@ -366,11 +364,10 @@ static dflash_status open_backend(bench_run *r)
         fprintf(stderr, "dflash bench: device: cpu (no usable GPU: %s)\n", dflash_last_error());
     }
     snprintf(r->device, sizeof r->device, "cpu (%d threads)", omp_get_max_threads());
+    r->warmup = BENCH_WARMUP;
     if (r->a->profile)
         fprintf(stderr, "dflash bench: --profile %s ignored: it marks CUDA calls for the CUDA profiler\n",
                 r->a->profile);
-    if (r->a->graph)
-        fprintf(stderr, "dflash bench: --graph ignored: it replays CUDA graphs\n");
     return dflash_backend_cpu_create(&r->be);
 }
 
@@ -426,7 +423,7 @@ static dflash_status time_op(bench_run *r, const bench_op *op, int reps, double 
     double us[BENCH_MAX_REPS], hs[BENCH_MAX_REPS];
     dflash_backend_counters c0 = { 0 }, c1 = { 0 };
     const dflash_backend_ops *o = r->be->ops;
-    for (int i = -BENCH_WARMUP; i < reps; i++) {
+    for (int i = -r->warmup; i < reps; i++) {
         if (i == 0 && counts && o->counters)
             o->counters(r->be, &c0);
         const int row = op->name ? profile_row(op->name, strlen(op->name)) : -1;
@@ -649,7 +646,7 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
     /* a step appends its block on every call (no rollback): room for them */
-    ho.max_ctx = max_ctx + p->block * (p->target ? BENCH_WARMUP + r->a->reps + 2 : 1);
+    ho.max_ctx = max_ctx + p->block * (p->target ? r->warmup + r->a->reps + 2 : 1);
     ho.max_seqs = d->n_states + (p->target ? 1 : 0); /* the step's state too */
     ho.ctx_cap = 0;                /* --ctx says how much context is visible */
     ho.quant = r->a->fp8 ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16; /* only --drafter-quant says */
@@ -684,8 +681,18 @@ static dflash_status drafter_open(bench_run *r, drafter_set *d, int max_ctx)
     return s;
 }
 
+/* What capturing the shapes' graphs cost (stderr: not part of the table). */
+static void report_graphs(const char *who, const dflash_graph_cache *g)
+{
+    if (g->captures)
+        fprintf(stderr, "dflash bench: %s: %d CUDA graph%s captured, %.2f ms of host time each\n", who, g->captures,
+                g->captures > 1 ? "s" : "", 1e3 * g->capture_s / g->captures);
+}
+
 static void drafter_close(bench_run *r, drafter_set *d)
 {
+    if (d->head)
+        report_graphs("drafter", &d->head->s.graphs);
     for (int i = 0; i < d->n_states; i++)
         if (d->states[i])
             d->head->proposer.ops->free_state(&d->head->proposer, d->states[i]);
@@ -899,65 +906,6 @@ static dflash_status time_op_experts(bench_run *r, dflash_qwen3 *m, const bench_
     return s;
 }
 
-/* --graph: one forward captured into a CUDA graph, its replay timed. */
-typedef struct graph_op {
-    dflash_backend *be;
-    dflash_cuda_graph *g;
-} graph_op;
-
-static dflash_status graph_run(void *self)
-{
-    graph_op *o = self;
-    return dflash_cuda_graph_launch(o->be, o->g);
-}
-
-/* Capture one call of o, check that a replay gives the call's greedy tokens
- * (the captured kernels read the same inputs and state), and time replays
- * as row `name`. */
-static dflash_status time_forward_graph(bench_run *r, forward_op *o, double bytes, const char *name)
-{
-    dflash_qwen3 *m = o->m;
-    dflash_backend *be = m->be;
-    const size_t nb = (size_t)o->n * sizeof(int32_t);
-    int32_t *want = malloc(2 * nb), *got = want + o->n;
-    if (!want)
-        return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory for %d rows", o->n);
-    graph_op g = { be, NULL };
-    dflash_status s = forward_run(o);
-    if (s == DFLASH_OK)
-        s = be->ops->download(be, want, m->s.best, nb);
-    if (s == DFLASH_OK)
-        s = forward_after(o);
-    memset(got, 0xff, nb); /* -1 everywhere: a replay that writes nothing cannot pass */
-    if (s == DFLASH_OK)
-        s = be->ops->upload(be, m->s.best, got, nb);
-    if (s == DFLASH_OK && (s = dflash_cuda_capture_begin(be)) == DFLASH_OK) {
-        s = forward_run(o);
-        dflash_status e = dflash_cuda_capture_end(be, &g.g);
-        s = s != DFLASH_OK ? s : e;
-    }
-    if (s == DFLASH_OK)
-        s = forward_after(o);
-    if (s == DFLASH_OK)
-        s = graph_run(&g);
-    if (s == DFLASH_OK)
-        s = be->ops->download(be, got, m->s.best, nb);
-    for (int i = 0; s == DFLASH_OK && i < o->n; i++)
-        if (got[i] != want[i])
-            s = dflash_fail(DFLASH_ERR_BACKEND, "bench --graph: %s row %d: the replayed graph's token %d differs "
-                            "from the call's %d", name, i, got[i], want[i]);
-    bench_op op = { graph_run, NULL, &g, NULL };
-    double med, min, host;
-    bench_counts counts;
-    if (s == DFLASH_OK)
-        s = time_op(r, &op, r->a->reps, &med, &min, &host, &counts);
-    if (s == DFLASH_OK)
-        add_row(r, name, o->n_seqs, o->n, o->ctx, med, min, bytes, host, &counts);
-    dflash_cuda_graph_free(be, g.g);
-    free(want);
-    return s;
-}
-
 static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
                                   int32_t ctx, double weights, const char *name)
 {
@@ -968,13 +916,9 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
     bench_counts counts;
     double experts;
     dflash_status s = time_op_experts(r, m, &op, &med, &min, &host, &counts, &experts);
-    const double bytes = forward_bytes(m, weights, experts, n_seqs, width, ctx);
     if (s == DFLASH_OK)
-        add_row(r, name, n_seqs, o.n, ctx, med, min, bytes, host, &counts);
-    /* a MoE's routing and a hybrid's state wait for the device or change
-     * with every call: not replayable */
-    if (s == DFLASH_OK && r->cuda && r->a->graph && !m->cfg.num_experts && !m->rec)
-        s = time_forward_graph(r, &o, bytes, !strcmp(name, "decode") ? "decode.g" : "verify.g");
+        add_row(r, name, n_seqs, o.n, ctx, med, min, forward_bytes(m, weights, experts, n_seqs, width, ctx), host,
+                &counts);
     free(o.tokens);
     return s;
 }
@@ -1127,6 +1071,8 @@ static dflash_status bench_target(bench_run *r, drafter_set *d)
     for (int i = 0; i < n_seqs; i++)
         if (m && seqs[i]->table)
             dflash_qwen3_seq_free(m, seqs[i]);
+    if (m)
+        report_graphs("target", &m->s.graphs);
     dflash_qwen3_free(m);
     bench_img_free(&im); /* last: on the CPU the weights point into it */
     return s;
@@ -1177,7 +1123,7 @@ static void print_table(const bench_run *r)
            "        pool's dtype, + a hybrid's recurrent state read and rows' records written; propose\n"
            "        excludes fc: the context is built);\n"
            "        host_us: host time inside the call (launching; propose also waits for its drafts)\n",
-           r->a->reps, BENCH_WARMUP);
+           r->a->reps, r->warmup);
     if (r->a->preset->drafter)
         printf("drafter weights: %s\n", r->a->fp8 ? "fp8 e4m3 + per-row scales (LM head bf16)" : "bf16");
     printf("\n");
@@ -1207,7 +1153,7 @@ static void print_json(const bench_run *r)
     printf(",\"bandwidth_gbs\":%.3f,\"bandwidth_copy_op_gbs\":%.3f,\"bandwidth_driver_gbs\":%.3f,"
            "\"bandwidth_bytes\":%.0f,\"drafter_quant\":\"%s\",\"reps\":%d,\"warmup\":%d,\"rows\":[",
            r->bw / 1e9, r->bw_op / 1e9, r->bw_driver / 1e9, r->bw_bytes, r->a->fp8 ? "fp8" : "bf16", r->a->reps,
-           BENCH_WARMUP);
+           r->warmup);
     for (int i = 0; i < r->n_rows; i++) {
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);

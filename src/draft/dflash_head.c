@@ -153,12 +153,14 @@ static dflash_status alloc_scratch(dflash_head *h)
     DFLASH_TRY(dflash_be_alloc_f32(h->be, R * H, &s->hsel));
     DFLASH_TRY(dflash_be_alloc_f32(h->be, R * (size_t)h->cfg.vocab_size, &s->logits));
     DFLASH_TRY(dflash_be_alloc_i32(h->be, R, &s->argmax));
+    dflash_graph_cache_init(&s->graphs, h->be);
     return dflash_fwd_inputs_alloc(h->be, (int)R, (int)S, h->pt_len, 0, &s->in);
 }
 
 static void free_scratch(dflash_head *h)
 {
     dflash_scratch *s = &h->s;
+    dflash_graph_cache_free(&s->graphs); /* before the buffers its graphs use */
     qwen3_bufs_free(h->be, &s->b);
     void *p[] = { s->z, s->hsel, s->logits, s->argmax };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
@@ -289,6 +291,39 @@ static dflash_status ctx_check(const dflash_head *h, const dflash_proposer_state
     return DFLASH_OK;
 }
 
+/* The head's two kinds of graphs, the first field of their keys. */
+enum { GRAPH_CTX_PASS = 1, GRAPH_BLOCK = 2 };
+
+/* The context pass's ops after fc and the upload, over its m rows: the
+ * hidden norm, then each layer's K/V projection, k norm + RoPE and page
+ * write. What a graph replays. */
+typedef struct ctx_job {
+    dflash_head *h;
+    int m;
+} ctx_job;
+
+static dflash_status ctx_enqueue(void *self)
+{
+    const ctx_job *j = self;
+    dflash_head *h = j->h;
+    const dflash_model_config *c = &h->cfg;
+    dflash_scratch *s = &h->s;
+    const int m = j->m;
+    DFLASH_TRY(h->be->ops->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps,
+                                       s->b.xn));
+    for (int li = 0; li < c->num_hidden_layers; li++) {
+        const dflash_layer *l = &h->layers[li];
+        const dflash_weight *lin = layer_lin(h, l);
+        float *const kv[2] = { s->b.k, s->b.v };
+        DFLASH_TRY(dflash_be_linear_group(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], 2, kv, DFLASH_ACT_NONE));
+        /* k normed and rotated, then K and V into the pages */
+        const dflash_kv_dest dst = { &h->kv.layout, li, s->in.page_tables, h->pt_len, s->in.row_seq, s->b.v };
+        DFLASH_TRY(dflash_be_qk_norm_rope_store(h->be, NULL, NULL, 0, s->b.k, &l->w.k_norm, c->num_key_value_heads,
+                                                s->b.pos, m, c->head_dim, c->rms_norm_eps, &c->rope_freq, &dst));
+    }
+    return DFLASH_OK;
+}
+
 /* Context rows of sequences states[0..n) (rows[q] for sequence q, at most
  * max_rows in all) into their drafter caches, in one pass: fc(taps) per
  * sequence into consecutive rows of z, then every layer's K/V projection,
@@ -331,17 +366,10 @@ static dflash_status ctx_append_pass(dflash_head *h, dflash_proposer_state **sta
     }
     if (m > 0) {
         DFLASH_TRY(dflash_fwd_inputs_upload(h->be, &s->in));
-        DFLASH_TRY(o->add_rmsnorm(h->be, s->z, NULL, &h->hidden_norm, m, c->hidden_size, c->rms_norm_eps, s->b.xn));
-        for (int li = 0; li < c->num_hidden_layers; li++) {
-            const dflash_layer *l = &h->layers[li];
-            const dflash_weight *lin = layer_lin(h, l);
-            float *const kv[2] = { s->b.k, s->b.v };
-            DFLASH_TRY(dflash_be_linear_group(h->be, s->b.xn, m, &lin[QWEN3_LIN_K], 2, kv, DFLASH_ACT_NONE));
-            /* k normed and rotated, then K and V into the pages */
-            const dflash_kv_dest dst = { &h->kv.layout, li, s->in.page_tables, h->pt_len, s->in.row_seq, s->b.v };
-            DFLASH_TRY(dflash_be_qk_norm_rope_store(h->be, NULL, NULL, 0, s->b.k, &l->w.k_norm, c->num_key_value_heads,
-                                                    s->b.pos, m, c->head_dim, c->rms_norm_eps, &c->rope_freq, &dst));
-        }
+        /* the key: which pass, the rows (the ops' sizes), the inputs' layout */
+        ctx_job j = { h, m };
+        const int32_t key[] = { GRAPH_CTX_PASS, m, bound, n };
+        DFLASH_TRY(dflash_graph_run(&s->graphs, key, 4, ctx_enqueue, &j));
     }
     for (int q = 0; q < n; q++)
         if (rows[q].n > 0)
@@ -369,6 +397,55 @@ static dflash_status ctx_append(dflash_head *h, dflash_proposer_state **states, 
 }
 
 /* ---- the block forward ------------------------------------------------ */
+
+/* The block forward's ops after its inputs are uploaded, up to the drafts
+ * in s->argmax: what a graph replays. */
+typedef struct block_job {
+    dflash_head *h;
+    int n_seqs, n_drafts, max_keys;
+} block_job;
+
+static dflash_status block_enqueue(void *self)
+{
+    const block_job *j = self;
+    dflash_head *h = j->h;
+    const dflash_model_config *c = &h->cfg;
+    const dflash_backend_ops *o = h->be->ops;
+    dflash_scratch *s = &h->s;
+    const dflash_fwd_inputs *in = &s->in;
+    const int n_seqs = j->n_seqs, B = j->n_drafts + 1, n = n_seqs * B;
+    DFLASH_TRY(o->embed(h->be, &h->embed, in->ids, n, s->b.x));
+    for (int li = 0; li < c->num_hidden_layers; li++) {
+        const dflash_layer *l = &h->layers[li];
+        const dflash_weight *lin = layer_lin(h, l);
+        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0 ? &h->layers[li - 1].w : NULL, NULL));
+        dflash_attn_args a = qwen3_attn_args(c, &s->b, n);
+        a.row_seq = in->row_seq;
+        a.seq_info = in->seq_info;
+        a.kv = &h->kv.layout;
+        a.layer = li;
+        a.page_tables = in->page_tables;
+        a.pt_len = h->pt_len;
+        a.k_extra = s->b.k;
+        a.v_extra = s->b.v;
+        a.causal = l->sliding || c->drafter_causal; /* full layers: no mask at all, unless the config says causal */
+        a.window = l->sliding ? c->sliding_window : 0;
+        a.n_seqs = n_seqs;
+        a.max_seq_rows = B;
+        a.max_keys = j->max_keys;
+        DFLASH_TRY(o->attention(h->be, &a));
+        DFLASH_TRY(qwen3_layer_attn_out_mlp(h->be, c, &l->w, lin, &s->b, n));
+    }
+    DFLASH_TRY(o->add_rmsnorm(h->be, s->b.x, s->b.delta, &h->norm, n, c->hidden_size, c->rms_norm_eps, s->b.xn));
+    /* Row j predicts the token at its own position s+j; row 0 is discarded. */
+    const int nd = n_seqs * j->n_drafts;
+    DFLASH_TRY(o->copy_rows(h->be, s->hsel, c->hidden_size, s->b.xn, c->hidden_size, in->sel, nd, c->hidden_size));
+    if (h->keep_logits) {
+        DFLASH_TRY(o->linear(h->be, s->hsel, nd, &h->lm_head, s->logits));
+        return o->argmax(h->be, s->logits, nd, c->vocab_size, s->argmax);
+    }
+    return dflash_be_linear_argmax(h->be, s->hsel, nd, &h->lm_head, s->logits, s->argmax);
+}
 
 static dflash_status block_forward(dflash_head *h, dflash_proposer_state **states, int n_seqs,
                                    const int32_t *last_tokens, const int32_t *positions, int n_drafts,
@@ -402,38 +479,14 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
         memcpy(in->h_page_tables + (size_t)q * h->pt_len, st->kv.table, (size_t)h->pt_len * sizeof(int32_t));
     }
     DFLASH_TRY(dflash_fwd_inputs_upload(h->be, in));
-    DFLASH_TRY(o->embed(h->be, &h->embed, in->ids, n, s->b.x));
-    for (int li = 0; li < c->num_hidden_layers; li++) {
-        const dflash_layer *l = &h->layers[li];
-        const dflash_weight *lin = layer_lin(h, l);
-        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0 ? &h->layers[li - 1].w : NULL, NULL));
-        dflash_attn_args a = qwen3_attn_args(c, &s->b, n);
-        a.row_seq = in->row_seq;
-        a.seq_info = in->seq_info;
-        a.kv = &h->kv.layout;
-        a.layer = li;
-        a.page_tables = in->page_tables;
-        a.pt_len = h->pt_len;
-        a.k_extra = s->b.k;
-        a.v_extra = s->b.v;
-        a.causal = l->sliding || c->drafter_causal; /* full layers: no mask at all, unless the config says causal */
-        a.window = l->sliding ? c->sliding_window : 0;
-        a.n_seqs = n_seqs;
-        a.max_seq_rows = B;
-        a.max_keys = max_keys;
-        DFLASH_TRY(o->attention(h->be, &a));
-        DFLASH_TRY(qwen3_layer_attn_out_mlp(h->be, c, &l->w, lin, &s->b, n));
-    }
-    DFLASH_TRY(o->add_rmsnorm(h->be, s->b.x, s->b.delta, &h->norm, n, c->hidden_size, c->rms_norm_eps, s->b.xn));
-    /* Row j predicts the token at its own position s+j; row 0 is discarded. */
+    /* The ops from the graph of their shape where the backend captures
+     * (the key: every host value they read); attention's grid from a
+     * bucket of lengths, so one graph serves many steps. */
+    block_job j = { h, n_seqs, n_drafts,
+                    dflash_graph_keys_bucket(&s->graphs, max_keys, h->pt_len * DFLASH_KV_PAGE + B) };
+    const int32_t key[] = { GRAPH_BLOCK, n_seqs, n_drafts, j.max_keys, h->keep_logits };
+    DFLASH_TRY(dflash_graph_run(&s->graphs, key, 5, block_enqueue, &j));
     const int nd = n_seqs * n_drafts;
-    DFLASH_TRY(o->copy_rows(h->be, s->hsel, c->hidden_size, s->b.xn, c->hidden_size, in->sel, nd, c->hidden_size));
-    if (h->keep_logits) {
-        DFLASH_TRY(o->linear(h->be, s->hsel, nd, &h->lm_head, s->logits));
-        DFLASH_TRY(o->argmax(h->be, s->logits, nd, c->vocab_size, s->argmax));
-    } else {
-        DFLASH_TRY(dflash_be_linear_argmax(h->be, s->hsel, nd, &h->lm_head, s->logits, s->argmax));
-    }
     DFLASH_TRY(o->download(h->be, drafts, s->argmax, (size_t)nd * sizeof(int32_t)));
     h->last_rows = nd;
     for (int i = 0; i < nd; i++)

@@ -49,6 +49,7 @@ static dflash_status alloc_scratch(dflash_qwen3 *m)
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * DFLASH_MAX_TAPS * H, &s->taps));
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * H, &s->hsel));
     DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->best));
+    dflash_graph_cache_init(&s->graphs, m->be);
     /* a hybrid's recurrent-state entries go up with the rest */
     return dflash_fwd_inputs_alloc(m->be, (int)R, (int)S, m->pt_len, m->rec ? DFLASH_REC_INFO_LEN : 0, &s->in);
 }
@@ -56,6 +57,7 @@ static dflash_status alloc_scratch(dflash_qwen3 *m)
 static void free_scratch(dflash_qwen3 *m)
 {
     qwen3_scratch *s = &m->s;
+    dflash_graph_cache_free(&s->graphs); /* before the buffers its graphs use */
     qwen3_bufs_free(m->be, &s->b);
     void *p[] = { s->logits, s->taps, s->hsel, s->best };
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
@@ -227,6 +229,14 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     return DFLASH_OK;
 }
 
+/* Can the forward's ops be replayed from a graph? Not a MoE's (the routing
+ * comes back to the host mid-forward) or a hybrid's (its recurrent
+ * records move with every call). */
+static int graphable(const dflash_qwen3 *m, const dflash_qwen3_batch *b)
+{
+    return m->s.graphs.on && !m->rec && !m->cfg.num_experts && b->n_taps <= DFLASH_GRAPH_KEY_LEN - 7;
+}
+
 /* The rows, the rows picked for the LM head and the per-sequence records
  * into the forward inputs' host mirror, laid out for this batch (the
  * positions and a hybrid's entries are read through b.pos and m->rec);
@@ -265,6 +275,10 @@ static dflash_status fill_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b, co
             bounds->max_keys = new_len[q];
         row0 += rows;
     }
+    /* the attention grid from a bucket of lengths, so one graph serves
+     * many steps (the kernels read each sequence's length) */
+    if (graphable(m, b))
+        bounds->max_keys = dflash_graph_keys_bucket(&m->s.graphs, bounds->max_keys, m->opts.max_ctx);
     return DFLASH_OK;
 }
 
@@ -357,10 +371,56 @@ static dflash_status rec_begin(dflash_qwen3 *m, const dflash_qwen3_batch *b)
     return qwen35_state_begin(m->rec, S, recs, p0, row0, rows);
 }
 
-dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps)
+/* One forward's ops after its inputs are uploaded: what a graph replays. */
+typedef struct forward_job {
+    dflash_qwen3 *m;
+    const dflash_qwen3_batch *b;
+    const dflash_attn_args *bounds;
+} forward_job;
+
+static dflash_status forward_enqueue(void *self)
 {
+    const forward_job *j = self;
+    dflash_qwen3 *m = j->m;
+    const dflash_qwen3_batch *b = j->b;
     const dflash_model_config *c = &m->cfg;
     const dflash_backend_ops *o = m->be->ops;
+    DFLASH_TRY(o->embed(m->be, &m->embed, m->s.in.ids, b->n_rows, m->s.b.x));
+    for (int li = 0; li < c->num_hidden_layers; li++)
+        DFLASH_TRY(layer_forward(m, b, j->bounds, li));
+    DFLASH_TRY(qwen3_layer_norm_in(m->be, c, &m->layers[c->num_hidden_layers - 1], &m->s.b, &m->final_norm,
+                                   b->n_rows));
+    DFLASH_TRY(capture_taps(m, b, c->num_hidden_layers - 1));
+    if (b->n_logit_rows > 0) {
+        DFLASH_TRY(o->copy_rows(m->be, m->s.hsel, c->hidden_size, m->s.b.xn, c->hidden_size, m->s.in.sel,
+                                b->n_logit_rows, c->hidden_size));
+        if (b->argmax_only)
+            DFLASH_TRY(dflash_be_linear_argmax(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits,
+                                               m->s.best));
+        else
+            DFLASH_TRY(o->linear(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits));
+    }
+    return DFLASH_OK;
+}
+
+/* The forward's ops, from the graph of its shape where they can be. The
+ * key is every host value the ops read: the rows and sequences (the
+ * inputs' layout), attention's grid bounds, the LM head's rows and mode,
+ * the taps. */
+static dflash_status forward_ops(dflash_qwen3 *m, const dflash_qwen3_batch *b, const dflash_attn_args *bounds)
+{
+    forward_job j = { m, b, bounds };
+    if (!graphable(m, b))
+        return forward_enqueue(&j);
+    int32_t key[DFLASH_GRAPH_KEY_LEN] = { b->n_rows, b->n_seqs, bounds->max_seq_rows, bounds->max_keys,
+                                          b->n_logit_rows, b->argmax_only, b->n_taps };
+    for (int t = 0; t < b->n_taps; t++)
+        key[7 + t] = b->tap_layers[t];
+    return dflash_graph_run(&m->s.graphs, key, 7 + b->n_taps, forward_enqueue, &j);
+}
+
+dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps)
+{
     int32_t new_len[m->opts.max_seqs];
     *logits = NULL;
     if (taps)
@@ -371,27 +431,13 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     if (m->rec)
         DFLASH_TRY(rec_begin(m, b));
     DFLASH_TRY(dflash_fwd_inputs_upload(m->be, &m->s.in));
-    DFLASH_TRY(o->embed(m->be, &m->embed, m->s.in.ids, b->n_rows, m->s.b.x));
-    for (int li = 0; li < c->num_hidden_layers; li++)
-        DFLASH_TRY(layer_forward(m, b, &bounds, li));
+    DFLASH_TRY(forward_ops(m, b, &bounds));
     if (m->rec)
         qwen35_state_end(m->rec);
-    DFLASH_TRY(qwen3_layer_norm_in(m->be, c, &m->layers[c->num_hidden_layers - 1], &m->s.b, &m->final_norm,
-                                   b->n_rows));
-    DFLASH_TRY(capture_taps(m, b, c->num_hidden_layers - 1));
     for (int q = 0; q < b->n_seqs; q++)
         b->seqs[q]->len = new_len[q];
-    if (b->n_logit_rows > 0) {
-        DFLASH_TRY(o->copy_rows(m->be, m->s.hsel, c->hidden_size, m->s.b.xn, c->hidden_size, m->s.in.sel,
-                                b->n_logit_rows, c->hidden_size));
-        if (b->argmax_only) {
-            DFLASH_TRY(dflash_be_linear_argmax(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits,
-                                               m->s.best));
-        } else {
-            DFLASH_TRY(o->linear(m->be, m->s.hsel, b->n_logit_rows, &m->lm_head, m->s.logits));
-            *logits = m->s.logits;
-        }
-    }
+    if (b->n_logit_rows > 0 && !b->argmax_only)
+        *logits = m->s.logits;
     if (taps && b->n_taps > 0)
         *taps = m->s.taps;
     return DFLASH_OK;

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/fwd_inputs.h"
+#include "backend/graph.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "kv/kv_pool.h"
@@ -40,6 +41,7 @@ typedef struct qwen3_scratch {
     float *hsel;                    /* [R, H] rows gathered for the LM head */
     int32_t *best;                  /* [R] argmax of the logit rows (greedy) */
     dflash_fwd_inputs in;           /* ids, positions (b.pos), row_seq, sel, records, page tables */
+    dflash_graph_cache graphs;      /* the forward's ops by shape, where the backend captures */
 } qwen3_scratch;
 
 typedef struct dflash_qwen3 {

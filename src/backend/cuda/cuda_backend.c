@@ -170,27 +170,32 @@ static void cuda_free(dflash_backend *be, void *p)
     c->cu.cuMemFree(DPTR(p));
 }
 
+/* What a graph cannot hold: copies from pageable memory, waits for the
+ * device, workspaces that move. */
+static dflash_status refuse_while_capturing(const cuda_ctx *c, const char *what)
+{
+    return c->capturing ? dflash_fail(DFLASH_ERR_BACKEND, "cuda %s while capturing a graph", what) : DFLASH_OK;
+}
+
 /* Pageable sources are staged by the driver before the call returns, so the
- * caller may reuse `src` at once; the copy stays ordered with the ops.
- * While the stream is captured into a graph a copy from pageable memory
- * cannot be a node of it: the bytes are copied now, synchronously, and
- * every replay reads what they were at capture. */
+ * caller may reuse `src` at once; the copy stays ordered with the ops. A
+ * graph cannot hold a copy from pageable memory: refused while capturing. */
 static dflash_status cuda_upload(dflash_backend *be, void *dst, const void *src, size_t bytes)
 {
     cuda_ctx *c = CTX(be);
     if (!bytes)
         return DFLASH_OK;
+    DFLASH_TRY(refuse_while_capturing(c, "upload"));
     DFLASH_TRY(cuda_enter(c));
     c->count.uploads++;
     c->count.upload_bytes += (int64_t)bytes;
-    if (c->capturing)
-        return DFLASH_CU(&c->cu, cuMemcpyHtoD(DPTR(dst), src, bytes));
     return DFLASH_CU(&c->cu, cuMemcpyHtoDAsync(DPTR(dst), src, bytes, c->stream));
 }
 
 static dflash_status cuda_sync(dflash_backend *be)
 {
     cuda_ctx *c = CTX(be);
+    DFLASH_TRY(refuse_while_capturing(c, "sync"));
     DFLASH_TRY(cuda_enter(c));
     c->count.syncs++;
     DFLASH_TRY(DFLASH_CU(&c->cu, cuStreamSynchronize(c->stream)));
@@ -200,6 +205,7 @@ static dflash_status cuda_sync(dflash_backend *be)
 static dflash_status cuda_download(dflash_backend *be, void *dst, const void *src, size_t bytes)
 {
     cuda_ctx *c = CTX(be);
+    DFLASH_TRY(refuse_while_capturing(c, "download"));
     DFLASH_TRY(cuda_enter(c));
     c->count.downloads++;
     c->count.syncs++;
@@ -213,8 +219,11 @@ dflash_status cuda_buf_reserve(cuda_ctx *c, cuda_buf *b, size_t bytes, int zero)
 {
     if (bytes <= b->bytes)
         return DFLASH_OK;
-    /* Work in flight may still use the old buffer. */
+    DFLASH_TRY(refuse_while_capturing(c, "workspace growth"));
+    /* Work in flight may still use the old buffer; graphs captured with it
+     * are stale from now on. */
     DFLASH_TRY(DFLASH_CU(&c->cu, cuStreamSynchronize(c->stream)));
+    c->ws_gen++;
     cuda_buf_free(c, b);
     size_t n = (bytes + 255) / 256 * 256;
     dflash_status s = DFLASH_CU(&c->cu, cuMemAlloc(&b->p, n));
@@ -637,13 +646,15 @@ static const dflash_backend_ops k_cuda_ops = {
     .moe_route = cuda_moe_route,
     .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,
+    .capture_begin = cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
     .qk_norm_rope = cuda_qk_norm_rope,
     .qk_norm_rope_store = cuda_qk_norm_rope_store,
 };
 
 /* ---- tools -------------------------------------------------------------- */
-
-int cuda_is_backend(const dflash_backend *be) { return be->ops == &k_cuda_ops; }
 
 dflash_status dflash_cuda_timer_start(dflash_backend *be)
 {

@@ -33,18 +33,6 @@ dflash_status dflash_cuda_copy(dflash_backend *be, void *dst, const void *src, s
  * the stream's work is done, so `ncu --profile-from-start off` sees
  * exactly the kernels launched between on = 1 and on = 0. */
 dflash_status dflash_cuda_profile(dflash_backend *be, int on);
-/* For tools (`dflash bench --graph`): capture the ops enqueued between
- * capture_begin and capture_end into a CUDA graph, replayed by
- * graph_launch on the backend's stream. While captured the ops run
- * nothing, except uploads, which copy at once (a replay reads the inputs
- * as they were at capture). An op that waits for the device (a download,
- * a sync) fails the capture; capture_end then reports it and the stream
- * is usable again. */
-typedef struct dflash_cuda_graph dflash_cuda_graph;
-dflash_status dflash_cuda_capture_begin(dflash_backend *be);
-dflash_status dflash_cuda_capture_end(dflash_backend *be, dflash_cuda_graph **out);
-dflash_status dflash_cuda_graph_launch(dflash_backend *be, const dflash_cuda_graph *g);
-void dflash_cuda_graph_free(dflash_backend *be, dflash_cuda_graph *g);
 /* "NVIDIA H200 (sm_90a, 132 SMs)" */
 const char *dflash_cuda_device_desc(dflash_backend *be);
 

@@ -1,54 +1,43 @@
-/* cuda_graph.c: CUDA graphs of the backend's stream, for tools.
+/* cuda_graph.c: the graph ops of backend.h on the backend's stream.
  *
  * A capture records every op enqueued between begin and end (kernels with
- * their arguments, memsets, device copies) into a graph that replays them
- * with one launch. The ops run nothing while captured; uploads are the
- * exception (cuda_upload copies at capture time, since a pageable source
- * cannot be a node), so a replay reads the inputs as they were then. An op
- * that waits for the device (a download, a sync) cannot be captured: the
- * capture fails and the stream is left as it was. */
+ * their arguments, memsets, device copies) into a CUDA graph that replays
+ * them with one launch; kernels launched with programmatic dependent
+ * launch keep that overlap as the graph's programmatic edges. The ops that
+ * cannot be recorded refuse while c->capturing is set (cuda_backend.c), so
+ * a capture fails cleanly instead of leaving the stream broken. */
 #include <stdlib.h>
 
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_internal.h"
 
-struct dflash_cuda_graph {
+typedef struct cuda_graph {
     CUgraphExec exec;
-};
+    uint64_t ws_gen; /* the workspaces' generation it was captured with */
+} cuda_graph;
 
-static dflash_status check_cuda(dflash_backend *be, const char *what)
+dflash_status cuda_capture_begin(dflash_backend *be)
 {
-    if (!cuda_is_backend(be))
-        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda graph %s: not a CUDA backend", what);
-    return DFLASH_OK;
-}
-
-dflash_status dflash_cuda_capture_begin(dflash_backend *be)
-{
-    DFLASH_TRY(check_cuda(be, "capture"));
     cuda_ctx *c = CTX(be);
     if (c->capturing)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda graph capture: a capture is already open");
     DFLASH_TRY(cuda_enter(c));
-    /* Relaxed: the capture-time uploads (cuMemcpyHtoD) are calls the
-     * stricter modes refuse while any stream is being captured. */
+    /* Relaxed: other threads' unrelated driver calls stay legal meanwhile. */
     DFLASH_TRY(DFLASH_CU(&c->cu, cuStreamBeginCapture(c->stream, DFLASH_CU_STREAM_CAPTURE_MODE_RELAXED)));
     c->capturing = 1;
     return DFLASH_OK;
 }
 
-dflash_status dflash_cuda_capture_end(dflash_backend *be, dflash_cuda_graph **out)
+dflash_status cuda_capture_end(dflash_backend *be, void **graph)
 {
-    *out = NULL;
-    DFLASH_TRY(check_cuda(be, "capture"));
     cuda_ctx *c = CTX(be);
+    *graph = NULL;
     if (!c->capturing)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda graph capture: no capture is open");
     c->capturing = 0;
     DFLASH_TRY(cuda_enter(c));
     CUgraph g = NULL;
     DFLASH_TRY(DFLASH_CU(&c->cu, cuStreamEndCapture(c->stream, &g)));
-    dflash_cuda_graph *cg = calloc(1, sizeof *cg);
+    cuda_graph *cg = calloc(1, sizeof *cg);
     dflash_status s = cg ? DFLASH_OK : dflash_fail(DFLASH_ERR_OOM, "cuda graph: out of memory");
     if (s == DFLASH_OK)
         s = DFLASH_CU(&c->cu, cuGraphInstantiateWithFlags(&cg->exec, g, 0));
@@ -57,23 +46,30 @@ dflash_status dflash_cuda_capture_end(dflash_backend *be, dflash_cuda_graph **ou
         free(cg);
         return s;
     }
-    *out = cg;
+    cg->ws_gen = c->ws_gen;
+    *graph = cg;
     return DFLASH_OK;
 }
 
-dflash_status dflash_cuda_graph_launch(dflash_backend *be, const dflash_cuda_graph *g)
+dflash_status cuda_graph_launch(dflash_backend *be, void *graph, int *stale)
 {
-    DFLASH_TRY(check_cuda(be, "launch"));
     cuda_ctx *c = CTX(be);
+    cuda_graph *g = graph;
+    *stale = g->ws_gen != c->ws_gen;
+    if (*stale)
+        return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
-    return DFLASH_CU(&c->cu, cuGraphLaunch(g->exec, c->stream));
+    DFLASH_TRY(DFLASH_CU(&c->cu, cuGraphLaunch(g->exec, c->stream)));
+    c->count.launches++;
+    return DFLASH_OK;
 }
 
-void dflash_cuda_graph_free(dflash_backend *be, dflash_cuda_graph *g)
+void cuda_graph_free(dflash_backend *be, void *graph)
 {
-    if (!g || !cuda_is_backend(be))
-        return;
     cuda_ctx *c = CTX(be);
+    cuda_graph *g = graph;
+    if (!g)
+        return;
     c->cu.cuCtxSetCurrent(c->ctx);
     c->cu.cuGraphExecDestroy(g->exec);
     free(g);

@@ -55,7 +55,8 @@ typedef struct cuda_ctx {
     int n_rope, cap_rope;
     CUevent ev[2]; /* timer start, stop (tools only) */
     dflash_backend_counters count; /* launches, waits, copies (benchmarks) */
-    int capturing; /* the stream is being captured into a graph (cuda_graph.c) */
+    int capturing;   /* the stream is being captured into a graph (cuda_graph.c) */
+    uint64_t ws_gen; /* bumped when a workspace moves: graphs captured before are stale */
     /* Workspaces: attention partials of key splits (attention_tc.cu);
      * split-K partials, arrival counters (kept zero between calls) and
      * argmax partials of the GEMM (gemm.cu); the many-row GEMM's split
@@ -69,9 +70,6 @@ typedef struct cuda_ctx {
 #define CTX(be) ((cuda_ctx *)(be)->ctx)
 #define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
 #define HPTR(d) ((void *)(uintptr_t)(d))
-
-/* Is `be` a CUDA backend (the tools' entry points check before CTX)? */
-int cuda_is_backend(const dflash_backend *be);
 
 /* The primary context is current on whichever thread calls in (an engine
  * may move between threads, one at a time). */
@@ -115,6 +113,12 @@ void cuda_buf_free(cuda_ctx *c, cuda_buf *b);
 
 /* Same checks as the CPU reference (cpu_ops.c). */
 dflash_status cuda_check_weight(const dflash_weight *w, const char *op);
+
+/* cuda_graph.c: the graph ops of backend.h */
+dflash_status cuda_capture_begin(dflash_backend *be);
+dflash_status cuda_capture_end(dflash_backend *be, void **graph);
+dflash_status cuda_graph_launch(dflash_backend *be, void *graph, int *stale);
+void cuda_graph_free(dflash_backend *be, void *graph);
 
 /* cuda_recurrent.c */
 dflash_status cuda_conv_silu(dflash_backend *be, const dflash_rec_args *r, const float *x, const dflash_weight *w,

@@ -54,7 +54,6 @@ static const sym_spec k_cu_syms[] = {
     CU_SYM(cuEventRecord, "cuEventRecord"),
     CU_SYM(cuEventSynchronize, "cuEventSynchronize"),
     CU_SYM(cuEventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime"),
-    CU_SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2"),
     CU_SYM(cuStreamBeginCapture, "cuStreamBeginCapture_v2"),
     CU_SYM(cuStreamEndCapture, "cuStreamEndCapture"),
     CU_SYM(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),

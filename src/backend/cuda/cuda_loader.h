@@ -101,7 +101,6 @@ typedef struct dflash_cuda_api {
     CUresult (*cuEventRecord)(CUevent e, CUstream s);
     CUresult (*cuEventSynchronize)(CUevent e);
     CUresult (*cuEventElapsedTime)(float *ms, CUevent a, CUevent b);
-    CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void *src, size_t bytes);
     CUresult (*cuStreamBeginCapture)(CUstream s, int mode);
     CUresult (*cuStreamEndCapture)(CUstream s, CUgraph *g);
     CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec *e, CUgraph g, unsigned long long flags);
