@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "backend/graph.h"
+#include "core/levers.h"
 #include "core/status.h"
 #include "harness.h"
 
@@ -223,7 +224,8 @@ static void test_full_cache_and_bad_key(void)
     CHECK(g_fake.live == 0);
 }
 
-/* No capture ops, or DFLASH_GRAPHS=0: always eager, lengths not bucketed. */
+/* No capture ops, or DFLASH_CUDA_GRAPHS=0: always eager, lengths not
+ * bucketed. */
 static void test_off(void)
 {
     reset();
@@ -236,9 +238,11 @@ static void test_off(void)
     CHECK(!c.on && j.calls == DFLASH_GRAPH_EAGER + 3 && g_fake.counter == 3 * (DFLASH_GRAPH_EAGER + 3));
     CHECK(dflash_graph_keys_bucket(&c, 300, 100000) == 300);
     dflash_graph_cache_free(&c);
-    setenv("DFLASH_GRAPHS", "0", 1);
+    setenv("DFLASH_CUDA_GRAPHS", "0", 1);
+    dflash_levers_reload();
     dflash_graph_cache_init(&c, &be);
-    unsetenv("DFLASH_GRAPHS");
+    unsetenv("DFLASH_CUDA_GRAPHS");
+    dflash_levers_reload();
     run_n(&c, key, 1, &j, DFLASH_GRAPH_EAGER + 3);
     CHECK(!c.on && j.calls == 2 * (DFLASH_GRAPH_EAGER + 3) && g_fake.begins == 0);
     dflash_graph_cache_free(&c);

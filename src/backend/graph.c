@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/levers.h"
+
 static double now_s(void)
 {
     struct timespec t;
@@ -16,8 +18,7 @@ void dflash_graph_cache_init(dflash_graph_cache *c, dflash_backend *be)
 {
     memset(c, 0, sizeof *c);
     c->be = be;
-    const char *env = getenv("DFLASH_GRAPHS");
-    c->on = be->ops->capture_begin != NULL && !(env && !strcmp(env, "0"));
+    c->on = be->ops->capture_begin != NULL && dflash_levers_get()->cuda_graphs;
 }
 
 static void entry_clear(dflash_graph_cache *c, dflash_graph_entry *e)

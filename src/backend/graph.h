@@ -21,8 +21,8 @@
  * (recording the ops, then instantiating the graph): shapes seen only a
  * few times (a prompt's prefill chunks) never pay it. A capture that
  * fails (a workspace had to grow, an op waits for the device) leaves that
- * call eager; a shape that fails twice stays eager. DFLASH_GRAPHS=0 in the
- * environment turns graphs off. */
+ * call eager; a shape that fails twice stays eager. DFLASH_CUDA_GRAPHS=0 in
+ * the environment turns graphs off. */
 #ifndef DFLASH_BACKEND_GRAPH_H
 #define DFLASH_BACKEND_GRAPH_H
 
@@ -44,7 +44,7 @@ typedef struct dflash_graph_entry {
 
 typedef struct dflash_graph_cache {
     dflash_backend *be;
-    int on; /* the backend captures and DFLASH_GRAPHS is not 0 */
+    int on; /* the backend captures and DFLASH_CUDA_GRAPHS is not 0 */
     int n;
     uint64_t clock;
     int captures;     /* graphs captured so far (for benchmarks) */
