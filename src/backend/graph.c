@@ -37,12 +37,22 @@ void dflash_graph_cache_free(dflash_graph_cache *c)
     c->n = 0;
 }
 
+/* FNV-1a over the key's fields. */
+static uint32_t key_hash(const int32_t *key)
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < DFLASH_GRAPH_KEY_LEN; i++)
+        h = (h ^ (uint32_t)key[i]) * 16777619u;
+    return h;
+}
+
 /* The entry of `key` (zero-padded to the full length), a fresh one in the
  * least recently used slot when the cache is full. */
 static dflash_graph_entry *entry_for(dflash_graph_cache *c, const int32_t *key)
 {
+    const uint32_t h = key_hash(key);
     for (int i = 0; i < c->n; i++)
-        if (!memcmp(c->e[i].key, key, sizeof c->e[i].key))
+        if (c->e[i].hash == h && !memcmp(c->e[i].key, key, sizeof c->e[i].key))
             return &c->e[i];
     dflash_graph_entry *e = &c->e[c->n < DFLASH_GRAPH_CACHE ? c->n++ : 0];
     if (c->n == DFLASH_GRAPH_CACHE)
@@ -51,6 +61,7 @@ static dflash_graph_entry *entry_for(dflash_graph_cache *c, const int32_t *key)
                 e = &c->e[i];
     entry_clear(c, e);
     memcpy(e->key, key, sizeof e->key);
+    e->hash = h;
     return e;
 }
 
