@@ -129,14 +129,12 @@ static void test_eager_then_capture_then_replay(void)
     CHECK(c.on);
     job j = { 3, 4, 0 };
     const int32_t key[] = { 16, 1, 256 };
-    const uint64_t before = dflash_graph_capture_count();
     for (int call = 1; call <= DFLASH_GRAPH_EAGER + 4; call++) {
         CHECK_OK(dflash_graph_run(&c, key, 3, enqueue, &j));
         CHECKF(g_fake.counter == 7 * call, "call %d: counter %d", call, g_fake.counter);
         CHECKF(g_fake.begins == (call > DFLASH_GRAPH_EAGER), "call %d: %d captures", call, g_fake.begins);
     }
     CHECK(j.calls == DFLASH_GRAPH_EAGER + 1); /* the eager runs and the capture */
-    CHECK(dflash_graph_capture_count() == before + 1); /* the process-wide count too */
     CHECK(g_fake.begins == 1 && g_fake.ends == 1 && c.captures == 1);
     CHECK(g_fake.launches == 4);
     /* another key: its own graph; the first still replays */

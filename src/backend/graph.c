@@ -1,16 +1,11 @@
 /* graph.c: the per-model cache of captured forwards (see graph.h). */
 #include "backend/graph.h"
 
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/levers.h"
-
-static _Atomic uint64_t g_captures;
-
-uint64_t dflash_graph_capture_count(void) { return atomic_load_explicit(&g_captures, memory_order_relaxed); }
 
 static double now_s(void)
 {
@@ -108,10 +103,8 @@ dflash_status dflash_graph_run(dflash_graph_cache *c, const int32_t *key, int ke
     e->used = ++c->clock;
     if (e->runs++ < DFLASH_GRAPH_EAGER || e->failed >= 2)
         return enqueue(self);
-    if (!e->graph) {
-        atomic_fetch_add_explicit(&g_captures, 1, memory_order_relaxed);
+    if (!e->graph)
         capture(c, e, enqueue, self);
-    }
     if (e->graph) {
         int stale = 0;
         DFLASH_TRY(c->be->ops->graph_launch(c->be, e->graph, &stale));

@@ -66,11 +66,6 @@ void dflash_graph_cache_free(dflash_graph_cache *c);
 dflash_status dflash_graph_run(dflash_graph_cache *c, const int32_t *key, int key_len,
                                dflash_status (*enqueue)(void *self), void *self);
 
-/* Captures tried so far, over the whole process. A capture costs the host
- * up to a few forwards' worth at once: a caller that learns from timings
- * (the cost-aware width) drops the times of a step in which this moved. */
-uint64_t dflash_graph_capture_count(void);
-
 /* The key count attention's grid is sized by when graphs are on: `keys`
  * rounded up to a power of two from 256 up to 8192, then to a multiple of
  * 8192, at most `cap` (the most keys a sequence can have; at least keys).

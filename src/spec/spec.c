@@ -40,7 +40,6 @@
  * without a proposer, and whatever k each step chose. */
 #include "spec/spec.h"
 #include "spec/spec_internal.h"
-#include "backend/graph.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -291,7 +290,6 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         int k = B - 1 < remaining ? B - 1 : remaining; /* drafts this step */
         if (o->width_auto && p)
             k = dflash_width_choose(&wm, k);
-        const uint64_t captures = dflash_graph_capture_count();
         int32_t block[DFLASH_MAX_BLOCK], g[DFLASH_MAX_BLOCK], rows_idx[DFLASH_MAX_BLOCK];
         block[0] = cur;
 
@@ -379,12 +377,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             DFLASH_TRY(o->on_tokens(o->user, emit, n_emit));
         if (o->on_step)
             o->on_step(o->step_user, s, block + 1, k, a, bonus);
-        if (o->width_auto && p) {
-            /* a step that captured a device graph took that cost once:
-             * its acceptance counts, not its times */
-            const int steady = dflash_graph_capture_count() == captures;
-            dflash_width_observe(&wm, k, a, steady ? t3 - t2 : -1, steady ? t2 - t1 + handover_ms : -1);
-        }
+        if (o->width_auto && p)
+            dflash_width_observe(&wm, k, a, t3 - t2, t2 - t1 + handover_ms);
         st->n_steps++;
         st->width_hist[k]++;
         st->accept_hist[n_emit]++; /* tokens this step committed */

@@ -27,7 +27,6 @@
 
 #include "spec/spec.h"
 #include "spec/spec_internal.h"
-#include "backend/graph.h"
 #include "spec/width.h"
 
 /* The loop's own state of one item. */
@@ -308,7 +307,6 @@ static dflash_status step_groups(dflash_spec_batch *r)
         width = width < 0 ? 0 : width > r->B - 1 ? r->B - 1 : width;
     }
     r->steps++;
-    const uint64_t captures = dflash_graph_capture_count();
     double propose_ms = 0, verify_ms = 0, observe_ms = 0;
     for (int i = 0; i < n; i++)
         r->ms[i].in_step = 0;
@@ -364,12 +362,8 @@ static dflash_status step_groups(dflash_spec_batch *r)
         /* a drafting step hands its rows to the drafter at once, a cost of
          * drafting, so it goes with the propose (a step that drafted
          * nothing leaves them waiting), as in spec.c */
-        /* a step that captured a device graph took that cost once: its
-         * acceptance counts, not its times */
-        const int steady = dflash_graph_capture_count() == captures;
         if (m > 0)
-            dflash_width_observe_many(&r->wm, ks, as, m, width, steady ? verify_ms : -1,
-                                      steady ? propose_ms + observe_ms : -1);
+            dflash_width_observe_many(&r->wm, ks, as, m, width, verify_ms, propose_ms + observe_ms);
     }
     return DFLASH_OK;
 }

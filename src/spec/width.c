@@ -188,7 +188,7 @@ void dflash_width_observe_many(dflash_width *m, const int *k, const int *a, int 
             m->accepted[j - 1] += j <= a[i];
         }
     const double per = n > 0 ? 1.0 / n : 1.0;
-    if (m->steps >= WARMUP_STEPS && verify_ms >= 0 && propose_ms >= 0) {
+    if (m->steps >= WARMUP_STEPS) {
         line_add(&m->verify, width + 1.0, verify_ms * per);
         if (width > 0)
             line_add(&m->propose, (double)width, propose_ms * per);

@@ -20,9 +20,7 @@
  * times: decayed least-squares lines in the row count, fed by the loop's
  * own clock (handing the committed rows to the drafter is in them, with
  * the propose: after a step that drafted nothing they wait for the next
- * drafting step, which hands them over; the times of a step that
- * captured a device graph are left out). The first four steps decode
- * plainly
+ * drafting step, which hands them over). The first four steps decode plainly
  * while the machine warms up and their times are dropped; the next three
  * try two drafts, one and none so both lines have points; later, a step
  * now and then tries a width next to the chosen one (or plain decoding,
@@ -54,10 +52,7 @@ typedef struct dflash_width {
 void dflash_width_init(dflash_width *m, int max_drafts);
 /* Drafts for the next step: at most `limit` (tokens left to generate). */
 int dflash_width_choose(dflash_width *m, int limit);
-/* What a step did: k drafts, a of them accepted, and its times (ms); a
- * negative time: the step's times say nothing of the steady state (it
- * captured a device graph, backend/graph.h), only its acceptance
- * counts. */
+/* What a step did: k drafts, a of them accepted, and its times (ms). */
 void dflash_width_observe(dflash_width *m, int k, int a, double verify_ms, double propose_ms);
 /* What a step of n sequences stepped together did: sequence i drafted k[i]
  * (the chosen width, or fewer near its budget) and had a[i] accepted; the
