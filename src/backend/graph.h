@@ -34,7 +34,7 @@
 
 #define DFLASH_GRAPH_KEY_LEN 24 /* int32 fields of a shape key */
 #define DFLASH_GRAPH_CACHE 256  /* graphs kept per model; the least recently used goes */
-#define DFLASH_GRAPH_EAGER 3    /* calls of a shape run eagerly before it is captured */
+#define DFLASH_GRAPH_EAGER 7    /* calls of a shape run eagerly before it is captured */
 
 typedef struct dflash_graph_entry {
     int32_t key[DFLASH_GRAPH_KEY_LEN];
