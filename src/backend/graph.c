@@ -101,8 +101,10 @@ dflash_status dflash_graph_run(dflash_graph_cache *c, const int32_t *key, int ke
     memcpy(k, key, (size_t)key_len * sizeof *k);
     dflash_graph_entry *e = entry_for(c, k);
     e->used = ++c->clock;
-    if (e->runs++ < DFLASH_GRAPH_EAGER || e->failed >= 2)
+    if (e->runs < DFLASH_GRAPH_EAGER || e->failed >= 2) {
+        e->runs += e->runs < DFLASH_GRAPH_EAGER; /* no count to overflow in a server's lifetime */
         return enqueue(self);
+    }
     if (!e->graph)
         capture(c, e, enqueue, self);
     if (e->graph) {

@@ -21,10 +21,9 @@
  * launching the ops does (recording them, then instantiating the graph;
  * measured 0.1-0.4 ms for a small model's forward, 1.5-1.7 ms for an 8B
  * one's): shapes seen only a few times (a prompt's prefill chunks) never
- * pay it. A capture that
- * fails (a workspace had to grow, an op waits for the device) leaves that
- * call eager; a shape that fails twice stays eager. DFLASH_CUDA_GRAPHS=0 in
- * the environment turns graphs off. */
+ * pay it. A capture that fails (a workspace had to grow, an op waits for
+ * the device) leaves that call eager; a shape that fails twice stays
+ * eager. DFLASH_CUDA_GRAPHS=0 in the environment turns graphs off. */
 #ifndef DFLASH_BACKEND_GRAPH_H
 #define DFLASH_BACKEND_GRAPH_H
 
@@ -40,7 +39,7 @@ typedef struct dflash_graph_entry {
     int32_t key[DFLASH_GRAPH_KEY_LEN];
     uint32_t hash; /* of key: a lookup compares this first */
     void *graph;   /* the backend's graph, or NULL: not captured yet */
-    int runs;      /* calls with this key so far */
+    int runs;      /* its eager calls so far (counted up to DFLASH_GRAPH_EAGER) */
     int failed;    /* captures that failed */
     uint64_t used; /* the cache's clock at the last call */
 } dflash_graph_entry;

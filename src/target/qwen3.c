@@ -229,12 +229,16 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     return DFLASH_OK;
 }
 
-/* Can the forward's ops be replayed from a graph? Not a MoE's (the routing
- * comes back to the host mid-forward) or a hybrid's (its recurrent
- * records move with every call). */
+/* A forward's graph key: KEY_FIXED fields (forward_ops), then the taps. */
+enum { KEY_FIXED = 7 };
+
+/* Are the forward's ops replayed from a graph? Not a MoE's: its routing
+ * comes back to the host mid-forward. Not a hybrid's either, for now: its
+ * recurrent ops' launches read only counts and device data, so it may well
+ * be capturable, but that has not been checked on a GPU. */
 static int graphable(const dflash_qwen3 *m, const dflash_qwen3_batch *b)
 {
-    return m->s.graphs.on && !m->rec && !m->cfg.num_experts && b->n_taps <= DFLASH_GRAPH_KEY_LEN - 7;
+    return m->s.graphs.on && !m->rec && !m->cfg.num_experts && b->n_taps <= DFLASH_GRAPH_KEY_LEN - KEY_FIXED;
 }
 
 /* The rows, the rows picked for the LM head and the per-sequence records
@@ -415,8 +419,8 @@ static dflash_status forward_ops(dflash_qwen3 *m, const dflash_qwen3_batch *b, c
     int32_t key[DFLASH_GRAPH_KEY_LEN] = { b->n_rows, b->n_seqs, bounds->max_seq_rows, bounds->max_keys,
                                           b->n_logit_rows, b->argmax_only, b->n_taps };
     for (int t = 0; t < b->n_taps; t++)
-        key[7 + t] = b->tap_layers[t];
-    return dflash_graph_run(&m->s.graphs, key, 7 + b->n_taps, forward_enqueue, &j);
+        key[KEY_FIXED + t] = b->tap_layers[t];
+    return dflash_graph_run(&m->s.graphs, key, KEY_FIXED + b->n_taps, forward_enqueue, &j);
 }
 
 dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps)
