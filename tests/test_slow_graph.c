@@ -22,7 +22,8 @@ static dflash_backend *be; /* the plain CPU backend */
 /* ---- the recording backend ---------------------------------------------- */
 
 enum { OP_EMBED, OP_ADD_RMSNORM, OP_ADD, OP_ADD_BIAS, OP_LINEAR, OP_NORM_ROPE, OP_SWIGLU, OP_KV_WRITE,
-       OP_ATTENTION, OP_COPY_ROWS, OP_GATHER_SUM, OP_SIGMOID_MUL, OP_ARGMAX };
+       OP_ATTENTION, OP_COPY_ROWS, OP_GATHER_SUM, OP_SIGMOID_MUL, OP_ARGMAX, OP_CONV_SILU, OP_DELTA_RULE,
+       OP_MOE_ROUTE, OP_LINEAR_EXPERTS };
 
 typedef struct rec_op {
     int op;
@@ -30,7 +31,16 @@ typedef struct rec_op {
     void *out[2];
     int64_t n[4];
     float f;
+    /* an op's weight by value: callers may pass a weight that lives on
+     * their stack (a group's weights gathered for one call), which a GPU
+     * launch reads once, when it is enqueued */
+    dflash_weight w;
+    int has_w;
     dflash_attn_args attn;
+    dflash_rec_args rec;
+    dflash_delta_args delta;
+    dflash_route_args route;
+    dflash_experts_args experts;
 } rec_op;
 
 typedef struct rec_graph {
@@ -63,6 +73,14 @@ static rec_op *record(int op)
 
 #define CPU dflash_cpu_ops_table
 
+static void keep_w(rec_op *r, const dflash_weight *w)
+{
+    r->has_w = w != NULL;
+    if (w)
+        r->w = *w;
+}
+static const dflash_weight *rw(const rec_op *r) { return r->has_w ? &r->w : NULL; }
+
 /* Every wrapper: recorded while capturing (out of memory: a failed op),
  * else the CPU op. */
 #define RECORD_OR_RUN(OP, FILL, CALL)                                                                  \
@@ -79,14 +97,14 @@ static rec_op *record(int op)
 
 static dflash_status r_embed(dflash_backend *b, const dflash_weight *t, const int32_t *ids, int n, float *out)
 {
-    RECORD_OR_RUN(OP_EMBED, (r->in[0] = t, r->in[1] = ids, r->n[0] = n, r->out[0] = out),
+    RECORD_OR_RUN(OP_EMBED, (keep_w(r, t), r->in[1] = ids, r->n[0] = n, r->out[0] = out),
                   CPU.embed(b, t, ids, n, out));
 }
 static dflash_status r_add_rmsnorm(dflash_backend *b, float *x, const float *d, const dflash_weight *w, int n, int dim,
                                    float eps, float *out)
 {
     RECORD_OR_RUN(OP_ADD_RMSNORM,
-                  (r->out[0] = x, r->in[0] = d, r->in[1] = w, r->n[0] = n, r->n[1] = dim, r->f = eps, r->out[1] = out),
+                  (r->out[0] = x, r->in[0] = d, keep_w(r, w), r->n[0] = n, r->n[1] = dim, r->f = eps, r->out[1] = out),
                   CPU.add_rmsnorm(b, x, d, w, n, dim, eps, out));
 }
 static dflash_status r_add(dflash_backend *b, float *x, const float *d, size_t count)
@@ -95,18 +113,18 @@ static dflash_status r_add(dflash_backend *b, float *x, const float *d, size_t c
 }
 static dflash_status r_add_bias(dflash_backend *b, float *x, const dflash_weight *w, int n, int cols)
 {
-    RECORD_OR_RUN(OP_ADD_BIAS, (r->out[0] = x, r->in[0] = w, r->n[0] = n, r->n[1] = cols),
+    RECORD_OR_RUN(OP_ADD_BIAS, (r->out[0] = x, keep_w(r, w), r->n[0] = n, r->n[1] = cols),
                   CPU.add_bias(b, x, w, n, cols));
 }
 static dflash_status r_linear(dflash_backend *b, const float *x, int n, const dflash_weight *w, float *out)
 {
-    RECORD_OR_RUN(OP_LINEAR, (r->in[0] = x, r->n[0] = n, r->in[1] = w, r->out[0] = out), CPU.linear(b, x, n, w, out));
+    RECORD_OR_RUN(OP_LINEAR, (r->in[0] = x, r->n[0] = n, keep_w(r, w), r->out[0] = out), CPU.linear(b, x, n, w, out));
 }
 static dflash_status r_norm_rope(dflash_backend *b, float *x, const dflash_weight *norm, const int32_t *pos, int n,
                                  int heads, int hd, float eps, const dflash_rope *rope)
 {
     RECORD_OR_RUN(OP_NORM_ROPE,
-                  (r->out[0] = x, r->in[0] = norm, r->in[1] = pos, r->n[0] = n, r->n[1] = heads, r->n[2] = hd,
+                  (r->out[0] = x, keep_w(r, norm), r->in[1] = pos, r->n[0] = n, r->n[1] = heads, r->n[2] = hd,
                    r->f = eps, r->in[2] = rope),
                   CPU.norm_rope(b, x, norm, pos, n, heads, hd, eps, rope));
 }
@@ -155,21 +173,45 @@ static dflash_status r_argmax(dflash_backend *b, const float *x, int n, int cols
                   CPU.argmax(b, x, n, cols, out));
 }
 
+/* A hybrid's recurrent ops and a MoE's routing and experts: each one
+ * launch on the GPU, reading the records' entries, the routing's logits
+ * and the experts' groups (first[]) from device memory when it runs. */
+static dflash_status r_conv_silu(dflash_backend *b, const dflash_rec_args *ra, const float *x, const dflash_weight *w,
+                                 int n, int channels, int kernel, float *out)
+{
+    RECORD_OR_RUN(OP_CONV_SILU,
+                  (r->rec = *ra, r->in[0] = x, keep_w(r, w), r->n[0] = n, r->n[1] = channels, r->n[2] = kernel,
+                   r->out[0] = out),
+                  CPU.conv_silu(b, ra, x, w, n, channels, kernel, out));
+}
+static dflash_status r_delta_rule(dflash_backend *b, const dflash_rec_args *ra, const dflash_delta_args *a)
+{
+    RECORD_OR_RUN(OP_DELTA_RULE, (r->rec = *ra, r->delta = *a), CPU.delta_rule(b, ra, a));
+}
+static dflash_status r_moe_route(dflash_backend *b, const dflash_route_args *a)
+{
+    RECORD_OR_RUN(OP_MOE_ROUTE, (r->route = *a), CPU.moe_route(b, a));
+}
+static dflash_status r_linear_experts(dflash_backend *b, const dflash_experts_args *a)
+{
+    RECORD_OR_RUN(OP_LINEAR_EXPERTS, (r->experts = *a), CPU.linear_experts(b, a));
+}
+
 static dflash_status replay_op(dflash_backend *b, const rec_op *r)
 {
     switch (r->op) {
     case OP_EMBED:
-        return CPU.embed(b, r->in[0], r->in[1], (int)r->n[0], r->out[0]);
+        return CPU.embed(b, rw(r), r->in[1], (int)r->n[0], r->out[0]);
     case OP_ADD_RMSNORM:
-        return CPU.add_rmsnorm(b, r->out[0], r->in[0], r->in[1], (int)r->n[0], (int)r->n[1], r->f, r->out[1]);
+        return CPU.add_rmsnorm(b, r->out[0], r->in[0], rw(r), (int)r->n[0], (int)r->n[1], r->f, r->out[1]);
     case OP_ADD:
         return CPU.add(b, r->out[0], r->in[0], (size_t)r->n[0]);
     case OP_ADD_BIAS:
-        return CPU.add_bias(b, r->out[0], r->in[0], (int)r->n[0], (int)r->n[1]);
+        return CPU.add_bias(b, r->out[0], rw(r), (int)r->n[0], (int)r->n[1]);
     case OP_LINEAR:
-        return CPU.linear(b, r->in[0], (int)r->n[0], r->in[1], r->out[0]);
+        return CPU.linear(b, r->in[0], (int)r->n[0], rw(r), r->out[0]);
     case OP_NORM_ROPE:
-        return CPU.norm_rope(b, r->out[0], r->in[0], r->in[1], (int)r->n[0], (int)r->n[1], (int)r->n[2], r->f,
+        return CPU.norm_rope(b, r->out[0], rw(r), r->in[1], (int)r->n[0], (int)r->n[1], (int)r->n[2], r->f,
                              r->in[2]);
     case OP_SWIGLU:
         return CPU.swiglu(b, r->in[0], r->in[1], (size_t)r->n[0], r->out[0]);
@@ -186,6 +228,14 @@ static dflash_status replay_op(dflash_backend *b, const rec_op *r)
         return CPU.sigmoid_mul(b, r->out[0], r->in[0], (int)r->n[0], r->n[1], r->n[2]);
     case OP_ARGMAX:
         return CPU.argmax(b, r->in[0], (int)r->n[0], (int)r->n[1], r->out[0]);
+    case OP_CONV_SILU:
+        return CPU.conv_silu(b, &r->rec, r->in[0], rw(r), (int)r->n[0], (int)r->n[1], (int)r->n[2], r->out[0]);
+    case OP_DELTA_RULE:
+        return CPU.delta_rule(b, &r->rec, &r->delta);
+    case OP_MOE_ROUTE:
+        return CPU.moe_route(b, &r->route);
+    case OP_LINEAR_EXPERTS:
+        return CPU.linear_experts(b, &r->experts);
     }
     return dflash_fail(DFLASH_ERR_INVALID_ARG, "recording backend: op %d", r->op);
 }
@@ -254,9 +304,8 @@ static dflash_status r_graph_launch(dflash_backend *b, void *graph, int *stale)
     return DFLASH_OK;
 }
 
-/* The CPU's ops with the recording ones over them; the hybrid and MoE
- * ops stay the CPU's (never captured). The CPU backend's context serves
- * both. */
+/* The CPU's ops with the recording ones over them. The CPU backend's
+ * context serves both. */
 static dflash_backend_ops g_rec_ops;
 static dflash_backend g_rec;
 
@@ -281,6 +330,10 @@ static dflash_backend *recording_backend(void)
     g_rec_ops.gather_sum = r_gather_sum;
     g_rec_ops.sigmoid_mul = r_sigmoid_mul;
     g_rec_ops.argmax = r_argmax;
+    g_rec_ops.conv_silu = r_conv_silu;
+    g_rec_ops.delta_rule = r_delta_rule;
+    g_rec_ops.moe_route = r_moe_route;
+    g_rec_ops.linear_experts = r_linear_experts;
     g_rec_ops.capture_begin = r_capture_begin;
     g_rec_ops.capture_end = r_capture_end;
     g_rec_ops.graph_launch = r_graph_launch;
@@ -329,11 +382,14 @@ static int forward_same(dflash_qwen3 *m, dflash_kv_seq *s, dflash_qwen3 *ref, df
 
 /* Decodes and verifies of several widths, each shape many times (its
  * eager calls, its capture, its replays), with rollbacks as a speculative
- * loop makes them, on a Qwen3 and a Llama: every forward's output equals
- * the plain backend's bit for bit, and most of them were replays. */
+ * loop makes them, on a Qwen3, a Llama, a Qwen3-MoE and two Qwen3.5
+ * hybrids (dense and MoE: their records resume where each forward
+ * starts): every forward's output equals the plain backend's bit for bit,
+ * and most of them were replays. */
 static void test_target_replays_equal_plain(void)
 {
-    const char *rels[] = { "qwen3/gqa_tied", "llama/llama31_gqa" };
+    const char *rels[] = { "qwen3/gqa_tied", "llama/llama31_gqa", "qwen3_moe/moe_experts", "qwen35/q35_dense",
+                           "qwen35/q35_moe_text" };
     dflash_backend *rb = recording_backend();
     for (size_t k = 0; k < sizeof rels / sizeof rels[0]; k++) {
         char dir[512];
@@ -399,15 +455,20 @@ static void test_target_replays_equal_plain(void)
  * (the target's verifies, the drafter's block forwards and context passes
  * replayed) gives the plain CPU's greedy output: at a fixed block, with
  * the cost-aware width (many verify widths and draft counts), and with a
- * context window of 3 positions (context passes that skip rows). */
+ * context window of 3 positions (context passes that skip rows); on
+ * dense targets, a Qwen3-MoE and a Qwen3.5-MoE hybrid (d6_moe's taps fit
+ * both). */
 static void test_spec_with_graphs_equals_plain(void)
 {
-    const char *drafters[] = { "d2_tied", "d3_sliding" };
+    const char *drafters[] = { "d2_tied", "d3_sliding", "d6_moe", "d6_moe" };
+    const char *targets[] = { NULL, NULL, NULL, "qwen35/q35_moe_text" }; /* NULL: the drafter's own */
     const int blocks[] = { 16, 0, 16 }, caps[] = { 0, 0, 3 }; /* block 0: the cost-aware width */
     dflash_backend *rb = recording_backend();
     for (size_t k = 0; k < sizeof drafters / sizeof drafters[0]; k++) {
         char tdir[512], ddir[512];
-        if (!fx_drafter_target(drafters[k], tdir, sizeof tdir)) {
+        if (targets[k])
+            fx_path(tdir, sizeof tdir, targets[k], NULL);
+        else if (!fx_drafter_target(drafters[k], tdir, sizeof tdir)) {
             CHECKF(0, "%s: meta.json with a target", drafters[k]);
             continue;
         }
@@ -439,11 +500,11 @@ static void test_spec_with_graphs_equals_plain(void)
             memset(&G, 0, sizeof G);
             CHECK_OK(oracle_generate(t, &h->proposer, prompt, 50, 120, blocks[c], 1.0, out, &n_out, &st));
             CHECKF(n_out == n_plain && !memcmp(out, plain, (size_t)n_plain * sizeof *out),
-                   "%s block %d cap %d: speculative output with graphs differs from plain", drafters[k], blocks[c],
-                   caps[c]);
+                   "%s on %s, block %d cap %d: speculative output with graphs differs from plain", drafters[k],
+                   tdir, blocks[c], caps[c]);
             CHECKF(G.launches > 0 && G.failed == 0 && h->s.graphs.captures > 0,
-                   "%s block %d cap %d: %d replays, %d failed captures, %d by the drafter", drafters[k], blocks[c],
-                   caps[c], G.launches, G.failed, h->s.graphs.captures);
+                   "%s on %s, block %d cap %d: %d replays, %d failed captures, %d by the drafter", drafters[k],
+                   tdir, blocks[c], caps[c], G.launches, G.failed, h->s.graphs.captures);
             dflash_head_free(h);
         }
         dflash_qwen3_free(t);

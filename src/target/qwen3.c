@@ -232,13 +232,21 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
 /* A forward's graph key: KEY_FIXED fields (forward_ops), then the taps. */
 enum { KEY_FIXED = 7 };
 
-/* Are the forward's ops replayed from a graph? Not a MoE's: its routing
- * comes back to the host mid-forward. Not a hybrid's either, for now: its
- * recurrent ops' launches read only counts and device data, so it may well
- * be capturable, but that has not been checked on a GPU. */
+/* Are the forward's ops replayed from a graph? A hybrid's are: its
+ * recurrent ops read the batch's counts (n_seqs, max_seq_rows: in the key)
+ * and everything else (each sequence's record, first row, position) from
+ * the forward inputs on the device. So are a MoE's: the routing stays on
+ * the device and the experts' launch is sized by the rows alone; a
+ * backend that must bring the routing back to the host (its experts'
+ * weights not in a layout its kernel takes) refuses the download while
+ * capturing, and the cache then runs that shape eagerly. Not while a
+ * benchmark counts the experts a call routed to (that count is a
+ * download of its own). */
 static int graphable(const dflash_qwen3 *m, const dflash_qwen3_batch *b)
 {
-    return m->s.graphs.on && !m->rec && !m->cfg.num_experts && b->n_taps <= DFLASH_GRAPH_KEY_LEN - KEY_FIXED;
+    if (m->cfg.num_experts && m->s.b.moe.tally && m->s.b.moe.tally->on)
+        return 0;
+    return m->s.graphs.on && b->n_taps <= DFLASH_GRAPH_KEY_LEN - KEY_FIXED;
 }
 
 /* The rows, the rows picked for the LM head and the per-sequence records
