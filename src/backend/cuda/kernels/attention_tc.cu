@@ -146,7 +146,6 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const
 template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 {
     pdl_trigger();
-    pdl_wait();
     constexpr int DH = D / NH;                    /* dimensions a warp holds */
     constexpr int TILE = AT_TILE / NH;            /* keys per tile */
     constexpr int DC = DH / 32 > 0 ? DH / 32 : 1; /* 32-dim chunks of a query row (D = 16: one half chunk) */
@@ -169,6 +168,27 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     if (split >= (n_splits > 0 ? n_splits : 1) || qv0 >= QV)
         return;
     const int u_begin = split * AT_SPLIT, u_end = u_begin + AT_SPLIT < T ? u_begin + AT_SPLIT : T;
+
+    /* The table entries of the split's paged keys, read once. The
+     * sequence records and page tables come with the forward's inputs,
+     * uploaded before its first kernel, so they are read before waiting
+     * for the kernel before this one (which writes q and this forward's
+     * K/V rows: everything below the wait). */
+    const int n_tiles = u_end > u_begin ? (u_end - u_begin + TILE - 1) / TILE : 0;
+    const int p_first = (lo + u_begin) / DFLASH_KV_PAGE;
+    const i64 v_off = (i64)a.n_kv_heads * DFLASH_KV_PAGE * D; /* a page's V rows after its K rows */
+    if (threadIdx.x < AT_PAGES) {
+        const int last_u = (u_end < n_paged ? u_end : n_paged) - 1; /* the split's last paged key */
+        const int pg = p_first + threadIdx.x;
+        const int blk = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_PAGE
+                            ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
+                            : -1;
+        pages[threadIdx.x] = blk;
+        page_k[threadIdx.x] = (unsigned)blk < (unsigned)a.n_pages
+                                  ? a.pool + kv_row_at(blk, a.n_layers, a.layer, 0, a.n_kv_heads, kvh, 0, D)
+                                  : nullptr;
+    }
+    pdl_wait();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int qt = warp / NH, half = warp % NH; /* the warp's query tile, its half of the dimensions */
@@ -211,21 +231,6 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     for (int n = 0; n < ND; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-    const int n_tiles = u_end > u_begin ? (u_end - u_begin + TILE - 1) / TILE : 0;
-    /* the table entries of the split's paged keys, read once */
-    const int p_first = (lo + u_begin) / DFLASH_KV_PAGE;
-    const i64 v_off = (i64)a.n_kv_heads * DFLASH_KV_PAGE * D; /* a page's V rows after its K rows */
-    if (threadIdx.x < AT_PAGES) {
-        const int last_u = (u_end < n_paged ? u_end : n_paged) - 1; /* the split's last paged key */
-        const int pg = p_first + threadIdx.x;
-        const int blk = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_PAGE
-                            ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
-                            : -1;
-        pages[threadIdx.x] = blk;
-        page_k[threadIdx.x] = (unsigned)blk < (unsigned)a.n_pages
-                                  ? a.pool + kv_row_at(blk, a.n_layers, a.layer, 0, a.n_kv_heads, kvh, 0, D)
-                                  : nullptr;
-    }
     __syncthreads();
     if (n_tiles > 0) {
         at_load_tile<D, TILE>(a, ks[0], vs[0], page_k, pages, v_off, p_first, kvh, lo, n_paged, extra_off, u_begin,
@@ -423,7 +428,8 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     __shared__ float acc[AC_WARPS][32 * QN];
     __shared__ float scratch[32];
     pdl_trigger();
-    pdl_wait();
+    /* the rows' sequences and records are forward inputs (uploaded before
+     * the forward's first kernel); the partials are the kernel before's */
     const int row = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int *si = seq_info + (i64)row_seq[row] * DFLASH_SEQ_INFO_LEN;
     const int n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
@@ -431,6 +437,7 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     const int n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
     if (n_splits <= 1)
         return; /* the attention kernel wrote this row */
+    pdl_wait();
     const float NEG = -__int_as_float(0x7f800000);
     const i64 stride = (i64)n_rows * n_heads, unit = (i64)row * n_heads + h;
     /* Each thread's (m, l) are read once: the first AC_ML_REGS splits
