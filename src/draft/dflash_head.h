@@ -51,7 +51,9 @@ typedef struct dflash_scratch {
     /* a call's ids, positions (b.pos), row_seq, sel, per-sequence records
      * and page tables: filled on the host, uploaded once per call */
     dflash_fwd_inputs in;
-    dflash_graph_cache graphs; /* the block forward's ops by shape, where the backend captures */
+    /* the block forward's and the context pass's ops by shape, where the
+     * backend captures */
+    dflash_graph_cache graphs;
 } dflash_scratch;
 
 /* Backend kernels resolved once when the head is built. The CPU backend
