@@ -121,7 +121,14 @@ $(B)/tools/%: tools/cuda/%.c $(B)/libdflash.a tests/harness.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(B)/libdflash.a $(LDLIBS)
 
-test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm $(B)/examples/simple $(GPU_TOOLS)
+# Benchmarks of host-side pieces (built by the tests so that they keep
+# compiling; run by hand, see docs/perf-notes.md).
+$(B)/tools/sampler_bench: tools/bench/sampler_bench.c $(B)/libdflash.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(B)/libdflash.a $(LDLIBS)
+
+test: all $(TEST_BIN) $(ASAN_BIN) $(B)/asan/dflash $(FUZZ_BIN) $(B)/tsan/test_cpu_gemm $(B)/examples/simple $(GPU_TOOLS) \
+      $(B)/tools/sampler_bench
 	@B=$(B) bash tools/fetch-tokenizers.sh
 	@B=$(B) bash tests/run.sh
 

@@ -2,7 +2,8 @@
  * RNG, inverse-CDF sampling and the speculative accept/resample step. All
  * buffers are sized once in dflash_sampler_init; nothing here allocates per
  * token. Every sum runs in double in a fixed order (index order, or the
- * sorted order HF uses for top-p) so a seed reproduces a run bit for bit. */
+ * order a deterministic partition visits for top-p) so a seed reproduces a
+ * run bit for bit. */
 #include "spec/sampler.h"
 
 #include <math.h>
@@ -103,8 +104,9 @@ dflash_status dflash_sampler_init(dflash_sampler *s, int vocab, const dflash_sam
     s->x = malloc(V * sizeof *s->x);
     s->resid = malloc(V * sizeof *s->resid);
     s->order = malloc(V * sizeof *s->order);
+    s->cand = malloc(V * sizeof *s->cand);
     s->seen = calloc(V, 1);
-    if (!s->probs || !s->x || !s->resid || !s->order || !s->seen) {
+    if (!s->probs || !s->x || !s->resid || !s->order || !s->cand || !s->seen) {
         dflash_sampler_free(s);
         return dflash_fail(DFLASH_ERR_OOM, "sampler: out of memory for a vocabulary of %d", vocab);
     }
@@ -118,6 +120,7 @@ void dflash_sampler_free(dflash_sampler *s)
     free(s->x);
     free(s->resid);
     free(s->order);
+    free(s->cand);
     free(s->seen);
     memset(s, 0, sizeof *s);
 }
@@ -136,35 +139,38 @@ void dflash_sampler_observe(dflash_sampler *s, const int32_t *ids, int n)
             s->seen[ids[i]] = 1;
 }
 
-/* The k-th largest (k >= 1) of a[0..n), n >= k; a is reordered. Three-way
- * quickselect: O(n) on average, and rows full of equal values (masked
- * -inf logits) do not degrade it. */
-static double kth_largest(double *a, int n, int k)
+/* The k-th largest (1 <= k <= the count) of the finite values of
+ * x[0..n), counted with multiplicity (torch.topk's last value), through a
+ * min-heap of the k largest so far in heap[0..k): a value that does not
+ * beat the heap's least is one predictable comparison, so a row costs
+ * about one pass for the small k samplers use. */
+static double kth_largest(const double *x, int n, int k, double *heap)
 {
-    int lo = 0, hi = n, want = k - 1;
-    for (;;) {
-        double p0 = a[lo], p1 = a[lo + (hi - lo) / 2], p2 = a[hi - 1];
-        double piv = p0 > p1 ? (p1 > p2 ? p1 : (p0 > p2 ? p2 : p0)) : (p0 > p2 ? p0 : (p1 > p2 ? p2 : p1));
-        int lt = lo, i = lo, gt = hi;
-        while (i < gt) {
-            double v = a[i];
-            if (v > piv) {
-                a[i++] = a[lt];
-                a[lt++] = v;
-            } else if (v < piv) {
-                a[i] = a[--gt];
-                a[gt] = v;
-            } else {
-                i++;
+    int h = 0;
+    for (int j = 0; j < n; j++) {
+        const double v = x[j];
+        if (v == -INFINITY || (h == k && v <= heap[0]))
+            continue;
+        int i;
+        if (h < k) { /* sift up from the new leaf */
+            for (i = h++; i > 0 && heap[(i - 1) / 2] > v; i = (i - 1) / 2)
+                heap[i] = heap[(i - 1) / 2];
+        } else { /* replace the least and sift down */
+            for (i = 0;;) {
+                int c = 2 * i + 1;
+                if (c >= k)
+                    break;
+                if (c + 1 < k && heap[c + 1] < heap[c])
+                    c++;
+                if (heap[c] >= v)
+                    break;
+                heap[i] = heap[c];
+                i = c;
             }
         }
-        if (want < lt)
-            hi = lt;
-        else if (want >= gt)
-            lo = gt;
-        else
-            return piv;
+        heap[i] = v;
     }
+    return heap[0];
 }
 
 /* Descending by value, ascending index on ties: a total order, so the
@@ -204,104 +210,200 @@ static void sort_desc(const double *x, int32_t *idx, int n)
     }
 }
 
+/* Top-p over the survivors cand[0..n) (index order), whose exp(x - m)
+ * are in probs[]: drops the tokens HF's rule drops. In the descending
+ * order (`before`), walked from the bottom, a token goes while the mass
+ * of it and every token below it is <= limit * z; the top token always
+ * stays. The dropped set is therefore the largest bottom part of the order
+ * whose mass is <= limit * z, and a weighted quickselect finds its edge in
+ * O(n) on average instead of sorting every survivor: partition around a
+ * pivot; if the part below it fits (with what is already dropped), it
+ * goes, and the pivot with it if that fits too, else the edge lies in the
+ * part below. Masses are summed in the partitions' order, so they can
+ * differ from a sorted walk's in the last bits: a token exactly at the
+ * edge may fall the other way, as rounding anywhere would have it. Dropped
+ * tokens get x = -inf and probs = 0. `work` has room for n indices. */
+static void top_p_drop(double *x, double *probs, const int32_t *cand, int n, int32_t top, double limit, int32_t *work)
+{
+    double z = 0;
+    for (int i = 0; i < n; i++)
+        z += probs[cand[i]];
+    const double cap = limit * z;
+    /* A token under half of cap / n goes at once: all such tokens lie at
+     * the bottom of the order and together weigh under half of cap. In a
+     * peaked row that is nearly all of them, in one predictable pass. */
+    const double sure = 0.5 * cap / n;
+    double below = 0; /* mass of the tokens dropped so far: all below work[lo..hi) */
+    int lo = 0, hi = 0;
+    for (int i = 0; i < n; i++) {
+        const int32_t j = cand[i];
+        if (j == top)
+            continue;
+        if (probs[j] < sure) {
+            below += probs[j];
+            x[j] = -INFINITY;
+            probs[j] = 0;
+        } else {
+            work[hi++] = j;
+        }
+    }
+    for (int round = 0; lo < hi; round++) {
+        if (hi - lo <= 32 || round == 64) {
+            /* a few left (or a pathological order): sort them and walk */
+            sort_desc(x, work + lo, hi - lo);
+            for (int r = hi - 1; r >= lo; r--) {
+                const int32_t j = work[r];
+                if (below + probs[j] > cap)
+                    break;
+                below += probs[j];
+                x[j] = -INFINITY;
+                probs[j] = 0;
+            }
+            return;
+        }
+        /* pivot: the median of three under `before`; then work[lo..mid)
+         * comes before it (higher), work[mid + 1..hi) after it (lower) */
+        int32_t a = work[lo], b = work[lo + (hi - lo) / 2], c = work[hi - 1], piv;
+        if (before(x, a, b))
+            piv = before(x, b, c) ? b : before(x, a, c) ? c : a;
+        else
+            piv = before(x, a, c) ? a : before(x, b, c) ? c : b;
+        int mid = lo;
+        for (int i = lo; i < hi; i++)
+            if (work[i] != piv && before(x, work[i], piv)) {
+                const int32_t t = work[i];
+                work[i] = work[mid];
+                work[mid++] = t;
+            }
+        /* work[mid..hi) holds the pivot and the lower part, in some order */
+        double lower = 0;
+        for (int i = mid; i < hi; i++)
+            if (work[i] != piv)
+                lower += probs[work[i]];
+        if (below + lower > cap) { /* the edge is below the pivot: drop nothing yet */
+            int w = mid;
+            for (int i = mid; i < hi; i++)
+                if (work[i] != piv)
+                    work[w++] = work[i];
+            lo = mid;
+            hi = w;
+            continue;
+        }
+        const double e_piv = probs[piv];
+        const int with_pivot = below + lower + e_piv <= cap;
+        for (int i = mid; i < hi; i++) {
+            const int32_t j = work[i];
+            if (j != piv || with_pivot) {
+                x[j] = -INFINITY;
+                probs[j] = 0;
+            }
+        }
+        if (!with_pivot)
+            return;
+        below += lower + e_piv;
+        hi = mid;
+    }
+}
+
+/* Rows at least this long take their exponentials on every thread. */
+#define SAMPLER_PAR_MIN 16384
+
 dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, double *probs)
 {
     const int V = s->vocab;
     const dflash_sampler_opts *o = &s->o;
+    const double T = o->temperature;
     double *x = s->x;
-    int n_finite = 0;
+    int n_finite = 0, bad = 0;
     double m = -INFINITY;
     int32_t top = -1;
     /* 1 repetition penalty (HF: score < 0 ? score * r : score / r), over
-     * the set of tokens in the sequence, each once however often it occurs */
+     * the set of tokens in the sequence, each once however often it occurs;
+     * 2 temperature, in the same pass: scaling keeps the order, so the
+     * first maximum of the penalized logits is the scaled row's too, and
+     * x holds the scaled values (the penalized ones when T = 0) */
+    const int penalize = o->rep_penalty != 1.0;
     for (int j = 0; j < V; j++) {
         double v = logits[j];
-        if (isnan(v) || v == INFINITY)
-            return dflash_fail(DFLASH_ERR_NUMERIC, "sampler: logit %d is %s", j, isnan(v) ? "NaN" : "+inf");
-        if (s->seen[j] && o->rep_penalty != 1.0)
+        bad |= isnan(v) || v == INFINITY;
+        if (penalize && s->seen[j])
             v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
-        x[j] = v;
-        if (v != -INFINITY) {
-            n_finite++;
-            if (v > m) {
-                m = v;
-                top = j;
-            }
+        if (v > m) {
+            m = v;
+            top = j;
         }
-    }
-    if (n_finite == 0)
-        return dflash_fail(DFLASH_ERR_NUMERIC, "sampler: every logit of the row is -inf");
-    memset(probs, 0, (size_t)V * sizeof *probs);
-    if (o->temperature == 0.0) {
-        /* greedy with a penalty: a point mass on the first maximum */
-        probs[top] = 1.0;
-        return DFLASH_OK;
-    }
-    /* 2 temperature: scaling keeps the order, so m and top stay valid */
-    for (int j = 0; j < V; j++)
-        x[j] /= o->temperature;
-    m = x[top];
-    if (isinf(m)) {
-        /* A temperature (or penalty) so small that scaling overflowed: the
-         * limit of the distribution is the point mass on the maximum. */
-        probs[top] = 1.0;
-        return DFLASH_OK;
-    }
-    /* scaling can send tiny values to -inf: count the survivors again */
-    n_finite = 0;
-    for (int j = 0; j < V; j++)
+        x[j] = T > 0.0 ? v / T : v;
+        /* scaling can send tiny values to -inf: count the scaled survivors */
         n_finite += x[j] != -INFINITY;
+    }
+    if (bad)
+        for (int j = 0; j < V; j++)
+            if (isnan(logits[j]) || logits[j] == INFINITY)
+                return dflash_fail(DFLASH_ERR_NUMERIC, "sampler: logit %d is %s", j,
+                                   isnan(logits[j]) ? "NaN" : "+inf");
+    if (top < 0)
+        return dflash_fail(DFLASH_ERR_NUMERIC, "sampler: every logit of the row is -inf");
+    m = x[top];
+    if (T == 0.0 || isinf(m)) {
+        /* greedy with a penalty, or a temperature (or penalty) so small
+         * that scaling overflowed, whose limit it is: a point mass on the
+         * first maximum */
+        memset(probs, 0, (size_t)V * sizeof *probs);
+        probs[top] = 1.0;
+        return DFLASH_OK;
+    }
     /* 3 top-k: drop everything below the k-th largest (ties with it stay,
      * as torch's `scores < topk(...)[..., -1]` keeps them) */
-    if (o->top_k > 0 && o->top_k < n_finite) {
-        int n = 0;
-        for (int j = 0; j < V; j++)
-            if (x[j] != -INFINITY)
-                s->resid[n++] = x[j];
-        double kth = kth_largest(s->resid, n, o->top_k);
-        for (int j = 0; j < V; j++)
+    double kth = -INFINITY;
+    const int top_k = o->top_k > 0 && o->top_k < n_finite;
+    if (top_k)
+        kth = kth_largest(x, V, o->top_k, s->resid);
+    /* The survivors from here on, in index order: later filters and the
+     * softmax touch only them (a few dozen after a top-k, not the whole
+     * vocabulary). probs[] holds exp(x - m) of each meanwhile: taken for
+     * the survivors alone after a top-k, else for the whole row at once,
+     * on every thread (each element on its own: the same bits however
+     * many threads). */
+    int32_t *cand = s->cand;
+    int n = 0;
+    if (top_k) {
+        memset(probs, 0, (size_t)V * sizeof *probs);
+        for (int j = 0; j < V; j++) {
             if (x[j] < kth)
                 x[j] = -INFINITY;
-    }
-    /* 4 top-p, as HF computes it: sort ascending, cumulative softmax from
-     * the smallest, drop while the cumulative mass <= 1 - top_p; the top
-     * token always stays. probs[] holds exp(x - m) meanwhile. */
-    if (o->top_p < 1.0) {
-        int n = 0;
-        for (int j = 0; j < V; j++)
             if (x[j] != -INFINITY) {
-                s->order[n++] = j;
+                cand[n++] = j;
                 probs[j] = exp(x[j] - m);
             }
-        sort_desc(x, s->order, n);
-        double z = 0;
-        for (int r = n - 1; r >= 0; r--)
-            z += probs[s->order[r]];
-        double cum = 0, limit = 1.0 - o->top_p;
-        for (int r = n - 1; r >= 1; r--) {
-            int32_t j = s->order[r];
-            cum += probs[j] / z;
-            if (cum > limit)
-                break;
-            x[j] = -INFINITY;
-            probs[j] = 0;
         }
+    } else {
+#pragma omp parallel for schedule(static) if (V >= SAMPLER_PAR_MIN)
+        for (int j = 0; j < V; j++)
+            probs[j] = x[j] == -INFINITY ? 0.0 : exp(x[j] - m);
+        for (int j = 0; j < V; j++)
+            if (x[j] != -INFINITY)
+                cand[n++] = j;
     }
+    /* 4 top-p, as HF computes it (sort ascending, cumulative softmax from
+     * the smallest, drop while the cumulative mass <= 1 - top_p; the top
+     * token always stays) */
+    if (o->top_p < 1.0)
+        top_p_drop(x, probs, cand, n, top, 1.0 - o->top_p, s->order);
     /* 5 min-p: p_j < min_p * p_max  <=>  exp(x_j - m) < min_p (the top
      * token, which carries m, survives every filter) */
     if (o->min_p > 0.0)
-        for (int j = 0; j < V; j++)
-            if (x[j] != -INFINITY && exp(x[j] - m) < o->min_p)
-                x[j] = -INFINITY;
-    /* softmax over the survivors, summed in index order */
+        for (int i = 0; i < n; i++)
+            if (x[cand[i]] != -INFINITY && probs[cand[i]] < o->min_p) {
+                x[cand[i]] = -INFINITY;
+                probs[cand[i]] = 0;
+            }
+    /* softmax over the survivors, summed in index order (dropped ones
+     * hold 0 and add nothing) */
     double z = 0;
-    for (int j = 0; j < V; j++) {
-        double e = x[j] == -INFINITY ? 0.0 : exp(x[j] - m);
-        probs[j] = e;
-        z += e;
-    }
-    for (int j = 0; j < V; j++)
-        probs[j] /= z;
+    for (int i = 0; i < n; i++)
+        z += probs[cand[i]];
+    for (int i = 0; i < n; i++)
+        probs[cand[i]] /= z;
     return DFLASH_OK;
 }
 

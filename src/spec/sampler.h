@@ -80,7 +80,8 @@ typedef struct dflash_sampler {
     double *probs;  /* [V] the last distribution dflash_sampler_probs wrote (for callers) */
     double *x;      /* [V] processed logits */
     double *resid;  /* [V] residual distribution after a rejection */
-    int32_t *order; /* [V] survivors sorted by logit (top-p) */
+    int32_t *order; /* [V] top-p's partition of the survivors */
+    int32_t *cand;  /* [V] the survivors of the filters so far, in index order */
     uint8_t *seen;  /* [V] 1: token occurs in the sequence (repetition penalty) */
 } dflash_sampler;
 
