@@ -206,6 +206,37 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
     const int V = r->t->cfg.vocab_size;
     dflash_ctx_rows acc[ng];
     int n_emit_of[ng], stopped_of[ng];
+    /* 4 for sampling sequences first, on every thread: each has its own
+     * sampler and logits, and its host work (a filtered distribution of
+     * the vocabulary per verified position) is most of a sampled step's
+     * time; a thread's error message is kept for the loop below, which
+     * reports the first in group order. */
+    int a_of[ng], any_sampled = 0;
+    int32_t bonus_of[ng];
+    dflash_status st_of[ng];
+    char (*err_of)[256] = NULL;
+    for (int j = 0; j < ng; j++)
+        any_sampled += r->ms[g[j]].sampled;
+    if (any_sampled && !(err_of = malloc((size_t)ng * sizeof *err_of)))
+        return dflash_fail(DFLASH_ERR_OOM, "spec: out of memory for %d sequences' sampling reports", ng);
+#pragma omp parallel for schedule(dynamic) if (any_sampled > 1)
+    for (int j = 0; j < ng; j++) {
+        many_seq *m = &r->ms[g[j]];
+        st_of[j] = DFLASH_OK;
+        if (!m->sampled)
+            continue;
+        st_of[j] = dflash_spec_accept_sampled(&m->ss, r->t, m->s, m->it->stats.n_steps + 1, m->block, m->k, V,
+                                              &a_of[j], &bonus_of[j]);
+        if (st_of[j] != DFLASH_OK)
+            snprintf(err_of[j], sizeof err_of[j], "%s", dflash_last_error());
+    }
+    for (int j = 0; j < ng; j++)
+        if (st_of[j] != DFLASH_OK) {
+            const dflash_status s = dflash_fail(st_of[j], "%s", err_of[j]);
+            free(err_of);
+            return s;
+        }
+    free(err_of);
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
         dflash_spec_item *it = m->it;
@@ -213,8 +244,8 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
         int a = 0;
         int32_t bonus;
         if (m->sampled) {
-            DFLASH_TRY(dflash_spec_accept_sampled(&m->ss, r->t, m->s, st->n_steps + 1, m->block, m->k, V, &a,
-                                                  &bonus));
+            a = a_of[j];
+            bonus = bonus_of[j];
         } else {
             const int32_t *gr = r->best + m->row0;
             DFLASH_TRY(dflash_spec_check_greedy(r->t, gr, m->k + 1, m->s + 1, st->n_steps + 1));
