@@ -79,7 +79,7 @@ typedef struct dflash_sampler {
     dflash_rng rng;
     double *probs;  /* [V] the last distribution dflash_sampler_probs wrote (for callers) */
     double *x;      /* [V] processed logits */
-    double *resid;  /* [V] residual distribution after a rejection */
+    double *resid;  /* [V] residual distribution after a rejection; top-k's heap */
     int32_t *order; /* [V] top-p's partition of the survivors */
     int32_t *cand;  /* [V] the survivors of the filters so far, in index order */
     uint8_t *seen;  /* [V] 1: token occurs in the sequence (repetition penalty) */
