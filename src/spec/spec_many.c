@@ -54,6 +54,7 @@ typedef struct many_seq {
     int32_t pend_pos0;
     float *pend_taps; /* backend [B, tap_cols], from the first wait; NULL without taps */
     int32_t len0;     /* the target cache's rows when it joined */
+    char accept_err[256]; /* its sampled acceptance's error message, taken on a worker thread */
 } many_seq;
 
 struct dflash_spec_batch {
@@ -209,16 +210,13 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
     /* 4 for sampling sequences first, on every thread: each has its own
      * sampler and logits, and its host work (a filtered distribution of
      * the vocabulary per verified position) is most of a sampled step's
-     * time; a thread's error message is kept for the loop below, which
-     * reports the first in group order. */
+     * time. A thread's error message is kept for the loop after it, which
+     * reports the first failing sampling sequence in group order. */
     int a_of[ng], any_sampled = 0;
     int32_t bonus_of[ng];
     dflash_status st_of[ng];
-    char (*err_of)[256] = NULL;
     for (int j = 0; j < ng; j++)
         any_sampled += r->ms[g[j]].sampled;
-    if (any_sampled && !(err_of = malloc((size_t)ng * sizeof *err_of)))
-        return dflash_fail(DFLASH_ERR_OOM, "spec: out of memory for %d sequences' sampling reports", ng);
 #pragma omp parallel for schedule(dynamic) if (any_sampled > 1)
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
@@ -228,15 +226,11 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
         st_of[j] = dflash_spec_accept_sampled(&m->ss, r->t, m->s, m->it->stats.n_steps + 1, m->block, m->k, V,
                                               &a_of[j], &bonus_of[j]);
         if (st_of[j] != DFLASH_OK)
-            snprintf(err_of[j], sizeof err_of[j], "%s", dflash_last_error());
+            snprintf(m->accept_err, sizeof m->accept_err, "%s", dflash_last_error());
     }
     for (int j = 0; j < ng; j++)
-        if (st_of[j] != DFLASH_OK) {
-            const dflash_status s = dflash_fail(st_of[j], "%s", err_of[j]);
-            free(err_of);
-            return s;
-        }
-    free(err_of);
+        if (st_of[j] != DFLASH_OK)
+            return dflash_fail(st_of[j], "%s", r->ms[g[j]].accept_err);
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
         dflash_spec_item *it = m->it;
