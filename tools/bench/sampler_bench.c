@@ -6,9 +6,10 @@
  *
  * Rows: "peaked", logits falling with the log of a token's rank (25 -
  * 1.5 ln(1 + rank), ranks shuffled over the vocabulary, plus a little
- * noise): the top token holds about half the mass at T 0.7 and the tail
- * is long, as in a trained model; "flat", normal logits of deviation 2, as random weights
- * give, where top-p keeps most of the vocabulary (the worst case).
+ * noise): the top token holds about two thirds of the mass at T 0.7 and
+ * the tail is long, the shape of a trained model's rows; "flat", normal
+ * logits of deviation 2, as random weights give, where top-p keeps most
+ * of the vocabulary (the worst case).
  *
  * Usage: sampler_bench [--vocab V (151936)] [--reps R (41)]
  * Prints, per row kind and setting, the median and the minimum of R timed
