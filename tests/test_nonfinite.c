@@ -116,6 +116,56 @@ static void test_loop_reports_target(void)
     testmodel_rmdir(dir);
 }
 
+/* Sequences stepped together whose sampled acceptance meets NaN logits
+ * after the prompt (every embedding row but the prompt's two tokens is
+ * NaN, so the first sampled token that is neither poisons the next
+ * verify): the batch's sampling sequences accept on worker threads, and
+ * the error that comes back must still name the model and the position,
+ * not be a message left over on the calling thread. */
+static void test_batch_sampled_reports_target(void)
+{
+    testmodel_geom g;
+    testmodel_default_geom(&g);
+    testmodel m;
+    char dir[64];
+    CHECK(testmodel_build(&m, &g) && testmodel_tmpdir(dir));
+    float *emb = testmodel_find(&m, "model.embed_tokens.weight");
+    for (int v = 0; v < g.vocab; v++)
+        if (v != 3 && v != 9)
+            emb[(size_t)v * g.hidden] = NAN;
+    CHECK(testmodel_save(&m, dir));
+    testmodel_free(&m);
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
+    if (!t) {
+        testmodel_rmdir(dir);
+        return;
+    }
+    enum { N = 3 };
+    const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
+    dflash_kv_seq seqs[N];
+    dflash_spec_item items[N];
+    int32_t out[N][16];
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(dflash_qwen3_seq_init(t, &seqs[i]));
+        dflash_gen_opts o;
+        dflash_gen_default_opts(&o);
+        o.n_new = 16;
+        o.sampler.temperature = 1.0;
+        o.sampler.seed = 40 + (uint64_t)i;
+        items[i] = (dflash_spec_item){ .seq = &seqs[i], .prompt = prompt, .n_prompt = 7, .opts = o, .out = out[i] };
+    }
+    dflash_fail(DFLASH_ERR_IO, "a stale message");
+    const dflash_status s = dflash_spec_generate_many(t, NULL, items, N, 0, 0);
+    CHECKF(s == DFLASH_ERR_NUMERIC, "%s (%s)", dflash_status_name(s), dflash_last_error());
+    CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "position"), "message: %s",
+           dflash_last_error());
+    for (int i = 0; i < N; i++)
+        dflash_qwen3_seq_free(t, &seqs[i]);
+    dflash_qwen3_free(t);
+    testmodel_rmdir(dir);
+}
+
 /* Copy a file byte for byte. */
 static int copy_file(const char *from, const char *to)
 {
@@ -244,6 +294,7 @@ int main(void)
     RUN(test_linear_argmax_nan_weight);
     RUN(test_loop_reports_target);
     RUN(test_loop_reports_drafter);
+    RUN(test_batch_sampled_reports_target);
     RUN(test_moe_router_nan);
     dflash_backend_destroy(be);
     TEST_END();
