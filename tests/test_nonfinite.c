@@ -93,6 +93,19 @@ static void expect_numeric_everywhere(dflash_qwen3 *t, const char *dir)
     }
 }
 
+/* The poisoned test model m saved into dir and loaded (m is freed);
+ * NULL, with dir removed, when that fails. */
+static dflash_qwen3 *save_and_load(testmodel *m, const char *dir)
+{
+    CHECK(testmodel_save(m, dir));
+    testmodel_free(m);
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
+    if (!t)
+        testmodel_rmdir(dir);
+    return t;
+}
+
 /* A tiny target whose final norm is NaN, generated from every loop path. */
 static void test_loop_reports_target(void)
 {
@@ -103,14 +116,9 @@ static void test_loop_reports_target(void)
     CHECK(testmodel_build(&m, &g) && testmodel_tmpdir(dir));
     float *norm = testmodel_find(&m, "model.norm.weight");
     norm[3] = NAN;
-    CHECK(testmodel_save(&m, dir));
-    testmodel_free(&m);
-    dflash_qwen3 *t = NULL;
-    CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
-    if (!t) {
-        testmodel_rmdir(dir);
+    dflash_qwen3 *t = save_and_load(&m, dir);
+    if (!t)
         return;
-    }
     expect_numeric_everywhere(t, dir);
     dflash_qwen3_free(t);
     testmodel_rmdir(dir);
@@ -133,14 +141,9 @@ static void test_batch_sampled_reports_target(void)
     for (int v = 0; v < g.vocab; v++)
         if (v != 3 && v != 9)
             emb[(size_t)v * g.hidden] = NAN;
-    CHECK(testmodel_save(&m, dir));
-    testmodel_free(&m);
-    dflash_qwen3 *t = NULL;
-    CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
-    if (!t) {
-        testmodel_rmdir(dir);
+    dflash_qwen3 *t = save_and_load(&m, dir);
+    if (!t)
         return;
-    }
     enum { N = 3 };
     const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
     dflash_kv_seq seqs[N];
