@@ -57,13 +57,14 @@ static void test_linear_argmax_nan_weight(void)
 }
 
 /* Generation from target t (loaded from `dir`) in every loop path
- * (greedy and sampled, plain and with the n-gram proposer) fails with
+ * (greedy, sampled by drawn ids, sampled on the host with a repetition
+ * penalty; plain and with the n-gram proposer) fails with
  * DFLASH_ERR_NUMERIC naming `dir` and the position, emitting nothing. */
 static void expect_numeric_everywhere(dflash_qwen3 *t, const char *dir)
 {
     const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
-    for (int mode = 0; mode < 4; mode++) {
-        const int sampled = mode & 1, spec = mode >> 1;
+    for (int mode = 0; mode < 6; mode++) {
+        const int sampled = mode % 3, spec = mode / 3;
         dflash_kv_seq seq;
         dflash_proposer *p = NULL;
         void *ps = NULL;
@@ -77,6 +78,8 @@ static void expect_numeric_everywhere(dflash_qwen3 *t, const char *dir)
         go.n_new = 8;
         if (sampled)
             go.sampler.temperature = 0.8;
+        if (sampled == 2)
+            go.sampler.rep_penalty = 1.1;
         int32_t out[8];
         int n_out = 0;
         dflash_gen_stats st;
@@ -127,9 +130,11 @@ static void test_loop_reports_target(void)
 /* Sequences stepped together whose sampled acceptance meets NaN logits
  * after the prompt (every embedding row but the prompt's two tokens is
  * NaN, so the first sampled token that is neither poisons the next
- * verify): the batch's sampling sequences accept on worker threads, and
- * the error that comes back must still name the model and the position,
- * not be a message left over on the calling thread. */
+ * verify): with a repetition penalty the batch's sampling sequences
+ * accept on worker threads, and the error that comes back must still name
+ * the model and the position, not be a message left over on the calling
+ * thread; without one their tokens are drawn in one call, and the same
+ * holds. */
 static void test_batch_sampled_reports_target(void)
 {
     testmodel_geom g;
@@ -146,25 +151,29 @@ static void test_batch_sampled_reports_target(void)
         return;
     enum { N = 3 };
     const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
-    dflash_kv_seq seqs[N];
-    dflash_spec_item items[N];
-    int32_t out[N][16];
-    for (int i = 0; i < N; i++) {
-        CHECK_OK(dflash_qwen3_seq_init(t, &seqs[i]));
-        dflash_gen_opts o;
-        dflash_gen_default_opts(&o);
-        o.n_new = 16;
-        o.sampler.temperature = 1.0;
-        o.sampler.seed = 40 + (uint64_t)i;
-        items[i] = (dflash_spec_item){ .seq = &seqs[i], .prompt = prompt, .n_prompt = 7, .opts = o, .out = out[i] };
+    for (int host = 1; host >= 0; host--) {
+        dflash_kv_seq seqs[N];
+        dflash_spec_item items[N];
+        int32_t out[N][16];
+        for (int i = 0; i < N; i++) {
+            CHECK_OK(dflash_qwen3_seq_init(t, &seqs[i]));
+            dflash_gen_opts o;
+            dflash_gen_default_opts(&o);
+            o.n_new = 16;
+            o.sampler.temperature = 1.0;
+            o.sampler.rep_penalty = host ? 1.05 : 1.0;
+            o.sampler.seed = 40 + (uint64_t)i;
+            items[i] =
+                (dflash_spec_item){ .seq = &seqs[i], .prompt = prompt, .n_prompt = 7, .opts = o, .out = out[i] };
+        }
+        dflash_fail(DFLASH_ERR_IO, "a stale message");
+        const dflash_status s = dflash_spec_generate_many(t, NULL, items, N, 0, 0);
+        CHECKF(s == DFLASH_ERR_NUMERIC, "host %d: %s (%s)", host, dflash_status_name(s), dflash_last_error());
+        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "position"), "host %d message: %s",
+               host, dflash_last_error());
+        for (int i = 0; i < N; i++)
+            dflash_qwen3_seq_free(t, &seqs[i]);
     }
-    dflash_fail(DFLASH_ERR_IO, "a stale message");
-    const dflash_status s = dflash_spec_generate_many(t, NULL, items, N, 0, 0);
-    CHECKF(s == DFLASH_ERR_NUMERIC, "%s (%s)", dflash_status_name(s), dflash_last_error());
-    CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "position"), "message: %s",
-           dflash_last_error());
-    for (int i = 0; i < N; i++)
-        dflash_qwen3_seq_free(t, &seqs[i]);
     dflash_qwen3_free(t);
     testmodel_rmdir(dir);
 }

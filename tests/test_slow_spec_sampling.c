@@ -54,6 +54,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/levers.h"
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
 #include "io/tokenizer.h"
@@ -405,6 +406,68 @@ static void test_penalty_wrong_rules_are_caught(void) { wrong_rules_are_caught(&
 static void test_dflash_spec_matches_target(void) { spec_matches_target(&dfx, "DFlash pair", 5, N_DFLASH, 0); }
 static void test_dflash_wrong_rules_are_caught(void) { wrong_rules_are_caught(&dfx, 9, N_DFLASH_NEG); }
 
+/* Tokens drawn where the logits are (every verified row at once, ids
+ * back: the backend's sample_rows or its composition) equal the host's
+ * row-by-row draws from downloaded logits (DFLASH_HOST_SAMPLING=1), token
+ * for token, under top-k, top-p and min-p together: single sequences with
+ * the drafter at block 16, and the same sequences stepped together
+ * without one (which, drawing each position with its own uniform, also
+ * equals the speculative output). */
+static void test_drawn_equals_host(void)
+{
+    experiment *x = &dfx;
+    enum { N = 24, SEQS = 3 };
+    dflash_sampler_opts so = x->so;
+    so.temperature = 0.9;
+    so.top_k = 40;
+    so.top_p = 0.9;
+    so.min_p = 0.02;
+    int32_t one[2][SEQS][N], many[2][SEQS][N];
+    int n_one[2][SEQS], n_many[2][SEQS];
+    void *ps = NULL;
+    CHECK_OK(x->prop->ops->alloc_state(x->prop, 64, &ps));
+    if (!ps)
+        return;
+    for (int host = 0; host < 2; host++) {
+        if (host)
+            setenv("DFLASH_HOST_SAMPLING", "1", 1);
+        dflash_levers_reload();
+        dflash_kv_seq seqs[SEQS];
+        dflash_spec_item items[SEQS];
+        for (int i = 0; i < SEQS; i++) {
+            dflash_gen_opts o;
+            dflash_gen_default_opts(&o);
+            o.n_new = N;
+            o.block_size = 16;
+            o.sampler = so;
+            o.sampler.seed = 70 + (uint64_t)i;
+            dflash_gen_stats st;
+            CHECK_OK(dflash_qwen3_seq_init(x->target, &seqs[i]));
+            CHECK_OK(x->prop->ops->reset(x->prop, ps));
+            CHECK_OK(dflash_spec_generate(x->target, &seqs[i], x->prop, ps, x->prompt, x->np, &o, one[host][i],
+                                          &n_one[host][i], &st));
+            dflash_kv_seq_truncate(&seqs[i], 0);
+            items[i] = (dflash_spec_item){ .seq = &seqs[i], .prompt = x->prompt, .n_prompt = x->np, .opts = o,
+                                           .out = many[host][i] };
+        }
+        CHECK_OK(dflash_spec_generate_many(x->target, NULL, items, SEQS, 0, 0));
+        for (int i = 0; i < SEQS; i++) {
+            n_many[host][i] = items[i].n_out;
+            dflash_qwen3_seq_free(x->target, &seqs[i]);
+        }
+        unsetenv("DFLASH_HOST_SAMPLING");
+        dflash_levers_reload();
+    }
+    x->prop->ops->free_state(x->prop, ps);
+    for (int i = 0; i < SEQS; i++) {
+        CHECKF(n_one[0][i] == N && n_one[1][i] == N && n_many[0][i] == N && n_many[1][i] == N,
+               "sequence %d: %d %d %d %d tokens", i, n_one[0][i], n_one[1][i], n_many[0][i], n_many[1][i]);
+        CHECKF(!memcmp(one[0][i], one[1][i], sizeof one[0][i]), "sequence %d: drawn ids != host rows (spec)", i);
+        CHECKF(!memcmp(many[0][i], many[1][i], sizeof many[0][i]), "sequence %d: drawn ids != host rows (batch)", i);
+        CHECKF(!memcmp(one[0][i], many[0][i], sizeof one[0][i]), "sequence %d: spec != plain batch", i);
+    }
+}
+
 static void close_experiment(experiment *x, dflash_head *h)
 {
     if (x->prop && x->pstate)
@@ -453,6 +516,7 @@ static int open_pair(experiment *x, dflash_backend *be, dflash_head **h)
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
     to.max_ctx = 64;
+    to.max_seqs = 3; /* test_drawn_equals_host's batch */
     dflash_head_opts ho;
     dflash_head_default_opts(&ho);
     ho.max_ctx = to.max_ctx;
@@ -532,6 +596,7 @@ int main(void)
     if (open_pair(&dfx, be, &h)) {
         RUN(test_dflash_spec_matches_target);
         RUN(test_dflash_wrong_rules_are_caught);
+        RUN(test_drawn_equals_host);
     } else {
         h_failed++;
     }

@@ -152,7 +152,7 @@ want() { # group: check | bench | model
 # the library without the model code (the check programs' sources), as
 # listed in the current folder: this tree's, or a baseline's (GPU_TEST_AB)
 lib_sources() {
-    echo "$(ls src/core/*.c) src/backend/backend.c src/backend/stage_moe.c $(ls src/backend/cpu/*.c) $(ls src/backend/cuda/*.c)"
+    echo "$(ls src/core/*.c) src/backend/backend.c src/backend/stage_moe.c $(ls src/backend/cpu/*.c) $(ls src/backend/cuda/*.c) src/spec/sampler.c"
 }
 SRC="$(lib_sources)"
 CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -Isrc -Itests -D_GNU_SOURCE"

@@ -239,6 +239,16 @@ typedef struct dflash_experts_args {
     enum dflash_act act;
 } dflash_experts_args;
 
+/* One row of sample_rows: the sampler's options (spec/sampler.h) with
+ * the repetition penalty off, and the sequence position whose uniform
+ * draws the row's token. temperature 0: the argmax. */
+typedef struct dflash_sample_row {
+    double temperature, top_p, min_p;
+    int32_t top_k, pad_;
+    uint64_t seed;
+    int64_t pos;
+} dflash_sample_row;
+
 typedef struct dflash_backend dflash_backend;
 
 /* What a backend has done since it was created, for benchmarks: kernel
@@ -379,6 +389,15 @@ typedef struct dflash_backend_ops {
      * dflash_route_args and dflash_experts_args). */
     dflash_status (*moe_route)(dflash_backend *be, const dflash_route_args *r);
     dflash_status (*linear_experts)(dflash_backend *be, const dflash_experts_args *a);
+
+    /* Sampling on the device: optional; NULL where the caller's host
+     * sampler draws from downloaded logits (dflash_sample_rows in
+     * spec/sampler.h composes that). ids[i] = the token drawn from row i
+     * of logits [n, V] by rows[i] (host memory) with the host sampler's
+     * rules, or -1 when the row holds a NaN or +inf or nothing above
+     * -inf (argmax's rule). */
+    dflash_status (*sample_rows)(dflash_backend *be, const float *logits, int n, int V, const dflash_sample_row *rows,
+                                 int32_t *ids);
 
     /* diagnostics: optional; NULL where nothing is counted (the CPU) */
     void (*counters)(dflash_backend *be, dflash_backend_counters *out);

@@ -35,7 +35,9 @@
 #include "cli/args.h"
 #include "cli/bench_model.h"
 #include "cli/commands.h"
+#include "core/levers.h"
 #include "draft/dflash_head.h"
+#include "spec/spec_internal.h"
 
 #define BENCH_WARMUP 3
 /* on the GPU a shape's first calls run eagerly, the later ones replay its
@@ -104,6 +106,8 @@ typedef struct bench_args {
     int rows[BENCH_MAX_WIDTHS]; /* verify widths; n_rows 0: 16 */
     int n_sess, sess[BENCH_MAX_SESS]; /* --sessions: sequences per forward */
     const char *profile;   /* --profile as given (for the CPU's "ignored" message) */
+    int sample;            /* --sample: verify and decode rows draw their tokens by these options */
+    dflash_sampler_opts so;
     unsigned profile_mask; /* bit i: the row k_profile_rows[i] is profiled */
 } bench_args;
 
@@ -170,6 +174,11 @@ static void usage(FILE *f)
             "                 cuProfilerStart and cuProfilerStop,\n"
             "                 for `ncu --profile-from-start off`: every kernel of those\n"
             "                 calls and nothing else (building weights is not profiled)\n"
+            "  --sample T,K,P  verify and decode rows draw each row's token by temperature\n"
+            "                 T, top-k K (0: off) and top-p P instead of the argmax: the\n"
+            "                 logits written, then drawn on the device (CUDA), or downloaded\n"
+            "                 and drawn on the host, one row after another\n"
+            "                 (DFLASH_HOST_SAMPLING=1 on the GPU, always on the CPU)\n"
             "  -h, --help     this text\n"
             "\n"
             "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
@@ -290,6 +299,22 @@ static int parse(int argc, char **argv, bench_args *a)
                 return 0;
             }
             a->fp8 = !strcmp(v, "fp8");
+        } else if (!strcmp(o, "--sample")) {
+            if (!(v = cli_value(argc, argv, &i)))
+                return 0;
+            dflash_sampler_default_opts(&a->so);
+            char tail[8];
+            if (sscanf(v, "%lf,%d,%lf%7s", &a->so.temperature, &a->so.top_k, &a->so.top_p, tail) != 3 ||
+                !(a->so.temperature > 0)) {
+                fprintf(stderr, "dflash bench: --sample expects T,K,P with T > 0 (e.g. 0.6,20,0.95), got '%s'\n",
+                        v);
+                return 0;
+            }
+            if (dflash_sampler_check_opts(&a->so) != DFLASH_OK) {
+                fprintf(stderr, "dflash bench: --sample %s: %s\n", v, dflash_last_error());
+                return 0;
+            }
+            a->sample = 1;
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
         } else if (!strcmp(o, "--profile")) {
@@ -800,21 +825,54 @@ typedef struct forward_op {
     int n_seqs, n;
     int32_t ctx;
     int32_t *tokens, *pos, *row_seq, *logit_rows; /* [n] */
+    /* --sample: each row's draw, and for a host draw the sampler, the
+     * logits [n, V] and the ids */
+    dflash_sample_row *draw;
+    int host;
+    dflash_sampler smp;
+    float *host_logits;
+    int32_t *ids;
 } forward_op;
 
+static void forward_free(forward_op *o)
+{
+    free(o->tokens);
+    free(o->draw);
+    free(o->host_logits);
+    free(o->ids);
+    if (o->smp.vocab)
+        dflash_sampler_free(&o->smp);
+}
+
 static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
-                                  int32_t ctx)
+                                  int32_t ctx, const bench_args *a)
 {
     *o = (forward_op){ .m = m, .seqs = seqs, .n_seqs = n_seqs, .n = n_seqs * width, .ctx = ctx };
+    const size_t V = (size_t)m->cfg.vocab_size;
     int32_t *buf = malloc((size_t)o->n * 4 * sizeof(int32_t));
-    if (!buf)
+    o->tokens = buf;
+    if (buf && a->sample) {
+        o->host = !m->be->ops->sample_rows || dflash_levers_get()->host_sampling;
+        o->draw = malloc((size_t)o->n * sizeof *o->draw);
+        o->ids = malloc((size_t)o->n * sizeof *o->ids);
+        o->host_logits = malloc((size_t)(o->host ? o->n : 1) * V * sizeof(float));
+        if (o->draw && o->ids && o->host_logits && dflash_sampler_init(&o->smp, (int)V, &a->so) != DFLASH_OK) {
+            forward_free(o);
+            return DFLASH_ERR_OOM;
+        }
+    }
+    if (!buf || (a->sample && (!o->draw || !o->ids || !o->host_logits))) {
+        forward_free(o);
         return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory for %d rows", o->n);
-    o->tokens = buf, o->pos = buf + o->n, o->row_seq = buf + 2 * o->n, o->logit_rows = buf + 3 * o->n;
+    }
+    o->pos = buf + o->n, o->row_seq = buf + 2 * o->n, o->logit_rows = buf + 3 * o->n;
     for (int i = 0; i < o->n; i++) {
         o->pos[i] = ctx + i % width;
         o->tokens[i] = random_token(1000003u + (uint64_t)i, m->cfg.vocab_size);
         o->row_seq[i] = i / width;
         o->logit_rows[i] = i;
+        if (o->draw)
+            o->draw[i] = dflash_spec_sample_row(&a->so, o->pos[i] + 1);
     }
     return DFLASH_OK;
 }
@@ -822,10 +880,24 @@ static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq 
 static dflash_status forward_run(void *self)
 {
     forward_op *o = self;
-    /* greedy: each row's argmax, no logits (what the decode loop asks) */
-    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, o->n_seqs, o->seqs, o->n, o->logit_rows, 0, NULL, 1 };
+    /* greedy: each row's argmax, no logits (what the decode loop asks);
+     * --sample: the logits, then each row's drawn token to the host */
+    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, o->n_seqs, o->seqs, o->n, o->logit_rows, 0, NULL,
+                             !o->draw };
     float *logits;
-    return dflash_qwen3_forward(o->m, &b, &logits, NULL);
+    DFLASH_TRY(dflash_qwen3_forward(o->m, &b, &logits, NULL));
+    if (!o->draw)
+        return DFLASH_OK;
+    dflash_backend *be = o->m->be;
+    const int V = o->m->cfg.vocab_size;
+    if (o->host) {
+        DFLASH_TRY(be->ops->download(be, o->host_logits, logits, (size_t)o->n * (size_t)V * sizeof(float)));
+        for (int i = 0; i < o->n; i++)
+            o->ids[i] = dflash_spec_draw_row(&o->smp, o->host_logits + (size_t)i * V, &o->draw[i]);
+        return DFLASH_OK;
+    }
+    DFLASH_TRY(dflash_spec_sample_rows(be, logits, o->n, V, o->draw, o->m->s.best, &o->smp, o->host_logits));
+    return be->ops->download(be, o->ids, o->m->s.best, (size_t)o->n * sizeof(int32_t));
 }
 
 /* Rollback by moving the length, as the speculative loop does. */
@@ -910,7 +982,7 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
                                   int32_t ctx, double weights, const char *name)
 {
     forward_op o;
-    DFLASH_TRY(forward_init(&o, m, seqs, n_seqs, width, ctx));
+    DFLASH_TRY(forward_init(&o, m, seqs, n_seqs, width, ctx, r->a));
     bench_op op = { forward_run, forward_after, &o, name };
     double med, min, host;
     bench_counts counts;
@@ -919,7 +991,7 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
     if (s == DFLASH_OK)
         add_row(r, name, n_seqs, o.n, ctx, med, min, forward_bytes(m, weights, experts, n_seqs, width, ctx), host,
                 &counts);
-    free(o.tokens);
+    forward_free(&o);
     return s;
 }
 
@@ -1126,6 +1198,12 @@ static void print_table(const bench_run *r)
            r->a->reps, r->warmup);
     if (r->a->preset->drafter)
         printf("drafter weights: %s\n", r->a->fp8 ? "fp8 e4m3 + per-row scales (LM head bf16)" : "bf16");
+    if (r->a->sample)
+        printf("verify and decode: each row's token drawn (T %g, top-k %d, top-p %g) %s\n", r->a->so.temperature,
+               r->a->so.top_k, r->a->so.top_p,
+               r->be->ops->sample_rows && !dflash_levers_get()->host_sampling
+                   ? "on the device"
+                   : "on the host from downloaded logits, one row after another");
     printf("\n");
     const int counted = r->n_rows && r->rows[0].counts.counted;
     if (counted)
@@ -1151,9 +1229,14 @@ static void print_json(const bench_run *r)
     printf(",\"device\":");
     cli_print_json_string(stdout, r->device, strlen(r->device));
     printf(",\"bandwidth_gbs\":%.3f,\"bandwidth_copy_op_gbs\":%.3f,\"bandwidth_driver_gbs\":%.3f,"
-           "\"bandwidth_bytes\":%.0f,\"drafter_quant\":\"%s\",\"reps\":%d,\"warmup\":%d,\"rows\":[",
+           "\"bandwidth_bytes\":%.0f,\"drafter_quant\":\"%s\",\"reps\":%d,\"warmup\":%d,",
            r->bw / 1e9, r->bw_op / 1e9, r->bw_driver / 1e9, r->bw_bytes, r->a->fp8 ? "fp8" : "bf16", r->a->reps,
            r->warmup);
+    if (r->a->sample)
+        printf("\"sample\":{\"temperature\":%g,\"top_k\":%d,\"top_p\":%g,\"on\":\"%s\"},", r->a->so.temperature,
+               r->a->so.top_k, r->a->so.top_p,
+               r->be->ops->sample_rows && !dflash_levers_get()->host_sampling ? "device" : "host");
+    printf("\"rows\":[");
     for (int i = 0; i < r->n_rows; i++) {
         const bench_row *w = &r->rows[i];
         double fl = floor_us(r, w);

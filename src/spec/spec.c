@@ -11,7 +11,9 @@
  *               bonus = argmax(row a)
  *               sampled: for i = 1..k draw x_i from p_{i-1} (the filtered
  *               distribution of row i-1) with the uniform of position
- *               s+i; accept d_i iff x_i == d_i; the bonus is the first
+ *               s+i (every row at once where the logits are, or row by
+ *               row on the host: spec_internal.h's spec_sampling);
+ *               accept d_i iff x_i == d_i; the bonus is the first
  *               x_i that differs, or x_{k+1} from p_k. The drafts are a
  *               point mass, so this is speculative sampling's rule
  *               (accept with p(d), else draw from the residual) and the
@@ -41,6 +43,8 @@
 #include "spec/spec.h"
 #include "spec/spec_internal.h"
 
+#include "core/levers.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -68,28 +72,73 @@ int dflash_spec_is_stop(const dflash_gen_opts *o, int32_t t)
 }
 
 /* Run rows [tokens, positions start..] of the single sequence through the
- * target; logits for the rows in logit_rows. Greedy (host_logits NULL):
- * only their argmax ids come back; sampling: the whole logits rows
- * [n_logit, V] are downloaded into host_logits instead. */
+ * target; a token for each of the rows in logit_rows into ids_out: the
+ * argmax (greedy, ss NULL), or drawn where the logits are (ss->ids). Host
+ * sampling (ss without ids): the whole logits rows [n_logit, V] are
+ * downloaded into ss->logits instead. */
 static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int32_t *tokens, int n,
                                  const int *taps, int n_taps, int n_logit, const int32_t *logit_rows,
-                                 int32_t *argmax_out, float *host_logits, float **taps_out)
+                                 int32_t *ids_out, spec_sampling *ss, float **taps_out)
 {
     int32_t positions[t->opts.max_rows], row_seq[t->opts.max_rows];
+    const int32_t pos0 = seq->len;
     for (int i = 0; i < n; i++) {
-        positions[i] = seq->len + i;
+        positions[i] = pos0 + i;
         row_seq[i] = 0;
     }
     dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = positions, .row_seq = row_seq,
                              .n_seqs = 1, .seqs = &seq, .n_logit_rows = n_logit, .logit_rows = logit_rows,
-                             .n_taps = n_taps, .tap_layers = taps, .argmax_only = !host_logits };
+                             .n_taps = n_taps, .tap_layers = taps, .argmax_only = !ss };
     float *logits;
     DFLASH_TRY(dflash_qwen3_forward(t, &b, &logits, taps_out));
-    if (n_logit > 0 && host_logits)
-        DFLASH_TRY(t->be->ops->download(t->be, host_logits, logits,
-                                        (size_t)n_logit * (size_t)t->cfg.vocab_size * sizeof(float)));
-    else if (n_logit > 0)
-        DFLASH_TRY(t->be->ops->download(t->be, argmax_out, t->s.best, (size_t)n_logit * sizeof(int32_t)));
+    dflash_backend *be = t->be;
+    const int V = t->cfg.vocab_size;
+    if (n_logit > 0 && ss && !ss->ids)
+        return be->ops->download(be, ss->logits, logits, (size_t)n_logit * (size_t)V * sizeof(float));
+    if (n_logit > 0 && ss) { /* row logit_rows[i] predicts the position after it */
+        dflash_sample_row rows[n_logit];
+        for (int i = 0; i < n_logit; i++)
+            rows[i] = dflash_spec_sample_row(&ss->smp.o, pos0 + logit_rows[i] + 1);
+        DFLASH_TRY(dflash_spec_sample_rows(be, logits, n_logit, V, rows, t->s.best, &ss->smp, ss->logits));
+    }
+    if (n_logit > 0)
+        DFLASH_TRY(be->ops->download(be, ids_out, t->s.best, (size_t)n_logit * sizeof(int32_t)));
+    return DFLASH_OK;
+}
+
+dflash_sample_row dflash_spec_sample_row(const dflash_sampler_opts *o, int64_t pos)
+{
+    return (dflash_sample_row){ .temperature = o->temperature, .top_p = o->top_p, .min_p = o->min_p,
+                                .top_k = o->top_k, .seed = o->seed, .pos = pos };
+}
+
+int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflash_sample_row *r)
+{
+    const dflash_sampler_opts keep = s->o;
+    s->o.temperature = r->temperature;
+    s->o.top_k = r->top_k;
+    s->o.top_p = r->top_p;
+    s->o.min_p = r->min_p;
+    s->o.rep_penalty = 1.0;
+    s->o.seed = r->seed;
+    int32_t id = -1;
+    if (dflash_sampler_probs(s, logits, s->probs) == DFLASH_OK)
+        id = dflash_sampler_sample_at(s, s->probs, r->pos);
+    s->o = keep;
+    return id;
+}
+
+dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, int n, int V,
+                                      const dflash_sample_row *rows, int32_t *ids, dflash_sampler *scratch,
+                                      float *host_row)
+{
+    if (be->ops->sample_rows)
+        return be->ops->sample_rows(be, logits, n, V, rows, ids);
+    for (int i = 0; i < n; i++) {
+        DFLASH_TRY(be->ops->download(be, host_row, logits + (size_t)i * (size_t)V, (size_t)V * sizeof(float)));
+        const int32_t id = dflash_spec_draw_row(scratch, host_row, &rows[i]);
+        DFLASH_TRY(be->ops->upload(be, ids + i, &id, sizeof id));
+    }
     return DFLASH_OK;
 }
 
@@ -212,8 +261,7 @@ dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq
     int32_t last_row = n - 1;
     float *tap_rows = NULL;
     const int32_t pos0 = seq->len;
-    dflash_status s = target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss ? ss->logits : NULL,
-                                  &tap_rows);
+    dflash_status s = target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss, &tap_rows);
     if (s != DFLASH_OK) {
         dflash_kv_seq_truncate(seq, pos0); /* the forward may have advanced it before failing */
         return s;
@@ -230,9 +278,9 @@ dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq
 dflash_status dflash_spec_prefill_finish(dflash_qwen3 *target, const dflash_kv_seq *seq, const dflash_gen_opts *o,
                                          spec_sampling *ss, int32_t *cur)
 {
-    if (!ss && o->n_new > 0)
+    if ((!ss || ss->ids) && o->n_new > 0)
         DFLASH_TRY(dflash_spec_check_greedy(target, cur, 1, seq->len, 0));
-    if (ss && o->n_new > 0) {
+    if (ss && !ss->ids && o->n_new > 0) {
         DFLASH_TRY(dflash_spec_sampled_probs(&ss->smp, target, ss->logits, ss->smp.probs, seq->len, 0));
         *cur = dflash_sampler_sample_at(&ss->smp, ss->smp.probs, seq->len);
         dflash_sampler_observe(&ss->smp, cur, 1);
@@ -264,7 +312,6 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
     const int V = target->cfg.vocab_size;
     const int *taps = NULL;
     int n_taps = p ? p->ops->tap_layers(p, &taps) : 0;
-    float *hl = ss ? ss->logits : NULL;
     double t0 = dflash_spec_now_ms();
     dflash_width wm;
     dflash_width_init(&wm, B - 1);
@@ -305,8 +352,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         for (int i = 0; i <= k; i++)
             rows_idx[i] = i;
         float *tap_rows = NULL;
-        dflash_status cs = target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, hl, &tap_rows);
-        if (cs == DFLASH_OK && !ss)
+        dflash_status cs = target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, ss, &tap_rows);
+        if (cs == DFLASH_OK && (!ss || ss->ids))
             cs = dflash_spec_check_greedy(target, g, k + 1, s + 1, st->n_steps + 1);
         if (cs != DFLASH_OK) {
             dflash_kv_seq_truncate(seq, s); /* the caches stay as they were before the step */
@@ -319,7 +366,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         /* 4 ACCEPT */
         int a = 0;
         int32_t bonus;
-        if (ss) {
+        if (ss && !ss->ids) {
             dflash_status as = dflash_spec_accept_sampled(ss, target, s, st->n_steps + 1, block, k, V, &a, &bonus);
             if (as != DFLASH_OK) {
                 dflash_kv_seq_truncate(seq, s);
@@ -428,6 +475,7 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
 {
     const int V = t->cfg.vocab_size;
     DFLASH_TRY(dflash_sampler_init(&ss->smp, V, so));
+    ss->ids = so->rep_penalty == 1.0 && so->accept_rule == DFLASH_ACCEPT_EXACT && !dflash_levers_get()->host_sampling;
     ss->logits = malloc((size_t)B * (size_t)V * sizeof(float));
     if (!ss->logits) {
         dflash_sampler_free(&ss->smp);

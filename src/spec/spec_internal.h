@@ -8,10 +8,21 @@
 #include "spec/spec.h"
 
 /* Sampling state sized before the loop: the sampler and room for the
- * logits rows of one verify. NULL members on the greedy path. */
+ * logits rows of one verify. NULL members on the greedy path.
+ *
+ * Two ways to a sampled token. `ids` (no repetition penalty, the exact
+ * rule): each verified row's token is drawn where the logits are
+ * (dflash_spec_sample_rows: the backend's sample_rows, or the host sampler
+ * on rows it downloads) and only ids come back; a draft is accepted iff it
+ * equals its row's token, as on the greedy path. Otherwise the logits rows
+ * come to the host and dflash_spec_accept_sampled draws row by row (a
+ * penalty sees each accepted draft before the next row). Both draw a
+ * position's token with that position's uniform: the same tokens up to
+ * rounding. */
 typedef struct spec_sampling {
     dflash_sampler smp;
     float *logits; /* host [B, V] */
+    int ids;
 } spec_sampling;
 
 double dflash_spec_now_ms(void);
@@ -26,6 +37,19 @@ dflash_status dflash_spec_sampled_probs(dflash_sampler *smp, const dflash_qwen3 
  * logits rows ss->logits [k+1, V]: the accepted count and the bonus. */
 dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
                                         const int32_t *block, int k, int V, int *a_out, int32_t *bonus);
+/* A row's arguments for dflash_spec_sample_rows: the options o (their
+ * repetition penalty unused) and the position the row predicts. */
+dflash_sample_row dflash_spec_sample_row(const dflash_sampler_opts *o, int64_t pos);
+/* The token the host sampler draws from one logits row by r (s: a sampler
+ * of the row's vocabulary; its options are left as they were), or -1 when
+ * the row has no usable number. */
+int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflash_sample_row *r);
+/* ids[i] (backend memory) = the token of logits row i [n, V] drawn by
+ * rows[i]: the backend's sample_rows, or rows downloaded one at a time
+ * into host_row [V] and drawn by dflash_spec_draw_row with `scratch`. */
+dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, int n, int V,
+                                      const dflash_sample_row *rows, int32_t *ids, dflash_sampler *scratch,
+                                      float *host_row);
 /* The block a loop runs: the proposer's (1 without one), capped by
  * block_size > 0; beyond DFLASH_MAX_BLOCK or the target's rows is an
  * error naming `who`. */

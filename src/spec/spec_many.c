@@ -19,7 +19,8 @@
  *               sequence ends
  *
  * A group holds sequences of one kind (greedy: argmax rows only;
- * sampling: logits rows to the host) whose blocks fit the target's rows
+ * sampling: logits rows, drawn from where they are or sent to the host,
+ * spec_internal.h's spec_sampling) whose blocks fit the target's rows
  * and sequence slots. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,8 +116,9 @@ static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng)
     return DFLASH_OK;
 }
 
-/* 3 VERIFY the group's blocks in one forward; greedy rows' argmax into
- * r->best, sampling rows' logits into each sequence's buffer. */
+/* 3 VERIFY the group's blocks in one forward; greedy rows' argmax and
+ * sampling rows' drawn tokens (spec_sampling's ids) into r->best, other
+ * sampling rows' logits into each sequence's buffer. */
 static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, int sampled, float **taps_out)
 {
     const int max_rows = r->t->opts.max_rows;
@@ -142,11 +144,29 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
     dflash_backend *be = r->t->be;
     if (!sampled)
         return be->ops->download(be, r->best, r->t->s.best, (size_t)n * sizeof(int32_t));
-    const size_t V = (size_t)r->t->cfg.vocab_size;
+    /* sequences drawing by ids: every row drawn in one call (the others'
+     * rows by argmax, unused), the ids into r->best; the others' logits
+     * to the host */
+    const int V = r->t->cfg.vocab_size;
+    dflash_sample_row draw[n];
+    spec_sampling *scratch = NULL;
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
-        DFLASH_TRY(be->ops->download(be, m->ss.logits, logits + (size_t)m->row0 * V,
-                                     (size_t)(m->k + 1) * V * sizeof(float)));
+        if (m->ss.ids && !scratch)
+            scratch = &m->ss;
+        for (int i = 0; i <= m->k; i++)
+            draw[m->row0 + i] = m->ss.ids ? dflash_spec_sample_row(&m->ss.smp.o, m->s + 1 + i)
+                                          : (dflash_sample_row){ .top_p = 1.0 };
+    }
+    if (scratch) {
+        DFLASH_TRY(dflash_spec_sample_rows(be, logits, n, V, draw, r->t->s.best, &scratch->smp, scratch->logits));
+        DFLASH_TRY(be->ops->download(be, r->best, r->t->s.best, (size_t)n * sizeof(int32_t)));
+    }
+    for (int j = 0; j < ng; j++) {
+        many_seq *m = &r->ms[g[j]];
+        if (!m->ss.ids)
+            DFLASH_TRY(be->ops->download(be, m->ss.logits, logits + (size_t)m->row0 * V,
+                                         (size_t)(m->k + 1) * V * sizeof(float)));
     }
     return DFLASH_OK;
 }
@@ -207,7 +227,7 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
     const int V = r->t->cfg.vocab_size;
     dflash_ctx_rows acc[ng];
     int n_emit_of[ng], stopped_of[ng];
-    /* 4 for sampling sequences first, on every thread: each has its own
+    /* 4 for sequences sampling on the host first, on every thread: each has its own
      * sampler and logits, and its host work (a filtered distribution of
      * the vocabulary per verified position) is most of a sampled step's
      * time. A thread's error message is kept for the loop after it, which
@@ -216,12 +236,12 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
     int32_t bonus_of[ng];
     dflash_status st_of[ng];
     for (int j = 0; j < ng; j++)
-        any_sampled += r->ms[g[j]].sampled;
+        any_sampled += r->ms[g[j]].sampled && !r->ms[g[j]].ss.ids;
 #pragma omp parallel for schedule(dynamic) if (any_sampled > 1)
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
         st_of[j] = DFLASH_OK;
-        if (!m->sampled)
+        if (!m->sampled || m->ss.ids)
             continue;
         st_of[j] = dflash_spec_accept_sampled(&m->ss, r->t, m->s, m->it->stats.n_steps + 1, m->block, m->k, V,
                                               &a_of[j], &bonus_of[j]);
@@ -237,7 +257,7 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
         dflash_gen_stats *st = &it->stats;
         int a = 0;
         int32_t bonus;
-        if (m->sampled) {
+        if (m->sampled && !m->ss.ids) {
             a = a_of[j];
             bonus = bonus_of[j];
         } else {

@@ -69,6 +69,7 @@
 #include <time.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/levers.h"
 #include "dflash.h"
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
@@ -1133,27 +1134,47 @@ static void check_pystd(void)
     if (!failed_runs)
         check_pystd_engine(tdir, ddir, t, ids, n_ids, n, plain_all, n_plain_all);
     /* Seeded sampling: each token drawn with its position's uniform, so
-     * speculative (full block or auto width) equals plain token for token. */
-    int samp_same = 0, samp_n = 0;
+     * speculative (full block or auto width) equals plain token for token;
+     * the tokens drawn on the device equal those the host sampler draws
+     * from the same logits (DFLASH_HOST_SAMPLING=1), and a repetition
+     * penalty (always drawn on the host) keeps spec == plain too. */
+    int samp_same = 0, samp_n = 0, host_same = 0, pen_same = 0;
     dflash_sampler_opts so;
     dflash_sampler_default_opts(&so);
     so.temperature = 0.8;
     so.top_k = 50;
+    so.top_p = 0.9;
     g_samp = &so;
     for (size_t i = 0; i < n && i < 6; i++) {
-        int32_t sp[PYSTD_NEW], ss[PYSTD_NEW], sa[PYSTD_NEW];
-        int np = 0, ns = 0, na = 0;
+        int32_t sp[PYSTD_NEW], ss[PYSTD_NEW], sa[PYSTD_NEW], sh[PYSTD_NEW];
+        int np = 0, ns = 0, na = 0, nh = 0;
         so.seed = 1000 + i;
+        so.rep_penalty = 1.0;
         int ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain") &&
                  gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec") &&
                  gen_timed(t, h, 1, ids[i], (int)n_ids[i], sa, &na, NULL, "sampled spec auto");
         samp_n++;
         samp_same += ok && np == ns && np == na && !memcmp(sp, ss, (size_t)np * sizeof(int32_t)) &&
                      !memcmp(sp, sa, (size_t)np * sizeof(int32_t));
+        setenv("DFLASH_HOST_SAMPLING", "1", 1);
+        dflash_levers_reload();
+        ok = ok && gen_timed(t, h, 0, ids[i], (int)n_ids[i], sh, &nh, NULL, "sampled spec on the host");
+        unsetenv("DFLASH_HOST_SAMPLING");
+        dflash_levers_reload();
+        host_same += ok && nh == np && !memcmp(sp, sh, (size_t)np * sizeof(int32_t));
+        so.rep_penalty = 1.1;
+        ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain, penalty") &&
+             gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec, penalty");
+        pen_same += ok && np == ns && !memcmp(sp, ss, (size_t)np * sizeof(int32_t));
     }
+    so.rep_penalty = 1.0;
     g_samp = NULL;
-    add_row("sampled spec==plain (gpu)", samp_same == samp_n, "equal", "%d/%d prompts (T 0.8, top-k 50)", samp_same,
-            samp_n);
+    add_row("sampled spec==plain (gpu)", samp_same == samp_n, "equal", "%d/%d prompts (T 0.8, top-k 50, top-p 0.9)",
+            samp_same, samp_n);
+    add_row("sampled on device==host (gpu)", host_same == samp_n, "equal", "%d/%d prompts (spec, same options)",
+            host_same, samp_n);
+    add_row("sampled spec==plain, penalty (gpu)", pen_same == samp_n, "equal", "%d/%d prompts (penalty 1.1, host)",
+            pen_same, samp_n);
     if (auto_bad >= 0)
         add_row("spec auto width==plain (gpu)", 0, "equal", "%d/%zu same, first diff prompt %d", auto_same, n,
                 auto_bad);

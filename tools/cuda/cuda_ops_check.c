@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 #include "core/levers.h"
+#include "spec/sampler.h"
 
 static dflash_backend *g_cpu, *g_gpu;
 static int g_small, g_perf = 1;
@@ -35,7 +36,8 @@ static int g_small, g_perf = 1;
 /* --only: the sections of checks to run (comma-separated names of
  * k_sections), NULL for all. */
 static const char *g_only;
-static const char k_sections[] = "errors,embed,add_rmsnorm,elementwise,linear,norm,recurrent,attention,copy,moe,argmax";
+static const char k_sections[] =
+    "errors,embed,add_rmsnorm,elementwise,linear,norm,recurrent,attention,copy,moe,argmax,sample";
 
 /* Whether `name` is one of the comma-separated names in `list`. */
 static int in_list(const char *list, const char *name, size_t len)
@@ -1815,6 +1817,144 @@ static void case_argmax(int n, int cols, int special, int timed)
     gpu_reset();
 }
 
+/* ---- sample_rows ------------------------------------------------------- */
+
+/* A logits row of kind `kind` (see case_sample). */
+static void sample_fill(float *r, int V, int kind)
+{
+    switch (kind) {
+    case 0: /* peaked: a few tokens far above a noisy floor */
+        for (int j = 0; j < V; j++)
+            r[j] = 2.0f * frand();
+        for (int i = 0; i < 5; i++)
+            r[irand(V)] = 10.0f + 1.0f * (float)i;
+        break;
+    case 1: /* flat: every token nearly as likely */
+        for (int j = 0; j < V; j++)
+            r[j] = 0.5f * frand();
+        break;
+    case 2: /* a dozen tokens of weight, the rest far below */
+    case 3: /* the same with ties: the top twice, then groups of equal logits */
+        for (int j = 0; j < V; j++)
+            r[j] = -30.0f + frand();
+        for (int i = 0; i < 12; i++)
+            r[irand(V)] = kind == 2 ? 2.0f + 2.0f * frand() : i < 2 ? 3.0f : i < 8 ? 2.0f : 1.0f;
+        break;
+    case 4: /* a third of the tokens at -inf */
+        for (int j = 0; j < V; j++)
+            r[j] = irand(3) == 0 ? -INFINITY : 3.0f * frand();
+        break;
+    default: /* no usable number: a NaN, or nothing above -inf */
+        for (int j = 0; j < V; j++)
+            r[j] = kind == 5 ? frand() : -INFINITY;
+        if (kind == 5)
+            r[irand(V)] = NAN;
+    }
+}
+
+typedef struct sample_arg {
+    const float *logits;
+    int n, V;
+    const dflash_sample_row *rows;
+    int32_t *ids;
+} sample_arg;
+
+static dflash_status run_sample(void *p)
+{
+    sample_arg *a = p;
+    return g_gpu->ops->sample_rows(g_gpu, a->logits, a->n, a->V, a->rows, a->ids);
+}
+
+/* sample_rows against the host sampler: rows of every kind above (peaked,
+ * flat, a dozen tokens, ties, -inf, no usable number), each drawn at D
+ * positions under each setting (temperature, top-k, top-p, min-p), every
+ * token equal to what the host sampler draws from the same row with the
+ * same position's uniform. Timed: 16 rows of the given settings. */
+static void case_sample(int V, int D, int timed)
+{
+    static const struct { double T; int k; double p, minp; } set[] = {
+        { 0, 0, 1, 0 },       { 1.0, 0, 1, 0 },    { 0.6, 20, 0.95, 0 }, { 0.8, 0, 0.9, 0 },
+        { 1.0, 50, 1, 0 },    { 1.2, 0, 0.5, 0.05 }, { 0.7, 1000, 0.8, 0 }, { 1.0, 0, 1, 0.1 },
+        { 1.5, 3, 0.7, 0.2 }, { 1e-30, 0, 1, 0 },  { 0.9, 5, 0.6, 0 },   { 2.0, 0, 0.99, 0 },
+    };
+    enum { KINDS = 7 };
+    const int R = 2 * KINDS, n = R * D;
+    float *x = xmalloc((size_t)R * V * sizeof(float));
+    for (int r = 0; r < R; r++)
+        sample_fill(x + (size_t)r * V, V, r % KINDS);
+    /* each row D times on the device */
+    float *dx = gpu_alloc((size_t)n * V * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d++)
+            MUST(g_gpu->ops->upload(g_gpu, dx + ((size_t)r * D + d) * V, x + (size_t)r * V, (size_t)V * sizeof(float)));
+    int32_t *dids = gpu_alloc((size_t)n * sizeof(int32_t));
+    dflash_sample_row *rows = xmalloc((size_t)n * sizeof *rows);
+    int32_t *got = xmalloc((size_t)n * sizeof(int32_t));
+    dflash_sampler smp;
+    dflash_sampler_opts so;
+    dflash_sampler_default_opts(&so);
+    MUST(dflash_sampler_init(&smp, V, &so));
+    for (size_t si = 0; si < sizeof set / sizeof set[0]; si++) {
+        char shape[112];
+        snprintf(shape, sizeof shape, "%d rows x %d, T %g top-k %d top-p %g min-p %g", n, V, set[si].T, set[si].k,
+                 set[si].p, set[si].minp);
+        for (int i = 0; i < n; i++)
+            rows[i] = (dflash_sample_row){ .temperature = set[si].T, .top_k = set[si].k, .top_p = set[si].p,
+                                           .min_p = set[si].minp, .seed = 1000 + si, .pos = 37 * i + 5 };
+        int32_t *poison = got;
+        for (int i = 0; i < n; i++)
+            poison[i] = -12345;
+        MUST(g_gpu->ops->upload(g_gpu, dids, poison, (size_t)n * sizeof(int32_t)));
+        MUST(g_gpu->ops->sample_rows(g_gpu, dx, n, V, rows, dids));
+        gpu_get(got, dids, (size_t)n * sizeof(int32_t));
+        int bad = 0;
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + (size_t)r * V;
+            smp.o.temperature = set[si].T;
+            smp.o.top_k = set[si].k;
+            smp.o.top_p = set[si].p;
+            smp.o.min_p = set[si].minp;
+            smp.o.seed = rows[0].seed;
+            const int usable = dflash_sampler_probs(&smp, xr, smp.probs) == DFLASH_OK;
+            for (int d = 0; d < D; d++) {
+                const int i = r * D + d;
+                const int32_t want = usable ? dflash_sampler_sample_at(&smp, smp.probs, rows[i].pos) : -1;
+                if (got[i] != want) {
+                    if (bad < 4)
+                        printf("     sample_rows %s: row %d (kind %d) pos %lld: gpu %d, cpu %d (p %.3g vs %.3g)\n",
+                               shape, r, r % KINDS, (long long)rows[i].pos, got[i], want,
+                               got[i] >= 0 && got[i] < V && usable ? smp.probs[got[i]] : -1.0,
+                               want >= 0 && usable ? smp.probs[want] : -1.0);
+                    bad++;
+                }
+            }
+        }
+        record("sample_rows", shape, bad ? INFINITY : 0.0, 0.0);
+    }
+    dflash_sampler_free(&smp);
+    if (timed) {
+        static const struct { double T; int k; double p; const char *what; } tset[] = {
+            { 0.6, 20, 0.95, "T 0.6 top-k 20 top-p 0.95" },
+            { 1.0, 0, 0.9, "T 1 top-p 0.9" },
+            { 1.0, 0, 1.0, "T 1" },
+        };
+        for (size_t ti = 0; ti < sizeof tset / sizeof tset[0]; ti++)
+            for (int kind = 0; kind < 2; kind++) { /* peaked, flat: the first D rows of each are one row */
+                for (int i = 0; i < 16; i++)
+                    rows[i] = (dflash_sample_row){ .temperature = tset[ti].T, .top_k = tset[ti].k,
+                                                   .top_p = tset[ti].p, .seed = 7, .pos = i };
+                char shape[112];
+                snprintf(shape, sizeof shape, "16 rows x %d, %s, %s", V, kind ? "flat" : "peaked", tset[ti].what);
+                sample_arg a = { dx + (size_t)kind * D * V, D < 16 ? D : 16, V, rows, dids };
+                time_op("sample_rows", shape, run_sample, &a, 4.0 * a.n * V);
+            }
+    }
+    free(x);
+    free(rows);
+    free(got);
+    gpu_reset();
+}
+
 /* ---- kv_write + attention ----------------------------------------------- */
 
 typedef enum { MODE_CAUSAL, MODE_WINDOW, MODE_NONE } attn_mode;
@@ -2572,6 +2712,17 @@ int main(int argc, char **argv)
             case_argmax(20, 151936, 1, 0);
             case_argmax(20, 151935, 1, 0);
             case_argmax(20, 3, 1, 0);
+        }
+    }
+
+    if (section("sample")) {
+        /* sample_rows */
+        if (g_small) {
+            case_sample(1000, 8, 0);
+            case_sample(997, 8, 0);
+        } else {
+            case_sample(151936, 16, T);
+            case_sample(4096, 64, 0);
         }
     }
 

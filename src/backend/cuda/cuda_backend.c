@@ -120,7 +120,7 @@ static void cuda_destroy(dflash_backend *be)
             c->cu.cuMemFree(c->rope[i].data);
         free(c->rope);
         cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_bad,
-                             &c->gemm_xs };
+                             &c->gemm_xs, &c->smp_rows, &c->smp_e };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cuda_buf_free(c, bufs[i]);
         if (c->err_flag)
@@ -610,6 +610,22 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
     return cuda_launch(c, DFK_ARGMAX, (unsigned)n, 1, 1024, args);
 }
 
+/* sample.cu: the rows' arguments go up with the call (an upload, so not
+ * inside a graph); each row's exp(x - m) [V] doubles are its workspace. */
+static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, int n, int V,
+                                      const dflash_sample_row *rows, int32_t *ids)
+{
+    cuda_ctx *c = CTX(be);
+    if (n <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_rows, (size_t)n * sizeof *rows, 0));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_e, (size_t)n * (size_t)V * sizeof(double), 0));
+    DFLASH_TRY(cuda_upload(be, HPTR(c->smp_rows.p), rows, (size_t)n * sizeof *rows));
+    void *args[] = { (void *)&logits, &V, &c->smp_rows.p, &c->smp_e.p, &ids };
+    return cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)n, 1, 1024, args);
+}
+
 /* Benchmarks read these around a call (dflash bench). */
 static void cuda_counters(dflash_backend *be, dflash_backend_counters *out) { *out = CTX(be)->count; }
 
@@ -638,6 +654,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .conv_silu = cuda_conv_silu,
     .delta_rule = cuda_delta_rule,
     .argmax = cuda_argmax,
+    .sample_rows = cuda_sample_rows,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,
     .linear_gated_add = cuda_linear_gated_add,

@@ -81,6 +81,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_SIGMOID_MUL] = { "recurrent.cu", "dflash_sigmoid_mul" },
     [DFK_MOE_ROUTE] = { "moe.cu", "dflash_moe_route" },
     [DFK_MOE_ROUTE_WIDE] = { "moe.cu", "dflash_moe_route_wide" },
+    [DFK_SAMPLE_ROWS] = { "sample.cu", "dflash_sample_rows" },
 };
 
 /* -lineinfo costs nothing at run time and lets compute-sanitizer and

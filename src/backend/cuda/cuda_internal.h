@@ -64,6 +64,7 @@ typedef struct cuda_ctx {
     cuda_buf part_o, part_ml;
     cuda_buf gemm_ws, gemm_cnt, am_val, am_idx, am_bad;
     cuda_buf gemm_xs; /* gemm_wide.cu's activations split into bf16 hi/lo */
+    cuda_buf smp_rows, smp_e; /* sample.cu's row arguments and exp(x - m) of each row */
     char desc[192];
 } cuda_ctx;
 
