@@ -265,7 +265,8 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
     }
 
     /* 5 min-p and top-p's drops applied; each thread's contiguous chunk
-     * summed in index order */
+     * summed in index order (chunks hold other threads' writes of 3) */
+    __syncthreads();
     const int chunk = (V + SMP_THREADS - 1) / SMP_THREADS;
     const int j0 = tid * chunk, j1 = min(V, j0 + chunk);
     double s = 0;
