@@ -856,9 +856,11 @@ static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq 
         o->draw = malloc((size_t)o->n * sizeof *o->draw);
         o->ids = malloc((size_t)o->n * sizeof *o->ids);
         o->host_logits = malloc((size_t)(o->host ? o->n : 1) * V * sizeof(float));
-        if (o->draw && o->ids && o->host_logits && dflash_sampler_init(&o->smp, (int)V, &a->so) != DFLASH_OK) {
+        const dflash_status s = o->draw && o->ids && o->host_logits ? dflash_sampler_init(&o->smp, (int)V, &a->so)
+                                                                    : DFLASH_OK;
+        if (s != DFLASH_OK) {
             forward_free(o);
-            return DFLASH_ERR_OOM;
+            return s;
         }
     }
     if (!buf || (a->sample && (!o->draw || !o->ids || !o->host_logits))) {
