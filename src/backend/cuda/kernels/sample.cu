@@ -2,31 +2,37 @@
  * sampler's rules (src/spec/sampler.c: temperature, top-k, top-p, min-p,
  * then an inverse-CDF draw with the uniform of the row's position), so a
  * sampled step downloads token ids instead of [rows, V] f32 logits and
- * filters no vocabulary on the host. One block per row.
+ * filters no vocabulary on the host. One block of 1024 threads a row.
  *
- * What differs from the host, and why it does not matter:
- *   - exp() is CUDA's double exp (within 1 ulp), sums run in a fixed
- *     parallel order: probabilities agree with the host's to ~1e-15;
- *   - top-p weighs each token's probability in integer units of 2^-44 of
- *     the top token's: a deterministic sum in any order (an atomic add of
- *     integers), off from the exact mass by at most V * 2^-44 ~ 1e-8 of
- *     it, below the f32 rounding of the rule as transformers computes it.
- * A token at an edge may fall the other way, as rounding anywhere would
- * have it; the result depends only on the row and its arguments (not on
- * timing or the other rows), so a seed reproduces a run exactly.
+ * The scaled logits x = logit / T and exp(x - m) are the host's, in double
+ * (CUDA's exp within 1 ulp). Top-p and the draw weigh each token in
+ * integer units of 2^-44 of the top token's weight: integer sums are exact
+ * in any order, so every prefix the draw needs is exact and the result
+ * depends only on the row and its arguments. A token's weight is off by
+ * under 2^-44 of the top token's (a token lighter than that cannot be
+ * drawn: under 6e-14 of the mass each); a token at a filter's edge or at
+ * the draw's boundary may fall the other way than on the host, as
+ * rounding anywhere would have it.
  *
  * Order of the vocabulary (top-k's k-th largest, top-p's dropped tail):
  * descending logit, ascending index on ties, the host's order (dividing
- * by the temperature in double keeps f32 logits distinct and in order). */
+ * f32 logits by the temperature in double keeps them distinct and in
+ * order). Both searches narrow a range of the logits' order keys through
+ * histograms of 1024 bins spanning the range (the shift that makes it fit),
+ * so the tokens spread over many bins and the shared-memory atomics seldom
+ * collide. */
 #include "common.cuh"
 
 #define SMP_THREADS 1024
+#define SMP_BINS 1024 /* one per thread */
+
+typedef unsigned long long u64;
 
 /* dflash_sample_row (backend.h), field for field. */
 struct sample_row {
     double temperature, top_p, min_p;
     int top_k, pad_;
-    unsigned long long seed;
+    u64 seed;
     long long pos;
 };
 
@@ -43,41 +49,109 @@ __forceinline__ float smp_key_value(u32 k)
 }
 
 /* The host's splitmix64 and dflash_sampler_uniform_at, bit for bit. */
-__forceinline__ unsigned long long smp_splitmix(unsigned long long &x)
+__forceinline__ u64 smp_splitmix(u64 &x)
 {
-    unsigned long long z = (x += 0x9e3779b97f4a7c15ull);
+    u64 z = (x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-__forceinline__ double smp_uniform_at(unsigned long long seed, long long pos)
+__forceinline__ double smp_uniform_at(u64 seed, long long pos)
 {
-    unsigned long long s = seed;
-    unsigned long long x = smp_splitmix(s) + (unsigned long long)pos * 0x9e3779b97f4a7c15ull;
+    u64 s = seed;
+    u64 x = smp_splitmix(s) + (u64)pos * 0x9e3779b97f4a7c15ull;
     return (double)(smp_splitmix(x) >> 11) * 0x1.0p-53;
 }
 
-/* A token's top-p weight: exp(x - m) in units of 2^-44 (the top token
- * weighs 2^44; 2^18 tokens of it stay below 2^63). */
-__forceinline__ unsigned long long smp_mass(double e) { return __double2ull_rz(e * 0x1.0p44); }
+/* A token's weight: exp(x - m) in units of 2^-44 (the top token weighs
+ * 2^44; 2^18 tokens of that stay below 2^63). */
+__forceinline__ u64 smp_mass(double e) { return __double2ull_rz(e * 0x1.0p44); }
 
-/* x: a logit divided by the temperature, in double as the host does it. */
-__forceinline__ double smp_scaled(float v, double T) { return (double)v / T; }
-
-/* Sum of a per-thread count over the block (exact). */
-__forceinline__ int smp_block_count(int v, int *scratch)
+/* The smallest shift that maps a range of width span + 1 into SMP_BINS. */
+__forceinline__ int smp_shift(u32 span)
 {
-    v = warp_incl_sum(v);
-    v = __shfl_sync(0xffffffffu, v, 31);
+    int sh = 0;
+    while ((span >> sh) >= SMP_BINS)
+        sh++;
+    return sh;
+}
+
+/* The last key of the bin that starts at lo (shift sh), within hi. */
+__forceinline__ u32 smp_bin_top(u32 lo, u32 hi, int sh)
+{
+    const u64 t = (u64)lo + ((1ull << sh) - 1ull);
+    return t < hi ? (u32)t : hi;
+}
+
+/* Inclusive prefix sum over the block in thread order (blockDim 1024);
+ * scratch holds 32 values; the block's total is left in scratch[31]. A
+ * fixed tree: exact for integers. */
+template <typename T> __forceinline__ T smp_block_scan(T v, T *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        const T u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o)
+            v += u;
+    }
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 31)
+        scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = scratch[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const T u = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o)
+                w += u;
+        }
+        scratch[lane] = w;
+    }
+    __syncthreads();
+    return warp ? v + scratch[warp - 1] : v;
+}
+
+__forceinline__ u32 smp_block_min(u32 v, u32 *scratch)
+{
+    v = __reduce_min_sync(0xffffffffu, v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
         scratch[threadIdx.x >> 5] = v;
     __syncthreads();
-    int t = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-        t += scratch[w];
-    return t;
+    return __reduce_min_sync(0xffffffffu, scratch[threadIdx.x & 31]);
+}
+
+__forceinline__ u32 smp_block_max(u32 v, u32 *scratch)
+{
+    v = __reduce_max_sync(0xffffffffu, v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    return __reduce_max_sync(0xffffffffu, scratch[threadIdx.x & 31]);
+}
+
+/* What the row keeps of token j after top-p and min-p, as a weight (0:
+ * dropped); e: its exp(x - m), 0 for tokens top-k or -inf removed. */
+struct smp_keep {
+    const float *l;
+    int top, top_p;
+    u32 cut_key;
+    int cut_idx;
+    double min_p;
+};
+
+__forceinline__ u64 smp_kept_mass(const smp_keep &k, int j, double e)
+{
+    if (e == 0.0 || e < k.min_p)
+        return 0;
+    if (k.top_p && j != k.top) {
+        const u32 key = smp_key(k.l[j]);
+        if (key < k.cut_key || (key == k.cut_key && j > k.cut_idx))
+            return 0;
+    }
+    return smp_mass(e);
 }
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
@@ -85,28 +159,39 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 {
     pdl_trigger();
     pdl_wait();
+    __shared__ u64 h_mass[SMP_BINS];
+    __shared__ u32 h_cnt[SMP_BINS];
+    __shared__ u64 sc_u64[32];
+    __shared__ u32 sc_u32[32];
     __shared__ float sv[32];
     __shared__ int si[32];
-    __shared__ unsigned long long h_mass[256];
-    __shared__ u32 h_cnt[256];
-    __shared__ double part[SMP_THREADS + 1]; /* a thread's chunk sum, then the prefix before it */
     __shared__ int s_int[4];
-    __shared__ unsigned long long s_u64[2];
-    const int tid = threadIdx.x;
+    __shared__ u64 s_u64[2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float *l = logits + (i64)blockIdx.x * V;
     double *e = e_ws + (i64)blockIdx.x * V;
     const sample_row a = rows[blockIdx.x];
     const double T = a.temperature;
     const double NEG_INF = -__longlong_as_double(0x7ff0000000000000ll);
 
-    /* 1 the first maximum, the row's usability, the scaled survivors */
+    /* 1 the first maximum, the row's usability; x = logit / T into the
+     * workspace, the count and key range of the finite ones */
     float bv = __int_as_float(0x7fc00000);
     int bi = AM_NONE_IDX, bad = 0, n_fin = 0;
+    u32 kmin = 0xffffffffu, kmax = 0;
     for (int j = tid; j < V; j += SMP_THREADS) {
         const float v = l[j];
         bad |= am_unusable(v);
         am_take(bv, bi, v, j);
-        n_fin += T > 0.0 && smp_scaled(v, T) != NEG_INF;
+        if (T > 0.0) {
+            const double x = (double)v / T;
+            e[j] = x;
+            if (x != NEG_INF) {
+                n_fin++;
+                kmin = min(kmin, smp_key(v));
+                kmax = max(kmax, smp_key(v));
+            }
+        }
     }
     bad = __syncthreads_or(bad);
     block_argmax(bv, bi, sv, si);
@@ -114,227 +199,186 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
         s_int[0] = bi;
         s_int[1] = bad || !(bv > -__int_as_float(0x7f800000)) ? -1 : bi;
     }
-    n_fin = smp_block_count(n_fin, si); /* syncs: s_int is visible after it */
+    n_fin = (int)smp_block_scan((u32)n_fin, sc_u32); /* syncs: s_int is visible after it */
+    n_fin = (int)sc_u32[31];
     const int top = s_int[0];
     if (s_int[1] < 0 || !(T > 0.0)) { /* no usable number; or a point mass (greedy) */
         if (tid == 0)
             out[blockIdx.x] = s_int[1];
         return;
     }
-    const double m = smp_scaled(l[top], T);
+    const double m = (double)l[top] / T;
     if (m == -NEG_INF || m == NEG_INF) { /* the scaling overflowed: its limit is a point mass */
         if (tid == 0)
             out[blockIdx.x] = top;
         return;
     }
+    kmin = smp_block_min(kmin, sc_u32);
+    kmax = smp_block_max(kmax, sc_u32);
 
-    /* 2 top-k: the k-th largest scaled logit, counted with multiplicity,
-     * by a radix select over the logits' keys, 8 bits a pass */
+    /* 2 top-k: the k-th largest scaled logit, counted with multiplicity:
+     * the range of keys narrowed by count histograms, walked from the top */
     double kth = NEG_INF;
     if (a.top_k > 0 && a.top_k < n_fin) {
-        u32 prefix = 0, want = (u32)a.top_k;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            for (int b = tid; b < 256; b += SMP_THREADS)
-                h_cnt[b] = 0;
+        u32 lo = kmin, hi = kmax, want = (u32)a.top_k;
+        for (;;) {
+            const int sh = smp_shift(hi - lo);
+            h_cnt[tid] = 0;
             __syncthreads();
             for (int j = tid; j < V; j += SMP_THREADS) {
-                const float v = l[j];
-                const u32 k = smp_key(v);
-                if (smp_scaled(v, T) == NEG_INF || (shift < 24 && (k >> (shift + 8)) != prefix))
-                    continue;
-                atomicAdd(&h_cnt[(k >> shift) & 255u], 1u);
+                const u32 k = smp_key(l[j]);
+                if (k >= lo && k <= hi && e[j] != NEG_INF)
+                    atomicAdd(&h_cnt[(k - lo) >> sh], 1u);
             }
             __syncthreads();
-            if (tid == 0) {
-                int b = 255;
-                for (; b > 0 && want > h_cnt[b]; b--)
-                    want -= h_cnt[b];
+            const int b = SMP_BINS - 1 - tid; /* thread 0 takes the top bin */
+            const u32 c = h_cnt[b], above = smp_block_scan(c, sc_u32);
+            if (above >= want && above - c < want) {
                 s_int[2] = b;
-                s_int[3] = (int)want;
+                s_int[3] = (int)(want - (above - c));
             }
             __syncthreads();
-            prefix = (prefix << 8) | (u32)s_int[2];
+            lo += (u32)s_int[2] << sh;
+            hi = smp_bin_top(lo, hi, sh);
             want = (u32)s_int[3];
-            __syncthreads();
+            if (sh == 0)
+                break;
         }
-        kth = smp_scaled(smp_key_value(prefix), T);
+        kth = (double)smp_key_value(lo) / T;
     }
 
-    /* 3 the survivors' exp(x - m), and their top-p weight */
-    unsigned long long z = 0;
+    /* 3 the survivors' exp(x - m) into the workspace; their total weight;
+     * the key range of top-p's candidates (weight > 0, not the top) */
+    u64 z = 0;
+    u32 plo = 0xffffffffu, phi = 0;
     for (int j = tid; j < V; j += SMP_THREADS) {
-        const double x = smp_scaled(l[j], T);
+        const double x = e[j];
         const double ej = x != NEG_INF && x >= kth ? exp(x - m) : 0.0;
         e[j] = ej;
         z += smp_mass(ej);
+        if (ej != 0.0 && j != top) {
+            plo = min(plo, smp_key(l[j]));
+            phi = max(phi, smp_key(l[j]));
+        }
     }
 
     /* 4 top-p: the largest tail of the order (the top token excepted)
-     * whose weight is <= (1 - top_p) of the total is dropped; found by a
-     * radix select over the keys, weighing each bin. Tokens of weight 0
-     * (exp underflowed) are dropped either way and left out. The result:
-     * a token drops iff its key < cut_key, or == cut_key and its index >
-     * cut_idx. */
-    const int top_p = a.top_p < 1.0;
-    u32 cut_key = 0;
-    int cut_idx = V;
-    if (top_p) {
-        if (tid == 0)
-            s_u64[0] = 0;
-        __syncthreads();
-        atomicAdd(&s_u64[0], z);
-        __syncthreads();
-        const unsigned long long cap = (unsigned long long)((1.0 - a.top_p) * (double)s_u64[0]);
-        unsigned long long below = 0; /* weight of the tokens under the current range */
-        u32 prefix = 0;
-        int all_fit = 0, shift = 24;
-        for (; shift >= 0; shift -= 8) {
-            for (int b = tid; b < 256; b += SMP_THREADS) {
-                h_cnt[b] = 0;
-                h_mass[b] = 0;
-            }
+     * whose weight is <= (1 - top_p) of the total drops: found by weighed
+     * histograms, walked from the bottom. Then a token drops iff its key
+     * < cut_key, or == cut_key and its index > cut_idx. */
+    smp_keep keep = { l, top, a.top_p < 1.0, 0u, V, a.min_p };
+    if (keep.top_p) {
+        smp_block_scan(z, sc_u64);
+        const u64 cap = (u64)((1.0 - a.top_p) * (double)sc_u64[31]);
+        u32 lo = smp_block_min(plo, sc_u32), hi = smp_block_max(phi, sc_u32);
+        u64 below = 0; /* weight of the candidates under [lo, hi] */
+        for (; lo <= hi;) {
+            const int sh = smp_shift(hi - lo);
+            h_cnt[tid] = 0;
+            h_mass[tid] = 0;
             __syncthreads();
             for (int j = tid; j < V; j += SMP_THREADS) {
                 const double ej = e[j];
-                const u32 k = smp_key(l[j]);
-                if (ej == 0.0 || j == top || (shift < 24 && (k >> (shift + 8)) != prefix))
+                if (ej == 0.0 || j == top)
                     continue;
-                atomicAdd(&h_mass[(k >> shift) & 255u], smp_mass(ej));
-                atomicAdd(&h_cnt[(k >> shift) & 255u], 1u);
-            }
-            __syncthreads();
-            if (tid == 0) {
-                unsigned long long acc = below;
-                int b = 0;
-                for (; b < 256 && acc + h_mass[b] <= cap; b++)
-                    acc += h_mass[b];
-                s_int[2] = b;
-                s_u64[1] = acc;
-            }
-            __syncthreads();
-            const int b = s_int[2];
-            below = s_u64[1];
-            if (b == 256) { /* the whole range fits: it drops with everything under it */
-                all_fit = 1;
-                break;
-            }
-            prefix = (prefix << 8) | (u32)b;
-            if (shift == 0) { /* the edge is inside the tokens of key `prefix` */
-                const u32 cnt = h_cnt[b];
-                const unsigned long long each = h_mass[b] / cnt;
-                const unsigned long long d = (cap - below) / each; /* of them the last d drop */
-                cut_key = prefix;
-                if (d > 0) {
-                    /* keep the cnt - d of lowest index: find the index of
-                     * rank cnt - d among them (chunks in index order) */
-                    const int r = (int)(cnt - d);
-                    const int chunk = (V + SMP_THREADS - 1) / SMP_THREADS;
-                    const int j0 = tid * chunk, j1 = min(V, j0 + chunk);
-                    int c = 0;
-                    for (int j = j0; j < j1; j++)
-                        c += j != top && e[j] != 0.0 && smp_key(l[j]) == prefix;
-                    __syncthreads();
-                    part[tid] = (double)c;
-                    __syncthreads();
-                    if (tid == 0) {
-                        double run = 0;
-                        for (int t = 0; t < SMP_THREADS; t++) {
-                            const double ct = part[t];
-                            part[t] = run;
-                            run += ct;
-                        }
-                    }
-                    __syncthreads();
-                    int seen = (int)part[tid];
-                    if (seen < r && seen + c >= r)
-                        for (int j = j0; j < j1; j++)
-                            if (j != top && e[j] != 0.0 && smp_key(l[j]) == prefix && ++seen == r)
-                                s_int[3] = j;
-                    __syncthreads();
-                    cut_idx = s_int[3];
+                const u32 k = smp_key(l[j]);
+                if (k >= lo && k <= hi) {
+                    atomicAdd(&h_mass[(k - lo) >> sh], smp_mass(ej));
+                    atomicAdd(&h_cnt[(k - lo) >> sh], 1u);
                 }
             }
             __syncthreads();
-        }
-        if (all_fit) { /* every key up to the top of the range drops */
-            const unsigned long long top_of_range =
-                shift == 24 ? 0xffffffffull : ((((unsigned long long)prefix + 1) << (shift + 8)) - 1);
-            cut_key = (u32)top_of_range;
-            cut_idx = -1;
-        }
-    }
-
-    /* 5 min-p and top-p's drops applied; each thread's contiguous chunk
-     * summed in index order (chunks hold other threads' writes of 3) */
-    __syncthreads();
-    const int chunk = (V + SMP_THREADS - 1) / SMP_THREADS;
-    const int j0 = tid * chunk, j1 = min(V, j0 + chunk);
-    double s = 0;
-    int last = -1;
-    for (int j = j0; j < j1; j++) {
-        double ej = e[j];
-        if (ej == 0.0)
-            continue;
-        if (top_p && j != top) {
-            const u32 k = smp_key(l[j]);
-            if (k < cut_key || (k == cut_key && j > cut_idx))
-                ej = 0.0;
-        }
-        if (ej < a.min_p)
-            ej = 0.0;
-        if (ej == 0.0) {
-            e[j] = 0.0;
-            continue;
-        }
-        s += ej;
-        last = j;
-    }
-    __syncthreads();
-    part[tid] = s;
-    if (tid == 0)
-        s_int[2] = -1;
-    __syncthreads();
-    if (tid == 0) { /* prefix sums in thread order: part[t + 1] == part[t] + the sum of chunk t, exactly */
-        double run = 0;
-        for (int t = 0; t < SMP_THREADS; t++) {
-            const double st = part[t];
-            part[t] = run;
-            run += st;
-        }
-        part[SMP_THREADS] = run;
-    }
-    __syncthreads();
-
-    /* 6 inverse CDF: the first token whose running sum passes u * total;
-     * the chunk holding it walks its sums again in the same order, so it
-     * passes inside the chunk */
-    const double target = smp_uniform_at(a.seed, a.pos) * part[SMP_THREADS];
-    if (part[tid] <= target && target < part[tid] + s) {
-        double run = 0;
-        for (int j = j0; j < j1; j++) {
-            const double ej = e[j];
-            if (ej == 0.0)
-                continue;
-            run += ej;
-            if (part[tid] + run > target) {
-                s_int[2] = j;
+            const u64 mb = h_mass[tid], upto = below + smp_block_scan(mb, sc_u64);
+            if (below + sc_u64[31] <= cap) { /* the whole range fits: it drops with all under it */
+                keep.cut_key = hi;
+                keep.cut_idx = -1;
                 break;
             }
+            if (upto > cap && upto - mb <= cap) {
+                s_int[2] = tid;
+                s_u64[0] = upto - mb;
+            }
+            __syncthreads();
+            const int b = s_int[2];
+            below = s_u64[0];
+            lo += (u32)b << sh;
+            hi = smp_bin_top(lo, hi, sh);
+            if (sh > 0)
+                continue;
+            /* the edge is inside the tokens of key lo, all of one weight:
+             * of them the d of highest index drop */
+            const u32 cnt = h_cnt[b];
+            const u64 d = (cap - below) / (h_mass[b] / cnt);
+            keep.cut_key = lo;
+            if (d > 0) { /* the index of rank cnt - d among them: warp chunks in index order */
+                const int r = (int)(cnt - d), cw = (V + 1023) / 1024 * 32;
+                const int j0 = warp * cw, j1 = min(V, j0 + cw);
+                u32 c = 0;
+                for (int j = j0 + lane; j < j1; j += 32)
+                    c += j != top && e[j] != 0.0 && smp_key(l[j]) == lo;
+                c = __reduce_add_sync(0xffffffffu, c);
+                const u32 upto_w = smp_block_scan(lane == 0 ? c : 0u, sc_u32);
+                const u32 seen = upto_w - (lane == 0 ? c : 0u); /* lane 0: members before this warp's chunk */
+                const u32 before = __shfl_sync(0xffffffffu, seen, 0);
+                if ((int)before < r && (int)(before + c) >= r) {
+                    int got = (int)before;
+                    for (int j0l = j0; j0l < j1; j0l += 32) {
+                        const int j = j0l + lane;
+                        const int mem = j < j1 && j != top && e[j] != 0.0 && smp_key(l[j]) == lo;
+                        const unsigned bal = __ballot_sync(0xffffffffu, mem);
+                        if (got + __popc(bal) >= r) {
+                            const int need = r - got; /* the need-th set lane */
+                            unsigned bb = bal;
+                            for (int q = 1; q < need; q++)
+                                bb &= bb - 1;
+                            if (lane == 0)
+                                s_int[3] = j0l + __ffs(bb) - 1;
+                            break;
+                        }
+                        got += __popc(bal);
+                    }
+                }
+                __syncthreads();
+                keep.cut_idx = s_int[3];
+            }
+            break;
         }
     }
-    /* rounding left u * total at or past the end: the last token with mass */
-    int hi = last;
+
+    /* 5 the kept weights summed over warp chunks in index order; the draw's
+     * target u * total; the chunk that holds it walks it 32 at a time */
+    __syncthreads();
+    const int cw = (V + 1023) / 1024 * 32;
+    const int j0 = warp * cw, j1 = min(V, j0 + cw);
+    u64 s = 0;
+    for (int j = j0 + lane; j < j1; j += 32)
+        s += smp_kept_mass(keep, j, e[j]);
     for (int o = 16; o > 0; o >>= 1)
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    __syncthreads();
-    if ((tid & 31) == 0)
-        si[tid >> 5] = hi;
-    __syncthreads();
-    if (tid == 0) {
-        int ans = s_int[2];
-        if (ans < 0)
-            for (int w = 0; w < SMP_THREADS / 32; w++)
-                ans = max(ans, si[w]);
-        out[blockIdx.x] = ans;
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    const u64 upto = smp_block_scan(lane == 0 ? s : 0ull, sc_u64);
+    const u64 before = __shfl_sync(0xffffffffu, upto - (lane == 0 ? s : 0ull), 0);
+    const u64 total = sc_u64[31]; /* > 0: the top token weighs 2^44 */
+    u64 target = (u64)(smp_uniform_at(a.seed, a.pos) * (double)total);
+    if (target >= total)
+        target = total - 1;
+    if (before <= target && target < before + s) {
+        u64 run = before;
+        for (int jb = j0; jb < j1; jb += 32) {
+            const int j = jb + lane;
+            const u64 w = j < j1 ? smp_kept_mass(keep, j, e[j]) : 0ull;
+            u64 incl = w;
+            for (int o = 1; o < 32; o <<= 1) {
+                const u64 u = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o)
+                    incl += u;
+            }
+            const unsigned past = __ballot_sync(0xffffffffu, run + incl > target);
+            if (past) {
+                if (lane == 0)
+                    out[blockIdx.x] = jb + __ffs(past) - 1;
+                break;
+            }
+            run += __shfl_sync(0xffffffffu, incl, 31);
+        }
     }
 }
