@@ -120,7 +120,7 @@ static void cuda_destroy(dflash_backend *be)
             c->cu.cuMemFree(c->rope[i].data);
         free(c->rope);
         cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_bad,
-                             &c->gemm_xs, &c->smp_rows, &c->smp_e };
+                             &c->gemm_xs, &c->smp_rows, &c->smp_e, &c->smp_hist };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cuda_buf_free(c, bufs[i]);
         if (c->err_flag)
@@ -611,7 +611,8 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
 }
 
 /* sample.cu: the rows' arguments go up with the call (an upload, so not
- * inside a graph); each row's exp(x - m) [V] doubles are its workspace. */
+ * inside a graph); each row's x and exp(x - m) [V] doubles and its top-p
+ * histogram's weights [1024] are its workspace. */
 static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids)
 {
@@ -621,8 +622,9 @@ static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, i
     DFLASH_TRY(cuda_enter(c));
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_rows, (size_t)n * sizeof *rows, 0));
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_e, (size_t)n * (size_t)V * sizeof(double), 0));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_hist, (size_t)n * 1024 * sizeof(uint64_t), 0));
     DFLASH_TRY(cuda_upload(be, HPTR(c->smp_rows.p), rows, (size_t)n * sizeof *rows));
-    void *args[] = { (void *)&logits, &V, &c->smp_rows.p, &c->smp_e.p, &ids };
+    void *args[] = { (void *)&logits, &V, &c->smp_rows.p, &c->smp_e.p, &c->smp_hist.p, &ids };
     return cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)n, 1, 1024, args);
 }
 

@@ -25,6 +25,7 @@
 
 #define SMP_THREADS 1024
 #define SMP_BINS 1024 /* one per thread */
+#define SMP_BATCH 4   /* loads a thread issues before using them: a pass is bound by L2 latency */
 
 typedef unsigned long long u64;
 
@@ -155,11 +156,12 @@ __forceinline__ u64 smp_kept_mass(const smp_keep &k, int j, double e)
 }
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
-    dflash_sample_rows(const float *logits, int V, const sample_row *rows, double *e_ws, int *out)
+    dflash_sample_rows(const float *__restrict__ logits, int V, const sample_row *rows, double *__restrict__ e_ws,
+                       u64 *hist_ws, int *out)
 {
     pdl_trigger();
     pdl_wait();
-    __shared__ u64 h_mass[SMP_BINS];
+    u64 *h_mass = hist_ws + (i64)blockIdx.x * SMP_BINS; /* global: see top-p */
     __shared__ u32 h_cnt[SMP_BINS];
     __shared__ u64 sc_u64[32];
     __shared__ u32 sc_u32[32];
@@ -179,17 +181,27 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
     float bv = __int_as_float(0x7fc00000);
     int bi = AM_NONE_IDX, bad = 0, n_fin = 0;
     u32 kmin = 0xffffffffu, kmax = 0;
-    for (int j = tid; j < V; j += SMP_THREADS) {
-        const float v = l[j];
-        bad |= am_unusable(v);
-        am_take(bv, bi, v, j);
-        if (T > 0.0) {
-            const double x = (double)v / T;
-            e[j] = x;
-            if (x != NEG_INF) {
-                n_fin++;
-                kmin = min(kmin, smp_key(v));
-                kmax = max(kmax, smp_key(v));
+    for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+        float vb[SMP_BATCH];
+#pragma unroll
+        for (int u = 0; u < SMP_BATCH; u++)
+            vb[u] = j0 + u * SMP_THREADS < V ? l[j0 + u * SMP_THREADS] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < SMP_BATCH; u++) {
+            const int j = j0 + u * SMP_THREADS;
+            const float v = vb[u];
+            if (j >= V)
+                break;
+            bad |= am_unusable(v);
+            am_take(bv, bi, v, j);
+            if (T > 0.0) {
+                const double x = (double)v / T;
+                e[j] = x;
+                if (x != NEG_INF) {
+                    n_fin++;
+                    kmin = min(kmin, smp_key(v));
+                    kmax = max(kmax, smp_key(v));
+                }
             }
         }
     }
@@ -225,10 +237,17 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
             const int sh = smp_shift(hi - lo);
             h_cnt[tid] = 0;
             __syncthreads();
-            for (int j = tid; j < V; j += SMP_THREADS) {
-                const u32 k = smp_key(l[j]);
-                if (k >= lo && k <= hi && e[j] != NEG_INF)
-                    atomicAdd(&h_cnt[(k - lo) >> sh], 1u);
+            /* [lo, hi] lies within the finite x's keys: a logit whose x
+             * is -inf (or overflowed to it) has a key under kmin */
+            for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+                u32 kb[SMP_BATCH];
+#pragma unroll
+                for (int u = 0; u < SMP_BATCH; u++)
+                    kb[u] = j0 + u * SMP_THREADS < V ? smp_key(l[j0 + u * SMP_THREADS]) : 0u;
+#pragma unroll
+                for (int u = 0; u < SMP_BATCH; u++)
+                    if (j0 + u * SMP_THREADS < V && kb[u] >= lo && kb[u] <= hi)
+                        atomicAdd(&h_cnt[(kb[u] - lo) >> sh], 1u);
             }
             __syncthreads();
             const int b = SMP_BINS - 1 - tid; /* thread 0 takes the top bin */
@@ -251,14 +270,27 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
      * the key range of top-p's candidates (weight > 0, not the top) */
     u64 z = 0;
     u32 plo = 0xffffffffu, phi = 0;
-    for (int j = tid; j < V; j += SMP_THREADS) {
-        const double x = e[j];
-        const double ej = x != NEG_INF && x >= kth ? exp(x - m) : 0.0;
-        e[j] = ej;
-        z += smp_mass(ej);
-        if (ej != 0.0 && j != top) {
-            plo = min(plo, smp_key(l[j]));
-            phi = max(phi, smp_key(l[j]));
+    for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+        double xb[SMP_BATCH];
+        u32 kb[SMP_BATCH];
+#pragma unroll
+        for (int u = 0; u < SMP_BATCH; u++) {
+            const int j = j0 + u * SMP_THREADS;
+            xb[u] = j < V ? e[j] : NEG_INF;
+            kb[u] = j < V ? smp_key(l[j]) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < SMP_BATCH; u++) {
+            const int j = j0 + u * SMP_THREADS;
+            if (j >= V)
+                break;
+            const double ej = xb[u] != NEG_INF && xb[u] >= kth ? exp(xb[u] - m) : 0.0;
+            e[j] = ej;
+            z += smp_mass(ej);
+            if (ej != 0.0 && j != top) {
+                plo = min(plo, kb[u]);
+                phi = max(phi, kb[u]);
+            }
         }
     }
 
@@ -275,20 +307,27 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
         for (; lo <= hi;) {
             const int sh = smp_shift(hi - lo);
             h_cnt[tid] = 0;
-            h_mass[tid] = 0;
+            atomicExch(&h_mass[tid], 0ull); /* in L2, where the adds go */
             __syncthreads();
-            for (int j = tid; j < V; j += SMP_THREADS) {
-                const double ej = e[j];
-                if (ej == 0.0 || j == top)
-                    continue;
-                const u32 k = smp_key(l[j]);
-                if (k >= lo && k <= hi) {
-                    atomicAdd(&h_mass[(k - lo) >> sh], smp_mass(ej));
-                    atomicAdd(&h_cnt[(k - lo) >> sh], 1u);
+            for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+                u32 kb[SMP_BATCH];
+                double eb[SMP_BATCH];
+#pragma unroll
+                for (int u = 0; u < SMP_BATCH; u++) {
+                    const int j = j0 + u * SMP_THREADS;
+                    kb[u] = j < V ? smp_key(l[j]) : 0u;
+                    eb[u] = j < V && j != top && kb[u] >= lo && kb[u] <= hi ? e[j] : 0.0;
                 }
+#pragma unroll
+                for (int u = 0; u < SMP_BATCH; u++)
+                    if (eb[u] != 0.0) { /* the weight by a fire-and-forget add in L2: 64-bit adds
+                                         * in shared memory are compare-and-swap loops */
+                        atomicAdd(&h_mass[(kb[u] - lo) >> sh], smp_mass(eb[u]));
+                        atomicAdd(&h_cnt[(kb[u] - lo) >> sh], 1u);
+                    }
             }
             __syncthreads();
-            const u64 mb = h_mass[tid], upto = below + smp_block_scan(mb, sc_u64);
+            const u64 mb = atomicAdd(&h_mass[tid], 0ull), upto = below + smp_block_scan(mb, sc_u64);
             if (below + sc_u64[31] <= cap) { /* the whole range fits: it drops with all under it */
                 keep.cut_key = hi;
                 keep.cut_idx = -1;
@@ -297,6 +336,7 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
             if (upto > cap && upto - mb <= cap) {
                 s_int[2] = tid;
                 s_u64[0] = upto - mb;
+                s_u64[1] = mb;
             }
             __syncthreads();
             const int b = s_int[2];
@@ -308,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
             /* the edge is inside the tokens of key lo, all of one weight:
              * of them the d of highest index drop */
             const u32 cnt = h_cnt[b];
-            const u64 d = (cap - below) / (h_mass[b] / cnt);
+            const u64 d = (cap - below) / (s_u64[1] / cnt);
             keep.cut_key = lo;
             if (d > 0) { /* the index of rank cnt - d among them: warp chunks in index order */
                 const int r = (int)(cnt - d), cw = (V + 1023) / 1024 * 32;
@@ -351,8 +391,15 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
     const int cw = (V + 1023) / 1024 * 32;
     const int j0 = warp * cw, j1 = min(V, j0 + cw);
     u64 s = 0;
-    for (int j = j0 + lane; j < j1; j += 32)
-        s += smp_kept_mass(keep, j, e[j]);
+    for (int jb = j0 + lane; jb < j1; jb += SMP_BATCH * 32) {
+        double eb[SMP_BATCH];
+#pragma unroll
+        for (int u = 0; u < SMP_BATCH; u++)
+            eb[u] = jb + 32 * u < j1 ? e[jb + 32 * u] : 0.0;
+#pragma unroll
+        for (int u = 0; u < SMP_BATCH; u++)
+            s += smp_kept_mass(keep, jb + 32 * u, eb[u]);
+    }
     for (int o = 16; o > 0; o >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, o);
     const u64 upto = smp_block_scan(lane == 0 ? s : 0ull, sc_u64);
