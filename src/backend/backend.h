@@ -391,8 +391,8 @@ typedef struct dflash_backend_ops {
     dflash_status (*linear_experts)(dflash_backend *be, const dflash_experts_args *a);
 
     /* Sampling on the device: optional; NULL where the caller's host
-     * sampler draws from downloaded logits (dflash_sample_rows in
-     * spec/sampler.h composes that). ids[i] = the token drawn from row i
+     * sampler draws from downloaded logits (dflash_spec_sample_rows,
+     * src/spec, composes that). ids[i] = the token drawn from row i
      * of logits [n, V] by rows[i] (host memory) with the host sampler's
      * rules, or -1 when the row holds a NaN or +inf or nothing above
      * -inf (argmax's rule). */

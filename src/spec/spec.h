@@ -42,8 +42,9 @@ typedef struct dflash_gen_opts {
     dflash_status (*on_tokens)(void *user, const int32_t *ids, int n);
     void *user;
     /* Token choice; the default (temperature 0, no penalty) is greedy and
-     * keeps the argmax path. Otherwise logits rows come to the host and
-     * drafts are accepted by speculative sampling (sampler.h). */
+     * keeps the argmax path. Otherwise drafts are accepted by speculative
+     * sampling (sampler.h): each verified row's token drawn where the
+     * logits are, or, with a repetition penalty, row by row on the host. */
     dflash_sampler_opts sampler;
     /* Ids the sequence held before `prompt` (a chat's earlier turns and
      * answers), for the repetition penalty: sampling then penalizes what
