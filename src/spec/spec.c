@@ -476,10 +476,13 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
     const int V = t->cfg.vocab_size;
     DFLASH_TRY(dflash_sampler_init(&ss->smp, V, so));
     ss->ids = so->rep_penalty == 1.0 && so->accept_rule == DFLASH_ACCEPT_EXACT && !dflash_levers_get()->host_sampling;
-    ss->logits = malloc((size_t)B * (size_t)V * sizeof(float));
+    /* drawing by ids needs one row at most (dflash_spec_sample_rows
+     * without the backend's op), the host path a verify's rows */
+    const int rows = ss->ids ? 1 : B;
+    ss->logits = malloc((size_t)rows * (size_t)V * sizeof(float));
     if (!ss->logits) {
         dflash_sampler_free(&ss->smp);
-        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d logits rows of %d", who, B, V);
+        return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d logits rows of %d", who, rows, V);
     }
     return DFLASH_OK;
 }

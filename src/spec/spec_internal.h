@@ -21,7 +21,7 @@
  * rounding. */
 typedef struct spec_sampling {
     dflash_sampler smp;
-    float *logits; /* host [B, V] */
+    float *logits; /* host [B, V]; with ids [1, V], the composition's row */
     int ids;
 } spec_sampling;
 
