@@ -113,24 +113,16 @@ template <typename T> __forceinline__ T smp_block_scan(T v, T *scratch)
     return warp ? v + scratch[warp - 1] : v;
 }
 
-__forceinline__ u32 smp_block_min(u32 v, u32 *scratch)
+/* The block's minimum (MAX false) or maximum of v; scratch holds 32. */
+template <bool MAX> __forceinline__ u32 smp_block_extreme(u32 v, u32 *scratch)
 {
-    v = __reduce_min_sync(0xffffffffu, v);
+    v = MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
         scratch[threadIdx.x >> 5] = v;
     __syncthreads();
-    return __reduce_min_sync(0xffffffffu, scratch[threadIdx.x & 31]);
-}
-
-__forceinline__ u32 smp_block_max(u32 v, u32 *scratch)
-{
-    v = __reduce_max_sync(0xffffffffu, v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0)
-        scratch[threadIdx.x >> 5] = v;
-    __syncthreads();
-    return __reduce_max_sync(0xffffffffu, scratch[threadIdx.x & 31]);
+    const u32 w = scratch[threadIdx.x & 31];
+    return MAX ? __reduce_max_sync(0xffffffffu, w) : __reduce_min_sync(0xffffffffu, w);
 }
 
 /* What the row keeps of token j after top-p and min-p, as a weight (0:
@@ -225,8 +217,8 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
             out[blockIdx.x] = top;
         return;
     }
-    kmin = smp_block_min(kmin, sc_u32);
-    kmax = smp_block_max(kmax, sc_u32);
+    kmin = smp_block_extreme<false>(kmin, sc_u32);
+    kmax = smp_block_extreme<true>(kmax, sc_u32);
 
     /* 2 top-k: the k-th largest scaled logit, counted with multiplicity:
      * the range of keys narrowed by count histograms, walked from the top */
@@ -302,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
     if (keep.top_p) {
         smp_block_scan(z, sc_u64);
         const u64 cap = (u64)((1.0 - a.top_p) * (double)sc_u64[31]);
-        u32 lo = smp_block_min(plo, sc_u32), hi = smp_block_max(phi, sc_u32);
+        u32 lo = smp_block_extreme<false>(plo, sc_u32), hi = smp_block_extreme<true>(phi, sc_u32);
         u64 below = 0; /* weight of the candidates under [lo, hi] */
         for (; lo <= hi;) {
             const int sh = smp_shift(hi - lo);
