@@ -611,8 +611,11 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
 }
 
 /* sample.cu: the rows' arguments go up with the call (an upload, so not
- * inside a graph); each row's x and exp(x - m) [V] doubles and its top-p
- * histogram's weights [1024] are its workspace. */
+ * inside a graph); a cluster of 8 blocks a row; each row's x and
+ * exp(x - m) [V] doubles and its histograms and partials are its
+ * workspace. */
+#define SAMPLE_CLUSTER 8                 /* sample.cu's SMP_CLUSTER */
+#define SAMPLE_WS_ROW (4 * 1024 + 4 * 8 * 8) /* sample.cu's WS_ROW, in u64 */
 static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids)
 {
@@ -622,10 +625,10 @@ static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, i
     DFLASH_TRY(cuda_enter(c));
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_rows, (size_t)n * sizeof *rows, 0));
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_e, (size_t)n * (size_t)V * sizeof(double), 0));
-    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_hist, (size_t)n * 1024 * sizeof(uint64_t), 0));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_hist, (size_t)n * SAMPLE_WS_ROW * sizeof(uint64_t), 0));
     DFLASH_TRY(cuda_upload(be, HPTR(c->smp_rows.p), rows, (size_t)n * sizeof *rows));
     void *args[] = { (void *)&logits, &V, &c->smp_rows.p, &c->smp_e.p, &c->smp_hist.p, &ids };
-    return cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)n, 1, 1024, args);
+    return cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)n * SAMPLE_CLUSTER, 1, 1024, args);
 }
 
 /* Benchmarks read these around a call (dflash bench). */

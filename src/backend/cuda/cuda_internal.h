@@ -64,7 +64,7 @@ typedef struct cuda_ctx {
     cuda_buf part_o, part_ml;
     cuda_buf gemm_ws, gemm_cnt, am_val, am_idx, am_bad;
     cuda_buf gemm_xs; /* gemm_wide.cu's activations split into bf16 hi/lo */
-    cuda_buf smp_rows, smp_e, smp_hist; /* sample.cu's row arguments, each row's x / exp(x - m), its histogram */
+    cuda_buf smp_rows, smp_e, smp_hist; /* sample.cu's row arguments, each row's x / exp(x - m), its histograms */
     char desc[192];
 } cuda_ctx;
 

@@ -2,7 +2,12 @@
  * sampler's rules (src/spec/sampler.c: temperature, top-k, top-p, min-p,
  * then an inverse-CDF draw with the uniform of the row's position), so a
  * sampled step downloads token ids instead of [rows, V] f32 logits and
- * filters no vocabulary on the host. One block of 1024 threads a row.
+ * filters no vocabulary on the host. A row is split over a cluster of 8
+ * blocks of 1024 threads (each a slice of the vocabulary, on its own SM:
+ * one SM walking a row pass after pass took ~0.2-0.4 ms); what the blocks
+ * combine (maxima, counts, histograms, sums) goes through the row's
+ * workspace in L2 between cluster barriers, each block combining the
+ * eight partials in rank order, so all of them reach the same decisions.
  *
  * The scaled logits x = logit / T and exp(x - m) are the host's, in double
  * (CUDA's exp within 1 ulp). Top-p and the draw weigh each token in
@@ -19,10 +24,10 @@
  * f32 logits by the temperature in double keeps them distinct and in
  * order). Both searches narrow a range of the logits' order keys through
  * histograms of 1024 bins spanning the range (the shift that makes it fit),
- * so the tokens spread over many bins and the shared-memory atomics seldom
- * collide. */
+ * so the tokens spread over many bins and the adds seldom collide. */
 #include "common.cuh"
 
+#define SMP_CLUSTER 8
 #define SMP_THREADS 1024
 #define SMP_BINS 1024 /* one per thread */
 #define SMP_BATCH 4   /* loads a thread issues before using them: a pass is bound by L2 latency */
@@ -147,42 +152,91 @@ __forceinline__ u64 smp_kept_mass(const smp_keep &k, int j, double e)
     return smp_mass(e);
 }
 
-extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+/* The row's workspace in L2, in u64: count and weight histograms, two
+ * of each (a level adds into one while the other is cleared for the
+ * next), then each stage's partials [stage][rank][field]. */
+#define WS_HM 0
+#define WS_HC (2 * SMP_BINS)
+#define WS_PART (4 * SMP_BINS)
+#define WS_ROW (WS_PART + 4 * SMP_CLUSTER * 8)
+enum { ST_FIRST, ST_EXP, ST_TIE, ST_DRAW };
+
+__forceinline__ u32 smp_rank()
+{
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+/* Every thread of the cluster's blocks; what each wrote before is seen by
+ * all after. */
+__forceinline__ void smp_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* Reads and writes of the workspace go to L2, where the adds land. */
+__forceinline__ u64 ws_get(u64 *p) { return atomicAdd(p, 0ull); }
+__forceinline__ void ws_set(u64 *p, u64 v) { atomicExch(p, v); }
+
+/* Stage st's partials: thread 0 of each block writes its fields f[0..n)
+ * (the block's results), then after a cluster barrier every block reads
+ * all eight ranks' into part[rank][field]. */
+__forceinline__ void smp_exchange(u64 *ws, int st, u32 rank, const u64 *f, int n, u64 (*part)[8])
+{
+    if (threadIdx.x == 0)
+        for (int i = 0; i < n; i++)
+            ws_set(ws + WS_PART + (st * SMP_CLUSTER + rank) * 8 + i, f[i]);
+    smp_cluster_sync();
+    if (threadIdx.x < SMP_CLUSTER * 8 && (int)(threadIdx.x & 7) < n)
+        part[threadIdx.x >> 3][threadIdx.x & 7] = ws_get(ws + WS_PART + st * SMP_CLUSTER * 8 + threadIdx.x);
+    __syncthreads();
+}
+
+extern "C" __global__ void __cluster_dims__(SMP_CLUSTER, 1, 1) __launch_bounds__(SMP_THREADS)
     dflash_sample_rows(const float *__restrict__ logits, int V, const sample_row *rows, double *__restrict__ e_ws,
-                       u64 *hist_ws, int *out)
+                       u64 *ws_all, int *out)
 {
     pdl_trigger();
     pdl_wait();
-    u64 *h_mass = hist_ws + (i64)blockIdx.x * SMP_BINS; /* global: see top-p */
-    __shared__ u32 h_cnt[SMP_BINS];
     __shared__ u64 sc_u64[32];
     __shared__ u32 sc_u32[32];
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ int s_int[4];
-    __shared__ u64 s_u64[2];
+    __shared__ u64 part[SMP_CLUSTER][8];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float *l = logits + (i64)blockIdx.x * V;
-    double *e = e_ws + (i64)blockIdx.x * V;
-    const sample_row a = rows[blockIdx.x];
+    const int row = blockIdx.x / SMP_CLUSTER;
+    const u32 rank = smp_rank();
+    const float *l = logits + (i64)row * V;
+    double *e = e_ws + (i64)row * V;
+    u64 *ws = ws_all + (i64)row * WS_ROW;
+    const sample_row a = rows[row];
     const double T = a.temperature;
     const double NEG_INF = -__longlong_as_double(0x7ff0000000000000ll);
+    /* this block's slice [s0, s1) of the vocabulary, a multiple of 32 long */
+    const int S = (V + SMP_CLUSTER * 32 - 1) / (SMP_CLUSTER * 32) * 32;
+    const int s0 = min(V, (int)rank * S), s1 = min(V, s0 + S);
 
     /* 1 the first maximum, the row's usability; x = logit / T into the
-     * workspace, the count and key range of the finite ones */
+     * workspace, the count and key range of the finite ones; rank 0
+     * clears the histograms */
+    if (rank == 0)
+        for (int i = tid; i < 4 * SMP_BINS; i += SMP_THREADS)
+            ws_set(ws + i, 0);
     float bv = __int_as_float(0x7fc00000);
     int bi = AM_NONE_IDX, bad = 0, n_fin = 0;
     u32 kmin = 0xffffffffu, kmax = 0;
-    for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+    for (int j0 = s0 + tid; j0 < s1; j0 += SMP_BATCH * SMP_THREADS) {
         float vb[SMP_BATCH];
 #pragma unroll
         for (int u = 0; u < SMP_BATCH; u++)
-            vb[u] = j0 + u * SMP_THREADS < V ? l[j0 + u * SMP_THREADS] : 0.0f;
+            vb[u] = j0 + u * SMP_THREADS < s1 ? l[j0 + u * SMP_THREADS] : 0.0f;
 #pragma unroll
         for (int u = 0; u < SMP_BATCH; u++) {
             const int j = j0 + u * SMP_THREADS;
             const float v = vb[u];
-            if (j >= V)
+            if (j >= s1)
                 break;
             bad |= am_unusable(v);
             am_take(bv, bi, v, j);
@@ -198,62 +252,85 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
         }
     }
     bad = __syncthreads_or(bad);
-    block_argmax(bv, bi, sv, si);
-    if (tid == 0) {
-        s_int[0] = bi;
-        s_int[1] = bad || !(bv > -__int_as_float(0x7f800000)) ? -1 : bi;
-    }
-    n_fin = (int)smp_block_scan((u32)n_fin, sc_u32); /* syncs: s_int is visible after it */
+    block_argmax(bv, bi, sv, si); /* valid in warp 0, which writes the partials */
+    smp_block_scan((u32)n_fin, sc_u32);
     n_fin = (int)sc_u32[31];
-    const int top = s_int[0];
-    if (s_int[1] < 0 || !(T > 0.0)) { /* no usable number; or a point mass (greedy) */
-        if (tid == 0)
-            out[blockIdx.x] = s_int[1];
+    kmin = smp_block_extreme<false>(kmin, sc_u32);
+    kmax = smp_block_extreme<true>(kmax, sc_u32);
+    {
+        const u64 f[6] = { (u64)bad, __float_as_uint(bv), (u64)(u32)bi, (u64)n_fin, kmin, kmax };
+        smp_exchange(ws, ST_FIRST, rank, f, 6, part);
+    }
+    bad = 0;
+    bv = __int_as_float(0x7fc00000);
+    bi = AM_NONE_IDX;
+    n_fin = 0;
+    kmin = 0xffffffffu;
+    kmax = 0;
+    for (int q = 0; q < SMP_CLUSTER; q++) {
+        bad |= (int)part[q][0];
+        am_take(bv, bi, __uint_as_float((u32)part[q][1]), (int)(u32)part[q][2]);
+        n_fin += (int)part[q][3];
+        kmin = min(kmin, (u32)part[q][4]);
+        kmax = max(kmax, (u32)part[q][5]);
+    }
+    const int top = bi;
+    const int none = bad || !(bv > -__int_as_float(0x7f800000));
+    if (none || !(T > 0.0)) { /* no usable number; or a point mass (greedy) */
+        if (rank == 0 && tid == 0)
+            out[row] = none ? -1 : top;
         return;
     }
     const double m = (double)l[top] / T;
     if (m == -NEG_INF || m == NEG_INF) { /* the scaling overflowed: its limit is a point mass */
-        if (tid == 0)
-            out[blockIdx.x] = top;
+        if (rank == 0 && tid == 0)
+            out[row] = top;
         return;
     }
-    kmin = smp_block_extreme<false>(kmin, sc_u32);
-    kmax = smp_block_extreme<true>(kmax, sc_u32);
+
+    /* A histogram level: every block adds its slice's tokens of key in
+     * [lo, hi] (weight w(j), or 1 when counting) into bin (key - lo) >> sh
+     * of buffer lvl & 1; then all blocks read the whole histogram, bin tid
+     * in thread tid, and rank 0 clears the other buffer for the next level. */
+    int lvl = 0;
 
     /* 2 top-k: the k-th largest scaled logit, counted with multiplicity:
-     * the range of keys narrowed by count histograms, walked from the top */
+     * the range of keys narrowed by count histograms, walked from the top.
+     * [lo, hi] lies within the finite x's keys: a logit whose x is -inf
+     * (or overflowed to it) has a key under kmin */
     double kth = NEG_INF;
     if (a.top_k > 0 && a.top_k < n_fin) {
         u32 lo = kmin, hi = kmax, want = (u32)a.top_k;
-        for (;;) {
+        for (;; lvl++) {
             const int sh = smp_shift(hi - lo);
-            h_cnt[tid] = 0;
-            __syncthreads();
-            /* [lo, hi] lies within the finite x's keys: a logit whose x
-             * is -inf (or overflowed to it) has a key under kmin */
-            for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+            u64 *hc = ws + WS_HC + (lvl & 1) * SMP_BINS;
+            for (int j0 = s0 + tid; j0 < s1; j0 += SMP_BATCH * SMP_THREADS) {
                 u32 kb[SMP_BATCH];
 #pragma unroll
                 for (int u = 0; u < SMP_BATCH; u++)
-                    kb[u] = j0 + u * SMP_THREADS < V ? smp_key(l[j0 + u * SMP_THREADS]) : 0u;
+                    kb[u] = j0 + u * SMP_THREADS < s1 ? smp_key(l[j0 + u * SMP_THREADS]) : 0u;
 #pragma unroll
                 for (int u = 0; u < SMP_BATCH; u++)
-                    if (j0 + u * SMP_THREADS < V && kb[u] >= lo && kb[u] <= hi)
-                        atomicAdd(&h_cnt[(kb[u] - lo) >> sh], 1u);
+                    if (j0 + u * SMP_THREADS < s1 && kb[u] >= lo && kb[u] <= hi)
+                        atomicAdd(&hc[(kb[u] - lo) >> sh], 1ull);
             }
-            __syncthreads();
+            smp_cluster_sync();
             const int b = SMP_BINS - 1 - tid; /* thread 0 takes the top bin */
-            const u32 c = h_cnt[b], above = smp_block_scan(c, sc_u32);
+            const u64 c = ws_get(&hc[b]), above = smp_block_scan(c, sc_u64);
+            if (rank == 0)
+                ws_set(ws + WS_HC + ((lvl + 1) & 1) * SMP_BINS + tid, 0);
             if (above >= want && above - c < want) {
                 s_int[2] = b;
                 s_int[3] = (int)(want - (above - c));
             }
-            __syncthreads();
+            smp_cluster_sync(); /* the clearing done before the next level adds; s_int seen */
             lo += (u32)s_int[2] << sh;
             hi = smp_bin_top(lo, hi, sh);
             want = (u32)s_int[3];
-            if (sh == 0)
+            if (sh == 0) {
+                lvl++;
                 break;
+            }
         }
         kth = (double)smp_key_value(lo) / T;
     }
@@ -262,19 +339,19 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
      * the key range of top-p's candidates (weight > 0, not the top) */
     u64 z = 0;
     u32 plo = 0xffffffffu, phi = 0;
-    for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+    for (int j0 = s0 + tid; j0 < s1; j0 += SMP_BATCH * SMP_THREADS) {
         double xb[SMP_BATCH];
         u32 kb[SMP_BATCH];
 #pragma unroll
         for (int u = 0; u < SMP_BATCH; u++) {
             const int j = j0 + u * SMP_THREADS;
-            xb[u] = j < V ? e[j] : NEG_INF;
-            kb[u] = j < V ? smp_key(l[j]) : 0u;
+            xb[u] = j < s1 ? e[j] : NEG_INF;
+            kb[u] = j < s1 ? smp_key(l[j]) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < SMP_BATCH; u++) {
             const int j = j0 + u * SMP_THREADS;
-            if (j >= V)
+            if (j >= s1)
                 break;
             const double ej = xb[u] != NEG_INF && xb[u] >= kth ? exp(xb[u] - m) : 0.0;
             e[j] = ej;
@@ -285,6 +362,22 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
             }
         }
     }
+    smp_block_scan(z, sc_u64);
+    z = sc_u64[31];
+    plo = smp_block_extreme<false>(plo, sc_u32);
+    phi = smp_block_extreme<true>(phi, sc_u32);
+    {
+        const u64 f[3] = { z, plo, phi };
+        smp_exchange(ws, ST_EXP, rank, f, 3, part);
+    }
+    z = 0;
+    plo = 0xffffffffu;
+    phi = 0;
+    for (int q = 0; q < SMP_CLUSTER; q++) {
+        z += part[q][0];
+        plo = min(plo, (u32)part[q][1]);
+        phi = max(phi, (u32)part[q][2]);
+    }
 
     /* 4 top-p: the largest tail of the order (the top token excepted)
      * whose weight is <= (1 - top_p) of the total drops: found by weighed
@@ -292,76 +385,87 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
      * < cut_key, or == cut_key and its index > cut_idx. */
     smp_keep keep = { l, top, a.top_p < 1.0, 0u, V, a.min_p };
     if (keep.top_p) {
-        smp_block_scan(z, sc_u64);
-        const u64 cap = (u64)((1.0 - a.top_p) * (double)sc_u64[31]);
-        u32 lo = smp_block_extreme<false>(plo, sc_u32), hi = smp_block_extreme<true>(phi, sc_u32);
+        const u64 cap = (u64)((1.0 - a.top_p) * (double)z);
+        u32 lo = plo, hi = phi;
         u64 below = 0; /* weight of the candidates under [lo, hi] */
-        for (; lo <= hi;) {
+        for (; lo <= hi; lvl++) {
             const int sh = smp_shift(hi - lo);
-            h_cnt[tid] = 0;
-            atomicExch(&h_mass[tid], 0ull); /* in L2, where the adds go */
-            __syncthreads();
-            for (int j0 = tid; j0 < V; j0 += SMP_BATCH * SMP_THREADS) {
+            u64 *hm = ws + WS_HM + (lvl & 1) * SMP_BINS, *hc = ws + WS_HC + (lvl & 1) * SMP_BINS;
+            for (int j0 = s0 + tid; j0 < s1; j0 += SMP_BATCH * SMP_THREADS) {
                 u32 kb[SMP_BATCH];
                 double eb[SMP_BATCH];
 #pragma unroll
                 for (int u = 0; u < SMP_BATCH; u++) {
                     const int j = j0 + u * SMP_THREADS;
-                    kb[u] = j < V ? smp_key(l[j]) : 0u;
-                    eb[u] = j < V && j != top && kb[u] >= lo && kb[u] <= hi ? e[j] : 0.0;
+                    kb[u] = j < s1 ? smp_key(l[j]) : 0u;
+                    eb[u] = j < s1 && j != top && kb[u] >= lo && kb[u] <= hi ? e[j] : 0.0;
                 }
 #pragma unroll
                 for (int u = 0; u < SMP_BATCH; u++)
-                    if (eb[u] != 0.0) { /* the weight by a fire-and-forget add in L2: 64-bit adds
-                                         * in shared memory are compare-and-swap loops */
-                        atomicAdd(&h_mass[(kb[u] - lo) >> sh], smp_mass(eb[u]));
-                        atomicAdd(&h_cnt[(kb[u] - lo) >> sh], 1u);
+                    if (eb[u] != 0.0) {
+                        atomicAdd(&hm[(kb[u] - lo) >> sh], smp_mass(eb[u]));
+                        atomicAdd(&hc[(kb[u] - lo) >> sh], 1ull);
                     }
             }
-            __syncthreads();
-            const u64 mb = atomicAdd(&h_mass[tid], 0ull), upto = below + smp_block_scan(mb, sc_u64);
-            if (below + sc_u64[31] <= cap) { /* the whole range fits: it drops with all under it */
+            smp_cluster_sync();
+            const u64 mb = ws_get(&hm[tid]), cb = ws_get(&hc[tid]);
+            const u64 upto = below + smp_block_scan(mb, sc_u64);
+            if (rank == 0) {
+                ws_set(ws + WS_HM + ((lvl + 1) & 1) * SMP_BINS + tid, 0);
+                ws_set(ws + WS_HC + ((lvl + 1) & 1) * SMP_BINS + tid, 0);
+            }
+            const int all_fit = below + sc_u64[31] <= cap;
+            if (!all_fit && upto > cap && upto - mb <= cap) {
+                s_int[2] = tid;
+                part[0][0] = upto - mb; /* free until the next exchange */
+                part[0][1] = mb;
+                part[0][2] = cb;
+            }
+            smp_cluster_sync();
+            if (all_fit) { /* the whole range fits: it drops with all under it */
                 keep.cut_key = hi;
                 keep.cut_idx = -1;
+                lvl++;
                 break;
             }
-            if (upto > cap && upto - mb <= cap) {
-                s_int[2] = tid;
-                s_u64[0] = upto - mb;
-                s_u64[1] = mb;
-            }
-            __syncthreads();
             const int b = s_int[2];
-            below = s_u64[0];
+            below = part[0][0];
             lo += (u32)b << sh;
             hi = smp_bin_top(lo, hi, sh);
             if (sh > 0)
                 continue;
             /* the edge is inside the tokens of key lo, all of one weight:
              * of them the d of highest index drop */
-            const u32 cnt = h_cnt[b];
-            const u64 d = (cap - below) / (s_u64[1] / cnt);
+            const u64 cnt = part[0][2], d = (cap - below) / (part[0][1] / cnt);
             keep.cut_key = lo;
             if (d > 0) { /* the index of rank cnt - d among them: warp chunks in index order */
-                const int r = (int)(cnt - d), cw = (V + 1023) / 1024 * 32;
-                const int j0 = warp * cw, j1 = min(V, j0 + cw);
+                const u64 r = cnt - d;
+                const int cw = (S + 1023) / 1024 * 32;
+                const int j0 = s0 + warp * cw, j1 = min(s1, j0 + cw);
                 u32 c = 0;
                 for (int j = j0 + lane; j < j1; j += 32)
                     c += j != top && e[j] != 0.0 && smp_key(l[j]) == lo;
                 c = __reduce_add_sync(0xffffffffu, c);
                 const u32 upto_w = smp_block_scan(lane == 0 ? c : 0u, sc_u32);
-                const u32 seen = upto_w - (lane == 0 ? c : 0u); /* lane 0: members before this warp's chunk */
-                const u32 before = __shfl_sync(0xffffffffu, seen, 0);
-                if ((int)before < r && (int)(before + c) >= r) {
-                    int got = (int)before;
+                const u32 in_block = upto_w - (lane == 0 ? c : 0u);
+                {
+                    const u64 f[1] = { sc_u32[31] };
+                    smp_exchange(ws, ST_TIE, rank, f, 1, part);
+                }
+                u64 before = __shfl_sync(0xffffffffu, in_block, 0);
+                for (u32 q = 0; q < rank; q++)
+                    before += part[q][0];
+                s_int[3] = -1;
+                __syncthreads();
+                if (before < r && before + c >= r) {
+                    u64 got = before;
                     for (int j0l = j0; j0l < j1; j0l += 32) {
                         const int j = j0l + lane;
                         const int mem = j < j1 && j != top && e[j] != 0.0 && smp_key(l[j]) == lo;
                         const unsigned bal = __ballot_sync(0xffffffffu, mem);
                         if (got + __popc(bal) >= r) {
-                            const int need = r - got; /* the need-th set lane */
-                            unsigned bb = bal;
-                            for (int q = 1; q < need; q++)
+                            unsigned bb = bal; /* the (r - got)-th set lane */
+                            for (u64 q = 1; q < r - got; q++)
                                 bb &= bb - 1;
                             if (lane == 0)
                                 s_int[3] = j0l + __ffs(bb) - 1;
@@ -371,7 +475,13 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
                     }
                 }
                 __syncthreads();
-                keep.cut_idx = s_int[3];
+                {
+                    const u64 f[2] = { sc_u32[31], (u64)(i64)s_int[3] };
+                    smp_exchange(ws, ST_TIE, rank, f, 2, part);
+                }
+                for (int q = 0; q < SMP_CLUSTER; q++)
+                    if ((i64)part[q][1] >= 0)
+                        keep.cut_idx = (int)(i64)part[q][1];
             }
             break;
         }
@@ -379,9 +489,8 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 
     /* 5 the kept weights summed over warp chunks in index order; the draw's
      * target u * total; the chunk that holds it walks it 32 at a time */
-    __syncthreads();
-    const int cw = (V + 1023) / 1024 * 32;
-    const int j0 = warp * cw, j1 = min(V, j0 + cw);
+    const int cw = (S + 1023) / 1024 * 32;
+    const int j0 = s0 + warp * cw, j1 = min(s1, j0 + cw);
     u64 s = 0;
     for (int jb = j0 + lane; jb < j1; jb += SMP_BATCH * 32) {
         double eb[SMP_BATCH];
@@ -395,8 +504,16 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
     for (int o = 16; o > 0; o >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, o);
     const u64 upto = smp_block_scan(lane == 0 ? s : 0ull, sc_u64);
-    const u64 before = __shfl_sync(0xffffffffu, upto - (lane == 0 ? s : 0ull), 0);
-    const u64 total = sc_u64[31]; /* > 0: the top token weighs 2^44 */
+    u64 before = __shfl_sync(0xffffffffu, upto - (lane == 0 ? s : 0ull), 0);
+    {
+        const u64 f[1] = { sc_u64[31] };
+        smp_exchange(ws, ST_DRAW, rank, f, 1, part);
+    }
+    u64 total = 0; /* > 0: the top token weighs 2^44 */
+    for (u32 q = 0; q < SMP_CLUSTER; q++) {
+        before += q < rank ? part[q][0] : 0;
+        total += part[q][0];
+    }
     u64 target = (u64)(smp_uniform_at(a.seed, a.pos) * (double)total);
     if (target >= total)
         target = total - 1;
@@ -414,7 +531,7 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
             const unsigned past = __ballot_sync(0xffffffffu, run + incl > target);
             if (past) {
                 if (lane == 0)
-                    out[blockIdx.x] = jb + __ffs(past) - 1;
+                    out[row] = jb + __ffs(past) - 1;
                 break;
             }
             run += __shfl_sync(0xffffffffu, incl, 31);
