@@ -611,11 +611,11 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
 }
 
 /* sample.cu: the rows' arguments go up with the call (an upload, so not
- * inside a graph); a cluster of 8 blocks a row; each row's x and
+ * inside a graph); a cluster of 8 blocks a row (one block before
+ * sm_90); each row's x and
  * exp(x - m) [V] doubles and its histograms and partials are its
  * workspace. */
-#define SAMPLE_CLUSTER 8                 /* sample.cu's SMP_CLUSTER */
-#define SAMPLE_WS_ROW (4 * 1024 + 4 * 8 * 8) /* sample.cu's WS_ROW, in u64 */
+#define SAMPLE_WS_ROW (4 * 1024 + 4 * 8 * 8) /* sample.cu's WS_ROW (for clusters of 8), in u64 */
 static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids)
 {
@@ -628,7 +628,8 @@ static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, i
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_hist, (size_t)n * SAMPLE_WS_ROW * sizeof(uint64_t), 0));
     DFLASH_TRY(cuda_upload(be, HPTR(c->smp_rows.p), rows, (size_t)n * sizeof *rows));
     void *args[] = { (void *)&logits, &V, &c->smp_rows.p, &c->smp_e.p, &c->smp_hist.p, &ids };
-    return cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)n * SAMPLE_CLUSTER, 1, 1024, args);
+    /* sample.cu's SMP_CLUSTER: 8 blocks a row where clusters exist (sm_90+), else 1 */
+    return cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)n * (c->clusters ? 8u : 1u), 1, 1024, args);
 }
 
 /* Benchmarks read these around a call (dflash bench). */
@@ -810,6 +811,7 @@ static dflash_status open_device(cuda_ctx *c, int device)
         DFLASH_TRY(DFLASH_CU(cu, cuEventCreate(&c->ev[i], DFLASH_CU_EVENT_DEFAULT)));
     /* A diagnosis switch: the kernels are correct either way. */
     c->pdl = major >= 9 && dflash_levers_get()->cuda_pdl;
+    c->clusters = major >= 9;
     c->gemm_split = dflash_levers_get()->cuda_gemm_split;
     c->gemm_wide = dflash_levers_get()->cuda_gemm_wide;
     c->gemm_tile = dflash_levers_get()->cuda_gemm_tile;

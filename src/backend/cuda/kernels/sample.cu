@@ -27,7 +27,13 @@
  * so the tokens spread over many bins and the adds seldom collide. */
 #include "common.cuh"
 
-#define SMP_CLUSTER 8
+#if __CUDA_ARCH__ >= 900
+#define SMP_CLUSTER 8 /* the host launches 8 blocks a row where clusters exist (cuda_backend.c) */
+#define SMP_CLUSTER_DIMS __cluster_dims__(SMP_CLUSTER, 1, 1)
+#else
+#define SMP_CLUSTER 1
+#define SMP_CLUSTER_DIMS
+#endif
 #define SMP_THREADS 1024
 #define SMP_BINS 1024 /* one per thread */
 #define SMP_BATCH 4   /* loads a thread issues before using them: a pass is bound by L2 latency */
@@ -163,16 +169,24 @@ enum { ST_FIRST, ST_EXP, ST_TIE, ST_DRAW };
 
 __forceinline__ u32 smp_rank()
 {
+#if __CUDA_ARCH__ >= 900
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
+#else
+    return 0;
+#endif
 }
 
 /* Every thread of the cluster's blocks; what each wrote before is seen by
  * all after. */
 __forceinline__ void smp_cluster_sync()
 {
+#if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
 }
 
 /* Reads and writes of the workspace go to L2, where the adds land. */
@@ -193,7 +207,7 @@ __forceinline__ void smp_exchange(u64 *ws, int st, u32 rank, const u64 *f, int n
     __syncthreads();
 }
 
-extern "C" __global__ void __cluster_dims__(SMP_CLUSTER, 1, 1) __launch_bounds__(SMP_THREADS)
+extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
     dflash_sample_rows(const float *__restrict__ logits, int V, const sample_row *rows, double *__restrict__ e_ws,
                        u64 *ws_all, int *out)
 {
