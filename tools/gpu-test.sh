@@ -5,7 +5,8 @@
 # back only a few files). Steps, each listed with its seconds at the end:
 #  1. builds, with gcc directly (not the Makefile: the GPU image may lack the
 #     jansson/pcre2/utf8proc headers the full build needs), two programs from
-#     only src/core, src/backend, src/backend/cpu and src/backend/cuda:
+#     only src/core, src/backend, src/backend/cpu, src/backend/cuda and the
+#     host sampler (src/spec/sampler.c, sample_rows' reference):
 #     tests/test_cuda_nvrtc.c and tools/cuda/cuda_ops_check.c;
 #  2. runs test_cuda_nvrtc (NVRTC compile of every kernel, embedded sources
 #     up to date, cache, backend creation on this GPU);
