@@ -116,7 +116,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--sessions LIST]\n"
             "                    [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
-            "                    [--profile LIST]\n"
+            "                    [--sample T,K,P] [--profile LIST]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards (and,\n"
             "for a preset with both, one whole speculative step: propose, verify of the\n"
@@ -851,21 +851,22 @@ static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq 
     const size_t V = (size_t)m->cfg.vocab_size;
     int32_t *buf = malloc((size_t)o->n * 4 * sizeof(int32_t));
     o->tokens = buf;
-    if (buf && a->sample) {
+    if (a->sample) {
         o->host = !m->be->ops->sample_rows || dflash_levers_get()->host_sampling;
         o->draw = malloc((size_t)o->n * sizeof *o->draw);
         o->ids = malloc((size_t)o->n * sizeof *o->ids);
         o->host_logits = malloc((size_t)(o->host ? o->n : 1) * V * sizeof(float));
-        const dflash_status s = o->draw && o->ids && o->host_logits ? dflash_sampler_init(&o->smp, (int)V, &a->so)
-                                                                    : DFLASH_OK;
-        if (s != DFLASH_OK) {
-            forward_free(o);
-            return s;
-        }
     }
     if (!buf || (a->sample && (!o->draw || !o->ids || !o->host_logits))) {
         forward_free(o);
         return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory for %d rows", o->n);
+    }
+    if (a->sample) {
+        const dflash_status s = dflash_sampler_init(&o->smp, (int)V, &a->so);
+        if (s != DFLASH_OK) {
+            forward_free(o);
+            return s;
+        }
     }
     o->pos = buf + o->n, o->row_seq = buf + 2 * o->n, o->logit_rows = buf + 3 * o->n;
     for (int i = 0; i < o->n; i++) {
