@@ -96,30 +96,52 @@ static void expect_numeric_everywhere(dflash_qwen3 *t, const char *dir)
     }
 }
 
-/* The poisoned test model m saved into dir and loaded (m is freed);
- * NULL, with dir removed, when that fails. */
-static dflash_qwen3 *save_and_load(testmodel *m, const char *dir)
+/* The default tiny test model, changed by `poison`, saved into a new
+ * temporary dir and loaded; NULL, with dir removed, when that fails. */
+static dflash_qwen3 *load_poisoned(char dir[64], void (*poison)(testmodel *m, const testmodel_geom *g))
 {
-    CHECK(testmodel_save(m, dir));
-    testmodel_free(m);
+    testmodel_geom g;
+    testmodel_default_geom(&g);
+    testmodel m;
+    if (!testmodel_build(&m, &g)) {
+        CHECK(0);
+        return NULL;
+    }
+    if (!testmodel_tmpdir(dir)) {
+        CHECK(0);
+        testmodel_free(&m);
+        return NULL;
+    }
     dflash_qwen3 *t = NULL;
+    poison(&m, &g);
+    CHECK(testmodel_save(&m, dir));
+    testmodel_free(&m);
     CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
     if (!t)
         testmodel_rmdir(dir);
     return t;
 }
 
+static void nan_final_norm(testmodel *m, const testmodel_geom *g)
+{
+    (void)g;
+    testmodel_find(m, "model.norm.weight")[3] = NAN;
+}
+
+/* every embedding row NaN but those of tokens 3 and 9 */
+static void nan_embeddings_but_3_9(testmodel *m, const testmodel_geom *g)
+{
+    float *emb = testmodel_find(m, "model.embed_tokens.weight");
+    for (int v = 0; v < g->vocab; v++)
+        if (v != 3 && v != 9)
+            emb[(size_t)v * g->hidden] = NAN;
+}
+
 /* A tiny target whose final norm is NaN, generated from every loop path. */
 static void test_loop_reports_target(void)
 {
-    testmodel_geom g;
-    testmodel_default_geom(&g);
-    testmodel m;
     char dir[64];
-    CHECK(testmodel_build(&m, &g) && testmodel_tmpdir(dir));
-    float *norm = testmodel_find(&m, "model.norm.weight");
-    norm[3] = NAN;
-    dflash_qwen3 *t = save_and_load(&m, dir);
+    dflash_qwen3 *t = load_poisoned(dir, nan_final_norm);
     if (!t)
         return;
     expect_numeric_everywhere(t, dir);
@@ -137,16 +159,8 @@ static void test_loop_reports_target(void)
  * holds. */
 static void test_batch_sampled_reports_target(void)
 {
-    testmodel_geom g;
-    testmodel_default_geom(&g);
-    testmodel m;
     char dir[64];
-    CHECK(testmodel_build(&m, &g) && testmodel_tmpdir(dir));
-    float *emb = testmodel_find(&m, "model.embed_tokens.weight");
-    for (int v = 0; v < g.vocab; v++)
-        if (v != 3 && v != 9)
-            emb[(size_t)v * g.hidden] = NAN;
-    dflash_qwen3 *t = save_and_load(&m, dir);
+    dflash_qwen3 *t = load_poisoned(dir, nan_embeddings_but_3_9);
     if (!t)
         return;
     enum { N = 3 };
