@@ -4055,7 +4055,6 @@ static const char k_src_sample_cu[] =
     "            if (all_fit) { /* the whole range fits: it drops with all under it */\n"
     "                keep.cut_key = hi;\n"
     "                keep.cut_idx = -1;\n"
-    "                lvl++;\n"
     "                break;\n"
     "            }\n"
     "            const int b = s_int[2];\n"

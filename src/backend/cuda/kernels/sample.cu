@@ -439,7 +439,6 @@ extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
             if (all_fit) { /* the whole range fits: it drops with all under it */
                 keep.cut_key = hi;
                 keep.cut_idx = -1;
-                lvl++;
                 break;
             }
             const int b = s_int[2];
