@@ -57,7 +57,9 @@ static inline dflash_status tc_run_rows(dflash_qwen3 *m, dflash_kv_seq *seq, con
         row_seq[i] = 0;
         rows[i] = i;
     }
-    dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, want_logits ? n : 0, rows, n_taps, taps, 0 };
+    dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = pos, .row_seq = row_seq, .n_seqs = 1,
+                             .seqs = &seq, .n_logit_rows = want_logits ? n : 0, .logit_rows = rows, .n_taps = n_taps,
+                             .tap_layers = taps };
     return dflash_qwen3_forward(m, &b, logits, tap_out);
 }
 

@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <math.h>
 
+#include "core/levers.h"
 #include "draft/dflash_head.h"
 #include "draft/ngram.h"
 #include "fixture.h"
@@ -251,7 +252,11 @@ static int poison_tensor(const char *path, const char *name)
     return fclose(f) == 0 && ok;
 }
 
-/* A drafter whose final norm is NaN: the propose names the drafter. */
+/* A drafter whose final norm is NaN: every draft is -1. Whether the
+ * drafts come to the host before the verify (DFLASH_HOST_DRAFTS=1) or the
+ * verify reads them where they are (and its own error, a token outside
+ * the vocabulary, comes first), the error names the drafter: one
+ * sequence, and three stepped together. */
 static void test_loop_reports_drafter(void)
 {
     char src[512], tdir[512], dir[64], a[600], b[600];
@@ -260,30 +265,56 @@ static void test_loop_reports_drafter(void)
     CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
     copy_checkpoint(src, dir, b, sizeof b);
     CHECK(poison_tensor(b, "norm.weight"));
+    enum { N = 3 };
     dflash_qwen3 *t = NULL;
     dflash_head *h = NULL;
-    CHECK_OK(dflash_qwen3_load(tdir, be, NULL, &t));
+    dflash_qwen3_opts to;
+    dflash_qwen3_default_opts(&to);
+    to.max_seqs = N;
+    dflash_head_opts ho;
+    dflash_head_default_opts(&ho);
+    ho.max_seqs = N;
+    CHECK_OK(dflash_qwen3_load(tdir, be, &to, &t));
     if (t)
-        CHECK_OK(dflash_head_load(dir, t, NULL, &h));
-    if (h) {
-        dflash_kv_seq seq;
-        void *ps = NULL;
-        CHECK_OK(dflash_qwen3_seq_init(t, &seq));
-        CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 200, &ps));
-        const int32_t prompt[] = { 5, 6, 7, 8 };
-        dflash_gen_opts go;
-        dflash_gen_default_opts(&go);
-        go.n_new = 8;
-        int32_t out[8];
+        CHECK_OK(dflash_head_load(dir, t, &ho, &h));
+    const int32_t prompt[] = { 5, 6, 7, 8 };
+    for (int host = 0; h && host < 2; host++) {
+        setenv("DFLASH_HOST_DRAFTS", host ? "1" : "0", 1);
+        dflash_levers_reload();
+        dflash_kv_seq seqs[N];
+        void *ps[N] = { 0 };
+        dflash_spec_item items[N];
+        int32_t out[N][8];
+        for (int i = 0; i < N; i++) {
+            CHECK_OK(dflash_qwen3_seq_init(t, &seqs[i]));
+            CHECK_OK(h->proposer.ops->alloc_state(&h->proposer, 200, &ps[i]));
+            dflash_gen_opts go;
+            dflash_gen_default_opts(&go);
+            go.n_new = 8;
+            items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = ps[i], .prompt = prompt, .n_prompt = 4,
+                                           .opts = go, .out = out[i] };
+        }
         int n_out = 0;
         dflash_gen_stats st;
-        dflash_status s = dflash_spec_generate(t, &seq, &h->proposer, ps, prompt, 4, &go, out, &n_out, &st);
-        CHECKF(s == DFLASH_ERR_NUMERIC, "%s (%s)", dflash_status_name(s), dflash_last_error());
-        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "drafter"), "message: %s",
-               dflash_last_error());
-        h->proposer.ops->free_state(&h->proposer, ps);
-        dflash_qwen3_seq_free(t, &seq);
+        dflash_status s =
+            dflash_spec_generate(t, &seqs[0], &h->proposer, ps[0], prompt, 4, &items[0].opts, out[0], &n_out, &st);
+        CHECKF(s == DFLASH_ERR_NUMERIC, "host %d: %s (%s)", host, dflash_status_name(s), dflash_last_error());
+        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "drafter"), "host %d message: %s",
+               host, dflash_last_error());
+        dflash_qwen3_seq_free(t, &seqs[0]);
+        CHECK_OK(dflash_qwen3_seq_init(t, &seqs[0]));
+        CHECK_OK(h->proposer.ops->reset(&h->proposer, ps[0]));
+        s = dflash_spec_generate_many(t, &h->proposer, items, N, 0, 0);
+        CHECKF(s == DFLASH_ERR_NUMERIC, "batch, host %d: %s (%s)", host, dflash_status_name(s), dflash_last_error());
+        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "drafter"),
+               "batch, host %d message: %s", host, dflash_last_error());
+        for (int i = 0; i < N; i++) {
+            h->proposer.ops->free_state(&h->proposer, ps[i]);
+            dflash_qwen3_seq_free(t, &seqs[i]);
+        }
     }
+    unsetenv("DFLASH_HOST_DRAFTS");
+    dflash_levers_reload();
     dflash_head_free(h);
     dflash_qwen3_free(t);
     remove(b);

@@ -65,7 +65,8 @@ static void prefill(pair *p, dflash_kv_seq *seq, void *state, const int32_t *pro
         pos[i] = i;
         rs[i] = 0;
     }
-    dflash_qwen3_batch b = { n, prompt, pos, rs, 1, &seq, 0, NULL, n_taps, taps, 0 };
+    dflash_qwen3_batch b = { .n_rows = n, .tokens = prompt, .positions = pos, .row_seq = rs, .n_seqs = 1,
+                             .seqs = &seq, .n_taps = n_taps, .tap_layers = taps };
     float *logits, *tap_rows = NULL;
     CHECK_OK(dflash_qwen3_forward(p->t, &b, &logits, &tap_rows));
     if (!tap_rows)
@@ -426,7 +427,8 @@ static void test_one_upload_per_call(void)
         int32_t pos[64], rs[64];
         for (int i = 0; i < T; i++)
             pos[i] = i, rs[i] = 0;
-        dflash_qwen3_batch b = { (int)T, prompt, pos, rs, 1, &sp, 0, NULL, n_taps, taps, 0 };
+        dflash_qwen3_batch b = { .n_rows = (int)T, .tokens = prompt, .positions = pos, .row_seq = rs, .n_seqs = 1,
+                                 .seqs = &sp, .n_taps = n_taps, .tap_layers = taps };
         float *logits, *tap_rows = NULL;
         CHECK_OK(dflash_qwen3_forward(p.t, &b, &logits, &tap_rows));
         dflash_ctx_rows rows = { prompt, (int)T, 0, tap_rows, (int64_t)n_taps * p.t->cfg.hidden_size };

@@ -357,7 +357,8 @@ static int forward_same(dflash_qwen3 *m, dflash_kv_seq *s, dflash_qwen3 *ref, df
         sel[i] = n - n_out + i;
     }
     const int V = m->cfg.vocab_size;
-    dflash_qwen3_batch b = { n, tok, pos, row_seq, 1, &s, n_out, sel, 0, NULL, argmax_only };
+    dflash_qwen3_batch b = { .n_rows = n, .tokens = tok, .positions = pos, .row_seq = row_seq, .n_seqs = 1,
+                             .seqs = &s, .n_logit_rows = n_out, .logit_rows = sel, .argmax_only = argmax_only };
     float *logits = NULL, *want = NULL;
     static float got[16 * 1024];
     int32_t ids[16], want_ids[16];

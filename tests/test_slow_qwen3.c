@@ -119,7 +119,8 @@ static void test_bad_batches(void)
     CHECK_FAILS(tc_run_rows(m, &seq, many, 9, 1, 0, NULL, &logits, NULL), DFLASH_ERR_INVALID_ARG, "9 rows");
     int32_t tok[1] = { 1 }, pos[1] = { 3 }, rs[1] = { 0 }, lr[1] = { 0 };
     dflash_kv_seq *sp = &seq;
-    dflash_qwen3_batch b = { 1, tok, pos, rs, 1, &sp, 1, lr, 0, NULL, 0 };
+    dflash_qwen3_batch b = { .n_rows = 1, .tokens = tok, .positions = pos, .row_seq = rs, .n_seqs = 1, .seqs = &sp,
+                             .n_logit_rows = 1, .logit_rows = lr };
     CHECK_FAILS(dflash_qwen3_forward(m, &b, &logits, NULL), DFLASH_ERR_INVALID_ARG, "expected 0");
     CHECK(seq.len == 0);
     dflash_qwen3_seq_free(m, &seq);
@@ -204,7 +205,8 @@ static void one_upload(const char *rel)
     /* rows: sequence 0 three, 1 one, 2 two; logits of rows 2, 3, 5 */
     const int32_t tok[6] = { 5, 9, 13, 17, 21, 25 }, pos[6] = { 0, 1, 2, 0, 0, 1 }, rs[6] = { 0, 0, 0, 1, 2, 2 };
     const int32_t lr[3] = { 2, 3, 5 };
-    dflash_qwen3_batch b = { 6, tok, pos, rs, 3, sp, 3, lr, 0, NULL, 0 };
+    dflash_qwen3_batch b = { .n_rows = 6, .tokens = tok, .positions = pos, .row_seq = rs, .n_seqs = 3, .seqs = sp,
+                             .n_logit_rows = 3, .logit_rows = lr };
     float *logits = NULL, *want = NULL;
     g_uploads = 0;
     CHECK_OK(dflash_qwen3_forward(m, &b, &logits, NULL));

@@ -278,7 +278,8 @@ static void test_two_sequences_in_one_forward(void)
         pos[i] = i < NA ? i : i - NA;
         rs[i] = i >= NA;
     }
-    dflash_qwen3_batch bt = { NA + NB, tok, pos, rs, 2, seqs, 0, NULL, 0, NULL, 0 };
+    dflash_qwen3_batch bt = { .n_rows = NA + NB, .tokens = tok, .positions = pos, .row_seq = rs, .n_seqs = 2,
+                              .seqs = seqs };
     CHECK_OK(dflash_qwen3_forward(m, &bt, &logits, NULL));
     dflash_kv_seq_truncate(&a, 70);
     dflash_kv_seq_truncate(&b, 4);
@@ -288,7 +289,8 @@ static void test_two_sequences_in_one_forward(void)
         rs[i] = i >= MORE;
         sel[i] = i;
     }
-    dflash_qwen3_batch b2 = { 2 * MORE, tok, pos, rs, 2, seqs, 2 * MORE, sel, 0, NULL, 0 };
+    dflash_qwen3_batch b2 = { .n_rows = 2 * MORE, .tokens = tok, .positions = pos, .row_seq = rs, .n_seqs = 2,
+                              .seqs = seqs, .n_logit_rows = 2 * MORE, .logit_rows = sel };
     CHECK_OK(dflash_qwen3_forward(m, &b2, &logits, NULL));
     if (logits)
         memcpy(both, logits, (size_t)2 * MORE * V * sizeof(float));

@@ -251,6 +251,9 @@ typedef struct dflash_sample_row {
 
 typedef struct dflash_backend dflash_backend;
 
+/* Slots of the mark op. */
+#define DFLASH_BACKEND_MARKS 2
+
 /* What a backend has done since it was created, for benchmarks: kernel
  * launches, host waits for the device (sync, and the sync a download
  * implies), host-to-device copies and their bytes, device-to-host copies. */
@@ -268,6 +271,15 @@ typedef struct dflash_backend_ops {
     dflash_status (*upload)(dflash_backend *be, void *dst, const void *src, size_t bytes);
     dflash_status (*download)(dflash_backend *be, void *dst, const void *src, size_t bytes);
     dflash_status (*sync)(dflash_backend *be);
+    /* Optional (NULL where ops run as they are called, as on the CPU:
+     * there the host's clock times them): how long the device took
+     * between two points of the stream, without waiting at either.
+     * mark records when the device gets there (slot <
+     * DFLASH_BACKEND_MARKS); mark_ms gives the milliseconds between two
+     * marks once a sync or download followed both. A loop that waits
+     * once a step tells its verify from its propose by them. */
+    dflash_status (*mark)(dflash_backend *be, int slot);
+    dflash_status (*mark_ms)(dflash_backend *be, int from, int to, double *ms);
     /* Make a checkpoint tensor usable as a weight: the CPU backend points at
      * the mapping, a device backend copies it once. */
     dflash_status (*weight_from_host)(dflash_backend *be, dflash_weight *w, const void *host_data,
@@ -325,6 +337,11 @@ typedef struct dflash_backend_ops {
      * idx NULL means idx[i] = i. */
     dflash_status (*copy_rows)(dflash_backend *be, float *dst, int64_t dst_stride, const float *src,
                                int64_t src_stride, const int32_t *idx, int n, int64_t cols);
+    /* dst[i * dst_stride + c] = src[i * src_stride + c] for i < n, c < cols:
+     * token ids one op wrote and the next reads (a proposer's drafts into
+     * the rows a verify embeds), without a trip through the host. */
+    dflash_status (*copy_ids)(dflash_backend *be, int32_t *dst, int64_t dst_stride, const int32_t *src,
+                              int64_t src_stride, int n, int cols);
     /* out[i, c] = the sum over j < k, in j order, of w[i * k + j] *
      * src[idx[i * k + j] * cols + c], for c < cols: each product rounded
      * to f32 before it is added (no fused multiply-add), so every backend

@@ -885,8 +885,9 @@ static dflash_status forward_run(void *self)
     forward_op *o = self;
     /* greedy: each row's argmax, no logits (what the decode loop asks);
      * --sample: the logits, then each row's drawn token to the host */
-    dflash_qwen3_batch b = { o->n, o->tokens, o->pos, o->row_seq, o->n_seqs, o->seqs, o->n, o->logit_rows, 0, NULL,
-                             !o->draw };
+    dflash_qwen3_batch b = { .n_rows = o->n, .tokens = o->tokens, .positions = o->pos, .row_seq = o->row_seq,
+                             .n_seqs = o->n_seqs, .seqs = o->seqs, .n_logit_rows = o->n, .logit_rows = o->logit_rows,
+                             .argmax_only = !o->draw };
     float *logits;
     DFLASH_TRY(dflash_qwen3_forward(o->m, &b, &logits, NULL));
     if (!o->draw)
@@ -924,7 +925,8 @@ static dflash_status prefill(dflash_qwen3 *m, dflash_kv_seq *seq, int32_t to)
             tokens[i] = random_token((uint64_t)pos[i], m->cfg.vocab_size);
             row_seq[i] = 0;
         }
-        dflash_qwen3_batch b = { n, tokens, pos, row_seq, 1, &seq, 0, NULL, 0, NULL, 0 };
+        dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = pos, .row_seq = row_seq, .n_seqs = 1,
+                                 .seqs = &seq };
         float *logits;
         DFLASH_TRY(dflash_qwen3_forward(m, &b, &logits, NULL));
     }
@@ -1002,7 +1004,8 @@ static dflash_status time_forward(bench_run *r, dflash_qwen3 *m, dflash_kv_seq *
 
 /* One speculative step of one sequence at `ctx`: the drafter proposes B - 1
  * drafts from its context, the target verifies the block (B rows, their
- * greedy tokens, the drafter's taps), and the drafter takes all B rows
+ * greedy tokens to the host with the drafts, the drafter's taps), and the
+ * drafter takes all B rows
  * into its context (every draft accepted: the most a step does). The
  * target goes back to ctx after each call; the drafter's context keeps
  * the rows (B more a call, against thousands: its cost barely moves). */
@@ -1022,11 +1025,26 @@ static dflash_status step_run(void *self)
     step_op *o = self;
     dflash_proposer *p = &o->d->head->proposer;
     const int32_t last = o->tokens[0], at = o->d->step_len;
-    DFLASH_TRY(p->ops->propose(p, &o->d->step_state, 1, &last, &at, o->B - 1, o->tokens + 1));
+    const int k = o->B - 1;
+    /* the drafts stay on the device where the loops leave them there
+     * (the verify reads them, one download brings them with its tokens) */
+    const int32_t *dev = NULL;
+    if (dflash_spec_dev_drafts(p, NULL)) {
+        DFLASH_TRY(p->ops->propose_dev(p, &o->d->step_state, 1, &last, &at, k, &dev));
+        memset(o->tokens + 1, 0, (size_t)k * sizeof(int32_t));
+    } else {
+        DFLASH_TRY(p->ops->propose(p, &o->d->step_state, 1, &last, &at, k, o->tokens + 1));
+    }
     dflash_kv_seq *sp = o->seq;
-    dflash_qwen3_batch b = { o->B, o->tokens, o->pos, o->row_seq, 1, &sp, o->B, o->sel, o->n_taps, o->taps, 1 };
+    dflash_qwen3_batch b = { .n_rows = o->B, .tokens = o->tokens, .positions = o->pos, .row_seq = o->row_seq,
+                             .n_seqs = 1, .seqs = &sp, .n_logit_rows = o->B, .logit_rows = o->sel,
+                             .n_taps = o->n_taps, .tap_layers = o->taps, .argmax_only = 1, .dev_tokens = dev,
+                             .dev_n = 1, .dev_cols = k, .dev_row0 = 1, .dev_row_stride = k };
     float *logits, *taps;
     DFLASH_TRY(dflash_qwen3_forward(o->m, &b, &logits, &taps));
+    int32_t ids[BENCH_MAX_BLOCK + 1];
+    dflash_status fs = dflash_spec_fetch(o->m, o->B, dev, k, ids, o->tokens + 1);
+    DFLASH_TRY(dev ? dflash_spec_dev_status(o->m->be, p, fs, dev, o->tokens + 1, 1, &at, k) : fs);
     dflash_ctx_rows rows = { o->tokens, o->B, at, taps, (int64_t)o->n_taps * o->m->cfg.hidden_size };
     DFLASH_TRY(p->ops->after_verify(p, &o->d->step_state, 1, &rows));
     o->d->step_len += o->B;

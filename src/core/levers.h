@@ -11,6 +11,7 @@ typedef struct dflash_levers {
     int cuda_pdl;     /* DFLASH_CUDA_PDL: 1 (default) programmatic dependent launch on sm_90+, 0 off (diagnosis) */
     int cuda_graphs;  /* DFLASH_CUDA_GRAPHS: 1 (default) forwards replayed from captured graphs, 0 off (diagnosis) */
     int host_sampling; /* DFLASH_HOST_SAMPLING=1: sampled tokens drawn row by row on the host from downloaded logits, never by the backend (diagnosis, A/B) */
+    int host_drafts;   /* DFLASH_HOST_DRAFTS=1: a proposer's drafts come to the host before the verify (a second wait per step), never read by the verify where they are (diagnosis, A/B) */
     int cuda_gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0 (default) split-K from the cost model, else this many slices (tuning) */
     int cuda_gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: rows from which a GEMM takes the many-row kernel (default 65; same bits) */
     int cuda_gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: the many-row kernel's activation tile, 32, 64 or 128; 0 (default) its own choice */

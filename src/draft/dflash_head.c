@@ -447,12 +447,11 @@ static dflash_status block_enqueue(void *self)
     return dflash_be_linear_argmax(h->be, s->hsel, nd, &h->lm_head, s->logits, s->argmax);
 }
 
+/* The block forward of n_seqs sequences: their drafts in s->argmax. */
 static dflash_status block_forward(dflash_head *h, dflash_proposer_state **states, int n_seqs,
-                                   const int32_t *last_tokens, const int32_t *positions, int n_drafts,
-                                   int32_t *drafts)
+                                   const int32_t *last_tokens, const int32_t *positions, int n_drafts)
 {
     const dflash_model_config *c = &h->cfg;
-    const dflash_backend_ops *o = h->be->ops;
     dflash_scratch *s = &h->s;
     const int B = n_drafts + 1, n = n_seqs * B;
     dflash_fwd_inputs *in = &s->in;
@@ -486,10 +485,14 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
                     dflash_graph_keys_bucket(&s->graphs, max_keys, h->pt_len * DFLASH_KV_PAGE + B) };
     const int32_t key[] = { GRAPH_BLOCK, n_seqs, n_drafts, j.max_keys, h->keep_logits };
     DFLASH_TRY(dflash_graph_run(&s->graphs, key, 5, block_enqueue, &j));
-    const int nd = n_seqs * n_drafts;
-    DFLASH_TRY(o->download(h->be, drafts, s->argmax, (size_t)nd * sizeof(int32_t)));
-    h->last_rows = nd;
-    for (int i = 0; i < nd; i++)
+    h->last_rows = n_seqs * n_drafts;
+    return DFLASH_OK;
+}
+
+static dflash_status check_drafts(const dflash_head *h, const int32_t *drafts, int n_seqs, const int32_t *positions,
+                                  int n_drafts)
+{
+    for (int i = 0; i < n_seqs * n_drafts; i++)
         if (drafts[i] < 0)
             return dflash_fail(DFLASH_ERR_NUMERIC, "%s: the drafter's logits for position %d are not finite (NaN "
                                "or +inf): its weights or config.json give no usable numbers", dflash_st_path(h->st),
@@ -558,8 +561,8 @@ static dflash_status head_begin(dflash_proposer *p, void *state, const dflash_ct
     return ctx_append(p->self, &st, rows, 1);
 }
 
-static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
-                                  const int32_t *positions, int n_drafts, int32_t *drafts)
+static dflash_status head_propose_dev(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
+                                      const int32_t *positions, int n_drafts, const int32_t **drafts)
 {
     dflash_head *h = p->self;
     if (n_seqs <= 0 || n_seqs > h->opts.max_seqs)
@@ -568,7 +571,25 @@ static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs,
     if (n_drafts <= 0 || n_drafts > h->block_size - 1)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "dflash head: %d drafts (1..%d allowed)", n_drafts,
                            h->block_size - 1);
-    return block_forward(h, (dflash_proposer_state **)states, n_seqs, last_tokens, positions, n_drafts, drafts);
+    DFLASH_TRY(block_forward(h, (dflash_proposer_state **)states, n_seqs, last_tokens, positions, n_drafts));
+    *drafts = h->s.argmax;
+    return DFLASH_OK;
+}
+
+static dflash_status head_check_drafts(const dflash_proposer *p, const int32_t *drafts, int n_seqs,
+                                       const int32_t *positions, int n_drafts)
+{
+    return check_drafts(p->self, drafts, n_seqs, positions, n_drafts);
+}
+
+static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
+                                  const int32_t *positions, int n_drafts, int32_t *drafts)
+{
+    dflash_head *h = p->self;
+    const int32_t *dev;
+    DFLASH_TRY(head_propose_dev(p, states, n_seqs, last_tokens, positions, n_drafts, &dev));
+    DFLASH_TRY(h->be->ops->download(h->be, drafts, dev, (size_t)n_seqs * (size_t)n_drafts * sizeof(int32_t)));
+    return check_drafts(h, drafts, n_seqs, positions, n_drafts);
 }
 
 static dflash_status head_after_verify(dflash_proposer *p, void **states, int n_seqs, const dflash_ctx_rows *rows)
@@ -587,6 +608,8 @@ static const dflash_proposer_ops k_dflash_ops = {
     .reset = head_reset,
     .begin = head_begin,
     .propose = head_propose,
+    .propose_dev = head_propose_dev,
+    .check_drafts = head_check_drafts,
     .after_verify = head_after_verify,
     .destroy = head_destroy,
 };

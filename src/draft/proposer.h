@@ -45,6 +45,19 @@ typedef struct dflash_proposer_ops {
      * drafts: host [n_seqs * n_drafts]. n_drafts <= block_size - 1. */
     dflash_status (*propose)(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
                              const int32_t *positions, int n_drafts, int32_t *drafts);
+    /* Optional (NULL: drafts only come to the host): propose with the
+     * drafts left in backend memory, *drafts = [n_seqs * n_drafts], valid
+     * until the proposer's next call, so that a verify can read them
+     * where they are and one download brings them over with the verify's
+     * tokens. A draft there may be -1 (logits with no usable number):
+     * the caller hands the downloaded drafts to check_drafts before using
+     * them, and before reporting an error of a verify that read them. */
+    dflash_status (*propose_dev)(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
+                                 const int32_t *positions, int n_drafts, const int32_t **drafts);
+    /* With propose_dev: DFLASH_OK, or the error a draft of -1 in these
+     * host drafts (propose_dev's, same arguments) stands for. */
+    dflash_status (*check_drafts)(const dflash_proposer *p, const int32_t *drafts, int n_seqs,
+                                  const int32_t *positions, int n_drafts);
     /* Rows accepted by the verify: per sequence, the block's first token and
      * its accepted drafts (n_accepted[i] + 1 rows). */
     dflash_status (*after_verify)(dflash_proposer *p, void **states, int n_seqs, const dflash_ctx_rows *rows);

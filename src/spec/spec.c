@@ -75,10 +75,13 @@ int dflash_spec_is_stop(const dflash_gen_opts *o, int32_t t)
  * target; a token for each of the rows in logit_rows into ids_out: the
  * argmax (greedy, ss NULL), or drawn where the logits are (ss->ids). Host
  * sampling (ss without ids): the whole logits rows [n_logit, V] are
- * downloaded into ss->logits instead. */
+ * downloaded into ss->logits instead. dev_drafts: the rows after the
+ * first take their tokens from these (propose_dev's, n - 1 of them),
+ * which come back beside the ids into drafts_out. */
 static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int32_t *tokens, int n,
                                  const int *taps, int n_taps, int n_logit, const int32_t *logit_rows,
-                                 int32_t *ids_out, spec_sampling *ss, float **taps_out)
+                                 int32_t *ids_out, spec_sampling *ss, float **taps_out, const int32_t *dev_drafts,
+                                 int32_t *drafts_out)
 {
     int32_t positions[t->opts.max_rows], row_seq[t->opts.max_rows];
     const int32_t pos0 = seq->len;
@@ -88,10 +91,13 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
     }
     dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = positions, .row_seq = row_seq,
                              .n_seqs = 1, .seqs = &seq, .n_logit_rows = n_logit, .logit_rows = logit_rows,
-                             .n_taps = n_taps, .tap_layers = taps, .argmax_only = !ss };
+                             .n_taps = n_taps, .tap_layers = taps, .argmax_only = !ss,
+                             .dev_tokens = dev_drafts, .dev_n = 1, .dev_cols = n - 1, .dev_row0 = 1,
+                             .dev_row_stride = n - 1 };
     float *logits;
-    DFLASH_TRY(dflash_qwen3_forward(t, &b, &logits, taps_out));
     dflash_backend *be = t->be;
+    DFLASH_TRY(dflash_spec_mark(be, dev_drafts, 0));
+    DFLASH_TRY(dflash_qwen3_forward(t, &b, &logits, taps_out));
     const int V = t->cfg.vocab_size;
     if (n_logit > 0 && ss && !ss->ids)
         return be->ops->download(be, ss->logits, logits, (size_t)n_logit * (size_t)V * sizeof(float));
@@ -101,9 +107,55 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
             rows[i] = dflash_spec_sample_row(&ss->smp.o, pos0 + logit_rows[i] + 1);
         DFLASH_TRY(dflash_spec_sample_rows(be, logits, n_logit, V, rows, t->s.best, &ss->smp, ss->logits));
     }
-    if (n_logit > 0)
-        DFLASH_TRY(be->ops->download(be, ids_out, t->s.best, (size_t)n_logit * sizeof(int32_t)));
-    return DFLASH_OK;
+    DFLASH_TRY(dflash_spec_mark(be, dev_drafts, 1));
+    return n_logit > 0 ? dflash_spec_fetch(t, n_logit, dev_drafts, n - 1, ids_out, drafts_out) : DFLASH_OK;
+}
+
+dflash_status dflash_spec_mark(dflash_backend *be, const int32_t *dev_drafts, int slot)
+{
+    return dev_drafts && be->ops->mark ? be->ops->mark(be, slot) : DFLASH_OK;
+}
+
+void dflash_spec_split_ms(dflash_backend *be, const int32_t *dev_drafts, double *verify_ms, double *propose_ms)
+{
+    double v;
+    if (!dev_drafts || !be->ops->mark_ms || be->ops->mark_ms(be, 0, 1, &v) != DFLASH_OK || v > *verify_ms)
+        return;
+    *propose_ms += *verify_ms - v;
+    *verify_ms = v;
+}
+
+int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss)
+{
+    return p && p->ops->propose_dev && (!ss || ss->ids) && !dflash_levers_get()->host_drafts;
+}
+
+dflash_status dflash_spec_fetch(dflash_qwen3 *t, int n, const int32_t *dev_drafts, int nd, int32_t *ids,
+                                int32_t *drafts)
+{
+    dflash_backend *be = t->be;
+    if (!dev_drafts)
+        return be->ops->download(be, ids, t->s.best, (size_t)n * sizeof(int32_t));
+    /* s->best has room for the drafts after the n tokens (n + nd <= 2R) */
+    int32_t got[2 * t->opts.max_rows];
+    memset(got + n, 0, (size_t)nd * sizeof(int32_t)); /* a copy that never ran shows no bad draft */
+    dflash_status s = be->ops->copy_ids(be, t->s.best + n, nd, dev_drafts, nd, 1, nd);
+    if (s == DFLASH_OK)
+        s = be->ops->download(be, got, t->s.best, (size_t)(n + nd) * sizeof(int32_t));
+    memcpy(ids, got, (size_t)n * sizeof(int32_t));
+    memcpy(drafts, got + n, (size_t)nd * sizeof(int32_t));
+    return s;
+}
+
+dflash_status dflash_spec_dev_status(dflash_backend *be, const dflash_proposer *p, dflash_status vs,
+                                     const int32_t *dev_drafts, int32_t *drafts, int n_seqs,
+                                     const int32_t *positions, int k)
+{
+    if (vs != DFLASH_OK &&
+        be->ops->download(be, drafts, dev_drafts, (size_t)n_seqs * (size_t)k * sizeof(int32_t)) != DFLASH_OK)
+        return vs;
+    dflash_status cs = p->ops->check_drafts(p, drafts, n_seqs, positions, k);
+    return cs != DFLASH_OK ? cs : vs;
 }
 
 dflash_sample_row dflash_spec_sample_row(const dflash_sampler_opts *o, int64_t pos)
@@ -261,7 +313,7 @@ dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq
     int32_t last_row = n - 1;
     float *tap_rows = NULL;
     const int32_t pos0 = seq->len;
-    dflash_status s = target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss, &tap_rows);
+    dflash_status s = target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss, &tap_rows, NULL, NULL);
     if (s != DFLASH_OK) {
         dflash_kv_seq_truncate(seq, pos0); /* the forward may have advanced it before failing */
         return s;
@@ -340,28 +392,40 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         int32_t block[DFLASH_MAX_BLOCK], g[DFLASH_MAX_BLOCK], rows_idx[DFLASH_MAX_BLOCK];
         block[0] = cur;
 
-        /* 2 PROPOSE (the proposer first takes any rows still waiting) */
+        /* 2 PROPOSE (the proposer first takes any rows still waiting);
+         * the drafts stay where the proposer made them when they can
+         * (dflash_spec_dev_drafts): the verify reads them there and they
+         * come over with its tokens, so the host waits once a step */
         if (k > 0)
             DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
+        const int32_t *dev = NULL;
         double t1 = dflash_spec_now_ms();
-        if (k > 0)
+        if (k > 0 && dflash_spec_dev_drafts(p, ss)) {
+            DFLASH_TRY(p->ops->propose_dev(p, &pstate, 1, &cur, &s, k, &dev));
+            memset(block + 1, 0, (size_t)k * sizeof(int32_t)); /* a token in the vocabulary until they come */
+        } else if (k > 0) {
             DFLASH_TRY(p->ops->propose(p, &pstate, 1, &cur, &s, k, block + 1));
+        }
         double t2 = dflash_spec_now_ms();
 
         /* 3 VERIFY */
         for (int i = 0; i <= k; i++)
             rows_idx[i] = i;
         float *tap_rows = NULL;
-        dflash_status cs = target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, ss, &tap_rows);
+        dflash_status cs =
+            target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, ss, &tap_rows, dev, block + 1);
+        if (dev)
+            cs = dflash_spec_dev_status(target->be, p, cs, dev, block + 1, 1, &s, k);
         if (cs == DFLASH_OK && (!ss || ss->ids))
             cs = dflash_spec_check_greedy(target, g, k + 1, s + 1, st->n_steps + 1);
         if (cs != DFLASH_OK) {
             dflash_kv_seq_truncate(seq, s); /* the caches stay as they were before the step */
             return cs;
         }
-        double t3 = dflash_spec_now_ms();
-        st->draft_ms += t2 - t1;
-        st->verify_ms += t3 - t2;
+        double draft_ms = t2 - t1, verify_ms = dflash_spec_now_ms() - t2;
+        dflash_spec_split_ms(target->be, dev, &verify_ms, &draft_ms);
+        st->draft_ms += draft_ms;
+        st->verify_ms += verify_ms;
 
         /* 4 ACCEPT */
         int a = 0;
@@ -425,7 +489,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
         if (o->on_step)
             o->on_step(o->step_user, s, block + 1, k, a, bonus);
         if (o->width_auto && p)
-            dflash_width_observe(&wm, k, a, t3 - t2, t2 - t1 + handover_ms);
+            dflash_width_observe(&wm, k, a, verify_ms, draft_ms + handover_ms);
         st->n_steps++;
         st->width_hist[k]++;
         st->accept_hist[n_emit]++; /* tokens this step committed */

@@ -50,6 +50,34 @@ int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflas
 dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids, dflash_sampler *scratch,
                                       float *host_row);
+/* Whether a step's drafts may stay in backend memory (the proposer's
+ * propose_dev) for the verify to read where they are: the step's tokens
+ * come back as ids (greedy, or drawn where the logits are, ss->ids), so
+ * one download brings the tokens and the drafts together (one wait for
+ * the device a step). Not with DFLASH_HOST_DRAFTS=1. */
+int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss);
+/* The verify's n tokens (t->s.best) into ids and, when dev_drafts is set
+ * (propose_dev's, nd of them), the drafts into drafts: one download. */
+dflash_status dflash_spec_fetch(dflash_qwen3 *t, int n, const int32_t *dev_drafts, int nd, int32_t *ids,
+                                int32_t *drafts);
+/* The status of a step whose verify read propose_dev's drafts (vs: the
+ * verify's and its fetch's; on DFLASH_OK the drafts are on the host): a
+ * bad draft is reported first, as the proposer's error, since a verify's
+ * own (a token outside the vocabulary) would be its consequence. After a
+ * failed verify the drafts come over here (a failing step's extra wait). */
+dflash_status dflash_spec_dev_status(dflash_backend *be, const dflash_proposer *p, dflash_status vs,
+                                     const int32_t *dev_drafts, int32_t *drafts, int n_seqs,
+                                     const int32_t *positions, int k);
+/* A step whose verify reads propose_dev's drafts waits for the device
+ * once, after both: the host's clock no longer tells the two apart, and
+ * the cost-aware width needs each. dflash_spec_mark(slot 0 before the
+ * verify's forward, 1 before its fetch) records the device's marks where
+ * the backend has them (dev_drafts set); dflash_spec_split_ms then moves
+ * what the verify did not take from *verify_ms (host time since the
+ * propose returned) to *propose_ms. Unchanged without marks (ops that run
+ * as they are called: the host's times are the device's). */
+dflash_status dflash_spec_mark(dflash_backend *be, const int32_t *dev_drafts, int slot);
+void dflash_spec_split_ms(dflash_backend *be, const int32_t *dev_drafts, double *verify_ms, double *propose_ms);
 /* The block a loop runs: the proposer's (1 without one), capped by
  * block_size > 0; beyond DFLASH_MAX_BLOCK or the target's rows is an
  * error naming `who`. */

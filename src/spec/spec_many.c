@@ -93,11 +93,39 @@ static dflash_status emit(many_seq *m, const int32_t *toks, int n, int stopped)
     return DFLASH_OK;
 }
 
-/* 2 PROPOSE for the group g[0..ng): one call per distinct k. */
-static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng)
+/* A group's drafts left in backend memory by one propose_dev (every
+ * sequence drafting k, dflash_spec_dev_drafts): the verify reads them
+ * there; they come back into host, then each block. */
+typedef struct group_drafts {
+    const int32_t *dev; /* NULL: the drafts are in the blocks already */
+    int k;
+    int32_t *pos; /* [ng]: each sequence's propose position */
+} group_drafts;
+
+/* 2 PROPOSE for the group g[0..ng): one call per distinct k, or one
+ * propose_dev when every sequence drafts the same k and may (gd). */
+static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng, group_drafts *gd)
 {
     void *states[ng];
     int32_t last[ng], pos[ng], drafts[ng * DFLASH_MAX_BLOCK];
+    int same = 1, ids = 1;
+    for (int j = 0; j < ng; j++) {
+        const many_seq *m = &r->ms[g[j]];
+        same &= m->k == r->ms[g[0]].k;
+        ids &= !m->sampled || m->ss.ids;
+    }
+    gd->dev = NULL;
+    gd->k = r->ms[g[0]].k;
+    if (same && ids && gd->k > 0 && dflash_spec_dev_drafts(r->p, NULL)) {
+        for (int j = 0; j < ng; j++) {
+            many_seq *m = &r->ms[g[j]];
+            states[j] = m->it->pstate;
+            last[j] = m->cur;
+            gd->pos[j] = m->s;
+            memset(m->block + 1, 0, (size_t)gd->k * sizeof(int32_t)); /* a token in the vocabulary until they come */
+        }
+        return r->p->ops->propose_dev(r->p, states, ng, last, gd->pos, gd->k, &gd->dev);
+    }
     for (int k = 1; k < r->B; k++) {
         int n = 0;
         for (int j = 0; j < ng; j++)
@@ -119,7 +147,8 @@ static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng)
 /* 3 VERIFY the group's blocks in one forward; greedy rows' argmax and
  * sampling rows' drawn tokens (spec_sampling's ids) into r->best, other
  * sampling rows' logits into each sequence's buffer. */
-static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, int sampled, float **taps_out)
+static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, int sampled, float **taps_out,
+                                  const group_drafts *gd, int32_t *drafts)
 {
     const int max_rows = r->t->opts.max_rows;
     int32_t tokens[max_rows], pos[max_rows], row_seq[max_rows], rows[max_rows];
@@ -138,12 +167,16 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
     }
     dflash_qwen3_batch b = { .n_rows = n, .tokens = tokens, .positions = pos, .row_seq = row_seq, .n_seqs = ng,
                              .seqs = seqs, .n_logit_rows = n, .logit_rows = rows, .n_taps = r->n_taps,
-                             .tap_layers = r->taps, .argmax_only = !sampled };
+                             .tap_layers = r->taps, .argmax_only = !sampled, .dev_tokens = gd->dev,
+                             .dev_n = ng, .dev_cols = gd->k, .dev_row0 = 1, .dev_row_stride = gd->k + 1 };
     float *logits;
-    DFLASH_TRY(dflash_qwen3_forward(r->t, &b, &logits, taps_out));
     dflash_backend *be = r->t->be;
-    if (!sampled)
-        return be->ops->download(be, r->best, r->t->s.best, (size_t)n * sizeof(int32_t));
+    DFLASH_TRY(dflash_spec_mark(be, gd->dev, 0));
+    DFLASH_TRY(dflash_qwen3_forward(r->t, &b, &logits, taps_out));
+    if (!sampled) {
+        DFLASH_TRY(dflash_spec_mark(be, gd->dev, 1));
+        return dflash_spec_fetch(r->t, n, gd->dev, ng * gd->k, r->best, drafts);
+    }
     /* sequences drawing by ids: every row drawn in one call (the others'
      * rows by argmax, unused), the ids into r->best; the others' logits
      * to the host */
@@ -160,7 +193,8 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
     }
     if (scratch) {
         DFLASH_TRY(dflash_spec_sample_rows(be, logits, n, V, draw, r->t->s.best, &scratch->smp, scratch->logits));
-        DFLASH_TRY(be->ops->download(be, r->best, r->t->s.best, (size_t)n * sizeof(int32_t)));
+        DFLASH_TRY(dflash_spec_mark(be, gd->dev, 1));
+        DFLASH_TRY(dflash_spec_fetch(r->t, n, gd->dev, ng * gd->k, r->best, drafts));
     }
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
@@ -378,16 +412,26 @@ static dflash_status step_groups(dflash_spec_batch *r)
                 if (r->p && width > 0)
                     DFLASH_TRY(flush_pending(r, g, ng, NULL));
                 double t0 = dflash_spec_now_ms();
+                int32_t gpos[max_seqs];
+                group_drafts gd = { .pos = gpos };
                 if (r->p && width > 0)
-                    DFLASH_TRY(propose_group(r, g, ng));
+                    DFLASH_TRY(propose_group(r, g, ng, &gd));
                 double t1 = dflash_spec_now_ms();
                 float *tap_rows = NULL;
-                DFLASH_TRY(verify_group(r, g, ng, sampled, &tap_rows));
-                double t2 = dflash_spec_now_ms();
+                int32_t drafts[max_rows];
+                dflash_status vs = verify_group(r, g, ng, sampled, &tap_rows, &gd, drafts);
+                if (gd.dev) {
+                    vs = dflash_spec_dev_status(r->t->be, r->p, vs, gd.dev, drafts, ng, gd.pos, gd.k);
+                    for (int j = 0; vs == DFLASH_OK && j < ng; j++)
+                        memcpy(r->ms[g[j]].block + 1, drafts + j * gd.k, (size_t)gd.k * sizeof(int32_t));
+                }
+                DFLASH_TRY(vs);
+                double draft_ms = t1 - t0, group_verify_ms = dflash_spec_now_ms() - t1;
+                dflash_spec_split_ms(r->t->be, gd.dev, &group_verify_ms, &draft_ms);
                 double obs = 0;
-                DFLASH_TRY(accept_group(r, g, ng, tap_rows, t1 - t0, t2 - t1, &obs));
-                propose_ms += t1 - t0;
-                verify_ms += t2 - t1;
+                DFLASH_TRY(accept_group(r, g, ng, tap_rows, draft_ms, group_verify_ms, &obs));
+                propose_ms += draft_ms;
+                verify_ms += group_verify_ms;
                 observe_ms += obs;
                 ng = rows = 0;
             }

@@ -48,7 +48,7 @@ static dflash_status alloc_scratch(dflash_qwen3 *m)
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * (size_t)c->vocab_size, &s->logits));
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * DFLASH_MAX_TAPS * H, &s->taps));
     DFLASH_TRY(dflash_be_alloc_f32(m->be, R * H, &s->hsel));
-    DFLASH_TRY(dflash_be_alloc_i32(m->be, R, &s->best));
+    DFLASH_TRY(dflash_be_alloc_i32(m->be, 2 * R, &s->best));
     dflash_graph_cache_init(&s->graphs, m->be);
     /* a hybrid's recurrent-state entries go up with the rest */
     return dflash_fwd_inputs_alloc(m->be, (int)R, (int)S, m->pt_len, m->rec ? DFLASH_REC_INFO_LEN : 0, &s->in);
@@ -202,6 +202,11 @@ static dflash_status prepare_batch(dflash_qwen3 *m, const dflash_qwen3_batch *b,
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_rows)
             return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: logit row %d outside [0, %d)",
                                b->logit_rows[i], b->n_rows);
+    if (b->dev_tokens && (b->dev_n <= 0 || b->dev_cols <= 0 || b->dev_row0 < 0 || b->dev_row_stride < b->dev_cols ||
+                          b->dev_row0 + (int64_t)(b->dev_n - 1) * b->dev_row_stride + b->dev_cols > b->n_rows))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "qwen3 forward: %d runs of %d device tokens from row %d, %d "
+                           "apart, do not fit %d rows", b->dev_n, b->dev_cols, b->dev_row0, b->dev_row_stride,
+                           b->n_rows);
     for (int q = 0; q < b->n_seqs; q++)
         new_len[q] = b->seqs[q]->len;
     for (int i = 0; i < b->n_rows; i++) {
@@ -443,6 +448,9 @@ dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     if (m->rec)
         DFLASH_TRY(rec_begin(m, b));
     DFLASH_TRY(dflash_fwd_inputs_upload(m->be, &m->s.in));
+    if (b->dev_tokens)
+        DFLASH_TRY(m->be->ops->copy_ids(m->be, m->s.in.ids + b->dev_row0, b->dev_row_stride, b->dev_tokens,
+                                        b->dev_cols, b->dev_n, b->dev_cols));
     DFLASH_TRY(forward_ops(m, b, &bounds));
     if (m->rec)
         qwen35_state_end(m->rec);

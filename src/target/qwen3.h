@@ -39,7 +39,8 @@ typedef struct qwen3_scratch {
     float *logits;                  /* [R, V] */
     float *taps;                    /* [R, DFLASH_MAX_TAPS * H] */
     float *hsel;                    /* [R, H] rows gathered for the LM head */
-    int32_t *best;                  /* [R] argmax of the logit rows (greedy) */
+    int32_t *best;                  /* [2R]: the logit rows' argmax (greedy) or drawn tokens, then room for
+                                       a step's drafts copied beside them (one download brings both) */
     dflash_fwd_inputs in;           /* ids, positions (b.pos), row_seq, sel, records, page tables */
     dflash_graph_cache graphs;      /* the forward's ops by shape, where the backend captures */
 } qwen3_scratch;
@@ -77,6 +78,12 @@ typedef struct dflash_qwen3_batch {
     const int *tap_layers;     /* [n_taps] */
     int argmax_only;           /* 1: the logit rows' argmax into m->s.best (LM head and
                                   argmax fused where the backend can), no logits */
+    /* Tokens already in backend memory (a proposer's drafts, never
+     * brought to the host): when set, row dev_row0 + i * dev_row_stride + c
+     * takes dev_tokens[i * dev_cols + c] (i < dev_n, c < dev_cols), and
+     * tokens[] holds any id of the vocabulary there. */
+    const int32_t *dev_tokens;
+    int dev_n, dev_cols, dev_row0, dev_row_stride;
 } dflash_qwen3_batch;
 
 /* Load a Qwen3 folder (config.json + safetensors). */

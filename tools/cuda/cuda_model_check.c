@@ -332,7 +332,9 @@ static int forward_all(dflash_qwen3 *m, const int32_t *tokens, int n, int n_taps
             rs[i] = 0;
             sel[i] = i;
         }
-        dflash_qwen3_batch b = { c, tokens + done, pos, rs, 1, &sp, c, sel, n_taps, taps, 0 };
+        dflash_qwen3_batch b = { .n_rows = c, .tokens = tokens + done, .positions = pos, .row_seq = rs, .n_seqs = 1,
+                                 .seqs = &sp, .n_logit_rows = c, .logit_rows = sel, .n_taps = n_taps,
+                                 .tap_layers = taps };
         float *dl = NULL, *dt = NULL;
         ok = step(dflash_qwen3_forward(m, &b, &dl, &dt), what) &&
              step(m->be->ops->download(m->be, hl + (size_t)done * V, dl, (size_t)c * V * sizeof(float)), what);
@@ -520,7 +522,8 @@ static int run_block(pair *p, const int32_t *prompt, int T, int32_t last, block_
         return 0;
     if (step(pr->ops->alloc_state(pr, 200, &state), what)) {
         dflash_kv_seq *sp = &seq;
-        dflash_qwen3_batch b = { T, prompt, pos, rs, 1, &sp, 0, NULL, n_taps, taps, 0 };
+        dflash_qwen3_batch b = { .n_rows = T, .tokens = prompt, .positions = pos, .row_seq = rs, .n_seqs = 1,
+                                 .seqs = &sp, .n_taps = n_taps, .tap_layers = taps };
         float *logits = NULL, *tap_rows = NULL;
         int32_t s = T;
         dflash_proposer_state *ps = state;
@@ -1365,7 +1368,8 @@ static void check_hybrid(const char *name)
             const int n = k ? 1 : (i < P ? P : B);
             for (int j = 0; j < n; j++)
                 pos[j] = i + j;
-            dflash_qwen3_batch bt = { n, toks + i, pos, rs, 1, &sp, n, sel, 0, NULL, 0 };
+            dflash_qwen3_batch bt = { .n_rows = n, .tokens = toks + i, .positions = pos, .row_seq = rs, .n_seqs = 1,
+                                      .seqs = &sp, .n_logit_rows = n, .logit_rows = sel };
             float *dl = NULL;
             ok = step(dflash_qwen3_forward(t, &bt, &dl, NULL), "forward") &&
                  step(g_gpu->ops->download(g_gpu, dst + (size_t)i * V, dl, (size_t)n * V * sizeof(float)), "download");
@@ -1380,7 +1384,8 @@ static void check_hybrid(const char *name)
         dflash_kv_seq *sp = &a;
         for (int j = 0; j < B - 5; j++)
             pos[j] = P + 5 + j;
-        dflash_qwen3_batch bt = { B - 5, toks + P + 5, pos, rs, 1, &sp, B - 5, sel, 0, NULL, 0 };
+        dflash_qwen3_batch bt = { .n_rows = B - 5, .tokens = toks + P + 5, .positions = pos, .row_seq = rs,
+                                  .n_seqs = 1, .seqs = &sp, .n_logit_rows = B - 5, .logit_rows = sel };
         float *dl = NULL;
         ok = step(dflash_qwen3_forward(t, &bt, &dl, NULL), "forward") &&
              step(g_gpu->ops->download(g_gpu, split, dl, (size_t)(B - 5) * V * sizeof(float)), "download");

@@ -1462,6 +1462,29 @@ static void case_copy_rows(int n, int64_t cols, int64_t src_stride, int64_t dst_
     gpu_reset();
 }
 
+/* copy_ids (drafts into a verify's rows): the same ints as the CPU, the
+ * gaps between the destination's runs untouched (ids below 0 too: a bad
+ * draft goes through as it is). */
+static void case_copy_ids(int n, int cols, int64_t src_stride, int64_t dst_stride)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%d runs x %d ids, strides %lld/%lld", n, cols, (long long)src_stride,
+             (long long)dst_stride);
+    const size_t src_n = (size_t)n * (size_t)src_stride, dst_n = (size_t)n * (size_t)dst_stride;
+    int32_t *src = xmalloc(src_n * sizeof(int32_t)), *dst = xmalloc(dst_n * sizeof(int32_t));
+    for (size_t i = 0; i < src_n; i++)
+        src[i] = irand(1 << 20) - 1000;
+    for (size_t i = 0; i < dst_n; i++)
+        dst[i] = -7;
+    int32_t *dsrc = gpu_copy(src, src_n * sizeof(int32_t)), *ddst = gpu_copy(dst, dst_n * sizeof(int32_t));
+    MUST(g_cpu->ops->copy_ids(g_cpu, dst, dst_stride, src, src_stride, n, cols));
+    MUST(g_gpu->ops->copy_ids(g_gpu, ddst, dst_stride, dsrc, src_stride, n, cols));
+    check_exact("copy_ids", shape, ddst, dst, dst_n * sizeof(int32_t));
+    free(src);
+    free(dst);
+    gpu_reset();
+}
+
 /* gather_sum (a MoE layer's weighted sum of its experts' rows): the same
  * bits as the CPU, whose contract fixes the order and the roundings. */
 static void case_gather_sum(int n, int k, int64_t cols, int src_rows)
@@ -2646,6 +2669,9 @@ int main(int argc, char **argv)
             case_copy_rows(16, 2048, 2048, 3 * 2048, 0, 0);
             case_copy_rows(3, 1001, 1003, 1001, 1, 0);
         }
+        case_copy_ids(1, 15, 15, 16);  /* one sequence's drafts into rows 1..15 */
+        case_copy_ids(32, 15, 15, 16); /* 32 sequences' */
+        case_copy_ids(3, 300, 301, 700);
         case_gather_sum(5, 2, 96, 10);
         case_gather_sum(3, 10, 200, 50); /* more terms than one batch of 8 */
         case_gather_sum(2, 1, 64, 5);

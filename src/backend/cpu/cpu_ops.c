@@ -436,6 +436,15 @@ static dflash_status cpu_copy_rows(dflash_backend *be, float *dst, int64_t dst_s
     return DFLASH_OK;
 }
 
+static dflash_status cpu_copy_ids(dflash_backend *be, int32_t *dst, int64_t dst_stride, const int32_t *src,
+                                  int64_t src_stride, int n, int cols)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        memmove(dst + i * dst_stride, src + i * src_stride, (size_t)cols * sizeof(int32_t));
+    return DFLASH_OK;
+}
+
 static dflash_status cpu_gather_sum(dflash_backend *be, float *out, const float *src, const int32_t *idx, const float *w,
                                     int n, int k, int64_t cols)
 {
@@ -505,6 +514,7 @@ const dflash_backend_ops dflash_cpu_ops_table = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .copy_rows = cpu_copy_rows,
+    .copy_ids = cpu_copy_ids,
     .gather_sum = cpu_gather_sum,
     .sigmoid_mul = cpu_sigmoid_mul,
     .conv_silu = dflash_cpu_conv_silu,

@@ -132,6 +132,9 @@ static void cuda_destroy(dflash_backend *be)
         for (int i = 0; i < 2; i++)
             if (c->ev[i])
                 c->cu.cuEventDestroy(c->ev[i]);
+        for (int i = 0; i < DFLASH_BACKEND_MARKS; i++)
+            if (c->marks[i])
+                c->cu.cuEventDestroy(c->marks[i]);
         if (c->stream)
             c->cu.cuStreamDestroy(c->stream);
     }
@@ -190,6 +193,29 @@ static dflash_status cuda_upload(dflash_backend *be, void *dst, const void *src,
     c->count.uploads++;
     c->count.upload_bytes += (int64_t)bytes;
     return DFLASH_CU(&c->cu, cuMemcpyHtoDAsync(DPTR(dst), src, bytes, c->stream));
+}
+
+static dflash_status cuda_mark(dflash_backend *be, int slot)
+{
+    cuda_ctx *c = CTX(be);
+    if (slot < 0 || slot >= DFLASH_BACKEND_MARKS)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda mark: slot %d (0..%d)", slot, DFLASH_BACKEND_MARKS - 1);
+    DFLASH_TRY(refuse_while_capturing(c, "mark"));
+    DFLASH_TRY(cuda_enter(c));
+    return DFLASH_CU(&c->cu, cuEventRecord(c->marks[slot], c->stream));
+}
+
+static dflash_status cuda_mark_ms(dflash_backend *be, int from, int to, double *ms)
+{
+    cuda_ctx *c = CTX(be);
+    if (from < 0 || from >= DFLASH_BACKEND_MARKS || to < 0 || to >= DFLASH_BACKEND_MARKS)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "cuda mark: slots %d, %d (0..%d)", from, to,
+                           DFLASH_BACKEND_MARKS - 1);
+    DFLASH_TRY(cuda_enter(c));
+    float f = 0;
+    DFLASH_TRY(DFLASH_CU(&c->cu, cuEventElapsedTime(&f, c->marks[from], c->marks[to])));
+    *ms = f;
+    return DFLASH_OK;
 }
 
 static dflash_status cuda_sync(dflash_backend *be)
@@ -574,6 +600,17 @@ static dflash_status cuda_copy_rows(dflash_backend *be, float *dst, int64_t dst_
     return cuda_launch(c, DFK_COPY_ROWS, (unsigned)n, chunks, 256, args);
 }
 
+static dflash_status cuda_copy_ids(dflash_backend *be, int32_t *dst, int64_t dst_stride, const int32_t *src,
+                                   int64_t src_stride, int n, int cols)
+{
+    cuda_ctx *c = CTX(be);
+    if (n <= 0 || cols <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    void *args[] = { &dst, &dst_stride, (void *)&src, &src_stride, &n, &cols };
+    return cuda_launch(c, DFK_COPY_IDS, cdiv((int64_t)n * cols, 256), 1, 256, args);
+}
+
 static dflash_status cuda_gather_sum(dflash_backend *be, float *out, const float *src, const int32_t *idx,
                                      const float *w, int n, int k, int64_t cols)
 {
@@ -644,6 +681,8 @@ static const dflash_backend_ops k_cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .sync = cuda_sync,
+    .mark = cuda_mark,
+    .mark_ms = cuda_mark_ms,
     .weight_from_host = cuda_weight_from_host,
     .embed = cuda_embed,
     .add_rmsnorm = cuda_add_rmsnorm,
@@ -655,6 +694,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .kv_write = cuda_kv_write,
     .attention = cuda_attention,
     .copy_rows = cuda_copy_rows,
+    .copy_ids = cuda_copy_ids,
     .gather_sum = cuda_gather_sum,
     .sigmoid_mul = cuda_sigmoid_mul,
     .conv_silu = cuda_conv_silu,
@@ -809,6 +849,8 @@ static dflash_status open_device(cuda_ctx *c, int device)
     DFLASH_TRY(DFLASH_CU(cu, cuMemsetD32Async(c->err_flag, 0, 1, c->stream)));
     for (int i = 0; i < 2; i++)
         DFLASH_TRY(DFLASH_CU(cu, cuEventCreate(&c->ev[i], DFLASH_CU_EVENT_DEFAULT)));
+    for (int i = 0; i < DFLASH_BACKEND_MARKS; i++)
+        DFLASH_TRY(DFLASH_CU(cu, cuEventCreate(&c->marks[i], DFLASH_CU_EVENT_DEFAULT)));
     /* A diagnosis switch: the kernels are correct either way. */
     c->pdl = major >= 9 && dflash_levers_get()->cuda_pdl;
     c->clusters = major >= 9;

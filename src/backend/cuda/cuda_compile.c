@@ -26,6 +26,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_ADD_BIAS] = { "elementwise.cu", "dflash_add_bias" },
     [DFK_SWIGLU] = { "elementwise.cu", "dflash_swiglu" },
     [DFK_COPY_ROWS] = { "elementwise.cu", "dflash_copy_rows" },
+    [DFK_COPY_IDS] = { "elementwise.cu", "dflash_copy_ids" },
     [DFK_GATHER_SUM] = { "elementwise.cu", "dflash_gather_sum" },
     [DFK_KV_WRITE] = { "elementwise.cu", "dflash_kv_write" },
     [DFK_ADD_RMSNORM] = { "norm.cu", "dflash_add_rmsnorm" },

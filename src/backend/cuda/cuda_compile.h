@@ -18,6 +18,7 @@ typedef enum dflash_cuda_kernel_id {
     DFK_ADD_BIAS,
     DFK_SWIGLU,
     DFK_COPY_ROWS,
+    DFK_COPY_IDS,
     DFK_GATHER_SUM,
     DFK_KV_WRITE,
     DFK_ADD_RMSNORM,

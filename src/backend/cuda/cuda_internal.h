@@ -55,6 +55,7 @@ typedef struct cuda_ctx {
     rope_table *rope; /* every distinct table seen (models come and go; each is a few hundred bytes) */
     int n_rope, cap_rope;
     CUevent ev[2]; /* timer start, stop (tools only) */
+    CUevent marks[DFLASH_BACKEND_MARKS]; /* the mark op's */
     dflash_backend_counters count; /* launches, waits, copies (benchmarks) */
     int capturing;   /* the stream is being captured into a graph (cuda_graph.c) */
     uint64_t ws_gen; /* bumped when a workspace moves: graphs captured before are stale */

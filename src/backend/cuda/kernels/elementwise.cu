@@ -1,5 +1,5 @@
 /* elementwise.cu: the memory-moving ops: embed (table row gather, widened to
- * f32), add, add_bias, swiglu, copy_rows, gather_sum (a weighted sum of gathered
+ * f32), add, add_bias, swiglu, copy_rows, copy_ids, gather_sum (a weighted sum of gathered
  * rows) and kv_write (rows into paged KV pages).
  * Each is a straight copy or a per-element function, so they match the CPU
  * reference exactly (swiglu within expf's rounding). */
@@ -101,6 +101,16 @@ extern "C" __global__ void dflash_copy_rows(float *dst, i64 dst_stride, const fl
         for (; c < cols; c += step)
             d[c] = s[c];
     }
+}
+
+/* 1-D grid over n x cols ids: dst[i * dst_stride + c] = src[i * src_stride + c]. */
+extern "C" __global__ void dflash_copy_ids(int *dst, i64 dst_stride, const int *src, i64 src_stride, int n, int cols)
+{
+    pdl_trigger();
+    pdl_wait();
+    const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < (i64)n * cols)
+        dst[e / cols * dst_stride + e % cols] = src[e / cols * src_stride + e % cols];
 }
 
 /* grid (n, column chunks): out[i, c] = sum over j < k, in j order, of
