@@ -653,6 +653,10 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
  * exp(x - m) [V] doubles and its histograms and partials are its
  * workspace. */
 #define SAMPLE_WS_ROW (4 * 1024 + 4 * 8 * 8) /* sample.cu's WS_ROW (for clusters of 8), in u64 */
+/* Rows drawn per launch: the workspace holds [rows, V] doubles (156 MB
+ * for 128 rows of Qwen3's 151936), so the verify rows of many sessions
+ * (512 for 32 blocks of 16) go in launches of at most this many. */
+#define SAMPLE_ROWS_PER_LAUNCH 128
 static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids)
 {
@@ -660,13 +664,21 @@ static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, i
     if (n <= 0)
         return DFLASH_OK;
     DFLASH_TRY(cuda_enter(c));
+    const int per = n < SAMPLE_ROWS_PER_LAUNCH ? n : SAMPLE_ROWS_PER_LAUNCH;
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_rows, (size_t)n * sizeof *rows, 0));
-    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_e, (size_t)n * (size_t)V * sizeof(double), 0));
-    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_hist, (size_t)n * SAMPLE_WS_ROW * sizeof(uint64_t), 0));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_e, (size_t)per * (size_t)V * sizeof(double), 0));
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_hist, (size_t)per * SAMPLE_WS_ROW * sizeof(uint64_t), 0));
     DFLASH_TRY(cuda_upload(be, HPTR(c->smp_rows.p), rows, (size_t)n * sizeof *rows));
-    void *args[] = { (void *)&logits, &V, &c->smp_rows.p, &c->smp_e.p, &c->smp_hist.p, &ids };
-    /* sample.cu's SMP_CLUSTER: 8 blocks a row where clusters exist (sm_90+), else 1 */
-    return cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)n * (c->clusters ? 8u : 1u), 1, 1024, args);
+    for (int r0 = 0; r0 < n; r0 += per) {
+        const int m = n - r0 < per ? n - r0 : per;
+        const float *lg = logits + (size_t)r0 * (size_t)V;
+        CUdeviceptr rw = c->smp_rows.p + (size_t)r0 * sizeof *rows;
+        int32_t *out = ids + r0;
+        void *args[] = { (void *)&lg, &V, &rw, &c->smp_e.p, &c->smp_hist.p, &out };
+        /* sample.cu's SMP_CLUSTER: 8 blocks a row where clusters exist (sm_90+), else 1 */
+        DFLASH_TRY(cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)m * (c->clusters ? 8u : 1u), 1, 1024, args));
+    }
+    return DFLASH_OK;
 }
 
 /* Benchmarks read these around a call (dflash bench). */
