@@ -5,6 +5,8 @@
  * here by brute force from the true costs and rates. */
 #include "harness.h"
 
+#include "backend/backend.h"
+#include "spec/spec_internal.h"
 #include "spec/width.h"
 
 static unsigned rng = 99;
@@ -239,6 +241,38 @@ static void test_expected_tokens(void)
     CHECKF(e2 < 1.1, "E[2 drafts] %g after rejections", e2);
 }
 
+/* A backend whose marks say the verify took `mark_v` ms on the device. */
+static double mark_v;
+static dflash_status fake_mark_ms(dflash_backend *be, int from, int to, double *ms)
+{
+    (void)be;
+    *ms = from == 0 && to == 1 ? mark_v : -1.0;
+    return DFLASH_OK;
+}
+
+/* With the drafts on the device the host clock sees the propose and the
+ * verify as one wait; the device's marks take the verify's share out of
+ * it and the rest goes to the propose (the width model's two lines). */
+static void test_split_by_marks(void)
+{
+    dflash_backend_ops ops = { .name = "marks" };
+    dflash_backend be = { &ops, NULL };
+    const int32_t dev[1] = { 0 };
+    double v = 1.0, p = 0.1;
+    dflash_spec_split_ms(&be, dev, &v, &p);
+    CHECKF(v == 1.0 && p == 0.1, "no mark_ms: %g / %g", v, p);
+    ops.mark_ms = fake_mark_ms;
+    mark_v = 0.3;
+    dflash_spec_split_ms(&be, NULL, &v, &p);
+    CHECKF(v == 1.0 && p == 0.1, "drafts on the host: %g / %g", v, p);
+    dflash_spec_split_ms(&be, dev, &v, &p);
+    CHECKF(fabs(v - 0.3) < 1e-12 && fabs(p - 0.8) < 1e-12, "split: verify %g, propose %g", v, p);
+    /* a device time above the host's wait cannot be: the host's stays */
+    v = 0.2, p = 0.1;
+    dflash_spec_split_ms(&be, dev, &v, &p);
+    CHECKF(v == 0.2 && p == 0.1, "mark above the wait: %g / %g", v, p);
+}
+
 int main(void)
 {
     RUN(test_widths_follow_the_device);
@@ -246,5 +280,6 @@ int main(void)
     RUN(test_slow_start_does_not_stick);
     RUN(test_plain_tries_while_drafting);
     RUN(test_expected_tokens);
+    RUN(test_split_by_marks);
     TEST_END();
 }
