@@ -1026,8 +1026,8 @@ static dflash_status step_run(void *self)
     dflash_proposer *p = &o->d->head->proposer;
     const int32_t last = o->tokens[0], at = o->d->step_len;
     const int k = o->B - 1;
-    /* the drafts stay on the device where the loops leave them there
-     * (the verify reads them, one download brings them with its tokens) */
+    /* as in the loops: the drafts stay on the device, the verify reads
+     * them there and one download brings them with its tokens */
     const int32_t *dev = NULL;
     if (dflash_spec_dev_drafts(p, NULL)) {
         DFLASH_TRY(p->ops->propose_dev(p, &o->d->step_state, 1, &last, &at, k, &dev));
