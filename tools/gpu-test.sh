@@ -79,6 +79,9 @@
 # GPU_TEST_OPS_ONLY=SECTION,...: cuda_ops_check's sections to run in the
 # ops check and under the sanitizers (all by default; its usage lists them:
 # a quicker check of the ops a change touched);
+# GPU_TEST_E2E="VAR=VALUE ..." times whole generations of the embedded
+# pair with and without those variables (tools/bench/e2e_ab.sh, steps
+# e2e-16 and e2e-auto; GPU_TEST_E2E_DEVICE=cpu to try it without a GPU);
 # GPU_TEST_MODEL_ENV="VAR=VALUE ..." runs the model check a second time
 # with those variables (a lever's setting checked before it becomes the
 # default); GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
@@ -374,6 +377,16 @@ if want bench; then
             done
         }
         step sweep sweep.txt ${GPU_TEST_AB_LIMIT:-200} sweep
+    fi
+    # GPU_TEST_E2E="VAR=V ...": whole generations of the embedded pair
+    # through `dflash generate`, the same binary without and with those
+    # variables alternated (tools/bench/e2e_ab.sh, 5 rounds; single
+    # prompts at block 16, then at the auto width).
+    if [ -n "${GPU_TEST_E2E:-}" ] && [ -x "$B/dflash" ]; then
+        for w in 16 auto; do
+            step "e2e-$w" "e2e_$w.txt" 150 env B="$B" DEVICE="${GPU_TEST_E2E_DEVICE:-cuda}" ROUNDS=5 WIDTH=$w \
+                bash tools/bench/e2e_ab.sh "$GPU_TEST_E2E"
+        done
     fi
     # GPU_TEST_PROBE=1: tools/cuda/stream_probe.cu (nvcc), how loads must
     # be issued to stream a buffer at the DRAM rate.
