@@ -1028,13 +1028,9 @@ static dflash_status step_run(void *self)
     const int k = o->B - 1;
     /* as in the loops: the drafts stay on the device, the verify reads
      * them there and one download brings them with its tokens */
-    const int32_t *dev = NULL;
-    if (dflash_spec_dev_drafts(p, NULL)) {
-        DFLASH_TRY(p->ops->propose_dev(p, &o->d->step_state, 1, &last, &at, k, &dev));
-        memset(o->tokens + 1, 0, (size_t)k * sizeof(int32_t));
-    } else {
-        DFLASH_TRY(p->ops->propose(p, &o->d->step_state, 1, &last, &at, k, o->tokens + 1));
-    }
+    const int32_t *dev;
+    DFLASH_TRY(dflash_spec_propose(p, &o->d->step_state, 1, &last, &at, k, dflash_spec_dev_drafts(p, NULL),
+                                   o->tokens + 1, &dev));
     dflash_kv_seq *sp = o->seq;
     dflash_qwen3_batch b = { .n_rows = o->B, .tokens = o->tokens, .positions = o->pos, .row_seq = o->row_seq,
                              .n_seqs = 1, .seqs = &sp, .n_logit_rows = o->B, .logit_rows = o->sel,

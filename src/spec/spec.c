@@ -130,6 +130,17 @@ int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss)
     return p && p->ops->propose_dev && (!ss || ss->ids) && !dflash_levers_get()->host_drafts;
 }
 
+dflash_status dflash_spec_propose(dflash_proposer *p, void **states, int n, const int32_t *last,
+                                  const int32_t *positions, int k, int dev, int32_t *drafts,
+                                  const int32_t **dev_drafts)
+{
+    *dev_drafts = NULL;
+    if (!dev)
+        return p->ops->propose(p, states, n, last, positions, k, drafts);
+    memset(drafts, 0, (size_t)n * (size_t)k * sizeof(int32_t));
+    return p->ops->propose_dev(p, states, n, last, positions, k, dev_drafts);
+}
+
 dflash_status dflash_spec_fetch(dflash_qwen3 *t, int n, const int32_t *dev_drafts, int nd, int32_t *ids,
                                 int32_t *drafts)
 {
@@ -400,12 +411,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             DFLASH_TRY(pending_flush(seq, p, pstate, pd, st));
         const int32_t *dev = NULL;
         double t1 = dflash_spec_now_ms();
-        if (k > 0 && dflash_spec_dev_drafts(p, ss)) {
-            DFLASH_TRY(p->ops->propose_dev(p, &pstate, 1, &cur, &s, k, &dev));
-            memset(block + 1, 0, (size_t)k * sizeof(int32_t)); /* a token in the vocabulary until they come */
-        } else if (k > 0) {
-            DFLASH_TRY(p->ops->propose(p, &pstate, 1, &cur, &s, k, block + 1));
-        }
+        if (k > 0)
+            DFLASH_TRY(dflash_spec_propose(p, &pstate, 1, &cur, &s, k, dflash_spec_dev_drafts(p, ss), block + 1, &dev));
         double t2 = dflash_spec_now_ms();
 
         /* 3 VERIFY */

@@ -56,6 +56,13 @@ dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, i
  * one download brings the tokens and the drafts together (one wait for
  * the device a step). Not with DFLASH_HOST_DRAFTS=1. */
 int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss);
+/* 2 PROPOSE for n sequences drafting k each: with `dev` (a caller that
+ * passed dflash_spec_dev_drafts) the drafts stay in backend memory, *dev
+ * points at them and drafts [n * k] holds 0, a token of the vocabulary
+ * until they come; else they come into drafts and *dev is NULL. */
+dflash_status dflash_spec_propose(dflash_proposer *p, void **states, int n, const int32_t *last,
+                                  const int32_t *positions, int k, int dev, int32_t *drafts,
+                                  const int32_t **dev_drafts);
 /* The verify's n tokens (t->s.best) into ids and, when dev_drafts is set
  * (propose_dev's, nd of them), the drafts into drafts: one download. */
 dflash_status dflash_spec_fetch(dflash_qwen3 *t, int n, const int32_t *dev_drafts, int nd, int32_t *ids,

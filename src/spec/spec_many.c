@@ -99,44 +99,33 @@ static dflash_status emit(many_seq *m, const int32_t *toks, int n, int stopped)
 typedef struct group_drafts {
     const int32_t *dev; /* NULL: the drafts are in the blocks already */
     int k;
-    int32_t *pos; /* [ng]: each sequence's propose position */
+    int32_t *pos; /* [ng]: each sequence's propose position (with dev) */
 } group_drafts;
 
-/* 2 PROPOSE for the group g[0..ng): one call per distinct k, or one
- * propose_dev when every sequence drafts the same k and may (gd). */
+/* 2 PROPOSE for the group g[0..ng): one call per distinct k; when one k
+ * covers the whole group and its sequences may, the drafts stay in
+ * backend memory (gd). */
 static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng, group_drafts *gd)
 {
     void *states[ng];
-    int32_t last[ng], pos[ng], drafts[ng * DFLASH_MAX_BLOCK];
-    int same = 1, ids = 1;
-    for (int j = 0; j < ng; j++) {
-        const many_seq *m = &r->ms[g[j]];
-        same &= m->k == r->ms[g[0]].k;
-        ids &= !m->sampled || m->ss.ids;
-    }
+    int32_t last[ng], drafts[ng * DFLASH_MAX_BLOCK];
+    int ids = 1;
+    for (int j = 0; j < ng; j++)
+        ids &= !r->ms[g[j]].sampled || r->ms[g[j]].ss.ids;
     gd->dev = NULL;
-    gd->k = r->ms[g[0]].k;
-    if (same && ids && gd->k > 0 && dflash_spec_dev_drafts(r->p, NULL)) {
-        for (int j = 0; j < ng; j++) {
-            many_seq *m = &r->ms[g[j]];
-            states[j] = m->it->pstate;
-            last[j] = m->cur;
-            gd->pos[j] = m->s;
-            memset(m->block + 1, 0, (size_t)gd->k * sizeof(int32_t)); /* a token in the vocabulary until they come */
-        }
-        return r->p->ops->propose_dev(r->p, states, ng, last, gd->pos, gd->k, &gd->dev);
-    }
     for (int k = 1; k < r->B; k++) {
         int n = 0;
         for (int j = 0; j < ng; j++)
             if (r->ms[g[j]].k == k) {
                 states[n] = r->ms[g[j]].it->pstate;
                 last[n] = r->ms[g[j]].cur;
-                pos[n++] = r->ms[g[j]].s;
+                gd->pos[n++] = r->ms[g[j]].s;
             }
         if (n == 0)
             continue;
-        DFLASH_TRY(r->p->ops->propose(r->p, states, n, last, pos, k, drafts));
+        const int dev = n == ng && ids && dflash_spec_dev_drafts(r->p, NULL);
+        DFLASH_TRY(dflash_spec_propose(r->p, states, n, last, gd->pos, k, dev, drafts, &gd->dev));
+        gd->k = k;
         for (int j = 0, q = 0; j < ng; j++)
             if (r->ms[g[j]].k == k)
                 memcpy(r->ms[g[j]].block + 1, drafts + (q++) * k, (size_t)k * sizeof(int32_t));
