@@ -222,8 +222,8 @@ static void copy_checkpoint(const char *src, const char *dir, char *weights, siz
     }
 }
 
-/* Overwrite the first element of bf16 tensor `name` of a safetensors file with NaN. */
-static int poison_tensor(const char *path, const char *name)
+/* Overwrite element `at` of bf16 tensor `name` of a safetensors file with NaN. */
+static int poison_tensor(const char *path, const char *name, long at)
 {
     FILE *f = fopen(path, "r+b");
     if (!f)
@@ -244,7 +244,7 @@ static int poison_tensor(const char *path, const char *name)
     ok = ok && offs && json_is_integer(json_array_get(offs, 0));
     if (ok) {
         const uint8_t nan_bf16[2] = { 0xc0, 0x7f };
-        ok = fseek(f, (long)(8 + len + (uint64_t)json_integer_value(json_array_get(offs, 0))), SEEK_SET) == 0 &&
+        ok = fseek(f, (long)(8 + len + (uint64_t)json_integer_value(json_array_get(offs, 0)) + 2 * at), SEEK_SET) == 0 &&
              fwrite(nan_bf16, 1, 2, f) == 2;
     }
     json_decref(j);
@@ -264,7 +264,7 @@ static void test_loop_reports_drafter(void)
     fx_path(src, sizeof src, "dflash", "d2_tied");
     CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
     copy_checkpoint(src, dir, b, sizeof b);
-    CHECK(poison_tensor(b, "norm.weight"));
+    CHECK(poison_tensor(b, "norm.weight", 0));
     enum { N = 3 };
     dflash_qwen3 *t = NULL;
     dflash_head *h = NULL;
@@ -323,6 +323,43 @@ static void test_loop_reports_drafter(void)
     rmdir(dir);
 }
 
+/* A drafter weight holding a NaN loads as bf16 (the NaN would reach the
+ * drafts, reported as above) but is refused when quantized to fp8, with
+ * the folder, the tensor and the element named. */
+static void test_fp8_quant_refuses_nan(void)
+{
+    char src[512], tdir[512], dir[64], a[600], b[600];
+    CHECK(testmodel_tmpdir(dir));
+    fx_path(src, sizeof src, "dflash", "d2_tied");
+    CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
+    copy_checkpoint(src, dir, b, sizeof b);
+    CHECK(poison_tensor(b, "layers.0.mlp.down_proj.weight", 192 + 5)); /* [96, 192]: element [1, 5] */
+    dflash_qwen3 *t = NULL;
+    CHECK_OK(dflash_qwen3_load(tdir, be, NULL, &t));
+    for (int quant = 0; t && quant < 2; quant++) {
+        dflash_head_opts ho;
+        dflash_head_default_opts(&ho);
+        ho.quant = quant ? DFLASH_QUANT_FP8_WEIGHTS : DFLASH_QUANT_BF16;
+        dflash_head *h = NULL;
+        const dflash_status s = dflash_head_load(dir, t, &ho, &h);
+        if (!quant) {
+            CHECKF(s == DFLASH_OK && h, "bf16: %s (%s)", dflash_status_name(s), dflash_last_error());
+        } else {
+            const char *e = dflash_last_error();
+            CHECKF(s == DFLASH_ERR_NUMERIC && !h, "fp8: %s (%s)", dflash_status_name(s), e);
+            CHECKF(strstr(e, dir) && strstr(e, "layers.0.mlp.down_proj.weight") && strstr(e, "[1, 5]") &&
+                       strstr(e, "NaN"),
+                   "fp8 message: %s", e);
+        }
+        dflash_head_free(h);
+    }
+    dflash_qwen3_free(t);
+    remove(b);
+    snprintf(a, sizeof a, "%s/config.json", dir);
+    remove(a);
+    rmdir(dir);
+}
+
 /* A Qwen3-MoE whose router holds a NaN: every row's routing probabilities
  * are NaN, the experts chosen anyway (the first k), and the NaN reaches the
  * logits, which every loop path reports; no token comes out. */
@@ -332,7 +369,7 @@ static void test_moe_router_nan(void)
     CHECK(testmodel_tmpdir(dir));
     fx_path(src, sizeof src, "qwen3_moe", "moe_experts");
     copy_checkpoint(src, dir, b, sizeof b);
-    CHECK(poison_tensor(b, "model.layers.0.mlp.gate.weight"));
+    CHECK(poison_tensor(b, "model.layers.0.mlp.gate.weight", 0));
     dflash_qwen3 *t = NULL;
     CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
     if (t)
@@ -352,6 +389,7 @@ int main(void)
     RUN(test_loop_reports_target);
     RUN(test_loop_reports_drafter);
     RUN(test_batch_sampled_reports_target);
+    RUN(test_fp8_quant_refuses_nan);
     RUN(test_moe_router_nan);
     dflash_backend_destroy(be);
     TEST_END();

@@ -77,9 +77,19 @@ static dflash_status bind_weights(dflash_head *h)
     return s;
 }
 
+/* Element i of a checkpoint tensor (BF16, F16 or F32) as f32. */
+static float host_elem(dflash_dtype dt, const void *host, size_t i)
+{
+    return dt == DFLASH_DTYPE_BF16  ? dflash_bf16_to_f32(((const uint16_t *)host)[i])
+           : dt == DFLASH_DTYPE_F16 ? dflash_f16_to_f32(((const uint16_t *)host)[i])
+                                    : ((const float *)host)[i];
+}
+
 /* Per-row fp8 e4m3 copy of a weight: scale[r] = max|W[r,:]| / 448, so each
  * row uses the format's whole range. Computed once at load, on the host,
- * from the checkpoint mapping (w->data may be device memory). */
+ * from the checkpoint mapping (w->data may be device memory). A NaN or
+ * infinite weight is refused here, named: its row has no usable scale (an
+ * infinite maximum would turn the whole row into NaN codes). */
 static dflash_status quantize_fp8(dflash_backend *be, const dflash_st *st, const dflash_weight *w, dflash_weight *q)
 {
     const int64_t rows = w->rows, cols = w->cols;
@@ -94,20 +104,33 @@ static dflash_status quantize_fp8(dflash_backend *be, const dflash_st *st, const
         free(scales);
         return dflash_fail(DFLASH_ERR_OOM, "fp8 quantization of %s: out of memory", w->name);
     }
+    int64_t first_bad = -1; /* the first non-finite element, row-major */
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 20))
     for (int64_t r = 0; r < rows; r++) {
         float row[cols], amax = 0.0f;
         for (int64_t k = 0; k < cols; k++) {
             size_t idx = (size_t)(r * cols + k);
-            float v = w->dtype == DFLASH_DTYPE_BF16   ? dflash_bf16_to_f32(((const uint16_t *)host)[idx])
-                      : w->dtype == DFLASH_DTYPE_F16 ? dflash_f16_to_f32(((const uint16_t *)host)[idx])
-                                                     : ((const float *)host)[idx];
+            float v = host_elem(w->dtype, host, idx);
+            if (!isfinite(v)) {
+#pragma omp critical(fp8_bad)
+                if (first_bad < 0 || (int64_t)idx < first_bad)
+                    first_bad = (int64_t)idx;
+                v = 0.0f;
+            }
             row[k] = v;
             amax = fmaxf(amax, fabsf(v));
         }
         scales[r] = amax > 0.0f ? amax / 448.0f : 1.0f;
         for (int64_t k = 0; k < cols; k++)
             bytes[r * cols + k] = dflash_f32_to_fp8e4m3(row[k] / scales[r]);
+    }
+    if (first_bad >= 0) {
+        const float v = host_elem(w->dtype, host, (size_t)first_bad);
+        free(bytes);
+        free(scales);
+        return dflash_fail(DFLASH_ERR_NUMERIC, "fp8 quantization of %s: element [%lld, %lld] is %s (weights must be "
+                           "finite)", w->name, (long long)(first_bad / cols), (long long)(first_bad % cols),
+                           isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf");
     }
     void *dbytes = NULL, *dscales = NULL;
     dflash_status s = be->ops->alloc(be, (size_t)(rows * cols), &dbytes);
@@ -215,8 +238,8 @@ dflash_status dflash_head_load_st(const dflash_model_config *cfg, dflash_st *st,
         h->lm_head = target->lm_head;
         s = bind_weights(h);
     }
-    if (s == DFLASH_OK && h->quant == DFLASH_QUANT_FP8_WEIGHTS)
-        s = quantize_layers(h);
+    if (s == DFLASH_OK && h->quant == DFLASH_QUANT_FP8_WEIGHTS && (s = quantize_layers(h)) != DFLASH_OK)
+        dflash_fail_prefix(s, "%s: ", label);
     if (s == DFLASH_OK) {
         int pages = h->opts.kv_pages > 0 ? h->opts.kv_pages : h->opts.max_seqs * h->pt_len;
         s = dflash_kv_pool_init(&h->kv, h->be, pages, h->cfg.num_hidden_layers, h->cfg.num_key_value_heads,
