@@ -252,6 +252,28 @@ static int poison_tensor(const char *path, const char *name, long at)
     return fclose(f) == 0 && ok;
 }
 
+/* Fixture checkpoint `group`/`name` copied into a new temporary folder
+ * `dir` (char[64]), element `at` of its bf16 tensor `tensor` set to NaN. */
+static void poisoned_copy(const char *group, const char *name, const char *tensor, long at, char *dir)
+{
+    char src[512], weights[600];
+    CHECK(testmodel_tmpdir(dir));
+    fx_path(src, sizeof src, group, name);
+    copy_checkpoint(src, dir, weights, sizeof weights);
+    CHECK(poison_tensor(weights, tensor, at));
+}
+
+/* Remove a folder poisoned_copy made. */
+static void remove_copy(const char *dir)
+{
+    char a[600];
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/%s", dir, i ? "model.safetensors" : "config.json");
+        remove(a);
+    }
+    rmdir(dir);
+}
+
 /* A drafter whose final norm is NaN: every draft is -1. Whether the
  * drafts come to the host before the verify (DFLASH_HOST_DRAFTS=1) or the
  * verify reads them where they are (and its own error, a token outside
@@ -259,12 +281,9 @@ static int poison_tensor(const char *path, const char *name, long at)
  * sequence, and three stepped together. */
 static void test_loop_reports_drafter(void)
 {
-    char src[512], tdir[512], dir[64], a[600], b[600];
-    CHECK(testmodel_tmpdir(dir));
-    fx_path(src, sizeof src, "dflash", "d2_tied");
+    char tdir[512], dir[64];
+    poisoned_copy("dflash", "d2_tied", "norm.weight", 0, dir);
     CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
-    copy_checkpoint(src, dir, b, sizeof b);
-    CHECK(poison_tensor(b, "norm.weight", 0));
     enum { N = 3 };
     dflash_qwen3 *t = NULL;
     dflash_head *h = NULL;
@@ -317,10 +336,7 @@ static void test_loop_reports_drafter(void)
     dflash_levers_reload();
     dflash_head_free(h);
     dflash_qwen3_free(t);
-    remove(b);
-    snprintf(a, sizeof a, "%s/config.json", dir);
-    remove(a);
-    rmdir(dir);
+    remove_copy(dir);
 }
 
 /* A drafter weight holding a NaN loads as bf16 (the NaN would reach the
@@ -328,12 +344,9 @@ static void test_loop_reports_drafter(void)
  * the folder, the tensor and the element named. */
 static void test_fp8_quant_refuses_nan(void)
 {
-    char src[512], tdir[512], dir[64], a[600], b[600];
-    CHECK(testmodel_tmpdir(dir));
-    fx_path(src, sizeof src, "dflash", "d2_tied");
+    char tdir[512], dir[64];
+    poisoned_copy("dflash", "d2_tied", "layers.0.mlp.down_proj.weight", 192 + 5, dir); /* [96, 192]: element [1, 5] */
     CHECK(fx_drafter_target("d2_tied", tdir, sizeof tdir));
-    copy_checkpoint(src, dir, b, sizeof b);
-    CHECK(poison_tensor(b, "layers.0.mlp.down_proj.weight", 192 + 5)); /* [96, 192]: element [1, 5] */
     dflash_qwen3 *t = NULL;
     CHECK_OK(dflash_qwen3_load(tdir, be, NULL, &t));
     for (int quant = 0; t && quant < 2; quant++) {
@@ -354,10 +367,7 @@ static void test_fp8_quant_refuses_nan(void)
         dflash_head_free(h);
     }
     dflash_qwen3_free(t);
-    remove(b);
-    snprintf(a, sizeof a, "%s/config.json", dir);
-    remove(a);
-    rmdir(dir);
+    remove_copy(dir);
 }
 
 /* A Qwen3-MoE whose router holds a NaN: every row's routing probabilities
@@ -365,20 +375,14 @@ static void test_fp8_quant_refuses_nan(void)
  * logits, which every loop path reports; no token comes out. */
 static void test_moe_router_nan(void)
 {
-    char src[512], dir[64], a[600], b[600];
-    CHECK(testmodel_tmpdir(dir));
-    fx_path(src, sizeof src, "qwen3_moe", "moe_experts");
-    copy_checkpoint(src, dir, b, sizeof b);
-    CHECK(poison_tensor(b, "model.layers.0.mlp.gate.weight", 0));
+    char dir[64];
+    poisoned_copy("qwen3_moe", "moe_experts", "model.layers.0.mlp.gate.weight", 0, dir);
     dflash_qwen3 *t = NULL;
     CHECK_OK(dflash_qwen3_load(dir, be, NULL, &t));
     if (t)
         expect_numeric_everywhere(t, dir);
     dflash_qwen3_free(t);
-    remove(b);
-    snprintf(a, sizeof a, "%s/config.json", dir);
-    remove(a);
-    rmdir(dir);
+    remove_copy(dir);
 }
 
 int main(void)
