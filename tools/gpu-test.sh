@@ -59,7 +59,8 @@
 # GPU_TEST_PROBE=1 builds and runs tools/cuda/stream_probe.cu (GB/s of
 # register, cp.async and bulk-copy load disciplines);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
-# "memcheck|racecheck|synccheck|peer-.*" for a profiling run);
+# "memcheck|racecheck|synccheck|peer-.*" for a profiling run; skipping
+# "sysroot", where it runs, leaves the model check and the CLI unbuilt);
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
 # bench (CSV in the logs; GPU_TEST_NCU_TIMES_BENCH: other bench arguments); GPU_TEST_AB=FILE.tar (a `git archive` of another
 # commit) builds that tree's CLI too and alternates the two benches
@@ -229,6 +230,7 @@ make_sysroot() { # unpack every .deb of .debs/ into $SR
 }
 MFLAGS=""
 lib_ready=0
+no_libs=no-libs # the reason the model check and the CLI were not built
 if want model || want bench; then
     if [ "${GPU_TEST_SYSROOT:-}" != force ] && system_libs_ok; then
         echo "full library: jansson/pcre2/utf8proc from the system"
@@ -237,6 +239,7 @@ if want model || want bench; then
         echo "full library: jansson/pcre2/utf8proc not usable from the system (or GPU_TEST_SYSROOT=force): sysroot $SR from .debs/"
         step sysroot sysroot.txt 60 make_sysroot
         last_ok && lib_ready=1
+        [ "${rcs[${#rcs[@]}-1]}" = not-asked ] && no_libs="no-libs: sysroot skipped, the model check and the CLI need it"
         LIBDIR=$(dirname "$(find "$SR" -name 'libjansson.so' 2>/dev/null | head -n 1)")
         LIBDIR=$(cd "$LIBDIR" 2>/dev/null && pwd)
         MFLAGS="-I$SR/usr/include -L$LIBDIR -Wl,-rpath,$LIBDIR"
@@ -259,7 +262,7 @@ if want model; then
             names+=("model-check"); rcs+=("not-built"); secs+=(0)
         fi
     else
-        names+=("model-check"); rcs+=("no-libs"); secs+=(0)
+        names+=("model-check"); rcs+=("$no_libs"); secs+=(0)
     fi
 fi
 
@@ -301,7 +304,7 @@ if want bench; then
                 --ctx 1,1024 --rows 4,16 --reps 5
         fi
     else
-        names+=("bench"); rcs+=("no-libs"); secs+=(0)
+        names+=("bench"); rcs+=("$no_libs"); secs+=(0)
     fi
     # Same-run comparisons. GPU_TEST_AB=FILE.tar: a baseline tree (`git
     # archive` of another commit, carried to the machine); its CLI is built
