@@ -244,8 +244,8 @@ static int poison_tensor(const char *path, const char *name, long at)
     ok = ok && offs && json_is_integer(json_array_get(offs, 0));
     if (ok) {
         const uint8_t nan_bf16[2] = { 0xc0, 0x7f };
-        ok = fseek(f, (long)(8 + len + (uint64_t)json_integer_value(json_array_get(offs, 0)) + 2 * at), SEEK_SET) == 0 &&
-             fwrite(nan_bf16, 1, 2, f) == 2;
+        const uint64_t at_byte = 8 + len + (uint64_t)json_integer_value(json_array_get(offs, 0)) + 2 * (uint64_t)at;
+        ok = fseek(f, (long)at_byte, SEEK_SET) == 0 && fwrite(nan_bf16, 1, 2, f) == 2;
     }
     json_decref(j);
     free(hdr);
