@@ -61,6 +61,10 @@
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
 # "memcheck|racecheck|synccheck|peer-.*" for a profiling run; skipping
 # "sysroot", where it runs, leaves the model check and the CLI unbuilt);
+# GPU_TEST_TRACE=1 adds every kernel's start and end as the GPU ran them
+# (CUPTI kernel records of a `dflash bench`, tools/cuda/kernel_trace.c;
+# GPU_TEST_TRACE_BENCH: its arguments), summarised per kernel of the
+# largest graph (tools/cuda/kernel_trace.py), overlaps included;
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
 # bench (CSV in the logs; GPU_TEST_NCU_TIMES_BENCH: other bench arguments); GPU_TEST_AB=FILE.tar (a `git archive` of another
 # commit) builds that tree's CLI too and alternates the two benches
@@ -415,6 +419,33 @@ if want bench; then
         [[ " $TB " == *" --profile "* ]] && FROM="--profile-from-start off"
         step ncu-times-seed ncu_times_seed.txt 300 "$NCU" --clock-control none $FROM --metrics gpu__time_duration.sum \
             --csv --print-units base "$B/dflash" bench --device cuda $TB
+    fi
+    # GPU_TEST_TRACE=1: every kernel's start and end as the GPU ran it
+    # (tools/cuda/kernel_trace.c, CUPTI kernel records through
+    # LD_PRELOAD: graph replays with their overlaps, unlike Nsight
+    # Compute's kernels alone), summarised per kernel of the largest
+    # graph by tools/cuda/kernel_trace.py; GPU_TEST_TRACE_BENCH: the
+    # bench arguments (default a seed-drafter propose at ctx 4096).
+    if [ "${GPU_TEST_TRACE:-0}" = 1 ] && [ -x "$B/dflash" ]; then
+        build_trace() { # the newest kernel record struct this CUPTI has
+            local cuda lib v
+            cuda=$(dirname "$(dirname "$(command -v nvcc)")")
+            lib=$(dirname "$(find "$cuda"/ /usr/local/cuda*/extras -name 'libcupti.so' 2>/dev/null | head -n 1)")
+            for v in 14 13 12 11 10 9; do
+                gcc -std=c11 -O2 -Wall -shared -fPIC -DKREC=CUpti_ActivityKernel$v -I"$cuda/include" \
+                    -I"$cuda/extras/CUPTI/include" -o "$B/libkernel_trace.so" tools/cuda/kernel_trace.c \
+                    -L"$lib" -Wl,-rpath,"$lib" -lcupti 2>/dev/null && { echo "CUpti_ActivityKernel$v, $lib"; return 0; }
+            done
+            echo "no CUpti_ActivityKernelN compiled against $cuda/include"
+            return 1
+        }
+        step build-trace build6.txt 60 build_trace
+        if last_ok; then
+            step trace trace_run.txt 200 env DFLASH_KERNEL_TRACE="$LOG/kernel_trace.csv" \
+                LD_PRELOAD="$(cd "$B" && pwd)/libkernel_trace.so" "$B/dflash" bench --device cuda \
+                ${GPU_TEST_TRACE_BENCH:---preset seed-drafter --ctx 4096 --reps 10}
+            last_ok && step trace-summary kernel_trace.txt 60 python3 tools/cuda/kernel_trace.py "$LOG/kernel_trace.csv"
+        fi
     fi
     P="python3 tools/bench/torch_drafter_peer.py --device cuda"
     step peer-seed peer_seed.txt 150 $P --preset seed-drafter --ctx 512,4096
