@@ -512,17 +512,6 @@ static dflash_status block_forward(dflash_head *h, dflash_proposer_state **state
     return DFLASH_OK;
 }
 
-static dflash_status check_drafts(const dflash_head *h, const int32_t *drafts, int n_seqs, const int32_t *positions,
-                                  int n_drafts)
-{
-    for (int i = 0; i < n_seqs * n_drafts; i++)
-        if (drafts[i] < 0)
-            return dflash_fail(DFLASH_ERR_NUMERIC, "%s: the drafter's logits for position %d are not finite (NaN "
-                               "or +inf): its weights or config.json give no usable numbers", dflash_st_path(h->st),
-                               positions[i / n_drafts] + 1 + i % n_drafts);
-    return DFLASH_OK;
-}
-
 /* ---- the DraftProposer table ------------------------------------------ */
 
 static const char *head_name(const dflash_proposer *p)
@@ -599,10 +588,17 @@ static dflash_status head_propose_dev(dflash_proposer *p, void **states, int n_s
     return DFLASH_OK;
 }
 
+/* A draft of -1: its row's logits had no usable number (argmax's answer). */
 static dflash_status head_check_drafts(const dflash_proposer *p, const int32_t *drafts, int n_seqs,
                                        const int32_t *positions, int n_drafts)
 {
-    return check_drafts(p->self, drafts, n_seqs, positions, n_drafts);
+    const dflash_head *h = p->self;
+    for (int i = 0; i < n_seqs * n_drafts; i++)
+        if (drafts[i] < 0)
+            return dflash_fail(DFLASH_ERR_NUMERIC, "%s: the drafter's logits for position %d are not finite (NaN "
+                               "or +inf): its weights or config.json give no usable numbers", dflash_st_path(h->st),
+                               positions[i / n_drafts] + 1 + i % n_drafts);
+    return DFLASH_OK;
 }
 
 static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs, const int32_t *last_tokens,
@@ -612,7 +608,7 @@ static dflash_status head_propose(dflash_proposer *p, void **states, int n_seqs,
     const int32_t *dev;
     DFLASH_TRY(head_propose_dev(p, states, n_seqs, last_tokens, positions, n_drafts, &dev));
     DFLASH_TRY(h->be->ops->download(h->be, drafts, dev, (size_t)n_seqs * (size_t)n_drafts * sizeof(int32_t)));
-    return check_drafts(h, drafts, n_seqs, positions, n_drafts);
+    return head_check_drafts(p, drafts, n_seqs, positions, n_drafts);
 }
 
 static dflash_status head_after_verify(dflash_proposer *p, void **states, int n_seqs, const dflash_ctx_rows *rows)

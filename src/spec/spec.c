@@ -149,13 +149,11 @@ dflash_status dflash_spec_fetch(dflash_qwen3 *t, int n, const int32_t *dev_draft
         return be->ops->download(be, ids, t->s.best, (size_t)n * sizeof(int32_t));
     /* s->best has room for the drafts after the n tokens (n + nd <= 2R) */
     int32_t got[2 * t->opts.max_rows];
-    memset(got + n, 0, (size_t)nd * sizeof(int32_t)); /* a copy that never ran shows no bad draft */
-    dflash_status s = be->ops->copy_ids(be, t->s.best + n, nd, dev_drafts, nd, 1, nd);
-    if (s == DFLASH_OK)
-        s = be->ops->download(be, got, t->s.best, (size_t)(n + nd) * sizeof(int32_t));
+    DFLASH_TRY(be->ops->copy_ids(be, t->s.best + n, nd, dev_drafts, nd, 1, nd));
+    DFLASH_TRY(be->ops->download(be, got, t->s.best, (size_t)(n + nd) * sizeof(int32_t)));
     memcpy(ids, got, (size_t)n * sizeof(int32_t));
     memcpy(drafts, got + n, (size_t)nd * sizeof(int32_t));
-    return s;
+    return DFLASH_OK;
 }
 
 dflash_status dflash_spec_dev_status(dflash_backend *be, const dflash_proposer *p, dflash_status vs,
