@@ -139,6 +139,40 @@ static void test_compile_all_for_sm90a(void)
     dflash_nvrtc_api_unload(&nv);
 }
 
+/* The measurement build (DFLASH_CUDA_STAMPS set: gemm.cu's phase stamps
+ * compiled in) compiles cleanly and holds the records the backend reads
+ * back at exit; without the variable they are not there. */
+static void test_stamps_build(void)
+{
+    dflash_nvrtc_api nv;
+    dflash_status s = dflash_nvrtc_api_load(&nv);
+    CHECKF(s == DFLASH_OK, "%s", dflash_last_error());
+    if (s != DFLASH_OK)
+        return;
+    const dflash_cuda_src *src = dflash_cuda_src_find("gemm.cu");
+    CHECK(src != NULL);
+    for (int on = 0; src && on < 2; on++) {
+        if (on)
+            setenv("DFLASH_CUDA_STAMPS", "/nonexistent/stamps.bin", 1);
+        CHECK(dflash_cuda_stamps_on() == on);
+        void *bin = NULL;
+        size_t n = 0;
+        char *log = NULL;
+        s = dflash_cuda_compile(&nv, src, "sm_90a", &bin, &n, &log);
+        CHECKF(s == DFLASH_OK, "stamps %d: %s", on, dflash_last_error());
+        if (s == DFLASH_OK) {
+            CHECKF(log[0] == 0, "stamps %d: compiler log not clean:\n%s", on, log);
+            CHECK(cubin_has_symbol(bin, n, "dflash_stamps") == on);
+            CHECK(cubin_has_symbol(bin, n, "dflash_stamp_count") == on);
+            CHECK(cubin_has_symbol(bin, n, "dflash_gemm_bf16_2"));
+        }
+        free(bin);
+        free(log);
+    }
+    unsetenv("DFLASH_CUDA_STAMPS");
+    dflash_nvrtc_api_unload(&nv);
+}
+
 static void test_compile_error_is_reported(void)
 {
     dflash_nvrtc_api nv;
@@ -266,6 +300,7 @@ int main(void)
     RUN(test_embedded_matches_files);
     RUN(test_arch_names);
     RUN(test_compile_all_for_sm90a);
+    RUN(test_stamps_build);
     RUN(test_compile_error_is_reported);
     RUN(test_cubin_cache);
     RUN(test_create_without_gpu);

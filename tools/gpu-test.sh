@@ -63,8 +63,13 @@
 # "sysroot", where it runs, leaves the model check and the CLI unbuilt);
 # GPU_TEST_TRACE=1 adds every kernel's start and end as the GPU ran them
 # (CUPTI kernel records of a `dflash bench`, tools/cuda/kernel_trace.c;
-# GPU_TEST_TRACE_BENCH: its arguments), summarised per kernel of the
-# largest graph (tools/cuda/kernel_trace.py), overlaps included;
+# GPU_TEST_TRACE_BENCH: its arguments, several sets separated by ';',
+# each traced on its own), summarised per kernel of the largest graph
+# (tools/cuda/kernel_trace.py), overlaps included;
+# GPU_TEST_STAMPS=1 adds each GEMM block's phases in benches of the
+# stamps build (tools/cuda/gemm_stamps.py; GPU_TEST_STAMPS_BENCH: ';'-
+# separated bench arguments, GPU_TEST_STAMPS_SETS: more runs of the first
+# with variables set);
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
 # bench (CSV in the logs; GPU_TEST_NCU_TIMES_BENCH: other bench arguments); GPU_TEST_AB=FILE.tar (a `git archive` of another
 # commit) builds that tree's CLI too and alternates the two benches
@@ -441,10 +446,40 @@ if want bench; then
         }
         step build-trace build6.txt 60 build_trace
         if last_ok; then
-            step trace trace_run.txt 200 env DFLASH_KERNEL_TRACE="$LOG/kernel_trace.csv" \
-                LD_PRELOAD="$(cd "$B" && pwd)/libkernel_trace.so" "$B/dflash" bench --device cuda \
-                ${GPU_TEST_TRACE_BENCH:---preset seed-drafter --ctx 4096 --reps 10}
-            last_ok && step trace-summary kernel_trace.txt 60 python3 tools/cuda/kernel_trace.py "$LOG/kernel_trace.csv"
+            IFS=';' read -ra trace_sets <<<"${GPU_TEST_TRACE_BENCH:---preset seed-drafter --ctx 4096 --reps 10}"
+            for i in "${!trace_sets[@]}"; do
+                step "trace-$i" "trace_run_$i.txt" 200 env DFLASH_KERNEL_TRACE="$LOG/kernel_trace_$i.csv" \
+                    LD_PRELOAD="$(cd "$B" && pwd)/libkernel_trace.so" "$B/dflash" bench --device cuda ${trace_sets[$i]}
+                last_ok && step "trace-summary-$i" "kernel_trace_$i.txt" 60 \
+                    python3 tools/cuda/kernel_trace.py --graphs 2 "$LOG/kernel_trace_$i.csv"
+            done
+        fi
+    fi
+    # GPU_TEST_STAMPS=1: `dflash bench` of the stamps build
+    # (DFLASH_CUDA_STAMPS: every GEMM block's phases, gemm.cu), summarised
+    # per GEMM shape by tools/cuda/gemm_stamps.py; GPU_TEST_STAMPS_BENCH:
+    # the bench arguments (default a seed-drafter propose at ctx 4096),
+    # several sets separated by ';', each a run; GPU_TEST_STAMPS_SETS=
+    # "VAR=V ...;...": the first set run once more with each setting.
+    # The records stay in $B/stamps (too large to bring back).
+    if [ "${GPU_TEST_STAMPS:-0}" = 1 ] && [ -x "$B/dflash" ]; then
+        stamps_run() { # name, env settings (or ""), bench arguments
+            local bin="$B/stamps/$1.bin"
+            rm -f "$bin"
+            step "stamps-$1" "stamps_run_$1.txt" 200 env $2 DFLASH_CUDA_STAMPS="$bin" "$B/dflash" bench --device cuda $3
+            last_ok && step "stamps-summary-$1" "gemm_stamps_$1.txt" 60 \
+                bash -c "echo 'bench: $3; settings: ${2:-none}'; python3 tools/cuda/gemm_stamps.py '$bin'"
+        }
+        mkdir -p "$B/stamps"
+        IFS=';' read -ra stamp_bench <<<"${GPU_TEST_STAMPS_BENCH:---preset seed-drafter --ctx 4096 --reps 10}"
+        for i in "${!stamp_bench[@]}"; do
+            stamps_run "$i" "" "${stamp_bench[$i]}"
+        done
+        if [ -n "${GPU_TEST_STAMPS_SETS:-}" ]; then
+            IFS=';' read -ra stamp_sets <<<"$GPU_TEST_STAMPS_SETS"
+            for i in "${!stamp_sets[@]}"; do
+                stamps_run "0-set$i" "${stamp_sets[$i]}" "${stamp_bench[0]}"
+            done
         fi
     fi
     P="python3 tools/bench/torch_drafter_peer.py --device cuda"

@@ -14,7 +14,8 @@
 # (src/backend/cuda/cuda_compile.c): the same -D layout constants, with
 # values read from the C headers, and every function a device function
 # (NVRTC's -default-device; nvcc needs __device__ written, so a copy of
-# the sources gets it).
+# the sources gets it). KERNEL_CHECK_DEFS: more -D options (e.g.
+# "-DDFLASH_STAMPS", the backend's measurement build).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ptx_dir="" arch=sm_90a files=()
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --ptx) ptx_dir=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
     --arch) arch=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *.cu) files+=("$1"); shift ;;
     *) echo "kernel-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -43,6 +44,7 @@ for name in $(grep -o '"-D[A-Z0-9_]*=" STR([A-Z0-9_]*)' src/backend/cuda/cuda_co
     [ -n "$value" ] || { echo "kernel-check.sh: no value for $name from the headers" >&2; exit 1; }
     defs+=("-D$name=$value")
 done
+defs+=(${KERNEL_CHECK_DEFS:-})
 
 cp "$src"/*.cu "$src"/*.cuh "$tmp"/
 # __forceinline__ functions (at the start of a line, or after a template

@@ -3,7 +3,7 @@
 of a program that replays CUDA graphs, e.g. `dflash bench`.
 
 One graph is picked (--graph: its id; default the one with the most kernels
-per replay, the last such if several); its replays are the trace's runs of
+per replay, the last such if several; --graphs N: the N with the most); its replays are the trace's runs of
 that many kernels of the graph in start order. Over the replays after the
 first --skip (warm-up and capture), per kernel of the replay, medians of:
 its duration (end - start; under programmatic dependent launch a kernel
@@ -13,7 +13,7 @@ early) and its advance (end minus the previous kernel's end: what it
 adds to the replay, the time to charge it with). Then the advances added
 up by kernel name, and the replay's span (first start to last end).
 
-Usage: python3 tools/cuda/kernel_trace.py TRACE.csv [--graph ID] [--skip N]
+Usage: python3 tools/cuda/kernel_trace.py TRACE.csv [--graph ID | --graphs N] [--skip N]
 """
 import argparse
 import collections
@@ -27,6 +27,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--graph", type=int, help="graph id (default: the most kernels per replay)")
     ap.add_argument("--skip", type=int, default=3, help="replays left out first (default 3)")
+    ap.add_argument("--graphs", type=int, default=1, help="how many graphs, most kernels first (default 1)")
     args = ap.parse_args()
 
     by_graph = collections.defaultdict(list)
@@ -44,14 +45,19 @@ def main():
     if args.graph is not None:
         if args.graph not in by_graph:
             sys.exit("kernel_trace.py: no graph %d (graphs: %s)" % (args.graph, sorted(by_graph)))
-        gid = args.graph
+        gids = [args.graph]
     else:
-        most = max(per_replay(r) for r in by_graph.values())
-        gid = max((g for g, r in by_graph.items() if per_replay(r) == most), key=lambda g: by_graph[g][-1][0])
-    recs = sorted(by_graph[gid])
-    n = per_replay(recs)
+        # most kernels per replay first, the later graph first among equals
+        gids = sorted(by_graph, key=lambda g: (-per_replay(by_graph[g]), -by_graph[g][-1][0]))[:args.graphs]
+    for i, gid in enumerate(gids):
+        if i:
+            print()
+        summarise(gid, sorted(by_graph[gid]), per_replay(by_graph[gid]), args.skip)
+
+
+def summarise(gid, recs, n, skip):
     replays = [recs[i:i + n] for i in range(0, len(recs) - n + 1, n)]
-    used = replays[args.skip:] if len(replays) > args.skip else replays[-1:]
+    used = replays[skip:] if len(replays) > skip else replays[-1:]
     print("graph %d: %d kernels a replay, %d replays, medians over the last %d (us)" % (gid, n, len(replays), len(used)))
 
     def med(f):

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -106,6 +107,43 @@ static void forget_owned(cuda_ctx *c, CUdeviceptr p)
         }
 }
 
+/* A stamps build (DFLASH_CUDA_STAMPS=FILE): every module's gemm.cu phase
+ * records, appended to FILE as raw 64-bit words, and a line on stderr.
+ * Teardown of a measurement run: a failure is reported, not returned. */
+static void write_stamps(cuda_ctx *c)
+{
+    enum { WORDS = 11 }; /* a record's words: gemm.cu's GM_STAMP_N */
+    const char *path = getenv("DFLASH_CUDA_STAMPS");
+    if (!path || !path[0])
+        return;
+    FILE *f = fopen(path, "ab");
+    if (!f) {
+        fprintf(stderr, "dflash: stamps: %s cannot be opened: %s\n", path, strerror(errno));
+        return;
+    }
+    size_t total = 0, dropped = 0;
+    for (int i = 0; i < c->n_mods; i++) {
+        CUdeviceptr words = 0, count = 0;
+        size_t bytes = 0, count_bytes = 0;
+        unsigned n = 0;
+        if (c->cu.cuModuleGetGlobal(&words, &bytes, c->mods[i], "dflash_stamps") != 0 ||
+            c->cu.cuModuleGetGlobal(&count, &count_bytes, c->mods[i], "dflash_stamp_count") != 0 ||
+            c->cu.cuMemcpyDtoHAsync(&n, count, sizeof n, c->stream) != 0 || c->cu.cuStreamSynchronize(c->stream) != 0)
+            continue;
+        const size_t cap = bytes / (WORDS * sizeof(uint64_t)), keep = n < cap ? n : cap;
+        uint64_t *buf = malloc(keep * WORDS * sizeof(uint64_t) + 1);
+        if (buf && c->cu.cuMemcpyDtoHAsync(buf, words, keep * WORDS * sizeof(uint64_t), c->stream) == 0 &&
+            c->cu.cuStreamSynchronize(c->stream) == 0 && fwrite(buf, sizeof(uint64_t), keep * WORDS, f) == keep * WORDS) {
+            total += keep;
+            dropped += n - keep;
+        }
+        free(buf);
+    }
+    if (fclose(f) != 0)
+        fprintf(stderr, "dflash: stamps: %s: write error\n", path);
+    fprintf(stderr, "dflash: stamps: %zu GEMM block records to %s, %zu dropped\n", total, path, dropped);
+}
+
 static void cuda_destroy(dflash_backend *be)
 {
     cuda_ctx *c = CTX(be);
@@ -114,6 +152,7 @@ static void cuda_destroy(dflash_backend *be)
         c->cu.cuCtxSetCurrent(c->ctx);
         if (c->stream)
             c->cu.cuStreamSynchronize(c->stream);
+        write_stamps(c);
         for (size_t i = 0; i < c->n_owned; i++)
             c->cu.cuMemFree(c->owned[i]);
         for (int i = 0; i < c->n_rope; i++)

@@ -102,6 +102,15 @@ static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-l
                                             "-DDFLASH_ROUTE_MAX_EXPERTS=" STR(DFLASH_ROUTE_MAX_EXPERTS) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 
+/* A measurement build: DFLASH_CUDA_STAMPS (a file the backend writes the
+ * GEMM's phase stamps to at exit, see gemm.cu) compiles them in. */
+static const char k_opt_stamps[] = "-DDFLASH_STAMPS";
+int dflash_cuda_stamps_on(void)
+{
+    const char *v = getenv("DFLASH_CUDA_STAMPS");
+    return v && v[0];
+}
+
 void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)
 {
     snprintf(buf, len, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
@@ -131,14 +140,17 @@ dflash_status dflash_cuda_compile(const dflash_nvrtc_api *nv, const dflash_cuda_
         }
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-    const char *opts[N_OPTS_FIXED + 1];
+    const char *opts[N_OPTS_FIXED + 2];
+    int n_opts = 0;
     for (size_t i = 0; i < N_OPTS_FIXED; i++)
-        opts[i] = k_opts_fixed[i];
-    opts[N_OPTS_FIXED] = arch_opt;
+        opts[n_opts++] = k_opts_fixed[i];
+    opts[n_opts++] = arch_opt;
+    if (dflash_cuda_stamps_on())
+        opts[n_opts++] = k_opt_stamps;
 
     nvrtcProgram prog = NULL;
     DFLASH_TRY(DFLASH_NVRTC(nv, nvrtcCreateProgram(&prog, src->text, src->name, n_hdr, hdr_text, hdr_name)));
-    nvrtcResult cr = nv->nvrtcCompileProgram(prog, (int)(N_OPTS_FIXED + 1), opts);
+    nvrtcResult cr = nv->nvrtcCompileProgram(prog, n_opts, opts);
     size_t log_size = 0;
     dflash_status s = DFLASH_NVRTC(nv, nvrtcGetProgramLogSize(prog, &log_size));
     char *text = NULL;
@@ -200,6 +212,8 @@ static uint64_t cache_key(const dflash_nvrtc_api *nv, const dflash_cuda_src *src
     h = fnv1a(h, arch, strlen(arch) + 1);
     for (size_t i = 0; i < N_OPTS_FIXED; i++)
         h = fnv1a(h, k_opts_fixed[i], strlen(k_opts_fixed[i]) + 1);
+    if (dflash_cuda_stamps_on())
+        h = fnv1a(h, k_opt_stamps, sizeof k_opt_stamps);
     int v[2] = { 0, 0 };
     if (nv->nvrtcVersion(&v[0], &v[1]) != 0)
         v[0] = v[1] = -1;

@@ -106,4 +106,8 @@ dflash_status dflash_cuda_compile(const dflash_nvrtc_api *nv, const dflash_cuda_
 dflash_status dflash_cuda_cubin_get(const dflash_nvrtc_api *nv, const dflash_cuda_src *src, const char *arch,
                                     int *announced, void **cubin, size_t *size);
 
+/* Whether DFLASH_CUDA_STAMPS is set: the kernels are then compiled with
+ * gemm.cu's phase stamps (a measurement build, cached apart). */
+int dflash_cuda_stamps_on(void);
+
 #endif

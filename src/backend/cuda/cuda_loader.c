@@ -46,6 +46,7 @@ static const sym_spec k_cu_syms[] = {
     CU_SYM(cuModuleLoadData, "cuModuleLoadData"),
     CU_SYM(cuModuleUnload, "cuModuleUnload"),
     CU_SYM(cuModuleGetFunction, "cuModuleGetFunction"),
+    CU_SYM(cuModuleGetGlobal, "cuModuleGetGlobal_v2"),
     CU_SYM(cuLaunchKernel, "cuLaunchKernel"),
     CU_SYM(cuLaunchKernelEx, "cuLaunchKernelEx"),
     CU_SYM(cuFuncSetAttribute, "cuFuncSetAttribute"),

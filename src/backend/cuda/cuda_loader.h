@@ -92,6 +92,7 @@ typedef struct dflash_cuda_api {
     CUresult (*cuModuleLoadData)(CUmodule *m, const void *image);
     CUresult (*cuModuleUnload)(CUmodule m);
     CUresult (*cuModuleGetFunction)(CUfunction *f, CUmodule m, const char *name);
+    CUresult (*cuModuleGetGlobal)(CUdeviceptr *p, size_t *bytes, CUmodule m, const char *name);
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned smem, CUstream s, void **params, void **extra);
     CUresult (*cuLaunchKernelEx)(const dflash_cu_launch_config *config, CUfunction f, void **params, void **extra);
