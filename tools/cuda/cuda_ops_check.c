@@ -718,6 +718,55 @@ static void case_rows_invariance(dflash_backend *be, const char *tag, dflash_dty
     g_gpu = keep;
 }
 
+/* Split-K partials added by every slice of a row block (share_sum, the
+ * default where the grid fits the device; on `shared`) against the last
+ * slice adding them alone (DFLASH_CUDA_GEMM_SHARE_SUM=0 on `alone`): the
+ * same n-row linear group (kind 0 linear, 1 q/k/v, 2 gate/up + SwiGLU),
+ * bit for bit. */
+static void case_share_sum_bits(dflash_backend *shared, const char *tag, dflash_backend *alone, dflash_dtype dt,
+                                int kind, const int64_t *N, int64_t K, int n)
+{
+    static const char *const kinds[] = { "linear", "group", "swiglu" };
+    const int n_w = kind == 1 ? 3 : kind == 2 ? 2 : 1, n_out = kind == 1 ? 3 : 1;
+    const enum dflash_act act = kind == 2 ? DFLASH_ACT_SWIGLU : DFLASH_ACT_NONE;
+    char shape[112];
+    int len = snprintf(shape, sizeof shape, "%s %s [", dflash_dtype_name(dt), kinds[kind]);
+    for (int i = 0; i < n_w; i++)
+        len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
+    snprintf(shape + len, sizeof shape - (size_t)len, "] x %lld, %d rows, %s vs one block", (long long)K, n, tag);
+    wpair w[3];
+    dflash_weight wd[3];
+    float *d_sh[3], *d_one[3], *h_sh[3], *h_one[3];
+    for (int i = 0; i < n_w; i++) {
+        make_weight(&w[i], dt, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
+        wd[i] = w[i].d;
+        d_sh[i] = gpu_poison((size_t)(n * N[i]));
+        d_one[i] = gpu_poison((size_t)(n * N[i]));
+        h_sh[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
+        h_one[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
+    }
+    float *x = rand_f32((size_t)(n * K), 1.0f);
+    float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
+    /* one backend at a time: each has its own stream */
+    MUST(dflash_be_linear_group(shared, dx, n, wd, n_w, d_sh, act));
+    MUST(shared->ops->sync(shared));
+    MUST(dflash_be_linear_group(alone, dx, n, wd, n_w, d_one, act));
+    MUST(alone->ops->sync(alone));
+    int bad = 0;
+    for (int i = 0; i < n_out; i++) {
+        gpu_get(h_sh[i], d_sh[i], (size_t)(n * N[i]) * sizeof(float));
+        gpu_get(h_one[i], d_one[i], (size_t)(n * N[i]) * sizeof(float));
+        bad += memcmp(h_sh[i], h_one[i], (size_t)(n * N[i]) * sizeof(float)) != 0;
+    }
+    record("linear rows", shape, bad ? INFINITY : 0.0, 0.0);
+    for (int i = 0; i < n_w; i++) {
+        free(h_sh[i]), free(h_one[i]);
+        free_weight(&w[i]);
+    }
+    free(x);
+    gpu_reset();
+}
+
 /* Every fp8 e4m3 code through the tensor-core path: W [16, 256] holds all
  * 256 codes (NaN codes replaced by 0) with scale 1, x one-hot rows, so each
  * output is one decoded weight, compared exactly with the CPU decoder. */
@@ -2424,6 +2473,30 @@ int main(int argc, char **argv)
                     case_rows_invariance(be, tag, d, 3, g_small ? head_s : head_l, K, g_small ? 66 : 77);
                 }
             dflash_backend_destroy(t128);
+            /* the shared split-K sum, waiting (the default) and with every
+             * slice but a first-come last leaving its share to the last
+             * (the fallback when slices cannot all run at once) */
+            dflash_backend *alone = backend_with("DFLASH_CUDA_GEMM_SHARE_SUM", "0");
+            dflash_backend *leave = backend_with("DFLASH_CUDA_GEMM_SHARE_SUM", "2");
+            for (int dt = 0; dt < 2; dt++) {
+                const dflash_dtype d = dt ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+                const int64_t K = g_small ? 512 : 2048, K2 = g_small ? 1024 : 6144;
+                const int64_t o_n[1] = { g_small ? 136 : 2048 };
+                /* rows on both sides of where sharing starts: more than 8
+                 * (16 with SwiGLU) */
+                static const int share_rows[] = { 1, 8, 9, 16, 17, 64 };
+                for (int ri = 0; ri < 6; ri++)
+                    for (int b = 0; b < 2; b++) {
+                        const int r = share_rows[ri];
+                        dflash_backend *sh = b ? leave : g_gpu;
+                        const char *tag = b ? "shares left to the last" : "shared sum";
+                        case_share_sum_bits(sh, tag, alone, d, 1, g_small ? qkv_s : qkv_l, K, r);
+                        case_share_sum_bits(sh, tag, alone, d, 2, g_small ? gu_s : gu_l, K, r);
+                        case_share_sum_bits(sh, tag, alone, d, 0, o_n, K2, r);
+                    }
+            }
+            dflash_backend_destroy(leave);
+            dflash_backend_destroy(alone);
             dflash_backend *s16 = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
             const int64_t odd[1] = { 72 }, odd_gu[2] = { 72, 72 };
             case_rows_invariance(s16, ", split 16", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 100);

@@ -906,6 +906,7 @@ static dflash_status open_device(cuda_ctx *c, int device)
     c->pdl = major >= 9 && dflash_levers_get()->cuda_pdl;
     c->clusters = major >= 9;
     c->gemm_split = dflash_levers_get()->cuda_gemm_split;
+    c->gemm_share_sum = dflash_levers_get()->cuda_gemm_share_sum;
     c->gemm_wide = dflash_levers_get()->cuda_gemm_wide;
     c->gemm_tile = dflash_levers_get()->cuda_gemm_tile;
     snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s)", c->dev_name, c->arch, c->sm_count,

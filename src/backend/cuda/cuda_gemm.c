@@ -31,8 +31,9 @@ typedef struct gemm_args {
     const int32_t *sum_idx;
     const float *sum_w;
     int m, n_w, split, mode, store, sum_k;
+    int share_sum;
 } gemm_args;
-_Static_assert(sizeof(gemm_args) == 280, "gemm_args must match kernels/gemm_mma.cuh");
+_Static_assert(sizeof(gemm_args) == 288, "gemm_args must match kernels/gemm_mma.cuh");
 
 /* Mirrors struct gemm_group_args in kernels/gemm.cu. */
 typedef struct gemm_group_args {
@@ -43,12 +44,12 @@ typedef struct gemm_group_args {
     int n_experts, tile_rows, blocks_per_tile;
     int chain;
 } gemm_group_args;
-_Static_assert(sizeof(gemm_group_args) == 320, "gemm_group_args must match kernels/gemm.cu");
+_Static_assert(sizeof(gemm_group_args) == 328, "gemm_group_args must match kernels/gemm.cu");
 
 enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2, GEMM_GATED_ADD = 3 }; /* gemm_mma.cuh's GM_* modes */
 #define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */
 #define GEMM_MAX_M 64 /* activation rows per launch */
-#define GEMM_MAX_SPLIT 16
+#define GEMM_MAX_SPLIT 16 /* at most 16: gemm.cu's count word has 16 bits for shares left to the last slice */
 
 /* The general linear (linear.cu): any dtype, K and alignment. */
 static dflash_status linear_simt(cuda_ctx *c, const float *x, int n, const dflash_weight *w, float *out)
@@ -253,6 +254,22 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
     if (blocks > 0x7fffffff || rb > 0x7fffffff / GEMM_MAX_M)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda linear: %lld row blocks", (long long)rb);
     const int m_max = n < GEMM_MAX_M ? n : GEMM_MAX_M;
+    /* The slices of a row block add its partials together (each an S-th
+     * of the outputs) when every block of the launch can be resident at
+     * once (two a SM by the kernel's launch bounds): a slice then waits
+     * for its row block's other slices, which are all running or about
+     * to (the next kernel cannot take their slots first: it launches
+     * once every block of this one has started). Should another stream
+     * hold slots, a slice stops waiting after SHARE_WAIT cycles and
+     * leaves its share to the last slice. Only where the last slice
+     * alone would take two or more passes over its 256 threads (more
+     * than 8 rows; SwiGLU's half-width outputs: more than 16): with one
+     * pass, waiting costs more than it saves (measured: 1-row decode
+     * 3% slower). Not with argmax, whose epilogue reduces a row's 128
+     * columns in one warp. */
+    enum { SHARE_WAIT = 100000 }; /* ~50 us; a propose's slices arrive within ~3 us of each other */
+    const int share_ok = c->gemm_share_sum && ga.split > 1 && mode != GEMM_ARGMAX && blocks <= 2LL * c->sm_count;
+    const int out_quads = mode == GEMM_SWIGLU ? GEMM_RB / 2 / 4 : GEMM_RB / 4; /* a row's outputs, 4 a thread */
     if (ga.split > 1) {
         DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_ws, (size_t)ga.split * m_max * n_ws * sizeof(float), 0));
         DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_cnt, (size_t)rb * sizeof(int), 1));
@@ -265,6 +282,7 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
         const int m = n - r0 < GEMM_MAX_M ? n - r0 : GEMM_MAX_M;
         const int t = m <= 8 ? 0 : m <= 16 ? 1 : m <= 32 ? 2 : 3;
         ga.m = m;
+        ga.share_sum = !share_ok || m * out_quads <= 256 ? 0 : c->gemm_share_sum == 2 ? 1 : SHARE_WAIT;
         ga.x = x + (int64_t)r0 * ga.k;
         ga.gate = gate ? gate + r0 : NULL;
         if (sum) { /* the launch's rows' terms; src is indexed by them */

@@ -42,6 +42,7 @@ typedef struct cuda_ctx {
     int pdl; /* launch with programmatic stream serialization (sm_90+, DFLASH_CUDA_PDL=0 turns it off) */
     int clusters; /* thread block clusters (sm_90+): sample.cu splits a row over 8 blocks */
     int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
+    int gemm_share_sum; /* DFLASH_CUDA_GEMM_SHARE_SUM: split-K slices add their partials together (gemm.cu) */
     int gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: calls of this many rows or more take gemm_wide.cu */
     int gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: 0, or gemm_wide.cu's tile (32, 64 or 128 rows) */
     /* Kernel error report: the device word decides which report wins, the

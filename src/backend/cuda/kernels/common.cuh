@@ -208,6 +208,20 @@ __forceinline__ int atom_add_acq_rel(int *p, int v)
     return old;
 }
 
+/* A flag word at device scope: an acquire load (what was released before
+ * the value it reads is visible after it) and a release store. */
+__forceinline__ int ld_acquire(const int *p)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__forceinline__ void st_release(int *p, int v)
+{
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 /* Asynchronous 16-byte copies global -> shared (cp.async, sm_80+), in
  * groups: commit closes a group, cp_async_wait<N> waits until at most N
  * groups are still in flight. */

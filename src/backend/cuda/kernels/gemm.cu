@@ -97,6 +97,11 @@ __forceinline__ i64 gm_ws_off(const gemm_args &a, int seg)
     return off;
 }
 
+/* A row block's split-K count word: arrivals in the low 8 bits; with
+ * share_sum, bit 8 + s set by slice s when it left its share of the sums
+ * to the last slice (GEMM_MAX_SPLIT <= 16 slices). */
+#define GM_ARRIVALS 0xff
+
 /* Where a block's work item `bid` (row block bid / split, slice bid %
  * split) lies, for this thread: its weight (segment), row block within it,
  * slice and chunk range, and the start of the two weight rows it loads. */
@@ -158,20 +163,25 @@ template <int MP> __forceinline__ int gm_red(int c, int m)
  * so a pass costs ceil(H S / B) round trips to L2 (B = GM_SPLIT_BATCH), not
  * one per (slice, column). Without SwiGLU a row's 128 columns are one
  * warp's 32 quads, so its argmax candidate comes out of one warp
- * reduction. */
+ * reduction. share >= 0 (share_sum): this block, slice `share` of the row
+ * block, computes only its share of the (row, quad) items, the S slices
+ * one contiguous S-th each: one pass of its threads instead of a whole
+ * row block's M * quads items in one block. */
 template <int FP8, int NT, int B>
 __forceinline__ void gemm_finish(const gemm_args &a, const gm_item &it, const float *red, i64 n_ws,
-                                 bool summed)
+                                 bool summed, int share)
 {
     const int S = a.split, M = a.m;
     const bool swiglu = a.mode == GM_SWIGLU;
     const int rows_per_block = swiglu ? GM_RB / 2 : GM_RB;
     const int n_out = swiglu ? GM_RB / 2 : GM_RB, quads = n_out / 4;
     const int items = M * quads; /* without SwiGLU a multiple of 32: whole warps are in or out */
+    const int per = (items + S - 1) / S, lo = share < 0 ? 0 : share * per;
+    const int hi = share < 0 ? items : lo + per < items ? lo + per : items;
     const i64 nseg_out = a.n[swiglu ? 0 : it.seg];
-    for (int e0 = 0; e0 < (items + GM_THREADS - 1) / GM_THREADS * GM_THREADS; e0 += GM_THREADS) {
+    for (int e0 = lo; e0 < hi; e0 += GM_THREADS) {
         const int e = e0 + threadIdx.x;
-        const bool in = e < items;
+        const bool in = e < hi;
         const int m = in ? e / quads : 0, c4 = (e % quads) * 4;
         const i64 col4 = it.rbl * rows_per_block + c4;
         bool live[4];
@@ -258,6 +268,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
     constexpr int XV = MP * (KC / 4) / GM_THREADS; /* float4 of a chunk each thread stages */
     __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
     __shared__ int is_last;
+    __shared__ int share_mine; /* share_sum: 1 this slice adds its share (the last: the shares left to it) */
     uint4 *xs = (uint4 *)smem;
     float *red = (float *)smem;
 
@@ -269,6 +280,14 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
      * tiles' kernels into spilling (their calls rarely chain a whole row
      * block anyway) */
     const bool summed = CHAIN && NT == 1 && S > 1 && n_items % S == 0 && bid % S == 0;
+    /* share_sum: the slices of a row block add its partials together,
+     * each an S-th of the outputs, instead of the last one adding them
+     * all (2.3 us a pass of 256 outputs, measured in a propose's graph).
+     * A slice waits for the others; the host asks for it only where the
+     * whole grid fits the device at once, and a slice still leaves its
+     * share to the last after share_sum cycles (another stream's kernels
+     * may hold the slots). Not in the grouped kernel (several waves). */
+    const bool share = !CHAIN && S > 1 && a.share_sum > 0;
     float tot[NT][4]; /* summed: the row block's slices so far */
 
     /* Chunk loads: this thread's weights (L x rows g, g+8) and its share of
@@ -430,22 +449,52 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
                  * last block's acquires the others' before it reads them. */
                 __syncthreads();
                 if (threadIdx.x == 0) {
-                    const int prev = atom_add_acq_rel(a.counters + cur.rb, 1);
-                    is_last = prev == S - 1;
-                    if (is_last)
-                        a.counters[cur.rb] = 0; /* ready for the next call */
+                    int *cnt = a.counters + cur.rb;
+                    const int prev = atom_add_acq_rel(cnt, 1);
+                    is_last = (prev & GM_ARRIVALS) == S - 1;
+                    share_mine = 0;
+                    if (is_last) {
+                        /* the shares left to it, then the count reset for
+                         * the next call with a release: the others wait for
+                         * that zero, which carries every slice's partials */
+                        share_mine = prev >> 8;
+                        st_release(cnt, 0);
+                    } else if (share) {
+                        /* Wait for the zero; after share_sum cycles leave
+                         * this share to the last slice instead (a bit of
+                         * the count, set only while the last has not
+                         * arrived: it reads the bits with its arrival). */
+                        const long long t0 = clock64();
+                        for (;;) {
+                            const int v = ld_acquire(cnt);
+                            if (v == 0) {
+                                share_mine = 1;
+                                break;
+                            }
+                            if ((v & GM_ARRIVALS) < S && clock64() - t0 >= a.share_sum &&
+                                atomicCAS(cnt, v, v | 1 << (8 + cur.s)) == v)
+                                break;
+                        }
+                    }
                 }
                 __syncthreads();
                 last = is_last;
                 if (!CHAIN)
                     GM_STAMP(4);
-                if (!CHAIN && !last) {
+                if (!CHAIN && !last && !share_mine) {
                     GM_STAMP_WRITE(false);
                     return;
                 }
             }
-            if (last)
-                gemm_finish<FP8, NT, CHAIN ? GM_SPLIT_BATCH_CHAIN : GM_SPLIT_BATCH>(a, cur, red, n_ws, summed);
+            constexpr int SB = CHAIN ? GM_SPLIT_BATCH_CHAIN : GM_SPLIT_BATCH;
+            if (share) {
+                /* this slice's share; the last also takes those left to it */
+                gemm_finish<FP8, NT, SB>(a, cur, red, n_ws, summed, cur.s);
+                for (int sl = 0; last && sl < S; sl++)
+                    if (share_mine >> sl & 1)
+                        gemm_finish<FP8, NT, SB>(a, cur, red, n_ws, summed, sl);
+            } else if (last)
+                gemm_finish<FP8, NT, SB>(a, cur, red, n_ws, summed, -1);
             if (!CHAIN) {
                 GM_STAMP(5);
                 GM_STAMP_WRITE(last);
@@ -487,7 +536,7 @@ struct gemm_group_args {
     int n_experts, tile_rows, blocks_per_tile;
     int chain; /* consecutive work items of one tile per block (divides blocks_per_tile) */
 };
-static_assert(sizeof(gemm_group_args) == 320, "mirrored by gemm_group_args in cuda_gemm.c");
+static_assert(sizeof(gemm_group_args) == 328, "mirrored by gemm_group_args in cuda_gemm.c");
 
 /* Tile t of the call: tile[0] its expert (-1: no such tile), tile[1] its
  * first gathered row, tile[2] its rows. Warp 0, first[] in shared memory;

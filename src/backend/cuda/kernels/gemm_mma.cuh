@@ -70,8 +70,11 @@ struct gemm_args {
     const int *sum_idx;            /* ... row m's terms sum_idx[m sum_k ..] of them ... */
     const float *sum_w;            /* ... times sum_w[m sum_k ..] (gather_sum's arguments) */
     int m, n_w, split, mode, store, sum_k;
+    int share_sum;                 /* gemm.cu, split > 1: 0, or the slices of a row block add its partials
+                                      together, a slice waiting at most this many cycles for the others
+                                      (not with argmax) */
 };
-static_assert(sizeof(gemm_args) == 280, "mirrored by gemm_args in cuda_gemm.c");
+static_assert(sizeof(gemm_args) == 288, "mirrored by gemm_args in cuda_gemm.c");
 
 /* The bf16 hi/lo split of four consecutive activations as one 16-byte B
  * fragment source: {hi(a, b), hi(c, d), lo(a, b), lo(c, d)}. */
