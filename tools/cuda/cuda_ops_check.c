@@ -19,6 +19,7 @@
  *     and cuProfilerStop, so that `ncu --profile-from-start off` sees
  *     exactly those kernels. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -654,6 +655,25 @@ static dflash_backend *backend_with(const char *name, const char *value)
     return be;
 }
 
+/* The label of a rows check: "<dtype> <kind> [N0,N1,..] x K, " then
+ * `rest` (printf-style). kind: 0 linear, 1 q/k/v group, 2 gate/up +
+ * SwiGLU, 3 LM head argmax; returns the weights per call. */
+static int rows_shape(char *shape, size_t size, dflash_dtype dt, int kind, const int64_t *N, int64_t K,
+                      const char *rest, ...)
+{
+    static const char *const kinds[] = { "linear", "group", "swiglu", "argmax" };
+    const int n_w = kind == 1 ? 3 : kind == 2 ? 2 : 1;
+    int len = snprintf(shape, size, "%s %s [", dflash_dtype_name(dt), kinds[kind]);
+    for (int i = 0; i < n_w; i++)
+        len += snprintf(shape + len, size - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
+    len += snprintf(shape + len, size - (size_t)len, "] x %lld, ", (long long)K);
+    va_list ap;
+    va_start(ap, rest);
+    vsnprintf(shape + len, size - (size_t)len, rest, ap);
+    va_end(ap);
+    return n_w;
+}
+
 /* Many rows (gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE rows, 65 by default)
  * must give the bits one row alone gives (gemm.cu): every output of an
  * n-row linear (kind 0), q/k/v group (1), gate/up + SwiGLU (2) or LM head
@@ -662,15 +682,11 @@ static dflash_backend *backend_with(const char *name, const char *value)
 static void case_rows_invariance(dflash_backend *be, const char *tag, dflash_dtype dt, int kind, const int64_t *N,
                                  int64_t K, int n)
 {
-    static const char *const kinds[] = { "linear", "group", "swiglu", "argmax" };
-    const int n_w = kind == 1 ? 3 : kind == 2 ? 2 : 1, n_out = kind == 1 ? 3 : 1;
+    const int n_out = kind == 1 ? 3 : 1;
     dflash_backend *keep = g_gpu;
     g_gpu = be;
     char shape[112];
-    int len = snprintf(shape, sizeof shape, "%s %s [", dflash_dtype_name(dt), kinds[kind]);
-    for (int i = 0; i < n_w; i++)
-        len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
-    snprintf(shape + len, sizeof shape - (size_t)len, "] x %lld, %d rows vs each alone%s", (long long)K, n, tag);
+    const int n_w = rows_shape(shape, sizeof shape, dt, kind, N, K, "%d rows vs each alone%s", n, tag);
     wpair w[3];
     dflash_weight wd[3];
     float *dall[3], *done[3], *all[3], *one[3];
@@ -726,14 +742,10 @@ static void case_rows_invariance(dflash_backend *be, const char *tag, dflash_dty
 static void case_share_sum_bits(dflash_backend *shared, const char *tag, dflash_backend *alone, dflash_dtype dt,
                                 int kind, const int64_t *N, int64_t K, int n)
 {
-    static const char *const kinds[] = { "linear", "group", "swiglu" };
-    const int n_w = kind == 1 ? 3 : kind == 2 ? 2 : 1, n_out = kind == 1 ? 3 : 1;
+    const int n_out = kind == 1 ? 3 : 1;
     const enum dflash_act act = kind == 2 ? DFLASH_ACT_SWIGLU : DFLASH_ACT_NONE;
     char shape[112];
-    int len = snprintf(shape, sizeof shape, "%s %s [", dflash_dtype_name(dt), kinds[kind]);
-    for (int i = 0; i < n_w; i++)
-        len += snprintf(shape + len, sizeof shape - (size_t)len, "%s%lld", i ? "," : "", (long long)N[i]);
-    snprintf(shape + len, sizeof shape - (size_t)len, "] x %lld, %d rows, %s vs one block", (long long)K, n, tag);
+    const int n_w = rows_shape(shape, sizeof shape, dt, kind, N, K, "%d rows, %s vs one block", n, tag);
     wpair w[3];
     dflash_weight wd[3];
     float *d_sh[3], *d_one[3], *h_sh[3], *h_one[3];
