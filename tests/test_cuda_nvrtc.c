@@ -99,13 +99,20 @@ static int cubin_has_symbol(const char *bin, size_t n, const char *name)
     return 0;
 }
 
+/* NVRTC for a test: 1 when loaded, else a failed check naming why. */
+static int nvrtc_open(dflash_nvrtc_api *nv)
+{
+    const dflash_status s = dflash_nvrtc_api_load(nv);
+    CHECKF(s == DFLASH_OK, "%s", dflash_last_error());
+    return s == DFLASH_OK;
+}
+
 static void test_compile_all_for_sm90a(void)
 {
     dflash_nvrtc_api nv;
-    dflash_status s = dflash_nvrtc_api_load(&nv);
-    CHECKF(s == DFLASH_OK, "%s", dflash_last_error());
-    if (s != DFLASH_OK)
+    if (!nvrtc_open(&nv))
         return;
+    dflash_status s;
     int major = 0, minor = 0;
     CHECK_OK(DFLASH_NVRTC(&nv, nvrtcVersion(&major, &minor)));
     printf("# NVRTC %d.%d from %s\n", major, minor, nv.path);
@@ -145,10 +152,9 @@ static void test_compile_all_for_sm90a(void)
 static void test_stamps_build(void)
 {
     dflash_nvrtc_api nv;
-    dflash_status s = dflash_nvrtc_api_load(&nv);
-    CHECKF(s == DFLASH_OK, "%s", dflash_last_error());
-    if (s != DFLASH_OK)
+    if (!nvrtc_open(&nv))
         return;
+    dflash_status s;
     const dflash_cuda_src *src = dflash_cuda_src_find("gemm.cu");
     CHECK(src != NULL);
     for (int on = 0; src && on < 2; on++) {
@@ -176,10 +182,8 @@ static void test_stamps_build(void)
 static void test_compile_error_is_reported(void)
 {
     dflash_nvrtc_api nv;
-    if (dflash_nvrtc_api_load(&nv) != DFLASH_OK) {
-        CHECKF(0, "%s", dflash_last_error());
+    if (!nvrtc_open(&nv))
         return;
-    }
     dflash_cuda_src bad = { "bad.cu", "extern \"C\" __global__ void k() { undeclared_thing(); }\n", 0 };
     void *bin = NULL;
     size_t n = 0;
@@ -192,10 +196,8 @@ static void test_compile_error_is_reported(void)
 static void test_cubin_cache(void)
 {
     dflash_nvrtc_api nv;
-    if (dflash_nvrtc_api_load(&nv) != DFLASH_OK) {
-        CHECKF(0, "%s", dflash_last_error());
+    if (!nvrtc_open(&nv))
         return;
-    }
     char dir[] = "/tmp/dflash_cache_test_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     const char *old = getenv("XDG_CACHE_HOME");
