@@ -513,6 +513,46 @@ static void test_gather_add_rmsnorm(void)
                 "gather_add_rmsnorm: a weighted sum of 0 terms a row");
 }
 
+/* linear_add_rmsnorm: x += in W^T, then out = rmsnorm(x) * w, against a
+ * naive double recomputation; a weight whose rows are not the residual
+ * stream's width is refused, naming it. */
+static void test_linear_add_rmsnorm(void)
+{
+    enum { N = 3, D = 37, K = 19 };
+    float in[N * K], wl[D * K], x[N * D], nw[D], delta[N * D], out[N * D];
+    double rx[N * D], ro[N * D];
+    for (int i = 0; i < N * K; i++)
+        in[i] = frand();
+    for (int i = 0; i < D * K; i++)
+        wl[i] = frand();
+    for (int i = 0; i < N * D; i++)
+        x[i] = 2.0f * frand();
+    for (int i = 0; i < D; i++)
+        nw[i] = 1.0f + 0.5f * frand();
+    for (int i = 0; i < N; i++) {
+        double ss = 0;
+        for (int c = 0; c < D; c++) {
+            double v = 0;
+            for (int k = 0; k < K; k++)
+                v += (double)in[i * K + k] * wl[c * K + k];
+            v = x[i * D + c] + (float)v;
+            rx[i * D + c] = v;
+            ss += v * v;
+        }
+        const double inv = 1.0 / sqrt(ss / D + 1e-6);
+        for (int c = 0; c < D; c++)
+            ro[i * D + c] = rx[i * D + c] * inv * nw[c];
+    }
+    const dflash_weight W = { DFLASH_DTYPE_F32, D, K, wl, NULL, "o_proj" };
+    const dflash_weight w = { DFLASH_DTYPE_F32, 1, D, nw, NULL, "norm" };
+    CHECK_OK(dflash_be_linear_add_rmsnorm(be, in, N, &W, x, delta, &w, D, 1e-6f, out));
+    const double ex = rel_err(x, rx, N * D), eo = rel_err(out, ro, N * D);
+    CHECKF(ex < 1e-5 && eo < 1e-5, "rel err x %g, out %g", ex, eo);
+    const dflash_weight narrow = { DFLASH_DTYPE_F32, D - 1, K, wl, NULL, "o_proj" };
+    CHECK_FAILS(dflash_be_linear_add_rmsnorm(be, in, N, &narrow, x, delta, &w, D, 1e-6f, out), DFLASH_ERR_SHAPE,
+                "linear_add_rmsnorm: weight o_proj has 36 rows, the residual stream 37");
+}
+
 /* linear_group: each of the most weights a group takes equal to its own
  * linear; one more is refused, saying how many it takes. */
 static void test_linear_group(void)
@@ -945,6 +985,7 @@ int main(void)
     RUN(test_add_bias);
     RUN(test_linear_gated_add);
     RUN(test_gather_add_rmsnorm);
+    RUN(test_linear_add_rmsnorm);
     RUN(test_linear_group);
     RUN(test_sigmoid_mul);
     RUN(test_norm_gate);

@@ -3,6 +3,8 @@
  * without a fused version runs, and what a fused version must equal). */
 #include "backend/backend.h"
 
+static const char *wname(const dflash_weight *w) { return w->name ? w->name : "?"; }
+
 void dflash_backend_destroy(dflash_backend *be)
 {
     if (be)
@@ -107,6 +109,25 @@ dflash_status dflash_be_gather_add_rmsnorm(dflash_backend *be, float *x, const d
     return dflash_be_gather_add_rmsnorm_composed(be, x, sum, delta, w, n, dim, eps, out);
 }
 
+dflash_status dflash_be_linear_add_rmsnorm_composed(dflash_backend *be, const float *in, int n,
+                                                    const dflash_weight *W, float *x, float *delta,
+                                                    const dflash_weight *w, int dim, float eps, float *out)
+{
+    DFLASH_TRY(be->ops->linear(be, in, n, W, delta));
+    return be->ops->add_rmsnorm(be, x, delta, w, n, dim, eps, out);
+}
+
+dflash_status dflash_be_linear_add_rmsnorm(dflash_backend *be, const float *in, int n, const dflash_weight *W, float *x,
+                                           float *delta, const dflash_weight *w, int dim, float eps, float *out)
+{
+    if (W->rows != dim)
+        return dflash_fail(DFLASH_ERR_SHAPE, "linear_add_rmsnorm: weight %s has %lld rows, the residual stream %d",
+                           wname(W), (long long)W->rows, dim);
+    if (be->ops->linear_add_rmsnorm)
+        return be->ops->linear_add_rmsnorm(be, in, n, W, x, delta, w, dim, eps, out);
+    return dflash_be_linear_add_rmsnorm_composed(be, in, n, W, x, delta, w, dim, eps, out);
+}
+
 dflash_status dflash_be_check_rope(const dflash_rope *rope, int head_dim)
 {
     if (!rope || rope->n_pairs < 0 || rope->n_pairs * 2 > head_dim)
@@ -148,7 +169,29 @@ dflash_status dflash_be_qk_norm_rope_store(dflash_backend *be, float *q, const d
     return be->ops->kv_write(be, dst->kv, dst->layer, dst->page_tables, dst->pt_len, dst->row_seq, pos, k, dst->v, n);
 }
 
-static const char *wname(const dflash_weight *w) { return w->name ? w->name : "?"; }
+dflash_status dflash_be_qkv_norm_rope_store_composed(dflash_backend *be, const dflash_qkv_args *a)
+{
+    float *const out[3] = { a->q, a->k, a->v };
+    DFLASH_TRY(dflash_be_linear_group(be, a->x, a->n, a->w, 3, out, DFLASH_ACT_NONE));
+    return dflash_be_qk_norm_rope_store(be, a->q, a->q_norm, a->n_q_heads, a->k, a->k_norm, a->n_kv_heads, a->pos,
+                                        a->n, a->head_dim, a->eps, a->rope, a->dst);
+}
+
+dflash_status dflash_be_qkv_norm_rope_store(dflash_backend *be, const dflash_qkv_args *a)
+{
+    const int64_t hq = (int64_t)a->n_q_heads * a->head_dim, hkv = (int64_t)a->n_kv_heads * a->head_dim;
+    const dflash_weight *w = a->w;
+    if (w[0].rows != hq || w[1].rows != hkv || w[2].rows != hkv)
+        return dflash_fail(DFLASH_ERR_SHAPE, "qkv_norm_rope_store: weights %s, %s, %s have %lld, %lld, %lld rows, "
+                           "the heads %lld, %lld, %lld", wname(&w[0]), wname(&w[1]), wname(&w[2]), (long long)w[0].rows,
+                           (long long)w[1].rows, (long long)w[2].rows, (long long)hq, (long long)hkv, (long long)hkv);
+    if (a->dst && a->dst->v != a->v)
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "qkv_norm_rope_store: the K/V destination stores V from another "
+                           "buffer than the stage's v");
+    if (be->ops->qkv_norm_rope_store && qk_norms_join(a->q_norm, a->n_q_heads, a->k_norm))
+        return be->ops->qkv_norm_rope_store(be, a);
+    return dflash_be_qkv_norm_rope_store_composed(be, a);
+}
 
 dflash_status dflash_be_check_bias(const dflash_weight *b, int cols)
 {

@@ -68,6 +68,24 @@ typedef struct dflash_kv_dest {
     const float *v; /* [n, n_kv_heads * head_dim] */
 } dflash_kv_dest;
 
+/* A layer's attention input after its norm (qkv_norm_rope_store): q, k,
+ * v = x W^T for w[0..2] (the q, k and v weights, of n_q_heads,
+ * n_kv_heads and n_kv_heads heads of head_dim); q and k then normed with
+ * q_norm and k_norm (both, or neither) and rotated at pos; with dst
+ * (whose v must be this v), the rows' K and V stored in its pool. */
+typedef struct dflash_qkv_args {
+    const float *x;
+    int n;
+    const dflash_weight *w;
+    float *q, *k, *v;
+    const dflash_weight *q_norm, *k_norm;
+    int n_q_heads, n_kv_heads, head_dim;
+    const int32_t *pos;
+    float eps;
+    const dflash_rope *rope;
+    const dflash_kv_dest *dst;
+} dflash_qkv_args;
+
 /* Attention over each row's visible keys: its sequence's paged positions
  * [lo, hi), then its extra rows (the drafter's block keys, in backend
  * memory, f32; with a BF16 pool they are rounded to bf16 as they would be
@@ -401,6 +419,15 @@ typedef struct dflash_backend_ops {
      * add_rmsnorm. */
     dflash_status (*gather_add_rmsnorm)(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
                                         const dflash_weight *w, int n, int dim, float eps, float *out);
+    /* add_rmsnorm whose delta is in W^T (in [n, W.cols]; W.rows = dim):
+     * a layer's output projection added to the residual stream with the
+     * next norm; delta [n, dim] is scratch, its content afterwards
+     * unspecified. The composition: linear into delta, add_rmsnorm. */
+    dflash_status (*linear_add_rmsnorm)(dflash_backend *be, const float *in, int n, const dflash_weight *W, float *x,
+                                        float *delta, const dflash_weight *w, int dim, float eps, float *out);
+    /* dflash_qkv_args; the composition: linear_group of the three
+     * weights, then qk_norm_rope_store (dflash_be_qk_norm_rope_store's). */
+    dflash_status (*qkv_norm_rope_store)(dflash_backend *be, const dflash_qkv_args *a);
 
     /* A MoE layer's routing and its experts' projections (see
      * dflash_route_args and dflash_experts_args). */
@@ -475,6 +502,9 @@ dflash_status dflash_be_norm_gate(dflash_backend *be, float *x, const dflash_wei
                                   const int32_t *pos, int n, int n_heads, int head_dim, float eps);
 dflash_status dflash_be_gather_add_rmsnorm(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
                                            const dflash_weight *w, int n, int dim, float eps, float *out);
+dflash_status dflash_be_linear_add_rmsnorm(dflash_backend *be, const float *in, int n, const dflash_weight *W, float *x,
+                                           float *delta, const dflash_weight *w, int dim, float eps, float *out);
+dflash_status dflash_be_qkv_norm_rope_store(dflash_backend *be, const dflash_qkv_args *a);
 /* The compositions those stages stand for (see the ops above): the
  * default, and what a backend runs where its own version declines a case. */
 dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
@@ -484,6 +514,10 @@ dflash_status dflash_be_norm_gate_composed(dflash_backend *be, float *x, const d
 dflash_status dflash_be_gather_add_rmsnorm_composed(dflash_backend *be, float *x, const dflash_gather *sum,
                                                     float *delta, const dflash_weight *w, int n, int dim, float eps,
                                                     float *out);
+dflash_status dflash_be_qkv_norm_rope_store_composed(dflash_backend *be, const dflash_qkv_args *a);
+dflash_status dflash_be_linear_add_rmsnorm_composed(dflash_backend *be, const float *in, int n,
+                                                    const dflash_weight *W, float *x, float *delta,
+                                                    const dflash_weight *w, int dim, float eps, float *out);
 
 /* MoE stages (stage_moe.c): the default routes on the host (the logits
  * downloaded, the arrays uploaded) and runs linear_group once per expert

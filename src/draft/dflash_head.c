@@ -167,6 +167,15 @@ static const dflash_weight *layer_lin(const dflash_head *h, const dflash_layer *
     return h->quant == DFLASH_QUANT_FP8_WEIGHTS ? l->lin_fp8 : l->w.lin;
 }
 
+/* Layer li's predecessor for its input norm (the final norm: li = the
+ * layer count). */
+static qwen3_prev prev_of(const dflash_head *h, int li)
+{
+    if (li == 0)
+        return qwen3_prev_layer(NULL);
+    return (qwen3_prev){ &h->layers[li - 1].w, layer_lin(h, &h->layers[li - 1]) };
+}
+
 static dflash_status alloc_scratch(dflash_head *h)
 {
     const size_t R = (size_t)h->max_rows, S = (size_t)h->opts.max_seqs, H = (size_t)h->cfg.hidden_size;
@@ -441,7 +450,7 @@ static dflash_status block_enqueue(void *self)
     for (int li = 0; li < c->num_hidden_layers; li++) {
         const dflash_layer *l = &h->layers[li];
         const dflash_weight *lin = layer_lin(h, l);
-        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, li > 0 ? &h->layers[li - 1].w : NULL, NULL));
+        DFLASH_TRY(qwen3_layer_attn_in(h->be, c, &l->w, lin, &s->b, n, prev_of(h, li), NULL));
         dflash_attn_args a = qwen3_attn_args(c, &s->b, n);
         a.row_seq = in->row_seq;
         a.seq_info = in->seq_info;
@@ -459,7 +468,7 @@ static dflash_status block_enqueue(void *self)
         DFLASH_TRY(o->attention(h->be, &a));
         DFLASH_TRY(qwen3_layer_attn_out_mlp(h->be, c, &l->w, lin, &s->b, n));
     }
-    DFLASH_TRY(o->add_rmsnorm(h->be, s->b.x, s->b.delta, &h->norm, n, c->hidden_size, c->rms_norm_eps, s->b.xn));
+    DFLASH_TRY(qwen3_layer_norm_in(h->be, c, prev_of(h, c->num_hidden_layers), &s->b, &h->norm, n));
     /* Row j predicts the token at its own position s+j; row 0 is discarded. */
     const int nd = n_seqs * j->n_drafts;
     DFLASH_TRY(o->copy_rows(h->be, s->hsel, c->hidden_size, s->b.xn, c->hidden_size, in->sel, nd, c->hidden_size));

@@ -60,11 +60,10 @@ dflash_status qwen3_gdn_recur(dflash_backend *be, const dflash_model_config *c, 
     return be->ops->delta_rule(be, delta, &d);
 }
 
-dflash_status qwen3_gdn_output(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,
-                               const qwen3_gdn_bufs *b, const int32_t *pos, int n, float *out)
+dflash_status qwen3_gdn_gate_norm(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,
+                                  const qwen3_gdn_bufs *b, const int32_t *pos, int n)
 {
     /* transformers' gated norm: w * rmsnorm(o) first, then times silu(z) */
-    DFLASH_TRY(dflash_be_norm_gate(be, b->o, &w->norm, b->z, pos, n, c->linear_num_value_heads,
-                                   c->linear_value_head_dim, c->rms_norm_eps));
-    return be->ops->linear(be, b->o, n, &w->out, out);
+    return dflash_be_norm_gate(be, b->o, &w->norm, b->z, pos, n, c->linear_num_value_heads, c->linear_value_head_dim,
+                               c->rms_norm_eps);
 }

@@ -49,9 +49,11 @@ dflash_status qwen3_gdn_project(dflash_backend *be, const qwen3_gdn *w, const qw
 dflash_status qwen3_gdn_recur(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,
                               const dflash_rec_args *conv, const dflash_rec_args *delta, const float *qkv,
                               const float *a, const float *b, int n, float *y, float *o);
-/* out [n, H] from b->o and b->z (b->o is overwritten); pos: any [n] ints
- * in backend memory (the per-head norm takes no rotation). */
-dflash_status qwen3_gdn_output(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,
-                               const qwen3_gdn_bufs *b, const int32_t *pos, int n, float *out);
+/* b->o := the gated norm of b->o with b->z, the input of the out
+ * projection (w->out, which the caller runs with the residual add and the
+ * next norm: linear_add_rmsnorm); pos: any [n] ints in backend memory
+ * (the per-head norm takes no rotation). */
+dflash_status qwen3_gdn_gate_norm(dflash_backend *be, const dflash_model_config *c, const qwen3_gdn *w,
+                                  const qwen3_gdn_bufs *b, const int32_t *pos, int n);
 
 #endif

@@ -321,11 +321,13 @@ static dflash_status linear_layer_forward(dflash_qwen3 *m, const dflash_qwen3_ba
     const qwen3_layer *l = &m->layers[li];
     const qwen3_bufs *bufs = &m->s.b;
     const int n = b->n_rows;
-    DFLASH_TRY(qwen3_layer_norm_in(m->be, &m->cfg, li > 0 ? l - 1 : NULL, bufs, &l->input_norm, n));
+    DFLASH_TRY(qwen3_layer_norm_in(m->be, &m->cfg, qwen3_prev_layer(li > 0 ? l - 1 : NULL), bufs, &l->input_norm, n));
     if (li)
         DFLASH_TRY(capture_taps(m, b, li - 1));
     DFLASH_TRY(qwen35_state_layer(m->rec, m->be, &m->cfg, l, li, bufs, n));
-    return qwen3_layer_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
+    DFLASH_TRY(dflash_be_linear_add_rmsnorm(m->be, bufs->gdn.o, n, &l->gdn.out, bufs->x, bufs->delta, &l->post_norm,
+                                            m->cfg.hidden_size, m->cfg.rms_norm_eps, bufs->xn));
+    return qwen3_layer_ffn(m->be, &m->cfg, l, l->lin, bufs, n);
 }
 
 static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, const dflash_attn_args *bounds,
@@ -337,7 +339,7 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     if (m->cfg.layer_linear[li])
         return linear_layer_forward(m, b, li);
     /* The previous layer's MLP output is added here, fused with this norm. */
-    const qwen3_layer *prev = li > 0 ? l - 1 : NULL;
+    const qwen3_prev prev = qwen3_prev_layer(li > 0 ? l - 1 : NULL);
     /* the rows' K and V go into the pages as q and k are normed and rotated */
     const dflash_kv_dest dst = { &m->kv.layout, m->kv_layer[li], m->s.in.page_tables, m->pt_len, m->s.in.row_seq,
                                  bufs->v };
@@ -405,8 +407,8 @@ static dflash_status forward_enqueue(void *self)
     DFLASH_TRY(o->embed(m->be, &m->embed, m->s.in.ids, b->n_rows, m->s.b.x));
     for (int li = 0; li < c->num_hidden_layers; li++)
         DFLASH_TRY(layer_forward(m, b, j->bounds, li));
-    DFLASH_TRY(qwen3_layer_norm_in(m->be, c, &m->layers[c->num_hidden_layers - 1], &m->s.b, &m->final_norm,
-                                   b->n_rows));
+    const qwen3_prev last = qwen3_prev_layer(&m->layers[c->num_hidden_layers - 1]);
+    DFLASH_TRY(qwen3_layer_norm_in(m->be, c, last, &m->s.b, &m->final_norm, b->n_rows));
     DFLASH_TRY(capture_taps(m, b, c->num_hidden_layers - 1));
     if (b->n_logit_rows > 0) {
         DFLASH_TRY(o->copy_rows(m->be, m->s.hsel, c->hidden_size, m->s.b.xn, c->hidden_size, m->s.in.sel,

@@ -177,7 +177,7 @@ dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash
 /* ---- gated full attention ------------------------------------------------ */
 
 dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                             const qwen3_bufs *b, int n, const qwen3_layer *prev, const dflash_kv_dest *dst)
+                             const qwen3_bufs *b, int n, qwen3_prev prev, const dflash_kv_dest *dst)
 {
     const dflash_backend_ops *o = be->ops;
     const int D = c->head_dim, Hq = c->num_attention_heads;

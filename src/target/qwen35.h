@@ -52,7 +52,7 @@ dflash_status qwen35_checkpoint_check(const dflash_model_config *c, const dflash
  * normed and partly rotated, and K and V stored at dst (as
  * qwen3_layer_attn_in's). */
 dflash_status qwen35_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                             const qwen3_bufs *b, int n, const qwen3_layer *prev, const dflash_kv_dest *dst);
+                             const qwen3_bufs *b, int n, qwen3_prev prev, const dflash_kv_dest *dst);
 /* attn [n, heads * head_dim] *= sigmoid(the gates in b->qg, which
  * qwen35_attn_in left there) */
 dflash_status qwen35_attn_gate(dflash_backend *be, const dflash_model_config *c, const qwen3_bufs *b, int n);

@@ -111,7 +111,7 @@ dflash_status qwen35_state_layer(qwen35_state *s, dflash_backend *be, const dfla
     const dflash_rec_args delta = { s->n_batch, s->max_seq_rows, s->info,
                                     s->delta + lin * s->n_recs * s->delta_size, s->delta_size };
     DFLASH_TRY(qwen3_gdn_recur(be, c, &l->gdn, &conv, &delta, g->qkv, g->a, g->b, n, g->y, g->o));
-    return qwen3_gdn_output(be, c, &l->gdn, g, b->pos, n, b->delta);
+    return qwen3_gdn_gate_norm(be, c, &l->gdn, g, b->pos, n);
 }
 
 void qwen35_state_end(qwen35_state *s)

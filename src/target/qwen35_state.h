@@ -58,8 +58,9 @@ void qwen35_state_release(qwen35_state *s, int id);
  * recs[q], p0[q], row0[q], rows[q] per sequence q of the batch. */
 dflash_status qwen35_state_begin(qwen35_state *s, int n_seqs, const int *recs, const int32_t *p0,
                                  const int32_t *row0, const int32_t *rows);
-/* Linear-attention layer `li` of the forward: b->delta = the mixer's
- * output for the rows of b->xn, the records written. */
+/* Linear-attention layer `li` of the forward: the mixer's output for the
+ * rows of b->xn before its out projection in b->gdn.o
+ * (qwen3_gdn_gate_norm), the records written. */
 dflash_status qwen35_state_layer(qwen35_state *s, dflash_backend *be, const dflash_model_config *c,
                                  const qwen3_layer *l, int li, const qwen3_bufs *b, int n);
 /* After a forward that succeeded. */

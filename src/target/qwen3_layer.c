@@ -257,48 +257,67 @@ void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b)
     *b = (qwen3_bufs){ 0 };
 }
 
-dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *prev,
+int qwen3_layer_defers_down(const dflash_model_config *c, const qwen3_layer *l)
+{
+    return !l->moe.experts && !c->mlp_bias;
+}
+
+dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, qwen3_prev prev,
                                   const qwen3_bufs *b, const dflash_weight *norm, int n)
 {
-    if (prev && qwen3_moe_defers(&prev->moe)) {
-        const dflash_gather sum = qwen3_moe_sum(c, &prev->moe, &b->moe);
-        return dflash_be_gather_add_rmsnorm(be, b->x, &sum, b->delta, norm, n, c->hidden_size, c->rms_norm_eps,
-                                            b->xn);
+    const int H = c->hidden_size;
+    if (prev.l && qwen3_moe_defers(&prev.l->moe)) {
+        const dflash_gather sum = qwen3_moe_sum(c, &prev.l->moe, &b->moe);
+        return dflash_be_gather_add_rmsnorm(be, b->x, &sum, b->delta, norm, n, H, c->rms_norm_eps, b->xn);
     }
-    return be->ops->add_rmsnorm(be, b->x, prev ? b->delta : NULL, norm, n, c->hidden_size, c->rms_norm_eps, b->xn);
+    if (prev.l && qwen3_layer_defers_down(c, prev.l))
+        return dflash_be_linear_add_rmsnorm(be, b->gate, n, &prev.lin[QWEN3_LIN_DOWN], b->x, b->delta, norm, H,
+                                            c->rms_norm_eps, b->xn);
+    return be->ops->add_rmsnorm(be, b->x, prev.l ? b->delta : NULL, norm, n, H, c->rms_norm_eps, b->xn);
 }
 
 dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev,
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, qwen3_prev prev,
                                   const dflash_kv_dest *dst)
 {
-    const dflash_backend_ops *o = be->ops;
     DFLASH_TRY(qwen3_layer_norm_in(be, c, prev, b, &l->input_norm, n));
-    float *const qkv[3] = { b->q, b->k, b->v };
-    DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_Q], 3, qkv, DFLASH_ACT_NONE));
-    for (int k = 0; c->attention_bias && k < 3; k++)
-        DFLASH_TRY(o->add_bias(be, qkv[k], &l->bias[QWEN3_LIN_Q + k], n, (int)lin[QWEN3_LIN_Q + k].rows));
     const int qk = dflash_config_qk_norm(c);
-    return dflash_be_qk_norm_rope_store(be, b->q, qk ? &l->q_norm : NULL, c->num_attention_heads, b->k,
-                                        qk ? &l->k_norm : NULL, c->num_key_value_heads, b->pos, n, c->head_dim,
-                                        c->rms_norm_eps, &c->rope_freq, dst);
+    const dflash_qkv_args a = {
+        .x = b->xn, .n = n, .w = &lin[QWEN3_LIN_Q], .q = b->q, .k = b->k, .v = b->v,
+        .q_norm = qk ? &l->q_norm : NULL, .k_norm = qk ? &l->k_norm : NULL, .n_q_heads = c->num_attention_heads,
+        .n_kv_heads = c->num_key_value_heads, .head_dim = c->head_dim, .pos = b->pos, .eps = c->rms_norm_eps,
+        .rope = &c->rope_freq, .dst = dst,
+    };
+    if (!c->attention_bias)
+        return dflash_be_qkv_norm_rope_store(be, &a);
+    /* the biases go in before the norms: the stage's composition, biases between */
+    float *const qkv[3] = { b->q, b->k, b->v };
+    DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, a.w, 3, qkv, DFLASH_ACT_NONE));
+    for (int k = 0; k < 3; k++)
+        DFLASH_TRY(be->ops->add_bias(be, qkv[k], &l->bias[QWEN3_LIN_Q + k], n, (int)lin[QWEN3_LIN_Q + k].rows));
+    return dflash_be_qk_norm_rope_store(be, b->q, a.q_norm, a.n_q_heads, b->k, a.k_norm, a.n_kv_heads, b->pos, n,
+                                        a.head_dim, a.eps, a.rope, dst);
 }
 
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                                        const dflash_weight *lin, const qwen3_bufs *b, int n)
 {
     const dflash_backend_ops *o = be->ops;
-    DFLASH_TRY(o->linear(be, b->attn, n, &lin[QWEN3_LIN_O], b->delta));
-    if (c->attention_bias)
+    if (c->attention_bias) { /* the bias goes in before the residual add */
+        DFLASH_TRY(o->linear(be, b->attn, n, &lin[QWEN3_LIN_O], b->delta));
         DFLASH_TRY(o->add_bias(be, b->delta, &l->bias[QWEN3_LIN_O], n, c->hidden_size));
-    return qwen3_layer_mlp(be, c, l, lin, b, n);
+        DFLASH_TRY(o->add_rmsnorm(be, b->x, b->delta, &l->post_norm, n, c->hidden_size, c->rms_norm_eps, b->xn));
+        return qwen3_layer_ffn(be, c, l, lin, b, n);
+    }
+    DFLASH_TRY(dflash_be_linear_add_rmsnorm(be, b->attn, n, &lin[QWEN3_LIN_O], b->x, b->delta, &l->post_norm,
+                                            c->hidden_size, c->rms_norm_eps, b->xn));
+    return qwen3_layer_ffn(be, c, l, lin, b, n);
 }
 
-dflash_status qwen3_layer_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+dflash_status qwen3_layer_ffn(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                               const dflash_weight *lin, const qwen3_bufs *b, int n)
 {
     const dflash_backend_ops *o = be->ops;
-    DFLASH_TRY(o->add_rmsnorm(be, b->x, b->delta, &l->post_norm, n, c->hidden_size, c->rms_norm_eps, b->xn));
     if (l->moe.experts)
         return qwen3_moe_forward(be, c, &l->moe, &b->moe, b->xn, n, b->delta);
     if (c->mlp_bias) { /* the biases go in before the activation, so no fused gate/up */
@@ -311,10 +330,10 @@ dflash_status qwen3_layer_mlp(dflash_backend *be, const dflash_model_config *c, 
         DFLASH_TRY(o->linear(be, b->gate, n, &lin[QWEN3_LIN_DOWN], b->delta));
         return o->add_bias(be, b->delta, &l->bias[QWEN3_LIN_DOWN], n, c->hidden_size);
     }
-    /* gate = silu(gate(xn)) * up(xn) (up is scratch) */
+    /* gate = silu(gate(xn)) * up(xn) (up is scratch); the down projection
+     * is the next norm's (qwen3_layer_defers_down) */
     float *const gu[2] = { b->gate, b->up };
-    DFLASH_TRY(dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_GATE], 2, gu, DFLASH_ACT_SWIGLU));
-    return o->linear(be, b->gate, n, &lin[QWEN3_LIN_DOWN], b->delta);
+    return dflash_be_linear_group(be, b->xn, n, &lin[QWEN3_LIN_GATE], 2, gu, DFLASH_ACT_SWIGLU);
 }
 
 dflash_attn_args qwen3_attn_args(const dflash_model_config *c, const qwen3_bufs *b, int n)

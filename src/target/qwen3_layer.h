@@ -5,19 +5,23 @@
  * checkpoint layout both are bound from (qwen3_checkpoint_bind: the one
  * place that says which tensors a target or drafter checkpoint holds):
  *
- *   attn_in:      x += delta (pending); xn = rmsnorm(x); q,k,v = proj(xn);
- *                 q,k = rope(qk_norm(q,k))   (Llama: rope(q,k))
+ *   attn_in:      x += the previous layer's output (pending); xn = rmsnorm(x);
+ *                 q,k,v = proj(xn); q,k = rope(qk_norm(q,k))   (Llama:
+ *                 rope(q,k); without biases one stage: qkv_norm_rope_store)
  * (every projection plus its bias where the config has them)
  *   (caller)      attn = attention(q, keys...)
- *   attn_out_mlp: delta = o(attn); x += delta; xn = rmsnorm(x);
+ *   attn_out_mlp: x += o(attn); xn = rmsnorm(x) (one stage:
+ *                 linear_add_rmsnorm, delta its scratch);
  *                 delta = down(silu(gate(xn)) * up(xn))   (added by the next
- *                 layer's attn_in or the final norm); on a Qwen3-MoE
+ *                 layer's attn_in or the final norm, which also runs
+ *                 down itself where it can: qwen3_layer_defers_down,
+ *                 gate then holds its input); on a Qwen3-MoE
  *                 layer with a sparse MLP, moe(xn) (target/moe.h): in
  *                 delta, or, where it defers, left as its weighted sum of
  *                 the experts' rows in b->moe for the next norm to add
  *                 (qwen3_layer_norm_in); delta is then not written
  *
- * A Qwen3.5 hybrid's layers reuse the MLP half (qwen3_layer_mlp); their
+ * A Qwen3.5 hybrid's layers reuse the MLP half (qwen3_layer_ffn); their
  * mixers are its gated attention (target/qwen35.h) or a Gated DeltaNet
  * (target/gdn.h), and the checkpoint layout is qwen35.c's.
  */
@@ -96,28 +100,44 @@ dflash_status qwen3_checkpoint_check(const dflash_model_config *c, const dflash_
 dflash_status qwen3_bufs_alloc(dflash_backend *be, const dflash_model_config *c, int rows, qwen3_bufs *b);
 void qwen3_bufs_free(dflash_backend *be, qwen3_bufs *b);
 
+/* The layer before a norm, as that norm sees it: the layer (NULL: none)
+ * and the projection weights it ran with (its lin, or quantized copies). */
+typedef struct qwen3_prev {
+    const qwen3_layer *l;
+    const dflash_weight *lin;
+} qwen3_prev;
+static inline qwen3_prev qwen3_prev_layer(const qwen3_layer *l) { return (qwen3_prev){ l, l ? l->lin : NULL }; }
+
+/* Does a layer's MLP leave its down projection to the next norm
+ * (qwen3_layer_norm_in), which adds it to the residual stream in one
+ * stage (linear_add_rmsnorm)? A dense MLP without biases does. */
+int qwen3_layer_defers_down(const dflash_model_config *c, const qwen3_layer *l);
+
 /* x += the previous layer's output, then xn = rmsnorm(x) with `norm`.
- * prev: that layer (NULL: none, x is the embedding), which left its
- * output in b->delta, or, a sparse MLP that defers it (qwen3_moe_defers),
- * as its weighted sum of the experts' rows, added here (delta then
- * scratch). */
-dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *prev,
+ * prev: that layer (prev.l NULL: none, x is the embedding), which left
+ * its output in b->delta; or its down projection's input in b->gate
+ * (qwen3_layer_defers_down), projected here; or, a sparse MLP that
+ * defers it (qwen3_moe_defers), as its weighted sum of the experts' rows,
+ * added here (delta then scratch). */
+dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config *c, qwen3_prev prev,
                                   const qwen3_bufs *b, const dflash_weight *norm, int n);
 /* lin: the projection weights to use (l->lin, or quantized copies);
  * prev: as qwen3_layer_norm_in's; dst: where the rows' K and V go in the
  * pool, stored as q and k are normed and rotated (NULL: left in b). */
 dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                                  const dflash_weight *lin, const qwen3_bufs *b, int n, const qwen3_layer *prev,
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, qwen3_prev prev,
                                   const dflash_kv_dest *dst);
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                                        const dflash_weight *lin, const qwen3_bufs *b, int n);
 
-/* The MLP half after the mixer's output is in b->delta: x += delta;
- * xn = rmsnorm(x); delta = mlp(xn) (what attn_out_mlp runs after o_proj),
- * except on a sparse layer that defers its output (qwen3_moe_defers):
- * delta is then left alone and the output is qwen3_moe_sum of b->moe,
- * which only qwen3_layer_norm_in (given this layer as prev) reads. */
-dflash_status qwen3_layer_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+/* The MLP half once the mixer's output is in the residual stream and
+ * normed into b->xn (what attn_out_mlp runs after o_proj and its norm):
+ * delta = mlp(xn), except on a layer that defers its output: a dense MLP
+ * without biases (qwen3_layer_defers_down) leaves silu(gate(xn)) *
+ * up(xn) in b->gate, a sparse one (qwen3_moe_defers) qwen3_moe_sum of
+ * b->moe; delta is then left alone, and only qwen3_layer_norm_in (given
+ * this layer as prev) finishes the output. */
+dflash_status qwen3_layer_ffn(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                               const dflash_weight *lin, const qwen3_bufs *b, int n);
 
 /* The attention arguments every Qwen3 layer shares (geometry, q, out, scale). */

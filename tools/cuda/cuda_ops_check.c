@@ -504,6 +504,66 @@ static void case_gather_add_rmsnorm(int n, int k, int dim, int src_rows, int tim
     gpu_reset();
 }
 
+/* linear_add_rmsnorm (an output projection added to the residual stream
+ * with the next norm): x and the norm bit for bit the GPU's own
+ * composition (linear, add_rmsnorm), whether the GEMM leaves its split-K
+ * sum to the norm's launch (up to 64 rows, K split, rows of at most 4096)
+ * or the stage composes; the CPU's within the GEMM's tolerance. Timed:
+ * the stage and the two launches it stands for. */
+typedef struct lar_arg {
+    const float *in;
+    float *x, *delta, *out;
+    const dflash_weight *W, *w;
+    int n, dim, composed;
+} lar_arg;
+static dflash_status run_lar(void *p)
+{
+    lar_arg *a = p;
+    if (a->composed)
+        return dflash_be_linear_add_rmsnorm_composed(g_gpu, a->in, a->n, a->W, a->x, a->delta, a->w, a->dim, 1e-6f,
+                                                     a->out);
+    return dflash_be_linear_add_rmsnorm(g_gpu, a->in, a->n, a->W, a->x, a->delta, a->w, a->dim, 1e-6f, a->out);
+}
+
+static void case_linear_add_rmsnorm(dflash_dtype dt, int n, int dim, int64_t K, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s W %d x %lld, %d rows", dflash_dtype_name(dt), dim, (long long)K, n);
+    wpair W, w;
+    make_weight(&W, dt, dim, K, 2.0f / sqrtf((float)K));
+    make_weight(&w, DFLASH_DTYPE_BF16, 1, dim, 2.0f);
+    const size_t cnt = (size_t)n * dim, in_n = (size_t)n * (size_t)K;
+    float *in = rand_f32(in_n, 1.0f), *x = rand_f32(cnt, 3.0f);
+    float *delta = xmalloc(cnt * sizeof(float)), *ref = xmalloc(cnt * sizeof(float));
+    float *comp = xmalloc(cnt * sizeof(float)), *xref = xmalloc(cnt * sizeof(float));
+    memcpy(xref, x, cnt * sizeof(float));
+    MUST(dflash_be_linear_add_rmsnorm(g_cpu, in, n, &W.h, xref, delta, &w.h, dim, 1e-6f, ref));
+    float *din = gpu_copy(in, in_n * sizeof(float));
+    float *dx = gpu_copy(x, cnt * sizeof(float)), *dx2 = gpu_copy(x, cnt * sizeof(float));
+    float *dd = gpu_poison(cnt), *dout = gpu_poison(cnt), *dout2 = gpu_poison(cnt);
+    MUST(dflash_be_linear_add_rmsnorm(g_gpu, din, n, &W.d, dx, dd, &w.d, dim, 1e-6f, dout));
+    MUST(dflash_be_linear_add_rmsnorm_composed(g_gpu, din, n, &W.d, dx2, dd, &w.d, dim, 1e-6f, dout2));
+    char s2[128];
+    snprintf(s2, sizeof s2, "%s (x)", shape);
+    check_f32("linear_add_rmsnorm", shape, dout, ref, cnt, 1e-4);
+    check_f32("linear_add_rmsnorm", s2, dx, xref, cnt, 1e-5);
+    gpu_get(comp, dout2, cnt * sizeof(float));
+    check_exact("linear_add_rmsnorm == linear, add_rmsnorm", shape, dout, comp, cnt * sizeof(float));
+    gpu_get(comp, dx2, cnt * sizeof(float));
+    check_exact("linear_add_rmsnorm == linear, add_rmsnorm", s2, dx, comp, cnt * sizeof(float));
+    if (timed) {
+        lar_arg a = { din, dx, dd, dout, &W.d, &w.d, n, dim, 0 };
+        const double bytes = (double)dim * (double)K * (double)dflash_dtype_size(dt) + (double)cnt * 4 * 3;
+        time_op("linear_add_rmsnorm", shape, run_lar, &a, bytes);
+        a.composed = 1;
+        time_op("linear, add_rmsnorm", shape, run_lar, &a, bytes);
+    }
+    free(in), free(x), free(delta), free(ref), free(comp), free(xref);
+    free_weight(&W);
+    free_weight(&w);
+    gpu_reset();
+}
+
 typedef struct ew_arg {
     float *a;
     const float *b;
@@ -1258,6 +1318,98 @@ static void case_qk_norm_rope_store(int n, int hq, int hkv, int hd, int rot, dfl
     if (kdt == DFLASH_DTYPE_F32)
         check_f32("qk_norm_rope_store pool", shape, fused.data, cpu_pool, pool_n, 1e-5);
     free(q), free(k), free(v), free(pos), free(rs), free(cpu_pool), free(hq2), free(hk2), free(hpool);
+    free_weight(&qn);
+    free_weight(&kn);
+    gpu_reset();
+}
+
+/* qkv_norm_rope_store (a layer's q/k/v projections, q/k norms, RoPE and
+ * K/V store as one stage): q, k, v and the pool bit for bit the GPU's own
+ * composition (linear_group, qk_norm_rope_store), whether the GEMM leaves
+ * its split-K sum to the norm + RoPE launch (up to 64 rows, K split) or
+ * the stage composes; the CPU's within the GEMM's tolerance (pool: f32
+ * pages). dst: with a K/V destination (a target), or none (the drafter's
+ * block). Timed: the stage and the launches it stands for. */
+typedef struct qkv_run {
+    dflash_qkv_args a;
+    int composed;
+} qkv_run;
+static dflash_status run_qkv(void *p)
+{
+    qkv_run *r = p;
+    if (r->composed)
+        return dflash_be_qkv_norm_rope_store_composed(g_gpu, &r->a);
+    return dflash_be_qkv_norm_rope_store(g_gpu, &r->a);
+}
+
+static void case_qkv_norm_rope_store(dflash_dtype wdt, int n, int hq, int hkv, int hd, int64_t K, int dst, int timed)
+{
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s W of %d + 2 x %d heads x %d, K %lld, %d rows%s", dflash_dtype_name(wdt), hq, hkv,
+             hd, (long long)K, n, dst ? ", K/V stored" : "");
+    const dflash_rope rope = make_rope(hd, 1e6, DFLASH_ROPE_DEFAULT, 1);
+    enum { NP = 6, NL = 3, BT = 2, layer = 1 };
+    const size_t nx = (size_t)n * K, nq = (size_t)n * hq * hd, nk = (size_t)n * hkv * hd;
+    const size_t pool_n = (size_t)NP * NL * 2 * hkv * DFLASH_KV_PAGE * hd, pool_bytes = pool_n * sizeof(float);
+    wpair w[3], qn, kn;
+    for (int i = 0; i < 3; i++)
+        make_weight(&w[i], wdt, (i ? hkv : hq) * (int64_t)hd, K, 2.0f / sqrtf((float)K));
+    make_weight(&qn, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
+    make_weight(&kn, DFLASH_DTYPE_BF16, 1, hd, 2.0f);
+    const dflash_weight hw[3] = { w[0].h, w[1].h, w[2].h }, dw[3] = { w[0].d, w[1].d, w[2].d };
+    float *x = rand_f32(nx, 1.0f), *q = xmalloc(nq * sizeof(float)), *k = xmalloc(nk * sizeof(float));
+    float *v = xmalloc(nk * sizeof(float));
+    int32_t *pos = xmalloc((size_t)n * sizeof(int32_t)), *rs = xmalloc((size_t)n * sizeof(int32_t));
+    const int32_t table[2 * BT] = { 4, 1, 0, 5 };
+    for (int i = 0; i < n; i++) { /* two sequences, distinct positions of their two pages */
+        rs[i] = i % 2;
+        pos[i] = 300 + (i / 2) * 2 + irand(2);
+    }
+    void *cpu_pool = calloc(1, pool_bytes);
+    dflash_kv_layout hl = { NP, NL, hkv, hd, DFLASH_DTYPE_F32, cpu_pool }, fl = hl, cl = hl;
+    fl.data = gpu_copy(cpu_pool, pool_bytes);
+    cl.data = gpu_copy(cpu_pool, pool_bytes);
+    float *dx = gpu_copy(x, nx * sizeof(float));
+    float *dq = gpu_poison(nq), *dk = gpu_poison(nk), *dv = gpu_poison(nk);
+    float *dq2 = gpu_poison(nq), *dk2 = gpu_poison(nk), *dv2 = gpu_poison(nk);
+    int32_t *dpos = gpu_copy(pos, (size_t)n * sizeof(int32_t)), *drs = gpu_copy(rs, (size_t)n * sizeof(int32_t));
+    int32_t *dtab = gpu_copy(table, sizeof table);
+    const dflash_kv_dest hdst = { &hl, layer, table, BT, rs, v }, fdst = { &fl, layer, dtab, BT, drs, dv },
+                         cdst = { &cl, layer, dtab, BT, drs, dv2 };
+    const dflash_qkv_args ha = { x, n, hw, q, k, v, &qn.h, &kn.h, hq, hkv, hd, pos, 1e-6f, &rope, dst ? &hdst : NULL };
+    qkv_run run = { { dx, n, dw, dq, dk, dv, &qn.d, &kn.d, hq, hkv, hd, dpos, 1e-6f, &rope, dst ? &fdst : NULL }, 0 };
+    dflash_qkv_args ca = run.a;
+    ca.q = dq2, ca.k = dk2, ca.v = dv2, ca.dst = dst ? &cdst : NULL;
+    MUST(dflash_be_qkv_norm_rope_store(g_cpu, &ha));
+    MUST(dflash_be_qkv_norm_rope_store(g_gpu, &run.a));
+    MUST(dflash_be_qkv_norm_rope_store_composed(g_gpu, &ca));
+    const struct {
+        const char *what;
+        const float *got, *comp, *cpu;
+        size_t n;
+    } out[4] = { { "q", dq, dq2, q, nq }, { "k", dk, dk2, k, nk }, { "v", dv, dv2, v, nk },
+                 { "pool", fl.data, cl.data, cpu_pool, dst ? pool_n : 0 } };
+    for (int i = 0; i < 4; i++) {
+        if (!out[i].n)
+            continue;
+        char what[64], s2[200];
+        snprintf(what, sizeof what, "qkv_norm_rope_store %s", out[i].what);
+        snprintf(s2, sizeof s2, "%s == linear_group, qk_norm_rope_store", shape);
+        float *h = xmalloc(out[i].n * sizeof(float));
+        gpu_get(h, out[i].comp, out[i].n * sizeof(float));
+        check_exact(what, s2, out[i].got, h, out[i].n * sizeof(float));
+        check_f32(what, shape, out[i].got, out[i].cpu, out[i].n, 1e-4);
+        free(h);
+    }
+    if (timed) {
+        const double bytes = (double)(hq + 2 * hkv) * hd * (double)K * (double)dflash_dtype_size(wdt);
+        time_op("qkv_norm_rope_store", shape, run_qkv, &run, bytes);
+        run.composed = 1;
+        time_op("linear_group, qk_norm_rope_store", shape, run_qkv, &run, bytes);
+    }
+    free(x), free(q), free(k), free(v), free(pos), free(rs), free(cpu_pool);
+    for (int i = 0; i < 3; i++)
+        free_weight(&w[i]);
     free_weight(&qn);
     free_weight(&kn);
     gpu_reset();
@@ -2403,6 +2555,23 @@ int main(int argc, char **argv)
             case_gather_add_rmsnorm(5, 8, 4096, 40, 0);
             case_gather_add_rmsnorm(2, 10, 5000, 20, 0);
         }
+        /* with an output projection as the delta: the seed drafter's o
+         * and down, the 8B's, at 1, 16 and 64 rows (the GEMM's sum left to
+         * the norm), 65 rows and rows of 5120 (composed), fp8 weights */
+        case_linear_add_rmsnorm(DFLASH_DTYPE_BF16, 3, 256, 512, 0);
+        case_linear_add_rmsnorm(DFLASH_DTYPE_F8_E4M3, 5, 128, 1024, 0);
+        if (!g_small) {
+            const int lr[] = { 1, 16, 64 };
+            for (int r = 0; r < 3; r++) {
+                case_linear_add_rmsnorm(DFLASH_DTYPE_BF16, lr[r], 2048, 4096, T && lr[r] == 16);
+                case_linear_add_rmsnorm(DFLASH_DTYPE_BF16, lr[r], 2048, 6144, T && lr[r] == 16);
+                case_linear_add_rmsnorm(DFLASH_DTYPE_F8_E4M3, lr[r], 2048, 4096, 0);
+                case_linear_add_rmsnorm(DFLASH_DTYPE_BF16, lr[r], 4096, 4096, T && lr[r] == 1);
+                case_linear_add_rmsnorm(DFLASH_DTYPE_BF16, lr[r], 4096, 12288, T && lr[r] == 1);
+            }
+            case_linear_add_rmsnorm(DFLASH_DTYPE_BF16, 65, 2048, 4096, 0);
+            case_linear_add_rmsnorm(DFLASH_DTYPE_BF16, 4, 5120, 4096, 0);
+        }
     }
 
     if (section("elementwise")) {
@@ -2633,6 +2802,21 @@ int main(int argc, char **argv)
             case_qk_norm_rope_store(4, 4, 2, 256, 64, dt, 1);
             case_qk_norm_rope_store(g_small ? 5 : 16, g_small ? 4 : 32, g_small ? 2 : 8, 128, 128, dt, 0);
             case_qk_norm_rope_store(3, 4, 2, 96, 96, dt, 0);
+        }
+        /* the q/k/v projections with them: the seed drafter's block (no
+         * store) and the 8B's at 1 and 16 rows, fp8, head_dim without a
+         * register form, 64 rows (the GEMM's sum left to the norm) and
+         * 65 (composed) */
+        case_qkv_norm_rope_store(DFLASH_DTYPE_BF16, 3, 4, 2, 64, 512, 1, 0);
+        case_qkv_norm_rope_store(DFLASH_DTYPE_F8_E4M3, 4, 2, 1, 96, 1024, 1, 0);
+        case_qkv_norm_rope_store(DFLASH_DTYPE_BF16, 5, 2, 2, 256, 512, 0, 0);
+        if (!g_small) {
+            case_qkv_norm_rope_store(DFLASH_DTYPE_BF16, 16, 32, 4, 128, 2048, 0, T);
+            case_qkv_norm_rope_store(DFLASH_DTYPE_F8_E4M3, 16, 32, 4, 128, 2048, 0, 0);
+            case_qkv_norm_rope_store(DFLASH_DTYPE_BF16, 1, 32, 8, 128, 4096, 1, T);
+            case_qkv_norm_rope_store(DFLASH_DTYPE_BF16, 16, 32, 8, 128, 4096, 1, T);
+            case_qkv_norm_rope_store(DFLASH_DTYPE_BF16, 64, 32, 4, 128, 2048, 0, 0);
+            case_qkv_norm_rope_store(DFLASH_DTYPE_BF16, 65, 32, 4, 128, 2048, 0, 0);
         }
         /* a Gated DeltaNet's output norm: the 35B-A3B's 32 x 128, the
          * kernel's sizes 32 and 256, and 48 (the composition) */

@@ -382,8 +382,9 @@ static dflash_status cuda_embed(dflash_backend *be, const dflash_weight *table, 
  * threads (its ~92 registers a thread do not fit 1024 threads in an SM's
  * 64K registers). */
 enum { RMS_MAX_THREADS = 512, RMS_MAX_DIM = 16 * RMS_MAX_THREADS };
-/* its gathered-delta twin: AR_GATHER_PER (8) elements a thread */
-enum { RMS_GATHER_MAX_DIM = 8 * RMS_MAX_THREADS };
+/* its twins with a computed delta (gathered, or split-K partials):
+ * AR_SMALL_PER (8) elements a thread */
+enum { RMS_SMALL_MAX_DIM = 8 * RMS_MAX_THREADS };
 
 /* An RMSNorm's weight fits rows of dim, and norm.cu takes such rows. */
 static dflash_status check_rmsnorm(const dflash_weight *w, int dim)
@@ -411,12 +412,12 @@ static dflash_status cuda_add_rmsnorm(dflash_backend *be, float *x, const float 
 }
 
 /* add_rmsnorm with a gathered delta, in one launch where the row fits the
- * kernel's block (norm.cu: dim <= RMS_GATHER_MAX_DIM), else composed. */
+ * kernel's block (norm.cu: dim <= RMS_SMALL_MAX_DIM), else composed. */
 static dflash_status cuda_gather_add_rmsnorm(dflash_backend *be, float *x, const dflash_gather *sum, float *delta,
                                              const dflash_weight *w, int n, int dim, float eps, float *out)
 {
     cuda_ctx *c = CTX(be);
-    if (dim > RMS_GATHER_MAX_DIM)
+    if (dim > RMS_SMALL_MAX_DIM)
         return dflash_be_gather_add_rmsnorm_composed(be, x, sum, delta, w, n, dim, eps, out);
     DFLASH_TRY(check_rmsnorm(w, dim));
     if (n <= 0)
@@ -426,6 +427,29 @@ static dflash_status cuda_gather_add_rmsnorm(dflash_backend *be, float *x, const
     void *args[] = { &x, (void *)&sum->src, (void *)&sum->idx, (void *)&sum->w, &k, (void *)&w->data, &wdt, &dim, &eps,
                      &out };
     return cuda_launch(c, DFK_GATHER_ADD_RMSNORM, (unsigned)n, 1, row_threads(dim, RMS_MAX_THREADS), args);
+}
+
+/* x += in W^T with the next norm: the GEMM leaves its split-K sum to the
+ * norm's launch where it can (cuda_gemm_partials; then norm.cu's
+ * split_add_rmsnorm, rows of at most RMS_SMALL_MAX_DIM), which removes the
+ * GEMM's arrival count, wait and last pass over the partials; else the
+ * composition. The same bits either way. */
+static dflash_status cuda_linear_add_rmsnorm(dflash_backend *be, const float *in, int n, const dflash_weight *W,
+                                             float *x, float *delta, const dflash_weight *w, int dim, float eps,
+                                             float *out)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(check_rmsnorm(w, dim));
+    cuda_partials p = { 0 };
+    if (dim <= RMS_SMALL_MAX_DIM)
+        DFLASH_TRY(cuda_gemm_partials(c, in, n, W, 1, &p));
+    if (!p.slices)
+        return dflash_be_linear_add_rmsnorm_composed(be, in, n, W, x, delta, w, dim, eps, out);
+    const float *scales = W->dtype == DFLASH_DTYPE_F8_E4M3 ? W->scales : NULL;
+    int wdt = (int)w->dtype;
+    void *args[] = { &x, (void *)&p.ws, &p.slices, &p.stride, &p.ld, (void *)&scales, (void *)&w->data, &wdt, &dim,
+                     &eps, &out };
+    return cuda_launch(c, DFK_SPLIT_ADD_RMSNORM, (unsigned)n, 1, row_threads(dim, RMS_MAX_THREADS), args);
 }
 
 /* Elementwise launches: enough blocks to fill the GPU a few times over; the
@@ -561,11 +585,23 @@ typedef struct qk_store {
 } qk_store;
 _Static_assert(sizeof(qk_store) == 72, "qk_store must match kernels/norm.cu");
 
+/* Mirrors struct qk_parts in kernels/norm.cu. */
+typedef struct qk_parts {
+    const float *ws;
+    const float *scales[3];
+    float *v;
+    int64_t stride, ld, off_k, off_v;
+    int slices;
+} qk_parts;
+_Static_assert(sizeof(qk_parts) == 80, "qk_parts must match kernels/norm.cu");
+
 /* q and k in one launch (n_q_heads may be 0: k alone); with st->pool the
- * k heads' warps also store K and V. */
+ * k heads' warps also store K and V; with parts->ws, q, k and v are read
+ * from the q/k/v GEMM's split-K partials. */
 static dflash_status qk_norm_rope_launch(dflash_backend *be, float *q, const dflash_weight *q_norm, int n_q_heads,
                                          float *k, const dflash_weight *k_norm, int n_kv_heads, const int32_t *pos,
-                                         int n, int head_dim, float eps, const dflash_rope *rope, qk_store *st)
+                                         int n, int head_dim, float eps, const dflash_rope *rope, qk_store *st,
+                                         qk_parts *parts)
 {
     cuda_ctx *c = CTX(be);
     DFLASH_TRY(dflash_be_check_rope(rope, head_dim));
@@ -582,7 +618,7 @@ static dflash_status qk_norm_rope_launch(dflash_backend *be, float *q, const dfl
     int half = rope->n_pairs;
     const void *qn = n_q_heads > 0 && q_norm ? q_norm->data : NULL, *kn = k_norm ? k_norm->data : NULL;
     void *args[] = { &q, (void *)&qn, &k, (void *)&kn, &ndt, (void *)&pos, &n, &n_q_heads, &n_kv_heads,
-                     &head_dim, &half, &eps, &inv_freq, &attn, st };
+                     &head_dim, &half, &eps, &inv_freq, &attn, st, parts };
     return cuda_launch(c, DFK_QK_NORM_ROPE, cdiv((int64_t)n * (n_q_heads + n_kv_heads), 4), 1, 128, args);
 }
 
@@ -591,7 +627,26 @@ static dflash_status cuda_qk_norm_rope(dflash_backend *be, float *q, const dflas
                                        int n, int head_dim, float eps, const dflash_rope *rope)
 {
     qk_store none = { 0 };
-    return qk_norm_rope_launch(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope, &none);
+    qk_parts here = { 0 };
+    return qk_norm_rope_launch(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope, &none,
+                               &here);
+}
+
+/* The K/V store of a stage at dst: the pool's checks, then where its
+ * kernel writes. */
+static dflash_status qk_store_at(cuda_ctx *c, const dflash_kv_dest *dst, int n_kv_heads, int head_dim, const char *op,
+                                 qk_store *st)
+{
+    const dflash_kv_layout *kv = dst->kv;
+    DFLASH_TRY(cuda_check_kv_store(kv, dst->layer, dst->pt_len, op));
+    if (kv->n_kv_heads != n_kv_heads || kv->head_dim != head_dim)
+        return dflash_fail(DFLASH_ERR_SHAPE, "cuda %s: pool has %d x %d kv heads, rows %d x %d", op, kv->n_kv_heads,
+                           kv->head_dim, n_kv_heads, head_dim);
+    *st = (qk_store){ .pool = kv->data, .page_tables = dst->page_tables, .row_seq = dst->row_seq, .v = dst->v,
+                      .eflag = (void *)(uintptr_t)c->err_flag, .ehost = (void *)(uintptr_t)c->err_host_dev,
+                      .bf16 = kv->dtype == DFLASH_DTYPE_BF16, .n_pages = kv->n_pages, .n_layers = kv->n_layers,
+                      .layer = dst->layer, .pt_len = dst->pt_len };
+    return DFLASH_OK;
 }
 
 static dflash_status cuda_qk_norm_rope_store(dflash_backend *be, float *q, const dflash_weight *q_norm,
@@ -599,17 +654,35 @@ static dflash_status cuda_qk_norm_rope_store(dflash_backend *be, float *q, const
                                              const int32_t *pos, int n, int head_dim, float eps,
                                              const dflash_rope *rope, const dflash_kv_dest *dst)
 {
+    qk_store st;
+    DFLASH_TRY(qk_store_at(CTX(be), dst, n_kv_heads, head_dim, "qk_norm_rope_store", &st));
+    qk_parts here = { 0 };
+    return qk_norm_rope_launch(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope, &st,
+                               &here);
+}
+
+/* The q/k/v GEMM leaves its split-K sum to the norm + RoPE launch where
+ * it can (cuda_gemm_partials), which then reads q, k and v from the
+ * partials (one hand-off less: no arrival count, wait or last pass in
+ * the GEMM); else the composition. The same bits either way. */
+static dflash_status cuda_qkv_norm_rope_store(dflash_backend *be, const dflash_qkv_args *a)
+{
     cuda_ctx *c = CTX(be);
-    const dflash_kv_layout *kv = dst->kv;
-    DFLASH_TRY(cuda_check_kv_store(kv, dst->layer, dst->pt_len, "qk_norm_rope_store"));
-    if (kv->n_kv_heads != n_kv_heads || kv->head_dim != head_dim)
-        return dflash_fail(DFLASH_ERR_SHAPE, "cuda qk_norm_rope_store: pool has %d x %d kv heads, rows %d x %d",
-                           kv->n_kv_heads, kv->head_dim, n_kv_heads, head_dim);
-    qk_store st = { .pool = kv->data, .page_tables = dst->page_tables, .row_seq = dst->row_seq, .v = dst->v,
-                    .eflag = (void *)(uintptr_t)c->err_flag, .ehost = (void *)(uintptr_t)c->err_host_dev,
-                    .bf16 = kv->dtype == DFLASH_DTYPE_BF16, .n_pages = kv->n_pages, .n_layers = kv->n_layers,
-                    .layer = dst->layer, .pt_len = dst->pt_len };
-    return qk_norm_rope_launch(be, q, q_norm, n_q_heads, k, k_norm, n_kv_heads, pos, n, head_dim, eps, rope, &st);
+    qk_store st = { 0 };
+    if (a->dst)
+        DFLASH_TRY(qk_store_at(c, a->dst, a->n_kv_heads, a->head_dim, "qkv_norm_rope_store", &st));
+    DFLASH_TRY(dflash_be_check_rope(a->rope, a->head_dim));
+    cuda_partials p;
+    DFLASH_TRY(cuda_gemm_partials(c, a->x, a->n, a->w, 3, &p));
+    if (!p.slices)
+        return dflash_be_qkv_norm_rope_store_composed(be, a);
+    const int fp8 = a->w[0].dtype == DFLASH_DTYPE_F8_E4M3;
+    qk_parts parts = { .ws = p.ws, .v = a->v, .stride = p.stride, .ld = p.ld, .off_k = p.off[1], .off_v = p.off[2],
+                       .slices = p.slices };
+    for (int i = 0; i < 3 && fp8; i++)
+        parts.scales[i] = a->w[i].scales;
+    return qk_norm_rope_launch(be, a->q, a->q_norm, a->n_q_heads, a->k, a->k_norm, a->n_kv_heads, a->pos, a->n,
+                               a->head_dim, a->eps, a->rope, &st, &parts);
 }
 
 static dflash_status cuda_swiglu(dflash_backend *be, const float *gate, const float *up, size_t count, float *out)
@@ -757,6 +830,8 @@ static const dflash_backend_ops k_cuda_ops = {
     .linear_gated_add = cuda_linear_gated_add,
     .norm_gate = cuda_norm_gate,
     .gather_add_rmsnorm = cuda_gather_add_rmsnorm,
+    .linear_add_rmsnorm = cuda_linear_add_rmsnorm,
+    .qkv_norm_rope_store = cuda_qkv_norm_rope_store,
     .moe_route = cuda_moe_route,
     .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,
@@ -907,6 +982,7 @@ static dflash_status open_device(cuda_ctx *c, int device)
     c->clusters = major >= 9;
     c->gemm_split = dflash_levers_get()->cuda_gemm_split;
     c->gemm_share_sum = dflash_levers_get()->cuda_gemm_share_sum;
+    c->gemm_defer_sum = dflash_levers_get()->cuda_gemm_defer_sum;
     c->gemm_wide = dflash_levers_get()->cuda_gemm_wide;
     c->gemm_tile = dflash_levers_get()->cuda_gemm_tile;
     snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s)", c->dev_name, c->arch, c->sm_count,

@@ -31,6 +31,7 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_KV_WRITE] = { "elementwise.cu", "dflash_kv_write" },
     [DFK_ADD_RMSNORM] = { "norm.cu", "dflash_add_rmsnorm" },
     [DFK_GATHER_ADD_RMSNORM] = { "norm.cu", "dflash_gather_add_rmsnorm" },
+    [DFK_SPLIT_ADD_RMSNORM] = { "norm.cu", "dflash_split_add_rmsnorm" },
     [DFK_NORM_ROPE] = { "norm.cu", "dflash_norm_rope" },
     [DFK_NORM_GATE] = { "norm.cu", "dflash_norm_gate" },
     [DFK_QK_NORM_ROPE] = { "norm.cu", "dflash_qk_norm_rope" },

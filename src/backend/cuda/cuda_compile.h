@@ -23,6 +23,7 @@ typedef enum dflash_cuda_kernel_id {
     DFK_KV_WRITE,
     DFK_ADD_RMSNORM,
     DFK_GATHER_ADD_RMSNORM,
+    DFK_SPLIT_ADD_RMSNORM,
     DFK_NORM_ROPE,
     DFK_NORM_GATE,
     DFK_QK_NORM_ROPE,

@@ -46,7 +46,8 @@ typedef struct gemm_group_args {
 } gemm_group_args;
 _Static_assert(sizeof(gemm_group_args) == 328, "gemm_group_args must match kernels/gemm.cu");
 
-enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2, GEMM_GATED_ADD = 3 }; /* gemm_mma.cuh's GM_* modes */
+/* gemm_mma.cuh's GM_* modes */
+enum { GEMM_STORE = 0, GEMM_SWIGLU = 1, GEMM_ARGMAX = 2, GEMM_GATED_ADD = 3, GEMM_PARTIALS = 4 };
 #define GEMM_RB 128   /* weight rows per block (gemm_mma.cuh GM_RB) */
 #define GEMM_MAX_M 64 /* activation rows per launch */
 #define GEMM_MAX_SPLIT 16 /* at most 16: gemm.cu's count word has 16 bits for shares left to the last slice */
@@ -268,7 +269,8 @@ static dflash_status gemm_launch(cuda_ctx *c, const float *x, int n, const dflas
      * 3% slower). Not with argmax, whose epilogue reduces a row's 128
      * columns in one warp. */
     enum { SHARE_WAIT = 100000 }; /* ~50 us; a propose's slices arrive within ~3 us of each other */
-    const int share_ok = c->gemm_share_sum && ga.split > 1 && mode != GEMM_ARGMAX && blocks <= 2LL * c->sm_count;
+    const int share_ok = c->gemm_share_sum && ga.split > 1 && mode != GEMM_ARGMAX && mode != GEMM_PARTIALS &&
+                         blocks <= 2LL * c->sm_count;
     const int out_quads = mode == GEMM_SWIGLU ? GEMM_RB / 2 / 4 : GEMM_RB / 4; /* a row's outputs, 4 a thread */
     if (ga.split > 1) {
         DFLASH_TRY(cuda_buf_reserve(c, &c->gemm_ws, (size_t)ga.split * m_max * n_ws * sizeof(float), 0));
@@ -366,6 +368,37 @@ dflash_status cuda_linear_gated_add(dflash_backend *be, const float *x, int n, c
     if (gemm_ok(x, w, 1))
         return gemm_launch(c, x, n, w, 1, &out, GEMM_GATED_ADD, gate, sum, NULL);
     return dflash_be_linear_gated_add_composed(be, x, n, w, gate, tmp, out, sum); /* its linear takes linear_simt */
+}
+
+/* For a stage whose next launch adds the GEMM's split-K partials as it
+ * reads them (cuda_internal.h). Declines (p->slices = 0, nothing
+ * launched) where K is not split (no sum to move), the rows do not fit
+ * one gemm.cu launch (its workspace holds one launch's partials), or
+ * DFLASH_CUDA_GEMM_DEFER_SUM=0. */
+dflash_status cuda_gemm_partials(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
+                                 cuda_partials *p)
+{
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < n_w; i++)
+        DFLASH_TRY(cuda_check_weight(&w[i], "linear"));
+    if (!c->gemm_defer_sum || n <= 0 || n > GEMM_MAX_M || n >= c->gemm_wide || !gemm_ok(x, w, n_w))
+        return DFLASH_OK;
+    int64_t rb = 0;
+    for (int i = 0; i < n_w; i++) {
+        p->off[i] = p->ld;
+        p->ld += (w[i].rows + 3) / 4 * 4; /* gemm.cu's workspace row: each weight from a multiple of 4 */
+        rb += (w[i].rows + GEMM_RB - 1) / GEMM_RB;
+    }
+    const int split = gemm_split(c, rb, w[0].cols / (w[0].dtype == DFLASH_DTYPE_F8_E4M3 ? 64 : 32));
+    if (split < 2)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_enter(c));
+    float *none[DFLASH_GROUP_MAX_W] = { NULL };
+    DFLASH_TRY(gemm_launch(c, x, n, w, n_w, none, GEMM_PARTIALS, NULL, NULL, NULL));
+    p->ws = HPTR(c->gemm_ws.p); /* reserved by the launch: slice s of row i at s * n * ld + i * ld */
+    p->stride = (int64_t)n * p->ld;
+    p->slices = split;
+    return DFLASH_OK;
 }
 
 /* Every expert's weights on the tensor-core kernel, and the tables there? */

@@ -43,6 +43,7 @@ typedef struct cuda_ctx {
     int clusters; /* thread block clusters (sm_90+): sample.cu splits a row over 8 blocks */
     int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
     int gemm_share_sum; /* DFLASH_CUDA_GEMM_SHARE_SUM: split-K slices add their partials together (gemm.cu) */
+    int gemm_defer_sum; /* DFLASH_CUDA_GEMM_DEFER_SUM: cuda_gemm_partials leaves a split sum to the next launch */
     int gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: calls of this many rows or more take gemm_wide.cu */
     int gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: 0, or gemm_wide.cu's tile (32, 64 or 128 rows) */
     /* Kernel error report: the device word decides which report wins, the
@@ -139,6 +140,19 @@ dflash_status cuda_linear_group(dflash_backend *be, const float *x, int n, const
 dflash_status cuda_linear_argmax(dflash_backend *be, const float *x, int n, const dflash_weight *w, float *logits,
                                  int32_t *ids);
 dflash_status cuda_linear_experts(dflash_backend *be, const dflash_experts_args *a);
+/* A GEMM that leaves its split-K sum to the next launch, which adds the
+ * partials as it reads them in slice order from 0.0f, then scales them
+ * by the fp8 row scales (what gemm.cu's epilogue would have stored, bit
+ * for bit): weight i's column j of row r is the sum over s < slices of
+ * ws[s * stride + r * ld + off[i] + j]. slices 0: declined, nothing
+ * launched (the caller composes: linear, then its op). */
+typedef struct cuda_partials {
+    const float *ws;
+    int64_t stride, ld, off[DFLASH_GROUP_MAX_W];
+    int slices;
+} cuda_partials;
+dflash_status cuda_gemm_partials(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
+                                 cuda_partials *p);
 
 /* cuda_attention.c */
 /* A pool this backend reads and writes (F32 or BF16), and a layer of it. */

@@ -19,7 +19,10 @@
  * and up: a block takes 64 rows of each and writes silu(gate) * up);
  * argmax (the best column of each activation row within the block, for
  * dflash_argmax_finish; the outputs themselves are stored only on
- * request). */
+ * request). Or none (partials, split > 1): every slice stores its
+ * partials and ends, and the next kernel adds them as it reads them
+ * (norm.cu's split_add_rmsnorm), so the arrival count, the wait and the
+ * last slice's pass over the partials leave the GEMM. */
 #include "gemm_mma.cuh"
 
 /* split-K partials (a float4 each) a thread requests together; 8 where the
@@ -443,6 +446,10 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
                     const i64 col = col0 + (up ? c4 - 64 : c4);
                     if (col < a.n[up ? 1 : sg0])
                         __stcg((float4 *)((up ? ws1 : ws0) + m * n_ws + col), *(const float4 *)&red[gm_red<MP>(c4, m)]);
+                }
+                if (!CHAIN && a.mode == GM_PARTIALS) { /* the sum is the next kernel's */
+                    GM_STAMP_WRITE(false);
+                    return;
                 }
                 /* The block's arrival releases its partials (every thread's,
                  * ordered before thread 0's atomic by the barrier), and the

@@ -48,6 +48,7 @@
 #define GM_ARGMAX 2
 #define GM_GATED_ADD 3 /* out[0] += sigmoid(gate[row]) * the product (a MoE's shared expert); with sum_k,
                           out[0] is first the weighted sum of sum_k rows of sum_src (the routed experts') */
+#define GM_PARTIALS 4   /* split > 1: the slices' partials in ws, summed by the next kernel (gemm.cu) */
 
 /* cuda_gemm.c mirrors this layout. */
 struct gemm_args {

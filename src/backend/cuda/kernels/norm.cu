@@ -1,5 +1,6 @@
 /* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row;
- * also with the added delta a gathered weighted sum: gather_add_rmsnorm),
+ * also with the added delta a gathered weighted sum: gather_add_rmsnorm,
+ * or a split-K GEMM's partials: split_add_rmsnorm),
  * norm_rope (per-head RMSNorm then NeoX RoPE, whole or partial, one warp
  * per (row, head); for q and k together, optionally storing K and V into
  * the KV pages) and norm_gate (per-head RMSNorm times silu of a gate: a
@@ -16,16 +17,33 @@
  * written) before using any, so the kernel costs a few memory round trips,
  * not one per element. The sum of squares runs in the same order as a
  * strided loop would.
- * GATHER: the delta is not read but computed, as gather_sum computes it
- * (elementwise.cu): the sum over terms t < k, in t order from 0, of
- * gw[t] * src[idx[t] row], each product rounded before the add; AR_TERMS
- * terms' rows requested together. The same bits as gather_sum into a
- * buffer and this kernel reading it. */
+ * The delta may instead be computed (DELTA mode), from `sum`:
+ * AR_GATHER: as gather_sum computes it (elementwise.cu): the sum over
+ * terms t < k, in t order from 0, of gw[t] * src[idx[t] row], each product
+ * rounded before the add; AR_TERMS terms' rows requested together. The
+ * same bits as gather_sum into a buffer and this kernel reading it.
+ * AR_SPLIT: as gemm.cu's epilogue computes a split-K GEMM's output from
+ * its slices' partials (a sum the GEMM left to this kernel): row i's
+ * partial of slice t at src + t * stride + i * ld, added to 0.0f in slice
+ * order, then times gw[j] (fp8 weights' row scales; NULL: none);
+ * AR_SPLIT_BATCH slices requested together. The same bits as the GEMM
+ * storing its output and this kernel reading it. */
 #define AR_PER 16
 #define AR_TERMS 6
-template <bool GATHER, int PER>
-__forceinline__ void add_rmsnorm_row(float *x, const float *delta, const float *src, const int *idx, const float *gw,
-                                     int k, const void *w, int wdt, int dim, float eps, float *out)
+#define AR_SPLIT_BATCH 8
+#define AR_DELTA 0
+#define AR_GATHER 1
+#define AR_SPLIT 2
+struct ar_sum {
+    const float *src;
+    const int *idx;  /* AR_GATHER: [n * k] */
+    const float *gw; /* AR_GATHER: [n * k]; AR_SPLIT: [dim] or NULL */
+    int k;           /* terms (AR_GATHER) or slices (AR_SPLIT) */
+    i64 stride, ld;  /* AR_SPLIT */
+};
+template <int MODE, int PER>
+__forceinline__ void add_rmsnorm_row(float *x, const float *delta, const ar_sum &sum, const void *w, int wdt, int dim,
+                                     float eps, float *out)
 {
     __shared__ float scratch[32];
     const int bd = blockDim.x;
@@ -43,18 +61,19 @@ __forceinline__ void add_rmsnorm_row(float *x, const float *delta, const float *
     for (int i = 0; i < PER; i++) {
         const int j = threadIdx.x + i * bd;
         v[i] = j < dim ? xr[j] : 0.0f;
-        d[i] = j < dim && dr && !GATHER ? dr[j] : 0.0f;
+        d[i] = j < dim && dr && MODE == AR_DELTA ? dr[j] : 0.0f;
     }
-    if (GATHER) {
-        const int *ix = idx + (i64)blockIdx.x * k;
-        const float *wr = gw + (i64)blockIdx.x * k;
+    if (MODE == AR_GATHER) {
+        const int k = sum.k;
+        const int *ix = sum.idx + (i64)blockIdx.x * k;
+        const float *wr = sum.gw + (i64)blockIdx.x * k;
         for (int t0 = 0; t0 < k; t0 += AR_TERMS) {
             float tw[AR_TERMS], g[AR_TERMS][PER];
 #pragma unroll
             for (int u = 0; u < AR_TERMS; u++) {
                 const bool in = t0 + u < k;
                 tw[u] = in ? wr[t0 + u] : 0.0f;
-                const float *row = src + (in ? (i64)ix[t0 + u] * dim : 0);
+                const float *row = sum.src + (in ? (i64)ix[t0 + u] * dim : 0);
 #pragma unroll
                 for (int i = 0; i < PER; i++) {
                     const int j = threadIdx.x + i * bd;
@@ -69,13 +88,39 @@ __forceinline__ void add_rmsnorm_row(float *x, const float *delta, const float *
                         d[i] = __fadd_rn(d[i], __fmul_rn(tw[u], g[u][i]));
         }
     }
+    if (MODE == AR_SPLIT) {
+        const float *row = sum.src + (i64)blockIdx.x * sum.ld;
+        for (int t0 = 0; t0 < sum.k; t0 += AR_SPLIT_BATCH) {
+            float g[AR_SPLIT_BATCH][PER];
+#pragma unroll
+            for (int u = 0; u < AR_SPLIT_BATCH; u++)
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    const int j = threadIdx.x + i * bd;
+                    g[u][i] = t0 + u < sum.k && j < dim ? __ldcg(row + (t0 + u) * sum.stride + j) : 0.0f;
+                }
+#pragma unroll
+            for (int u = 0; u < AR_SPLIT_BATCH; u++)
+#pragma unroll
+                for (int i = 0; i < PER; i++)
+                    if (t0 + u < sum.k)
+                        d[i] += g[u][i];
+        }
+        if (sum.gw)
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const int j = threadIdx.x + i * bd;
+                if (j < dim)
+                    d[i] = __fmul_rn(d[i], sum.gw[j]); /* rounded apart, as the GEMM's stored output is */
+            }
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int j = threadIdx.x + i * bd;
         if (j >= dim)
             continue;
-        if (dr || GATHER) {
+        if (dr || MODE != AR_DELTA) {
             v[i] += d[i];
             xr[j] = v[i];
         }
@@ -95,21 +140,35 @@ __forceinline__ void add_rmsnorm_row(float *x, const float *delta, const float *
 extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
                                               float eps, float *out)
 {
-    add_rmsnorm_row<false, AR_PER>(x, delta, nullptr, nullptr, nullptr, 0, w, wdt, dim, eps, out);
+    const ar_sum none = {};
+    add_rmsnorm_row<AR_DELTA, AR_PER>(x, delta, none, w, wdt, dim, eps, out);
 }
 
 /* The same with the delta of row i the weighted sum of its k gathered
  * rows of src (gather_add_rmsnorm in backend.h): idx, gw [n * k]. Launched
  * with dflash_add_rmsnorm's block (so each element has the same thread and
  * the sum of squares the same order), which is at most 512 threads of
- * AR_GATHER_PER elements for dim <= 4096: the limit the registers of
+ * AR_SMALL_PER elements for dim <= 4096: the limit the registers of
  * its launch bounds set. */
-#define AR_GATHER_PER 8
+#define AR_SMALL_PER 8
 extern "C" __global__ void __launch_bounds__(512)
     dflash_gather_add_rmsnorm(float *x, const float *src, const int *idx, const float *gw, int k, const void *w, int wdt,
                               int dim, float eps, float *out)
 {
-    add_rmsnorm_row<true, AR_GATHER_PER>(x, nullptr, src, idx, gw, k, w, wdt, dim, eps, out);
+    const ar_sum sum = { src, idx, gw, k, 0, 0 };
+    add_rmsnorm_row<AR_GATHER, AR_SMALL_PER>(x, nullptr, sum, w, wdt, dim, eps, out);
+}
+
+/* The same with the delta of row i a split-K GEMM's output whose sum it
+ * left here (linear_add_rmsnorm in cuda_gemm.c): `slices` partials of row
+ * i at ws + s * stride + i * ld, `scales` its fp8 row scales (or NULL).
+ * dflash_add_rmsnorm's block, dim <= 4096, as dflash_gather_add_rmsnorm. */
+extern "C" __global__ void __launch_bounds__(512)
+    dflash_split_add_rmsnorm(float *x, const float *ws, int slices, i64 stride, i64 ld, const float *scales,
+                             const void *w, int wdt, int dim, float eps, float *out)
+{
+    const ar_sum sum = { ws, nullptr, scales, slices, stride, ld };
+    add_rmsnorm_row<AR_SPLIT, AR_SMALL_PER>(x, nullptr, sum, w, wdt, dim, eps, out);
 }
 
 /* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
@@ -140,6 +199,75 @@ __forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p
     }
 }
 
+/* Where a (row, head) vector comes from when a split-K GEMM left its sum
+ * to this kernel (linear_qkv_norm_rope_store in cuda_gemm.c): `slices`
+ * partials of element j at src + s * stride + j, added to 0.0f in slice
+ * order, then times scale[j] (fp8 weights' row scales; NULL: none): the
+ * bits gemm.cu's epilogue would have stored. src NULL: the vector is
+ * where it is. */
+struct head_src {
+    const float *src, *scale;
+    i64 stride;
+    int slices;
+};
+
+/* x[i] = element lane + 32 i of the vector (i < PER), B slices'
+ * partials requested together (32 loads a lane). */
+template <int PER> __forceinline__ void head_sum(const head_src &hs, float *x)
+{
+    constexpr int HS_BATCH = PER >= 8 ? 4 : 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        x[i] = 0.0f;
+    for (int s0 = 0; s0 < hs.slices; s0 += HS_BATCH) {
+        float g[HS_BATCH][PER];
+#pragma unroll
+        for (int u = 0; u < HS_BATCH; u++)
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                g[u][i] = s0 + u < hs.slices ? __ldcg(hs.src + (s0 + u) * hs.stride + lane + 32 * i) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < HS_BATCH; u++)
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (s0 + u < hs.slices)
+                    x[i] += g[u][i];
+    }
+    if (hs.scale)
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            x[i] = __fmul_rn(x[i], hs.scale[lane + 32 * i]); /* rounded apart, as the GEMM's stored output is */
+}
+
+template <int PER> __forceinline__ void head_sum_put(const head_src &hs, float *out)
+{
+    float x[PER];
+    head_sum<PER>(hs, x);
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        out[(threadIdx.x & 31) + 32 * i] = x[i];
+}
+
+/* The whole vector [head_dim] into out, by the warp (head_sum's order;
+ * one element a lane at a time where head_dim has no register form). */
+__forceinline__ void head_sum_store(const head_src &hs, float *out, int head_dim)
+{
+    switch (head_dim) {
+    case 64: head_sum_put<2>(hs, out); return;
+    case 128: head_sum_put<4>(hs, out); return;
+    case 192: head_sum_put<6>(hs, out); return;
+    case 256: head_sum_put<8>(hs, out); return;
+    default:
+        for (int j = threadIdx.x & 31; j < head_dim; j += 32) {
+            float y = 0.0f;
+            for (int s = 0; s < hs.slices; s++)
+                y += __ldcg(hs.src + s * hs.stride + j);
+            out[j] = hs.scale ? __fmul_rn(y, hs.scale[j]) : y;
+        }
+    }
+}
+
 /* The same for head_dim = 32 PER, PER even (64, 128, 192, 256), with the
  * vector in registers: lane holds elements j = lane + 32 i, and the RoPE
  * partner j + head_dim / 2 of each of its first PER / 2 is its own element
@@ -149,8 +277,8 @@ __forceinline__ void norm_rope_warp(float *v, const void *norm, int ndt, float p
  * are never written). Same operations in the same order as
  * norm_rope_warp: the same bits. */
 template <int PER>
-__forceinline__ void norm_rope_regs(float *v, const void *norm, int ndt, const int *pos_of_row, float eps,
-                                    const float *inv_freq, float attn)
+__forceinline__ void norm_rope_regs(float *v, const head_src &hs, const void *norm, int ndt, const int *pos_of_row,
+                                    float eps, const float *inv_freq, float attn)
 {
     const int lane = threadIdx.x & 31;
     float nw[PER], fr[PER / 2], x[PER];
@@ -162,9 +290,12 @@ __forceinline__ void norm_rope_regs(float *v, const void *norm, int ndt, const i
         fr[i] = inv_freq[lane + 32 * i];
     pdl_wait();
     const float p = (float)*pos_of_row;
+    if (hs.src)
+        head_sum<PER>(hs, x);
+    else
 #pragma unroll
-    for (int i = 0; i < PER; i++)
-        x[i] = v[lane + 32 * i];
+        for (int i = 0; i < PER; i++)
+            x[i] = v[lane + 32 * i];
     if (norm) {
         float ss = 0.0f;
 #pragma unroll
@@ -188,16 +319,16 @@ __forceinline__ void norm_rope_regs(float *v, const void *norm, int ndt, const i
 
 /* norm_rope_regs for this head_dim; false when it has no register form
  * (or the rotation is partial: half < head_dim / 2). */
-__forceinline__ bool norm_rope_fast(float *v, const void *norm, int ndt, const int *pos_of_row, int head_dim,
-                                    int half, float eps, const float *inv_freq, float attn)
+__forceinline__ bool norm_rope_fast(float *v, const head_src &hs, const void *norm, int ndt, const int *pos_of_row,
+                                    int head_dim, int half, float eps, const float *inv_freq, float attn)
 {
     if (2 * half != head_dim)
         return false;
     switch (head_dim) {
-    case 64: norm_rope_regs<2>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
-    case 128: norm_rope_regs<4>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
-    case 192: norm_rope_regs<6>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
-    case 256: norm_rope_regs<8>(v, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    case 64: norm_rope_regs<2>(v, hs, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    case 128: norm_rope_regs<4>(v, hs, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    case 192: norm_rope_regs<6>(v, hs, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
+    case 256: norm_rope_regs<8>(v, hs, norm, ndt, pos_of_row, eps, inv_freq, attn); return true;
     default: return false;
     }
 }
@@ -212,7 +343,8 @@ extern "C" __global__ void dflash_norm_rope(float *x, const void *norm, int ndt,
     if (unit >= (i64)n * n_heads)
         return; /* touches nothing */
     const int i = (int)(unit / n_heads);
-    if (norm_rope_fast(x + unit * head_dim, norm, ndt, pos + i, head_dim, half, eps, inv_freq, attn))
+    const head_src here = {};
+    if (norm_rope_fast(x + unit * head_dim, here, norm, ndt, pos + i, head_dim, half, eps, inv_freq, attn))
         return;
     pdl_wait();
     norm_rope_warp(x + unit * head_dim, norm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
@@ -229,6 +361,20 @@ struct qk_store {
     int bf16, n_pages, n_layers, layer, pt_len;
 };
 static_assert(sizeof(qk_store) == 72, "mirrored by qk_store in cuda_backend.c");
+
+/* Where dflash_qk_norm_rope reads q, k and v when the q/k/v GEMM left its
+ * split-K sum to it (ws null: they are in q, k and st.v); cuda_gemm.c
+ * mirrors it. Row i's partial of slice s of column c (q's, then k's from
+ * off_k, then v's from off_v) at ws + s * stride + i * ld + c. v: where
+ * v's rows go (st.v, when K and V are stored, is the same buffer). */
+struct qk_parts {
+    const float *ws;
+    const float *scales[3]; /* q, k, v fp8 row scales, or null */
+    float *v;
+    i64 stride, ld, off_k, off_v;
+    int slices;
+};
+static_assert(sizeof(qk_parts) == 80, "mirrored by qk_parts in cuda_gemm.c");
 
 /* Head kh of row i: its k (kr, as this warp just wrote it) and its v into
  * the page of position p, as dflash_kv_write stores them (the same
@@ -254,23 +400,44 @@ __forceinline__ void qk_store_head(const qk_store &st, int i, int kh, int hkv, i
 /* q [n, hq, head_dim] and k [n, hkv, head_dim] in one launch, each head as
  * dflash_norm_rope does it (q with qnorm, k with knorm; both null: RoPE
  * alone); with st.pool, each k head's warp then stores that head's K and
- * V as dflash_kv_write would (hq may be 0: k alone). */
+ * V as dflash_kv_write would (hq may be 0: k alone). With parts.ws, q, k
+ * and v are first summed from the GEMM's partials (v's head by its k
+ * head's warp, into parts.v), as they are read. */
 extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
                                                const int *pos, int n, int hq, int hkv, int head_dim, int half,
-                                               float eps, const float *inv_freq, float attn, const qk_store st)
+                                               float eps, const float *inv_freq, float attn, const qk_store st,
+                                               const qk_parts parts)
 {
     pdl_trigger();
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (unit >= (i64)n * (hq + hkv))
         return; /* touches nothing */
-    const int i = (int)(unit / (hq + hkv)), h = (int)(unit % (hq + hkv));
-    float *v = h < hq ? q + ((i64)i * hq + h) * head_dim : k + ((i64)i * hkv + h - hq) * head_dim;
-    if (!norm_rope_fast(v, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, half, eps, inv_freq, attn)) {
+    const int i = (int)(unit / (hq + hkv)), h = (int)(unit % (hq + hkv)), kh = h - hq;
+    float *v = h < hq ? q + ((i64)i * hq + h) * head_dim : k + ((i64)i * hkv + kh) * head_dim;
+    head_src hs = {};
+    if (parts.ws) {
+        const i64 col = h < hq ? (i64)h * head_dim : parts.off_k + (i64)kh * head_dim;
+        const float *sc = h < hq ? parts.scales[0] : parts.scales[1]; /* not indexed: no copy on the stack */
+        hs = { parts.ws + i * parts.ld + col, sc ? sc + (col - (h < hq ? 0 : parts.off_k)) : nullptr, parts.stride,
+               parts.slices };
+    }
+    if (!norm_rope_fast(v, hs, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, half, eps, inv_freq, attn)) {
         pdl_wait();
+        if (hs.src) {
+            head_sum_store(hs, v, head_dim);
+            __syncwarp(); /* norm_rope_warp reads elements other lanes wrote */
+        }
         norm_rope_warp(v, h < hq ? qnorm : knorm, ndt, (float)pos[i], head_dim, half, eps, inv_freq, attn);
     }
+    if (parts.ws && h >= hq) { /* this k head's v head */
+        const i64 col = parts.off_v + (i64)kh * head_dim;
+        const head_src vs = { parts.ws + i * parts.ld + col,
+                              parts.scales[2] ? parts.scales[2] + (i64)kh * head_dim : nullptr, parts.stride,
+                              parts.slices };
+        head_sum_store(vs, parts.v + ((i64)i * hkv + kh) * head_dim, head_dim);
+    }
     if (st.pool && h >= hq)
-        qk_store_head(st, i, h - hq, hkv, pos[i], v, head_dim);
+        qk_store_head(st, i, kh, hkv, pos[i], v, head_dim);
 }
 
 /* block 128 = 4 warps, one (row, head) per warp: v = w * (x * inv) as
