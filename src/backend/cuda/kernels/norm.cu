@@ -34,6 +34,44 @@
 #define AR_DELTA 0
 #define AR_GATHER 1
 #define AR_SPLIT 2
+/* x[i] (i < PER) = element j = first + i * step (j < dim; else 0) of a
+ * split-K GEMM's output whose sum was left to the caller, as gemm.cu's
+ * epilogue computes it: the slices' partials at src + s * stride + j
+ * added to 0.0f in slice order, then times scale[j] (fp8 row scales; NULL:
+ * none), rounded apart as the GEMM's stored output is. B slices' loads
+ * are requested together. */
+template <int PER, int B>
+__forceinline__ void split_sum(const float *src, i64 stride, int slices, const float *scale, int first, int step,
+                               int dim, float *x)
+{
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        x[i] = 0.0f;
+    for (int s0 = 0; s0 < slices; s0 += B) {
+        float g[B][PER];
+#pragma unroll
+        for (int u = 0; u < B; u++)
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                const int j = first + i * step;
+                g[u][i] = s0 + u < slices && j < dim ? __ldcg(src + (s0 + u) * stride + j) : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < B; u++)
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                if (s0 + u < slices)
+                    x[i] += g[u][i];
+    }
+    if (scale)
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int j = first + i * step;
+            if (j < dim)
+                x[i] = __fmul_rn(x[i], scale[j]);
+        }
+}
+
 struct ar_sum {
     const float *src;
     const int *idx;  /* AR_GATHER: [n * k] */
@@ -88,32 +126,9 @@ __forceinline__ void add_rmsnorm_row(float *x, const float *delta, const ar_sum 
                         d[i] = __fadd_rn(d[i], __fmul_rn(tw[u], g[u][i]));
         }
     }
-    if (MODE == AR_SPLIT) {
-        const float *row = sum.src + (i64)blockIdx.x * sum.ld;
-        for (int t0 = 0; t0 < sum.k; t0 += AR_SPLIT_BATCH) {
-            float g[AR_SPLIT_BATCH][PER];
-#pragma unroll
-            for (int u = 0; u < AR_SPLIT_BATCH; u++)
-#pragma unroll
-                for (int i = 0; i < PER; i++) {
-                    const int j = threadIdx.x + i * bd;
-                    g[u][i] = t0 + u < sum.k && j < dim ? __ldcg(row + (t0 + u) * sum.stride + j) : 0.0f;
-                }
-#pragma unroll
-            for (int u = 0; u < AR_SPLIT_BATCH; u++)
-#pragma unroll
-                for (int i = 0; i < PER; i++)
-                    if (t0 + u < sum.k)
-                        d[i] += g[u][i];
-        }
-        if (sum.gw)
-#pragma unroll
-            for (int i = 0; i < PER; i++) {
-                const int j = threadIdx.x + i * bd;
-                if (j < dim)
-                    d[i] = __fmul_rn(d[i], sum.gw[j]); /* rounded apart, as the GEMM's stored output is */
-            }
-    }
+    if (MODE == AR_SPLIT)
+        split_sum<PER, AR_SPLIT_BATCH>(sum.src + (i64)blockIdx.x * sum.ld, sum.stride, sum.k, sum.gw, threadIdx.x, bd,
+                                       dim, d);
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
@@ -211,33 +226,11 @@ struct head_src {
     int slices;
 };
 
-/* x[i] = element lane + 32 i of the vector (i < PER), B slices'
- * partials requested together (32 loads a lane). */
+/* x[i] = element lane + 32 i of the vector (i < PER), 32 loads a lane in
+ * flight. */
 template <int PER> __forceinline__ void head_sum(const head_src &hs, float *x)
 {
-    constexpr int HS_BATCH = PER >= 8 ? 4 : 8;
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < PER; i++)
-        x[i] = 0.0f;
-    for (int s0 = 0; s0 < hs.slices; s0 += HS_BATCH) {
-        float g[HS_BATCH][PER];
-#pragma unroll
-        for (int u = 0; u < HS_BATCH; u++)
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                g[u][i] = s0 + u < hs.slices ? __ldcg(hs.src + (s0 + u) * hs.stride + lane + 32 * i) : 0.0f;
-#pragma unroll
-        for (int u = 0; u < HS_BATCH; u++)
-#pragma unroll
-            for (int i = 0; i < PER; i++)
-                if (s0 + u < hs.slices)
-                    x[i] += g[u][i];
-    }
-    if (hs.scale)
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            x[i] = __fmul_rn(x[i], hs.scale[lane + 32 * i]); /* rounded apart, as the GEMM's stored output is */
+    split_sum<PER, PER >= 8 ? 4 : 8>(hs.src, hs.stride, hs.slices, hs.scale, threadIdx.x & 31, 32, 32 * PER, x);
 }
 
 template <int PER> __forceinline__ void head_sum_put(const head_src &hs, float *out)
