@@ -431,9 +431,10 @@ static dflash_status cuda_gather_add_rmsnorm(dflash_backend *be, float *x, const
 
 /* x += in W^T with the next norm: the GEMM leaves its split-K sum to the
  * norm's launch where it can (cuda_gemm_partials; then norm.cu's
- * split_add_rmsnorm, rows of at most RMS_SMALL_MAX_DIM), which removes the
- * GEMM's arrival count, wait and last pass over the partials; else the
- * composition. The same bits either way. */
+ * split_add_rmsnorm, rows of at most RMS_SMALL_MAX_DIM, a cluster of 8
+ * blocks a row where clusters exist), which removes the GEMM's arrival
+ * count, wait and last pass over the partials; else the composition. The
+ * same bits either way. */
 static dflash_status cuda_linear_add_rmsnorm(dflash_backend *be, const float *in, int n, const dflash_weight *W,
                                              float *x, float *delta, const dflash_weight *w, int dim, float eps,
                                              float *out)
@@ -449,7 +450,8 @@ static dflash_status cuda_linear_add_rmsnorm(dflash_backend *be, const float *in
     int wdt = (int)w->dtype;
     void *args[] = { &x, (void *)&p.ws, &p.slices, &p.stride, &p.ld, (void *)&scales, (void *)&w->data, &wdt, &dim,
                      &eps, &out };
-    return cuda_launch(c, DFK_SPLIT_ADD_RMSNORM, (unsigned)n, 1, row_threads(dim, RMS_MAX_THREADS), args);
+    const unsigned blocks = (unsigned)n * (c->clusters ? 8u : 1u); /* norm.cu's AR_CLUSTER */
+    return cuda_launch(c, DFK_SPLIT_ADD_RMSNORM, blocks, 1, row_threads(dim, RMS_MAX_THREADS), args);
 }
 
 /* Elementwise launches: enough blocks to fill the GPU a few times over; the

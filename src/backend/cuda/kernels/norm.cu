@@ -1,6 +1,6 @@
 /* norm.cu: add_rmsnorm (residual add fused with RMSNorm, one block per row;
  * also with the added delta a gathered weighted sum: gather_add_rmsnorm,
- * or a split-K GEMM's partials: split_add_rmsnorm),
+ * or a split-K GEMM's partials: split_add_rmsnorm, a cluster a row),
  * norm_rope (per-head RMSNorm then NeoX RoPE, whole or partial, one warp
  * per (row, head); for q and k together, optionally storing K and V into
  * the KV pages) and norm_gate (per-head RMSNorm times silu of a gate: a
@@ -17,23 +17,102 @@
  * written) before using any, so the kernel costs a few memory round trips,
  * not one per element. The sum of squares runs in the same order as a
  * strided loop would.
- * The delta may instead be computed (DELTA mode), from `sum`:
- * AR_GATHER: as gather_sum computes it (elementwise.cu): the sum over
- * terms t < k, in t order from 0, of gw[t] * src[idx[t] row], each product
- * rounded before the add; AR_TERMS terms' rows requested together. The
- * same bits as gather_sum into a buffer and this kernel reading it.
- * AR_SPLIT: as gemm.cu's epilogue computes a split-K GEMM's output from
- * its slices' partials (a sum the GEMM left to this kernel): row i's
- * partial of slice t at src + t * stride + i * ld, added to 0.0f in slice
- * order, then times gw[j] (fp8 weights' row scales; NULL: none);
- * AR_SPLIT_BATCH slices requested together. The same bits as the GEMM
- * storing its output and this kernel reading it. */
+ * GATHER: the delta is not read but computed, as gather_sum computes it
+ * (elementwise.cu): the sum over terms t < k, in t order from 0, of
+ * gw[t] * src[idx[t] row], each product rounded before the add; AR_TERMS
+ * terms' rows requested together. The same bits as gather_sum into a
+ * buffer and this kernel reading it. */
 #define AR_PER 16
 #define AR_TERMS 6
-#define AR_SPLIT_BATCH 8
-#define AR_DELTA 0
-#define AR_GATHER 1
-#define AR_SPLIT 2
+template <bool GATHER, int PER>
+__forceinline__ void add_rmsnorm_row(float *x, const float *delta, const float *src, const int *idx, const float *gw,
+                                     int k, const void *w, int wdt, int dim, float eps, float *out)
+{
+    __shared__ float scratch[32];
+    const int bd = blockDim.x;
+    pdl_trigger();
+    float wv[PER], v[PER], d[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        wv[i] = j < dim ? load_elem(w, wdt, j) : 0.0f;
+    }
+    pdl_wait();
+    float *xr = x + (i64)blockIdx.x * dim;
+    const float *dr = delta ? delta + (i64)blockIdx.x * dim : 0;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        v[i] = j < dim ? xr[j] : 0.0f;
+        d[i] = j < dim && dr && !GATHER ? dr[j] : 0.0f;
+    }
+    if (GATHER) {
+        const int *ix = idx + (i64)blockIdx.x * k;
+        const float *wr = gw + (i64)blockIdx.x * k;
+        for (int t0 = 0; t0 < k; t0 += AR_TERMS) {
+            float tw[AR_TERMS], g[AR_TERMS][PER];
+#pragma unroll
+            for (int u = 0; u < AR_TERMS; u++) {
+                const bool in = t0 + u < k;
+                tw[u] = in ? wr[t0 + u] : 0.0f;
+                const float *row = src + (in ? (i64)ix[t0 + u] * dim : 0);
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    const int j = threadIdx.x + i * bd;
+                    g[u][i] = in && j < dim ? row[j] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < AR_TERMS; u++)
+#pragma unroll
+                for (int i = 0; i < PER; i++)
+                    if (t0 + u < k)
+                        d[i] = __fadd_rn(d[i], __fmul_rn(tw[u], g[u][i]));
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        if (j >= dim)
+            continue;
+        if (dr || GATHER) {
+            v[i] += d[i];
+            xr[j] = v[i];
+        }
+        ss += v[i] * v[i];
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    float *o = out + (i64)blockIdx.x * dim;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        if (j < dim)
+            o[j] = wv[i] * (v[i] * inv);
+    }
+}
+
+extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
+                                              float eps, float *out)
+{
+    add_rmsnorm_row<false, AR_PER>(x, delta, nullptr, nullptr, nullptr, 0, w, wdt, dim, eps, out);
+}
+
+/* The same with the delta of row i the weighted sum of its k gathered
+ * rows of src (gather_add_rmsnorm in backend.h): idx, gw [n * k]. Launched
+ * with dflash_add_rmsnorm's block (so each element has the same thread and
+ * the sum of squares the same order), which is at most 512 threads of
+ * AR_SMALL_PER elements for dim <= 4096: the limit the registers of
+ * its launch bounds set. */
+#define AR_SMALL_PER 8
+extern "C" __global__ void __launch_bounds__(512)
+    dflash_gather_add_rmsnorm(float *x, const float *src, const int *idx, const float *gw, int k, const void *w, int wdt,
+                              int dim, float eps, float *out)
+{
+    add_rmsnorm_row<true, AR_SMALL_PER>(x, nullptr, src, idx, gw, k, w, wdt, dim, eps, out);
+}
+
 /* x[i] (i < PER) = element j = first + i * step (j < dim; else 0) of a
  * split-K GEMM's output whose sum was left to the caller, as gemm.cu's
  * epilogue computes it: the slices' partials at src + s * stride + j
@@ -72,118 +151,106 @@ __forceinline__ void split_sum(const float *src, i64 stride, int slices, const f
         }
 }
 
-struct ar_sum {
-    const float *src;
-    const int *idx;  /* AR_GATHER: [n * k] */
-    const float *gw; /* AR_GATHER: [n * k]; AR_SPLIT: [dim] or NULL */
-    int k;           /* terms (AR_GATHER) or slices (AR_SPLIT) */
-    i64 stride, ld;  /* AR_SPLIT */
-};
-template <int MODE, int PER>
-__forceinline__ void add_rmsnorm_row(float *x, const float *delta, const ar_sum &sum, const void *w, int wdt, int dim,
-                                     float eps, float *out)
-{
-    __shared__ float scratch[32];
-    const int bd = blockDim.x;
-    pdl_trigger();
-    float wv[PER], v[PER], d[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int j = threadIdx.x + i * bd;
-        wv[i] = j < dim ? load_elem(w, wdt, j) : 0.0f;
-    }
-    pdl_wait();
-    float *xr = x + (i64)blockIdx.x * dim;
-    const float *dr = delta ? delta + (i64)blockIdx.x * dim : 0;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int j = threadIdx.x + i * bd;
-        v[i] = j < dim ? xr[j] : 0.0f;
-        d[i] = j < dim && dr && MODE == AR_DELTA ? dr[j] : 0.0f;
-    }
-    if (MODE == AR_GATHER) {
-        const int k = sum.k;
-        const int *ix = sum.idx + (i64)blockIdx.x * k;
-        const float *wr = sum.gw + (i64)blockIdx.x * k;
-        for (int t0 = 0; t0 < k; t0 += AR_TERMS) {
-            float tw[AR_TERMS], g[AR_TERMS][PER];
-#pragma unroll
-            for (int u = 0; u < AR_TERMS; u++) {
-                const bool in = t0 + u < k;
-                tw[u] = in ? wr[t0 + u] : 0.0f;
-                const float *row = sum.src + (in ? (i64)ix[t0 + u] * dim : 0);
-#pragma unroll
-                for (int i = 0; i < PER; i++) {
-                    const int j = threadIdx.x + i * bd;
-                    g[u][i] = in && j < dim ? row[j] : 0.0f;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < AR_TERMS; u++)
-#pragma unroll
-                for (int i = 0; i < PER; i++)
-                    if (t0 + u < k)
-                        d[i] = __fadd_rn(d[i], __fmul_rn(tw[u], g[u][i]));
-        }
-    }
-    if (MODE == AR_SPLIT)
-        split_sum<PER, AR_SPLIT_BATCH>(sum.src + (i64)blockIdx.x * sum.ld, sum.stride, sum.k, sum.gw, threadIdx.x, bd,
-                                       dim, d);
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int j = threadIdx.x + i * bd;
-        if (j >= dim)
-            continue;
-        if (dr || MODE != AR_DELTA) {
-            v[i] += d[i];
-            xr[j] = v[i];
-        }
-        ss += v[i] * v[i];
-    }
-    ss = block_sum(ss, scratch);
-    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    float *o = out + (i64)blockIdx.x * dim;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int j = threadIdx.x + i * bd;
-        if (j < dim)
-            o[j] = wv[i] * (v[i] * inv);
-    }
-}
-
-extern "C" __global__ void dflash_add_rmsnorm(float *x, const float *delta, const void *w, int wdt, int dim,
-                                              float eps, float *out)
-{
-    const ar_sum none = {};
-    add_rmsnorm_row<AR_DELTA, AR_PER>(x, delta, none, w, wdt, dim, eps, out);
-}
-
-/* The same with the delta of row i the weighted sum of its k gathered
- * rows of src (gather_add_rmsnorm in backend.h): idx, gw [n * k]. Launched
- * with dflash_add_rmsnorm's block (so each element has the same thread and
- * the sum of squares the same order), which is at most 512 threads of
- * AR_SMALL_PER elements for dim <= 4096: the limit the registers of
- * its launch bounds set. */
-#define AR_SMALL_PER 8
-extern "C" __global__ void __launch_bounds__(512)
-    dflash_gather_add_rmsnorm(float *x, const float *src, const int *idx, const float *gw, int k, const void *w, int wdt,
-                              int dim, float eps, float *out)
-{
-    const ar_sum sum = { src, idx, gw, k, 0, 0 };
-    add_rmsnorm_row<AR_GATHER, AR_SMALL_PER>(x, nullptr, sum, w, wdt, dim, eps, out);
-}
-
-/* The same with the delta of row i a split-K GEMM's output whose sum it
+/* The same with the delta of row r a split-K GEMM's output whose sum it
  * left here (linear_add_rmsnorm in cuda_gemm.c): `slices` partials of row
- * i at ws + s * stride + i * ld, `scales` its fp8 row scales (or NULL).
- * dflash_add_rmsnorm's block, dim <= 4096, as dflash_gather_add_rmsnorm. */
-extern "C" __global__ void __launch_bounds__(512)
+ * r at ws + s * stride + r * ld, `scales` its fp8 row scales (or NULL),
+ * added as split_sum adds them. A row's partials are many bytes (16
+ * slices of 2048 columns: 128 KB), too many for one SM to read quickly,
+ * so a cluster of AR_CLUSTER blocks takes a row: block b sums element
+ * chunk b (the elements dflash_add_rmsnorm's thread t holds as its b-th,
+ * t + b * blockDim), writes x and stores the sums into block 0's shared
+ * memory, and block 0 then norms the row exactly as dflash_add_rmsnorm
+ * does (each element on the same thread, the same order of the sum of
+ * squares): the same bits as the GEMM storing its output and
+ * dflash_add_rmsnorm reading it. dflash_add_rmsnorm's block, dim <= 4096;
+ * one block a row where the device has no clusters. */
+#if __CUDA_ARCH__ >= 900
+#define AR_CLUSTER 8 /* the host launches 8 blocks a row where clusters exist (cuda_backend.c) */
+#define AR_CLUSTER_DIMS __cluster_dims__(AR_CLUSTER, 1, 1)
+#else
+#define AR_CLUSTER 1
+#define AR_CLUSTER_DIMS
+#endif
+#define AR_SMALL_MAX_DIM (AR_SMALL_PER * 512)
+
+__forceinline__ void ar_cluster_sync()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+/* v into element j of block 0's vs (this block's own where there are no
+ * clusters) */
+__forceinline__ void ar_put_leader(float *vs, int j, float v)
+{
+#if __CUDA_ARCH__ >= 900
+    u32 a = (u32)__cvta_generic_to_shared(vs + j), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(r) : "r"(a));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+#else
+    vs[j] = v;
+#endif
+}
+
+extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
     dflash_split_add_rmsnorm(float *x, const float *ws, int slices, i64 stride, i64 ld, const float *scales,
                              const void *w, int wdt, int dim, float eps, float *out)
 {
-    const ar_sum sum = { ws, nullptr, scales, slices, stride, ld };
-    add_rmsnorm_row<AR_SPLIT, AR_SMALL_PER>(x, nullptr, sum, w, wdt, dim, eps, out);
+    constexpr int MINE = AR_SMALL_PER / AR_CLUSTER; /* elements a thread sums */
+    __shared__ float vs[AR_SMALL_MAX_DIM];
+    __shared__ float scratch[32];
+    const int bd = blockDim.x, b = (int)(blockIdx.x % AR_CLUSTER);
+    const i64 r = blockIdx.x / AR_CLUSTER;
+    pdl_trigger();
+    float wv[AR_SMALL_PER];
+#pragma unroll
+    for (int i = 0; i < AR_SMALL_PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        wv[i] = b == 0 && j < dim ? load_elem(w, wdt, j) : 0.0f;
+    }
+    ar_cluster_sync(); /* every block of the cluster running: block 0's vs may be written */
+    pdl_wait();
+    float *xr = x + r * dim;
+    const int first = threadIdx.x + b * bd, step = AR_CLUSTER * bd;
+    float v[MINE], d[MINE];
+#pragma unroll
+    for (int k = 0; k < MINE; k++) {
+        const int j = first + k * step;
+        v[k] = j < dim ? xr[j] : 0.0f;
+    }
+    split_sum<MINE, MINE == 1 ? 16 : 8>(ws + r * ld, stride, slices, scales, first, step, dim, d);
+#pragma unroll
+    for (int k = 0; k < MINE; k++) {
+        const int j = first + k * step;
+        if (j < dim) {
+            v[k] += d[k];
+            xr[j] = v[k];
+            ar_put_leader(vs, j, v[k]);
+        }
+    }
+    ar_cluster_sync(); /* block 0 sees the row's sums */
+    if (b != 0)
+        return;
+    float u[AR_SMALL_PER], ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < AR_SMALL_PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        u[i] = j < dim ? vs[j] : 0.0f;
+        if (j < dim)
+            ss += u[i] * u[i];
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    float *o = out + r * dim;
+#pragma unroll
+    for (int i = 0; i < AR_SMALL_PER; i++) {
+        const int j = threadIdx.x + i * bd;
+        if (j < dim)
+            o[j] = wv[i] * (u[i] * inv);
+    }
 }
 
 /* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
