@@ -198,6 +198,18 @@ __forceinline__ void pdl_wait()
 #endif
 }
 
+/* A barrier of every thread of the cluster's blocks (sm_90+; of the
+ * block where there are no clusters): what each wrote before, shared
+ * memory of another block included, is seen by all after. */
+__forceinline__ void cluster_sync()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
 /* *p += v at device scope, returning the old value: a release of every
  * write ordered before it (a barrier orders the block's) and an acquire
  * of the writes released by the atomics before it on p. */

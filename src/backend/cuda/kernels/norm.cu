@@ -173,15 +173,6 @@ __forceinline__ void split_sum(const float *src, i64 stride, int slices, const f
 #endif
 #define AR_SMALL_MAX_DIM (AR_SMALL_PER * 512)
 
-__forceinline__ void ar_cluster_sync()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __syncthreads();
-#endif
-}
-
 /* v into element j of block 0's vs (this block's own where there are no
  * clusters) */
 __forceinline__ void ar_put_leader(float *vs, int j, float v)
@@ -211,7 +202,7 @@ extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
         const int j = threadIdx.x + i * bd;
         wv[i] = b == 0 && j < dim ? load_elem(w, wdt, j) : 0.0f;
     }
-    ar_cluster_sync(); /* every block of the cluster running: block 0's vs may be written */
+    cluster_sync(); /* every block of the cluster running: block 0's vs may be written */
     pdl_wait();
     float *xr = x + r * dim;
     const int first = threadIdx.x + b * bd, step = AR_CLUSTER * bd;
@@ -231,7 +222,7 @@ extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
             ar_put_leader(vs, j, v[k]);
         }
     }
-    ar_cluster_sync(); /* block 0 sees the row's sums */
+    cluster_sync(); /* block 0 sees the row's sums */
     if (b != 0)
         return;
     float u[AR_SMALL_PER], ss = 0.0f;

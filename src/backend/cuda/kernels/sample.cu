@@ -178,17 +178,6 @@ __forceinline__ u32 smp_rank()
 #endif
 }
 
-/* Every thread of the cluster's blocks; what each wrote before is seen by
- * all after. */
-__forceinline__ void smp_cluster_sync()
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __syncthreads();
-#endif
-}
-
 /* Reads and writes of the workspace go to L2, where the adds land. */
 __forceinline__ u64 ws_get(u64 *p) { return atomicAdd(p, 0ull); }
 __forceinline__ void ws_set(u64 *p, u64 v) { atomicExch(p, v); }
@@ -201,7 +190,7 @@ __forceinline__ void smp_exchange(u64 *ws, int st, u32 rank, const u64 *f, int n
     if (threadIdx.x == 0)
         for (int i = 0; i < n; i++)
             ws_set(ws + WS_PART + (st * SMP_CLUSTER + rank) * 8 + i, f[i]);
-    smp_cluster_sync();
+    cluster_sync();
     if (threadIdx.x < SMP_CLUSTER * 8 && (int)(threadIdx.x & 7) < n)
         part[threadIdx.x >> 3][threadIdx.x & 7] = ws_get(ws + WS_PART + st * SMP_CLUSTER * 8 + threadIdx.x);
     __syncthreads();
@@ -328,7 +317,7 @@ extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
                     if (j0 + u * SMP_THREADS < s1 && kb[u] >= lo && kb[u] <= hi)
                         atomicAdd(&hc[(kb[u] - lo) >> sh], 1ull);
             }
-            smp_cluster_sync();
+            cluster_sync();
             const int b = SMP_BINS - 1 - tid; /* thread 0 takes the top bin */
             const u64 c = ws_get(&hc[b]), above = smp_block_scan(c, sc_u64);
             if (rank == 0)
@@ -337,7 +326,7 @@ extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
                 s_int[2] = b;
                 s_int[3] = (int)(want - (above - c));
             }
-            smp_cluster_sync(); /* the clearing done before the next level adds; s_int seen */
+            cluster_sync(); /* the clearing done before the next level adds; s_int seen */
             lo += (u32)s_int[2] << sh;
             hi = smp_bin_top(lo, hi, sh);
             want = (u32)s_int[3];
@@ -421,7 +410,7 @@ extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
                         atomicAdd(&hc[(kb[u] - lo) >> sh], 1ull);
                     }
             }
-            smp_cluster_sync();
+            cluster_sync();
             const u64 mb = ws_get(&hm[tid]), cb = ws_get(&hc[tid]);
             const u64 upto = below + smp_block_scan(mb, sc_u64);
             if (rank == 0) {
@@ -435,7 +424,7 @@ extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
                 part[0][1] = mb;
                 part[0][2] = cb;
             }
-            smp_cluster_sync();
+            cluster_sync();
             if (all_fit) { /* the whole range fits: it drops with all under it */
                 keep.cut_key = hi;
                 keep.cut_idx = -1;
