@@ -292,6 +292,61 @@ static void test_qk_norm_rope_store(void)
         }
 }
 
+/* qkv_norm_rope_store: q, k, v and the pool exactly what the three
+ * linears and qk_norm_rope_store leave; weights whose rows are not the
+ * heads', and a K/V destination storing V from another buffer, are
+ * refused with messages naming them. */
+static void test_qkv_norm_rope_store(void)
+{
+    enum { N = 3, K = 12, HQ = 4, HKV = 2, D = 8, BT = 2, NP = 4, NL = 2 };
+    const int row = HKV * D;
+    int32_t pos[N] = { 0, 17, 18 }, row_seq[N] = { 0, 0, 0 }, table[BT] = { 3, 1 };
+    float x[N * K], wq[HQ * D * K], wk[row * K], wv[row * K], qn[D], kn[D];
+    for (int i = 0; i < N * K; i++)
+        x[i] = frand();
+    for (int i = 0; i < HQ * D * K; i++)
+        wq[i] = frand();
+    for (int i = 0; i < row * K; i++) {
+        wk[i] = frand();
+        wv[i] = frand();
+    }
+    for (int i = 0; i < D; i++) {
+        qn[i] = 1.0f + 0.1f * frand();
+        kn[i] = 1.0f + 0.1f * frand();
+    }
+    const dflash_weight w[3] = { { DFLASH_DTYPE_F32, HQ * D, K, wq, NULL, "q_proj" },
+                                 { DFLASH_DTYPE_F32, row, K, wk, NULL, "k_proj" },
+                                 { DFLASH_DTYPE_F32, row, K, wv, NULL, "v_proj" } };
+    const dflash_weight nq = { DFLASH_DTYPE_F32, 1, D, qn, NULL, "qn" }, nk = { DFLASH_DTYPE_F32, 1, D, kn, NULL, "kn" };
+    dflash_rope rope;
+    CHECK_OK(dflash_rope_default(10000.0, D, &rope));
+    const size_t pool_bytes = (size_t)NP * NL * 2 * row * DFLASH_KV_PAGE * sizeof(float);
+    dflash_kv_layout kv_a = { NP, NL, HKV, D, DFLASH_DTYPE_F32, NULL }, kv_b = kv_a;
+    CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_a.data));
+    CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_b.data));
+    memset(kv_a.data, 0, pool_bytes);
+    memset(kv_b.data, 0, pool_bytes);
+    float qa[N * HQ * D], ka[N * row], va[N * row], qb[N * HQ * D], kb[N * row], vb[N * row];
+    const dflash_kv_dest dst_a = { &kv_a, 1, table, BT, row_seq, va }, dst_b = { &kv_b, 1, table, BT, row_seq, vb };
+    dflash_qkv_args a = { x, N, w, qa, ka, va, &nq, &nk, HQ, HKV, D, pos, 1e-6f, &rope, &dst_a };
+    CHECK_OK(dflash_be_qkv_norm_rope_store(be, &a));
+    CHECK_OK(be->ops->linear(be, x, N, &w[0], qb));
+    CHECK_OK(be->ops->linear(be, x, N, &w[1], kb));
+    CHECK_OK(be->ops->linear(be, x, N, &w[2], vb));
+    CHECK_OK(dflash_be_qk_norm_rope_store(be, qb, &nq, HQ, kb, &nk, HKV, pos, N, D, 1e-6f, &rope, &dst_b));
+    CHECK(memcmp(qa, qb, sizeof qa) == 0 && memcmp(ka, kb, sizeof ka) == 0 && memcmp(va, vb, sizeof va) == 0);
+    CHECK(memcmp(kv_a.data, kv_b.data, pool_bytes) == 0);
+    a.n_kv_heads = 1;
+    CHECK_FAILS(dflash_be_qkv_norm_rope_store(be, &a), DFLASH_ERR_SHAPE,
+                "qkv_norm_rope_store: weights q_proj, k_proj, v_proj have 32, 16, 16 rows, the heads 32, 8, 8");
+    a.n_kv_heads = HKV;
+    a.v = vb;
+    CHECK_FAILS(dflash_be_qkv_norm_rope_store(be, &a), DFLASH_ERR_INVALID_ARG,
+                "the K/V destination stores V from another buffer than the stage's v");
+    be->ops->free(be, kv_a.data);
+    be->ops->free(be, kv_b.data);
+}
+
 /* A backend with the fused q/k ops (the CPU has none): each counts its
  * calls and computes what the composition would, on the CPU backend. */
 static int g_fused_qk, g_fused_qk_store;
@@ -986,6 +1041,7 @@ int main(void)
     RUN(test_linear_gated_add);
     RUN(test_gather_add_rmsnorm);
     RUN(test_linear_add_rmsnorm);
+    RUN(test_qkv_norm_rope_store);
     RUN(test_linear_group);
     RUN(test_sigmoid_mul);
     RUN(test_norm_gate);
