@@ -317,7 +317,8 @@ static void test_qkv_norm_rope_store(void)
     const dflash_weight w[3] = { { DFLASH_DTYPE_F32, HQ * D, K, wq, NULL, "q_proj" },
                                  { DFLASH_DTYPE_F32, row, K, wk, NULL, "k_proj" },
                                  { DFLASH_DTYPE_F32, row, K, wv, NULL, "v_proj" } };
-    const dflash_weight nq = { DFLASH_DTYPE_F32, 1, D, qn, NULL, "qn" }, nk = { DFLASH_DTYPE_F32, 1, D, kn, NULL, "kn" };
+    const dflash_weight nq = { DFLASH_DTYPE_F32, 1, D, qn, NULL, "qn" };
+    const dflash_weight nk = { DFLASH_DTYPE_F32, 1, D, kn, NULL, "kn" };
     dflash_rope rope;
     CHECK_OK(dflash_rope_default(10000.0, D, &rope));
     const size_t pool_bytes = (size_t)NP * NL * 2 * row * DFLASH_KV_PAGE * sizeof(float);
