@@ -212,7 +212,8 @@ extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
         const int j = first + k * step;
         v[k] = j < dim ? xr[j] : 0.0f;
     }
-    split_sum<MINE, MINE == 1 ? 16 : 8>(ws + r * ld, stride, slices, scales, first, step, dim, d);
+    /* all slices at once in a cluster; 4 at a time where one block sums a row (registers) */
+    split_sum<MINE, MINE == 1 ? 16 : 4>(ws + r * ld, stride, slices, scales, first, step, dim, d);
 #pragma unroll
     for (int k = 0; k < MINE; k++) {
         const int j = first + k * step;
