@@ -23,6 +23,23 @@ static float frand(void)
     return ((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
 }
 
+/* p[i] = base + amp * frand() for i < n */
+static void fill(float *p, int n, float base, float amp)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = base + amp * frand();
+}
+
+/* bytes of backend memory, zeroed (a KV pool) */
+static void *zeroed(size_t bytes)
+{
+    void *p = NULL;
+    CHECK_OK(be->ops->alloc(be, bytes, &p));
+    if (p)
+        memset(p, 0, bytes);
+    return p;
+}
+
 static double rel_err(const float *a, const double *ref, size_t n)
 {
     double num = 0, den = 0;
@@ -236,16 +253,11 @@ static void test_qk_norm_rope_store(void)
     const int row = HKV * D;
     int32_t pos[N] = { 0, 17, 18 }, row_seq[N] = { 0, 0, 0 }, table[BT] = { 3, 1 };
     float q0[N * HQ * D], k0[N * row], v[N * row], qn[D], kn[D];
-    for (int i = 0; i < N * HQ * D; i++)
-        q0[i] = frand();
-    for (int i = 0; i < N * row; i++) {
-        k0[i] = frand();
-        v[i] = frand();
-    }
-    for (int i = 0; i < D; i++) {
-        qn[i] = 1.0f + 0.1f * frand();
-        kn[i] = 1.0f + 0.1f * frand();
-    }
+    fill(q0, N * HQ * D, 0.0f, 1.0f);
+    fill(k0, N * row, 0.0f, 1.0f);
+    fill(v, N * row, 0.0f, 1.0f);
+    fill(qn, D, 1.0f, 0.1f);
+    fill(kn, D, 1.0f, 0.1f);
     dflash_weight wq = { DFLASH_DTYPE_F32, 1, D, qn, NULL, "qn" }, wk = { DFLASH_DTYPE_F32, 1, D, kn, NULL, "kn" };
     dflash_rope rope;
     CHECK_OK(dflash_rope_default(10000.0, D, &rope));
@@ -253,11 +265,8 @@ static void test_qk_norm_rope_store(void)
         for (int hq = 0; hq <= HQ; hq += HQ) {
             const dflash_dtype dt = bf ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
             const size_t pool_bytes = (size_t)NP * NL * 2 * row * DFLASH_KV_PAGE * dflash_dtype_size(dt);
-            dflash_kv_layout kv_a = { NP, NL, HKV, D, dt, NULL }, kv_b = kv_a;
-            CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_a.data));
-            CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_b.data));
-            memset(kv_a.data, 0, pool_bytes);
-            memset(kv_b.data, 0, pool_bytes);
+            dflash_kv_layout kv_a = { NP, NL, HKV, D, dt, zeroed(pool_bytes) }, kv_b = kv_a;
+            kv_b.data = zeroed(pool_bytes);
             float qa[N * HQ * D], ka[N * row], qb[N * HQ * D], kb[N * row];
             memcpy(qa, q0, sizeof qa);
             memcpy(qb, q0, sizeof qb);
@@ -302,18 +311,12 @@ static void test_qkv_norm_rope_store(void)
     const int row = HKV * D;
     int32_t pos[N] = { 0, 17, 18 }, row_seq[N] = { 0, 0, 0 }, table[BT] = { 3, 1 };
     float x[N * K], wq[HQ * D * K], wk[row * K], wv[row * K], qn[D], kn[D];
-    for (int i = 0; i < N * K; i++)
-        x[i] = frand();
-    for (int i = 0; i < HQ * D * K; i++)
-        wq[i] = frand();
-    for (int i = 0; i < row * K; i++) {
-        wk[i] = frand();
-        wv[i] = frand();
-    }
-    for (int i = 0; i < D; i++) {
-        qn[i] = 1.0f + 0.1f * frand();
-        kn[i] = 1.0f + 0.1f * frand();
-    }
+    fill(x, N * K, 0.0f, 1.0f);
+    fill(wq, HQ * D * K, 0.0f, 1.0f);
+    fill(wk, row * K, 0.0f, 1.0f);
+    fill(wv, row * K, 0.0f, 1.0f);
+    fill(qn, D, 1.0f, 0.1f);
+    fill(kn, D, 1.0f, 0.1f);
     const dflash_weight w[3] = { { DFLASH_DTYPE_F32, HQ * D, K, wq, NULL, "q_proj" },
                                  { DFLASH_DTYPE_F32, row, K, wk, NULL, "k_proj" },
                                  { DFLASH_DTYPE_F32, row, K, wv, NULL, "v_proj" } };
@@ -322,11 +325,8 @@ static void test_qkv_norm_rope_store(void)
     dflash_rope rope;
     CHECK_OK(dflash_rope_default(10000.0, D, &rope));
     const size_t pool_bytes = (size_t)NP * NL * 2 * row * DFLASH_KV_PAGE * sizeof(float);
-    dflash_kv_layout kv_a = { NP, NL, HKV, D, DFLASH_DTYPE_F32, NULL }, kv_b = kv_a;
-    CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_a.data));
-    CHECK_OK(be->ops->alloc(be, pool_bytes, &kv_b.data));
-    memset(kv_a.data, 0, pool_bytes);
-    memset(kv_b.data, 0, pool_bytes);
+    dflash_kv_layout kv_a = { NP, NL, HKV, D, DFLASH_DTYPE_F32, zeroed(pool_bytes) }, kv_b = kv_a;
+    kv_b.data = zeroed(pool_bytes);
     float qa[N * HQ * D], ka[N * row], va[N * row], qb[N * HQ * D], kb[N * row], vb[N * row];
     const dflash_kv_dest dst_a = { &kv_a, 1, table, BT, row_seq, va }, dst_b = { &kv_b, 1, table, BT, row_seq, vb };
     dflash_qkv_args a = { x, N, w, qa, ka, va, &nq, &nk, HQ, HKV, D, pos, 1e-6f, &rope, &dst_a };
@@ -577,14 +577,10 @@ static void test_linear_add_rmsnorm(void)
     enum { N = 3, D = 37, K = 19 };
     float in[N * K], wl[D * K], x[N * D], nw[D], delta[N * D], out[N * D];
     double rx[N * D], ro[N * D];
-    for (int i = 0; i < N * K; i++)
-        in[i] = frand();
-    for (int i = 0; i < D * K; i++)
-        wl[i] = frand();
-    for (int i = 0; i < N * D; i++)
-        x[i] = 2.0f * frand();
-    for (int i = 0; i < D; i++)
-        nw[i] = 1.0f + 0.5f * frand();
+    fill(in, N * K, 0.0f, 1.0f);
+    fill(wl, D * K, 0.0f, 1.0f);
+    fill(x, N * D, 0.0f, 2.0f);
+    fill(nw, D, 1.0f, 0.5f);
     for (int i = 0; i < N; i++) {
         double ss = 0;
         for (int c = 0; c < D; c++) {

@@ -734,6 +734,39 @@ static int rows_shape(char *shape, size_t size, dflash_dtype dt, int kind, const
     return n_w;
 }
 
+/* A linear group case's n_w weights [N[i], K] with, for each, two device
+ * outputs of rows_a and rows_b rows (poisoned) and host buffers of the
+ * same sizes. */
+typedef struct group_bufs {
+    wpair w[3];
+    dflash_weight wd[3];
+    float *dev[2][3], *host[2][3];
+    int n_w;
+} group_bufs;
+
+static void group_bufs_make(group_bufs *g, int n_w, dflash_dtype dt, const int64_t *N, int64_t K, int rows_a,
+                            int rows_b)
+{
+    const int rows[2] = { rows_a, rows_b };
+    g->n_w = n_w;
+    for (int i = 0; i < n_w; i++) {
+        make_weight(&g->w[i], dt, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
+        g->wd[i] = g->w[i].d;
+        for (int j = 0; j < 2; j++) {
+            g->dev[j][i] = gpu_poison((size_t)(rows[j] * N[i]));
+            g->host[j][i] = xmalloc((size_t)(rows[j] * N[i]) * sizeof(float));
+        }
+    }
+}
+
+static void group_bufs_free(group_bufs *g)
+{
+    for (int i = 0; i < g->n_w; i++) {
+        free(g->host[0][i]), free(g->host[1][i]);
+        free_weight(&g->w[i]);
+    }
+}
+
 /* Many rows (gemm_wide.cu from DFLASH_CUDA_GEMM_WIDE rows, 65 by default)
  * must give the bits one row alone gives (gemm.cu): every output of an
  * n-row linear (kind 0), q/k/v group (1), gate/up + SwiGLU (2) or LM head
@@ -747,17 +780,10 @@ static void case_rows_invariance(dflash_backend *be, const char *tag, dflash_dty
     g_gpu = be;
     char shape[112];
     const int n_w = rows_shape(shape, sizeof shape, dt, kind, N, K, "%d rows vs each alone%s", n, tag);
-    wpair w[3];
-    dflash_weight wd[3];
-    float *dall[3], *done[3], *all[3], *one[3];
-    for (int i = 0; i < n_w; i++) {
-        make_weight(&w[i], dt, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
-        wd[i] = w[i].d;
-        dall[i] = gpu_poison((size_t)(n * N[i]));
-        done[i] = gpu_poison((size_t)N[i]);
-        all[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
-        one[i] = xmalloc((size_t)N[i] * sizeof(float));
-    }
+    group_bufs g;
+    group_bufs_make(&g, n_w, dt, N, K, n, 1);
+    const dflash_weight *wd = g.wd;
+    float **dall = g.dev[0], **done = g.dev[1], **all = g.host[0], **one = g.host[1];
     float *x = rand_f32((size_t)(n * K), 1.0f);
     float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
     int32_t *dids = gpu_alloc((size_t)n * sizeof(int32_t)), *ids = xmalloc((size_t)n * sizeof(int32_t)), id1;
@@ -785,10 +811,7 @@ static void case_rows_invariance(dflash_backend *be, const char *tag, dflash_dty
         }
     }
     record("linear rows", shape, bad ? INFINITY : 0.0, 0.0);
-    for (int i = 0; i < n_w; i++) {
-        free(all[i]), free(one[i]);
-        free_weight(&w[i]);
-    }
+    group_bufs_free(&g);
     free(x), free(ids);
     gpu_reset();
     g_gpu = keep;
@@ -806,17 +829,10 @@ static void case_share_sum_bits(dflash_backend *shared, const char *tag, dflash_
     const enum dflash_act act = kind == 2 ? DFLASH_ACT_SWIGLU : DFLASH_ACT_NONE;
     char shape[112];
     const int n_w = rows_shape(shape, sizeof shape, dt, kind, N, K, "%d rows, %s vs one block", n, tag);
-    wpair w[3];
-    dflash_weight wd[3];
-    float *d_sh[3], *d_one[3], *h_sh[3], *h_one[3];
-    for (int i = 0; i < n_w; i++) {
-        make_weight(&w[i], dt, N[i], K, 1.0f / sqrtf((float)K) * 2.0f);
-        wd[i] = w[i].d;
-        d_sh[i] = gpu_poison((size_t)(n * N[i]));
-        d_one[i] = gpu_poison((size_t)(n * N[i]));
-        h_sh[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
-        h_one[i] = xmalloc((size_t)(n * N[i]) * sizeof(float));
-    }
+    group_bufs g;
+    group_bufs_make(&g, n_w, dt, N, K, n, n);
+    const dflash_weight *wd = g.wd;
+    float **d_sh = g.dev[0], **d_one = g.dev[1], **h_sh = g.host[0], **h_one = g.host[1];
     float *x = rand_f32((size_t)(n * K), 1.0f);
     float *dx = gpu_copy(x, (size_t)(n * K) * sizeof(float));
     /* one backend at a time: each has its own stream */
@@ -831,10 +847,7 @@ static void case_share_sum_bits(dflash_backend *shared, const char *tag, dflash_
         bad += memcmp(h_sh[i], h_one[i], (size_t)(n * N[i]) * sizeof(float)) != 0;
     }
     record("linear rows", shape, bad ? INFINITY : 0.0, 0.0);
-    for (int i = 0; i < n_w; i++) {
-        free(h_sh[i]), free(h_one[i]);
-        free_weight(&w[i]);
-    }
+    group_bufs_free(&g);
     free(x);
     gpu_reset();
 }
