@@ -326,28 +326,29 @@ __forceinline__ void head_sum_store(const head_src &hs, float *out, int head_dim
  * i + PER / 2, so the rotation needs no exchange between lanes and the
  * vector is read once and written once. The norm weights and the
  * frequencies are requested before waiting on the previous kernel (they
- * are never written). Same operations in the same order as
+ * are never written): nr_consts. Same operations in the same order as
  * norm_rope_warp: the same bits. */
-template <int PER>
-__forceinline__ void norm_rope_regs(float *v, const head_src &hs, const void *norm, int ndt, const int *pos_of_row,
-                                    float eps, const float *inv_freq, float attn)
+template <int PER> struct nr_consts {
+    float nw[PER], fr[PER / 2];
+};
+
+template <int PER> __forceinline__ nr_consts<PER> nr_load(const void *norm, int ndt, const float *inv_freq)
 {
     const int lane = threadIdx.x & 31;
-    float nw[PER], fr[PER / 2], x[PER];
+    nr_consts<PER> c;
 #pragma unroll
     for (int i = 0; i < PER; i++)
-        nw[i] = norm ? load_elem(norm, ndt, lane + 32 * i) : 1.0f;
+        c.nw[i] = norm ? load_elem(norm, ndt, lane + 32 * i) : 1.0f;
 #pragma unroll
     for (int i = 0; i < PER / 2; i++)
-        fr[i] = inv_freq[lane + 32 * i];
-    pdl_wait();
-    const float p = (float)*pos_of_row;
-    if (hs.src)
-        head_sum<PER>(hs, x);
-    else
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            x[i] = v[lane + 32 * i];
+        c.fr[i] = inv_freq[lane + 32 * i];
+    return c;
+}
+
+/* x (this lane's elements) normed and rotated at position p, in place. */
+template <int PER>
+__forceinline__ void nr_math(float *x, const nr_consts<PER> &c, bool norm, float p, float eps, float attn)
+{
     if (norm) {
         float ss = 0.0f;
 #pragma unroll
@@ -357,16 +358,37 @@ __forceinline__ void norm_rope_regs(float *v, const head_src &hs, const void *no
         const float inv = 1.0f / sqrtf(ss / (float)(32 * PER) + eps);
 #pragma unroll
         for (int i = 0; i < PER; i++)
-            x[i] = nw[i] * (x[i] * inv);
+            x[i] = c.nw[i] * (x[i] * inv);
     }
 #pragma unroll
     for (int i = 0; i < PER / 2; i++) {
-        const float ang = p * fr[i];
-        const float c = cosf(ang) * attn, s = sinf(ang) * attn;
+        const float ang = p * c.fr[i];
+        const float cs = cosf(ang) * attn, sn = sinf(ang) * attn;
         const float a = x[i], b = x[i + PER / 2];
-        v[lane + 32 * i] = a * c - b * s;
-        v[lane + 32 * (i + PER / 2)] = b * c + a * s;
+        x[i] = a * cs - b * sn;
+        x[i + PER / 2] = b * cs + a * sn;
     }
+}
+
+template <int PER>
+__forceinline__ void norm_rope_regs(float *v, const head_src &hs, const void *norm, int ndt, const int *pos_of_row,
+                                    float eps, const float *inv_freq, float attn)
+{
+    const int lane = threadIdx.x & 31;
+    const nr_consts<PER> c = nr_load<PER>(norm, ndt, inv_freq);
+    pdl_wait();
+    const float p = (float)*pos_of_row;
+    float x[PER];
+    if (hs.src)
+        head_sum<PER>(hs, x);
+    else
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            x[i] = v[lane + 32 * i];
+    nr_math<PER>(x, c, norm != nullptr, p, eps, attn);
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+        v[lane + 32 * i] = x[i];
 }
 
 /* norm_rope_regs for this head_dim; false when it has no register form
@@ -428,6 +450,88 @@ struct qk_parts {
 };
 static_assert(sizeof(qk_parts) == 80, "mirrored by qk_parts in cuda_gemm.c");
 
+/* A k head's warp in dflash_qk_norm_rope, head_dim = 32 PER: k normed and
+ * rotated as norm_rope_regs does it (nr_math: the same bits), its v head
+ * summed from the GEMM's partials (vs.src; into v_out) or read where the
+ * GEMM stored it (v_in), and both stored into the page as
+ * dflash_kv_write stores them (st.pool) from registers. Everything after
+ * the wait is requested at once (k's and v's partials, the position, the
+ * row's sequence), the page-table entry as soon as those are in, so the
+ * warp pays about one round trip to L2 before its stores instead of one
+ * per step. */
+template <int PER>
+__forceinline__ void kv_head_regs(float *k, const head_src &hs, const head_src &vs, float *v_out, const float *v_in,
+                                  const void *norm, int ndt, const int *pos, int i, float eps, const float *inv_freq,
+                                  float attn, const qk_store &st, int kh, int hkv)
+{
+    const int lane = threadIdx.x & 31;
+    const nr_consts<PER> c = nr_load<PER>(norm, ndt, inv_freq);
+    pdl_wait();
+    const int p = pos[i];
+    const int seq = st.pool ? st.row_seq[i] : 0;
+    float x[PER], y[PER];
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        x[e] = hs.src ? 0.0f : k[lane + 32 * e];
+        y[e] = vs.src ? 0.0f : v_in ? v_in[lane + 32 * e] : 0.0f;
+    }
+    /* split_sum's order (slice order from 0.0f, then the scale), k's and
+     * v's loads of a batch in flight together */
+    constexpr int B = PER >= 8 ? 2 : 4;
+    const int slices = hs.src ? hs.slices : vs.src ? vs.slices : 0;
+    for (int s0 = 0; s0 < slices; s0 += B) {
+        float gk[B][PER], gv[B][PER];
+#pragma unroll
+        for (int u = 0; u < B; u++)
+#pragma unroll
+            for (int e = 0; e < PER; e++) {
+                const bool in = s0 + u < slices;
+                gk[u][e] = in && hs.src ? __ldcg(hs.src + (s0 + u) * hs.stride + lane + 32 * e) : 0.0f;
+                gv[u][e] = in && vs.src ? __ldcg(vs.src + (s0 + u) * vs.stride + lane + 32 * e) : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < B; u++)
+#pragma unroll
+            for (int e = 0; e < PER; e++)
+                if (s0 + u < slices) {
+                    if (hs.src)
+                        x[e] += gk[u][e];
+                    if (vs.src)
+                        y[e] += gv[u][e];
+                }
+    }
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        if (hs.src && hs.scale)
+            x[e] = __fmul_rn(x[e], hs.scale[lane + 32 * e]);
+        if (vs.src && vs.scale)
+            y[e] = __fmul_rn(y[e], vs.scale[lane + 32 * e]);
+    }
+    const int blk = st.pool ? (p >= 0 ? st.page_tables[(i64)seq * st.pt_len + (p / DFLASH_KV_PAGE) % st.pt_len] : -1)
+                            : 0;
+    nr_math<PER>(x, c, norm != nullptr, (float)p, eps, attn);
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        k[lane + 32 * e] = x[e];
+        if (vs.src)
+            v_out[lane + 32 * e] = y[e];
+    }
+    if (!st.pool)
+        return;
+    if (blk < 0 || blk >= st.n_pages) {
+        if (lane == 0)
+            report_error(st.eflag, st.ehost, ERR_KV_WRITE_PAGE, p, blk, st.n_pages);
+        return;
+    }
+    const i64 dk = kv_row_at(blk, st.n_layers, st.layer, 0, hkv, kh, p, 32 * PER);
+    const i64 dv = kv_row_at(blk, st.n_layers, st.layer, 1, hkv, kh, p, 32 * PER);
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        kv_store_elem(st.pool, st.bf16, dk + lane + 32 * e, x[e]);
+        kv_store_elem(st.pool, st.bf16, dv + lane + 32 * e, y[e]);
+    }
+}
+
 /* Head kh of row i: its k (kr, as this warp just wrote it) and its v into
  * the page of position p, as dflash_kv_write stores them (the same
  * rounding); a position outside the pool reported, not written. */
@@ -472,6 +576,25 @@ extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, floa
         const float *sc = h < hq ? parts.scales[0] : parts.scales[1]; /* not indexed: no copy on the stack */
         hs = { parts.ws + i * parts.ld + col, sc ? sc + (col - (h < hq ? 0 : parts.off_k)) : nullptr, parts.stride,
                parts.slices };
+    }
+    if (h >= hq && 2 * half == head_dim && (parts.ws || st.pool) &&
+        (head_dim == 64 || head_dim == 128 || head_dim == 192 || head_dim == 256)) {
+        /* a k head with its v head and store: in registers */
+        head_src vs = {};
+        float *v_out = nullptr;
+        if (parts.ws) {
+            vs = { parts.ws + i * parts.ld + parts.off_v + (i64)kh * head_dim,
+                   parts.scales[2] ? parts.scales[2] + (i64)kh * head_dim : nullptr, parts.stride, parts.slices };
+            v_out = parts.v + ((i64)i * hkv + kh) * head_dim;
+        }
+        const float *v_in = !parts.ws && st.pool ? st.v + ((i64)i * hkv + kh) * head_dim : nullptr;
+        switch (head_dim) {
+        case 64: kv_head_regs<2>(v, hs, vs, v_out, v_in, knorm, ndt, pos, i, eps, inv_freq, attn, st, kh, hkv); break;
+        case 128: kv_head_regs<4>(v, hs, vs, v_out, v_in, knorm, ndt, pos, i, eps, inv_freq, attn, st, kh, hkv); break;
+        case 192: kv_head_regs<6>(v, hs, vs, v_out, v_in, knorm, ndt, pos, i, eps, inv_freq, attn, st, kh, hkv); break;
+        default: kv_head_regs<8>(v, hs, vs, v_out, v_in, knorm, ndt, pos, i, eps, inv_freq, attn, st, kh, hkv); break;
+        }
+        return;
     }
     if (!norm_rope_fast(v, hs, h < hq ? qnorm : knorm, ndt, pos + i, head_dim, half, eps, inv_freq, attn)) {
         pdl_wait();
