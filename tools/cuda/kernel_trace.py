@@ -12,6 +12,9 @@ gap (start minus the previous kernel's end: negative when it started
 early) and its advance (end minus the previous kernel's end: what it
 adds to the replay, the time to charge it with). Then the advances added
 up by kernel name, and the replay's span (first start to last end).
+Then, where the replay repeats a run of kernel names at least three
+times in a row (a model's layers), each position of that run: medians
+over the repetitions of its duration, gap and advance, and their sum.
 
 Usage: python3 tools/cuda/kernel_trace.py TRACE.csv [--graph ID | --graphs N] [--skip N]
 """
@@ -81,6 +84,42 @@ def summarise(gid, recs, n, skip):
         print("%9.2f %5.1f%% %6d  %s" % (us, 100 * us / span, count, name[:80]))
     print("\nspan %.2f us (first start to last end); advances summed %.2f us, durations summed %.2f us"
           % (span, sum(adv), sum(dur)))
+    fold_layers(names, dur, gap, adv)
+
+
+def find_layers(names):
+    """(period, first, repeats) of the run of names repeated most often
+    back to back (the most kernels covered; the shorter period among
+    equals), or None below three repeats."""
+    best = None
+    n = len(names)
+    for period in range(2, min(64, n // 3) + 1):
+        for first in range(period):
+            reps = 1
+            while first + (reps + 1) * period <= n and \
+                    names[first + reps * period:first + (reps + 1) * period] == names[first:first + period]:
+                reps += 1
+            if reps >= 3 and (best is None or reps * period > best[2] * best[0]):
+                best = (period, first, reps)
+    return best
+
+
+def fold_layers(names, dur, gap, adv):
+    found = find_layers(names)
+    if not found:
+        return
+    period, first, reps = found
+    print("\nkernels %d..%d: %d repeats of %d kernels; per position, medians over the repeats (us)"
+          % (first, first + reps * period - 1, reps, period))
+    print("%4s %9s %9s %9s  %s" % ("pos", "duration", "gap", "advance", "kernel"))
+    total = 0.0
+    for j in range(period):
+        at = [first + r * period + j for r in range(reps)]
+        a = statistics.median(adv[i] for i in at)
+        total += a
+        print("%4d %9.2f %9.2f %9.2f  %s" % (j, statistics.median(dur[i] for i in at),
+                                             statistics.median(gap[i] for i in at), a, names[first + j][:80]))
+    print("a repeat: %.2f us (medians' sum)" % total)
 
 
 if __name__ == "__main__":
