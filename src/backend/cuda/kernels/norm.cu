@@ -507,8 +507,7 @@ __forceinline__ void kv_head_regs(float *k, const head_src &hs, const head_src &
         if (vs.src && vs.scale)
             y[e] = __fmul_rn(y[e], vs.scale[lane + 32 * e]);
     }
-    const int blk = st.pool ? (p >= 0 ? st.page_tables[(i64)seq * st.pt_len + (p / DFLASH_KV_PAGE) % st.pt_len] : -1)
-                            : 0;
+    const int blk = st.pool ? kv_page_of(st.page_tables, st.pt_len, &seq, p) : 0;
     nr_math<PER>(x, c, norm != nullptr, (float)p, eps, attn);
 #pragma unroll
     for (int e = 0; e < PER; e++) {
