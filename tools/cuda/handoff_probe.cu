@@ -131,8 +131,13 @@ int main()
             }
             std::sort(t.begin(), t.end());
             printf("%-7s %6d  %.2f (min %.2f)\n", names[way], nb, t[t.size() / 2], t[0]);
+            CK(cudaEventDestroy(a));
+            CK(cudaEventDestroy(b));
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(g));
         }
+    CK(cudaStreamDestroy(s));
+    CK(cudaFree(buf));
+    CK(cudaFree(cnt));
     return 0;
 }
