@@ -21,8 +21,9 @@
  * dflash_argmax_finish; the outputs themselves are stored only on
  * request). Or none (partials, split > 1): every slice stores its
  * partials and ends, and the next kernel adds them as it reads them
- * (norm.cu's split_add_rmsnorm), so the arrival count, the wait and the
- * last slice's pass over the partials leave the GEMM. */
+ * (norm.cu's split_add_rmsnorm and qk_norm_rope), so the arrival
+ * count, the wait and the last slice's pass over the partials leave the
+ * GEMM. */
 #include "gemm_mma.cuh"
 
 /* split-K partials (a float4 each) a thread requests together; 8 where the
