@@ -68,8 +68,8 @@
 # GPU_TEST_TRACE_BENCH: its arguments, several sets separated by ';',
 # each traced on its own), summarised per kernel of the largest graph
 # (tools/cuda/kernel_trace.py), overlaps included;
-# GPU_TEST_STAMPS=1 adds each GEMM block's phases in benches of the
-# stamps build (tools/cuda/gemm_stamps.py; GPU_TEST_STAMPS_BENCH: ';'-
+# GPU_TEST_STAMPS=1 adds each stamped block's phases (GEMM, attention,
+# merge, norms) in benches of the stamps build (tools/cuda/block_stamps.py; GPU_TEST_STAMPS_BENCH: ';'-
 # separated bench arguments, GPU_TEST_STAMPS_SETS: more runs of the first
 # with variables set);
 # GPU_TEST_NCU_TIMES=1 adds the duration of every kernel of a seed-drafter
@@ -461,8 +461,9 @@ if want bench; then
         fi
     fi
     # GPU_TEST_STAMPS=1: `dflash bench` of the stamps build
-    # (DFLASH_CUDA_STAMPS: every GEMM block's phases, gemm.cu), summarised
-    # per GEMM shape by tools/cuda/gemm_stamps.py; GPU_TEST_STAMPS_BENCH:
+    # (DFLASH_CUDA_STAMPS: the phases of every block of the kernels that
+    # stamp, common.cuh), summarised per GEMM shape and on one timeline by
+    # tools/cuda/block_stamps.py; GPU_TEST_STAMPS_BENCH:
     # the bench arguments (default a seed-drafter propose at ctx 4096),
     # several sets separated by ';', each a run; GPU_TEST_STAMPS_SETS=
     # "VAR=V ...;...": the first set run once more with each setting.
@@ -472,8 +473,8 @@ if want bench; then
             local bin="$B/stamps/$1.bin"
             rm -f "$bin"
             step "stamps-$1" "stamps_run_$1.txt" 200 env $2 DFLASH_CUDA_STAMPS="$bin" "$B/dflash" bench --device cuda $3
-            last_ok && step "stamps-summary-$1" "gemm_stamps_$1.txt" 60 \
-                bash -c "echo 'bench: $3; settings: ${2:-none}'; python3 tools/cuda/gemm_stamps.py '$bin'"
+            last_ok && step "stamps-summary-$1" "block_stamps_$1.txt" 60 \
+                bash -c "echo 'bench: $3; settings: ${2:-none}'; python3 tools/cuda/block_stamps.py '$bin'"
         }
         mkdir -p "$B/stamps"
         IFS=';' read -ra stamp_bench <<<"${GPU_TEST_STAMPS_BENCH:---preset seed-drafter --ctx 4096 --reps 10}"

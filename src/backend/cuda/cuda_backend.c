@@ -107,12 +107,12 @@ static void forget_owned(cuda_ctx *c, CUdeviceptr p)
         }
 }
 
-/* A stamps build (DFLASH_CUDA_STAMPS=FILE): every module's gemm.cu phase
- * records, appended to FILE as raw 64-bit words, and a line on stderr.
- * Teardown of a measurement run: a failure is reported, not returned. */
+/* A stamps build (DFLASH_CUDA_STAMPS=FILE): every module's block stamp
+ * records (common.cuh), appended to FILE as raw 64-bit words, and a line
+ * on stderr. Teardown of a measurement run: a failure is reported, not returned. */
 static void write_stamps(cuda_ctx *c)
 {
-    enum { WORDS = 11 }; /* a record's words: gemm.cu's GM_STAMP_N */
+    enum { WORDS = 11 }; /* a record's words: common.cuh's STAMP_N */
     const char *path = getenv("DFLASH_CUDA_STAMPS");
     if (!path || !path[0])
         return;
@@ -141,7 +141,7 @@ static void write_stamps(cuda_ctx *c)
     }
     if (fclose(f) != 0)
         fprintf(stderr, "dflash: stamps: %s: write error\n", path);
-    fprintf(stderr, "dflash: stamps: %zu GEMM block records to %s, %zu dropped\n", total, path, dropped);
+    fprintf(stderr, "dflash: stamps: %zu block records to %s, %zu older ones overwritten\n", total, path, dropped);
 }
 
 static void cuda_destroy(dflash_backend *be)

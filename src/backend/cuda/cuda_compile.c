@@ -104,7 +104,7 @@ static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-l
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 
 /* A measurement build: DFLASH_CUDA_STAMPS (a file the backend writes the
- * GEMM's phase stamps to at exit, see gemm.cu) compiles them in. */
+ * kernels' block stamps to at exit, see common.cuh) compiles them in. */
 static const char k_opt_stamps[] = "-DDFLASH_STAMPS";
 int dflash_cuda_stamps_on(void)
 {

@@ -145,6 +145,7 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const
  * dimensions each). */
 template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_args &a)
 {
+    STAMP_BEGIN
     pdl_trigger();
     constexpr int DH = D / NH;                    /* dimensions a warp holds */
     constexpr int TILE = AT_TILE / NH;            /* keys per tile */
@@ -188,16 +189,15 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
                                   ? a.pool + kv_row_at(blk, a.n_layers, a.layer, 0, a.n_kv_heads, kvh, 0, D)
                                   : nullptr;
     }
-    pdl_wait();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int qt = warp / NH, half = warp % NH; /* the warp's query tile, its half of the dimensions */
     const int dim0 = half * DH;
     const bool computes = warp < a.compute_warps;
-    /* This lane's two query vectors: rows g and g + 8 of the warp's tile. */
+    /* This lane's two query vectors: rows g and g + 8 of the warp's tile;
+     * their positions are forward inputs too. */
     int orow[2], ohead[2], khi[2], klo[2]; /* row r sees key positions kp with klo < kp <= khi */
     bool qok[2];
-    u32 qh[2][DC][4], ql[2][DC][4];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int qv = qv0 + qt * 16 + g + 8 * r;
@@ -207,6 +207,13 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
         const int qpos = qok[r] ? a.q_pos[orow[r]] : 0;
         khi[r] = !qok[r] ? AT_KP_MIN : a.causal ? qpos : AT_KP_MAX;
         klo[r] = a.window > 0 ? qpos - a.window : AT_KP_MIN;
+    }
+    pdl_wait();
+    STAMP(1);
+
+    u32 qh[2][DC][4], ql[2][DC][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
         const float *qr = a.q + ((i64)orow[r] * a.n_heads + ohead[r]) * D;
 #pragma unroll
         for (int c = 0; c < DC; c++) {
@@ -231,6 +238,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     for (int n = 0; n < ND; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
+    STAMP(2);
     __syncthreads();
     if (n_tiles > 0) {
         at_load_tile<D, TILE>(a, ks[0], vs[0], page_k, pages, v_off, p_first, kvh, lo, n_paged, extra_off, u_begin,
@@ -248,6 +256,8 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (ti < 2)
+            STAMP(3 + ti);
         float s[NK][4];
         if (computes) {
             /* S = Q K^T: key n-tile n holds keys u0 + 8n + g for this lane's B. */
@@ -366,6 +376,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
         __syncthreads(); /* the next load overwrites this stage */
     }
 
+    STAMP(5);
     if (!computes)
         return;
     /* O fragment n: (query r = e / 2, dims 8n + 2t + e % 2). */
@@ -394,6 +405,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
                 *(float2 *)(a.part_ml + unit * 2) = make_float2(m[r] * 0.6931471805599453f, l[r]);
         }
     }
+    STAMP_END(STAMP_K_ATTENTION, QV);
 }
 
 #define ATTN_TC_KERNEL(D, NH)                                                                                 \
@@ -427,6 +439,7 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     __shared__ float w[AT_MAX_SPLITS];
     __shared__ float acc[AC_WARPS][32 * QN];
     __shared__ float scratch[32];
+    STAMP_BEGIN
     pdl_trigger();
     /* the rows' sequences and records are forward inputs (uploaded before
      * the forward's first kernel); the partials are the kernel before's */
@@ -438,6 +451,7 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     if (n_splits <= 1)
         return; /* the attention kernel wrote this row */
     pdl_wait();
+    STAMP(1);
     const float NEG = -__int_as_float(0x7f800000);
     const i64 stride = (i64)n_rows * n_heads, unit = (i64)row * n_heads + h;
     /* Each thread's (m, l) are read once: the first AC_ML_REGS splits
@@ -471,6 +485,7 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
         den += ws * part_ml[(s * stride + unit) * 2 + 1];
     }
     den = block_sum(den, scratch); /* also orders the w[] writes before the reads below */
+    STAMP(2);
     /* dims lane, lane + 32, ... (D <= 32 QN); AC_UNROLL of the warp's
      * splits requested together, added in split order */
     const int nw = blockDim.x >> 5; /* at most AC_WARPS */
@@ -503,6 +518,7 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     for (int q = 0; q < QN; q++)
         if (lane + 32 * q < D)
             acc[warp][lane + 32 * q] = num[q];
+    STAMP(3);
     __syncthreads();
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
     for (int d = tid; d < D; d += blockDim.x) {
@@ -511,6 +527,7 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
             v += acc[k][d];
         out[unit * D + d] = v * inv;
     }
+    STAMP_END(STAMP_K_MERGE, n_splits);
 }
 
 /* head_dim <= 128, and up to 512 (the tensor-core kernel's 256 and the

@@ -315,3 +315,90 @@ __forceinline__ void report_error(int *flag, int *host, int code, int a, int b, 
         h[0] = code;
     }
 }
+
+/* Block stamps, compiled in only with -DDFLASH_STAMPS (the backend adds it
+ * when DFLASH_CUDA_STAMPS names a file, and appends every module's records
+ * there at exit; tools/cuda/block_stamps.py reads them): when a block
+ * entered, passed its phases and ended, as the GPU ran a graph. One record
+ * of STAMP_N words a block, written by thread 0 (its phases are thread
+ * 0's; with STAMP_WARPS_*, by the block's last warp to end): [0] a GEMM's
+ * weight rows n[0] | k << 32, or 0 for another kernel; [1] a GEMM's split
+ * | m << 8 | weights << 16 | mode << 24 | last << 31, or another kernel's
+ * STAMP_K_* code | its detail << 8; the linear block index << 32 in both;
+ * [2] the SM; [3] %globaltimer at entry and [4] at the end (ns, one clock
+ * for the GPU); [5] clock64 at entry and [6..10] at phases 1..5 (0: not
+ * reached; SM cycles, finer than the timer's steps). A stamps build
+ * changes nothing but the timing. */
+#define STAMP_N 11
+#define STAMP_K_ATTENTION 1 /* detail: query vectors of the block's sequence */
+#define STAMP_K_MERGE 2     /* detail: splits */
+#define STAMP_K_SPLIT_NORM 3 /* detail: the block's index in its cluster */
+#define STAMP_K_QK_NORM 4   /* detail: heads a row (q + k) */
+#ifdef DFLASH_STAMPS
+#define STAMP_CAP (1 << 21)
+__device__ unsigned long long dflash_stamps[STAMP_CAP * STAMP_N];
+__device__ unsigned int dflash_stamp_count;
+__forceinline__ unsigned long long stamp_timer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* rec[0], rec[1] filled by the caller; thread 0 only */
+__forceinline__ void stamp_write(unsigned long long *rec)
+{
+    rec[4] = stamp_timer();
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    rec[2] = sm;
+    rec[1] |= (unsigned long long)(blockIdx.x + gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z))
+              << 32;
+    /* a ring: a long run keeps its last STAMP_CAP records (its timed
+     * calls), not the warm-up's */
+    const unsigned int r = atomicAdd(&dflash_stamp_count, 1u) % STAMP_CAP;
+#pragma unroll
+    for (int i = 0; i < STAMP_N; i++)
+        dflash_stamps[(unsigned long long)r * STAMP_N + i] = rec[i];
+}
+#define STAMP_BEGIN                                                                                           \
+    unsigned long long stamp[STAMP_N] = {};                                                                   \
+    if (threadIdx.x == 0) {                                                                                   \
+        stamp[3] = stamp_timer();                                                                             \
+        stamp[5] = clock64();                                                                                 \
+    }
+#define STAMP(i) (threadIdx.x == 0 ? (void)(stamp[5 + (i)] = clock64()) : (void)0)
+/* the end of a kernel that is not a GEMM */
+#define STAMP_END(kind, detail)                                                                               \
+    do {                                                                                                      \
+        if (threadIdx.x == 0) {                                                                               \
+            stamp[1] = (unsigned long long)(kind) | (unsigned long long)(u32)(detail) << 8;                    \
+            stamp_write(stamp);                                                                               \
+        }                                                                                                     \
+    } while (0)
+/* A kernel whose warps end apart (each its own work): entry by thread 0,
+ * the end by the last warp to finish, no phases. */
+#define STAMP_WARPS_BEGIN                                                                                     \
+    __shared__ unsigned long long stamp_entry;                                                                \
+    __shared__ unsigned int stamp_done;                                                                       \
+    if (threadIdx.x == 0) {                                                                                   \
+        stamp_entry = stamp_timer();                                                                          \
+        stamp_done = 0;                                                                                       \
+    }                                                                                                         \
+    __syncthreads();
+#define STAMP_WARPS_END(kind, detail)                                                                         \
+    do {                                                                                                      \
+        __syncwarp();                                                                                         \
+        if ((threadIdx.x & 31) == 0 && atomicAdd(&stamp_done, 1u) == (blockDim.x >> 5) - 1) {                 \
+            unsigned long long rec[STAMP_N] = {};                                                             \
+            rec[1] = (unsigned long long)(kind) | (unsigned long long)(u32)(detail) << 8;                      \
+            rec[3] = stamp_entry;                                                                             \
+            stamp_write(rec);                                                                                 \
+        }                                                                                                     \
+    } while (0)
+#else
+#define STAMP_BEGIN
+#define STAMP(i) ((void)0)
+#define STAMP_END(kind, detail) ((void)0)
+#define STAMP_WARPS_BEGIN
+#define STAMP_WARPS_END(kind, detail) ((void)0)
+#endif

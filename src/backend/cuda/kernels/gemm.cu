@@ -34,47 +34,22 @@
  * loaded while the previous one is multiplied). */
 #define GM_LOADS(FP8, NT) ((NT) >= 8 ? ((FP8) ? 1 : 2) : (NT) >= 4 || (FP8) ? 2 : 4)
 
-/* Phase stamps, compiled in only with -DDFLASH_STAMPS (the backend adds it
- * when DFLASH_CUDA_STAMPS names a file, and writes the records there at
- * exit; tools/cuda/gemm_stamps.py reads them): when each block of an
- * unchained call entered, got past the dependency wait, had its first
- * activations staged, left the chunk loop, learned whether it is the
- * last slice, and ended, as the GPU ran a graph. One record of GM_STAMP_N
- * words a block, written by thread 0: [0] weight rows n[0] | k << 32,
- * [1] split | m << 8 | n_w << 16 | mode << 24 | last << 31 | block << 32,
- * [2] the SM, [3] %globaltimer at entry (ns), [4] at the end, [5..10]
- * clock64 at entry and the five phases (0: not reached). */
-#define GM_STAMP_N 11
+/* Phase stamps (common.cuh's block stamps): each block of an unchained
+ * call records when it passed the dependency wait (1), had its first
+ * activations staged (2), left the chunk loop (3), learned whether it is
+ * the last slice (4) and ended its epilogue (5). */
 #ifdef DFLASH_STAMPS
-#define GM_STAMP_CAP (1 << 20)
-__device__ unsigned long long dflash_stamps[GM_STAMP_CAP * GM_STAMP_N];
-__device__ unsigned int dflash_stamp_count;
-__forceinline__ unsigned long long gm_globaltimer()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#define GM_STAMP(i) (threadIdx.x == 0 ? (void)(stamp[5 + (i)] = clock64()) : (void)0)
 #define GM_STAMP_WRITE(last)                                                                                  \
     do {                                                                                                      \
         if (threadIdx.x == 0) {                                                                               \
-            stamp[4] = gm_globaltimer();                                                                      \
             stamp[0] = (unsigned long long)a.n[0] | (unsigned long long)a.k << 32;                            \
             stamp[1] = (unsigned long long)a.split | (unsigned long long)a.m << 8 |                           \
                        (unsigned long long)a.n_w << 16 | (unsigned long long)a.mode << 24 |                   \
-                       (unsigned long long)((last) ? 1 : 0) << 31 | (unsigned long long)blockIdx.x << 32;     \
-            u32 sm;                                                                                           \
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                                   \
-            stamp[2] = sm;                                                                                    \
-            const unsigned int r = atomicAdd(&dflash_stamp_count, 1u);                                        \
-            if (r < GM_STAMP_CAP)                                                                             \
-                _Pragma("unroll") for (int i_ = 0; i_ < GM_STAMP_N; i_++)                                                       \
-                    dflash_stamps[(unsigned long long)r * GM_STAMP_N + i_] = stamp[i_];                       \
+                       (unsigned long long)((last) ? 1 : 0) << 31;                                            \
+            stamp_write(stamp);                                                                               \
         }                                                                                                     \
     } while (0)
 #else
-#define GM_STAMP(i) ((void)0)
 #define GM_STAMP_WRITE(last) ((void)0)
 #endif
 
@@ -321,13 +296,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
         }
     };
 
-#ifdef DFLASH_STAMPS
-    unsigned long long stamp[GM_STAMP_N] = {};
-    if (threadIdx.x == 0) {
-        stamp[3] = gm_globaltimer();
-        stamp[5] = clock64();
-    }
-#endif
+    STAMP_BEGIN
     gm_item cur = gm_item_at<FP8>(a, bid);
     /* The first weights stream in while the previous kernel may still be
      * finishing (weights are never written); everything else waits. */
@@ -335,7 +304,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
     if (cur.s0 < cur.s1)
         load_weights(cur, cur.s0, ca, cb);
     pdl_wait();
-    GM_STAMP(1);
+    STAMP(1);
 #pragma unroll
     for (int i = 0; i < XV; i++) {
         const int row = (threadIdx.x + i * GM_THREADS) / (KC / 4);
@@ -364,7 +333,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
             }
             __syncthreads();
             if (!CHAIN && c0 == cur.s0)
-                GM_STAMP(2);
+                STAMP(2);
             uint4 na[L], nb[L];
             const gm_item nxt = more && c0 + L >= cur.s1 ? gm_item_at<FP8>(a, bid + item + 1) : cur;
             if (more && c0 + L >= cur.s1 && nxt.s0 < nxt.s1) {
@@ -404,7 +373,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
         }
 
         if (!CHAIN)
-            GM_STAMP(3);
+            STAMP(3);
         /* The row block's sum: after its last slice (summed), or this
          * item's (the workspace adds the slices). */
         if (summed) {
@@ -488,7 +457,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
                 __syncthreads();
                 last = is_last;
                 if (!CHAIN)
-                    GM_STAMP(4);
+                    STAMP(4);
                 if (!CHAIN && !last && !share_mine) {
                     GM_STAMP_WRITE(false);
                     return;
@@ -504,7 +473,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
             } else if (last)
                 gemm_finish<FP8, NT, SB>(a, cur, red, n_ws, summed, -1);
             if (!CHAIN) {
-                GM_STAMP(5);
+                STAMP(5);
                 GM_STAMP_WRITE(last);
                 return;
             }

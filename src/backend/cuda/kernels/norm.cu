@@ -195,6 +195,7 @@ extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
     __shared__ float scratch[32];
     const int bd = blockDim.x, b = (int)(blockIdx.x % AR_CLUSTER);
     const i64 r = blockIdx.x / AR_CLUSTER;
+    STAMP_BEGIN
     pdl_trigger();
     float wv[AR_SMALL_PER];
 #pragma unroll
@@ -203,7 +204,9 @@ extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
         wv[i] = b == 0 && j < dim ? load_elem(w, wdt, j) : 0.0f;
     }
     cluster_sync(); /* every block of the cluster running: block 0's vs may be written */
+    STAMP(1);
     pdl_wait();
+    STAMP(2);
     float *xr = x + r * dim;
     const int first = threadIdx.x + b * bd, step = AR_CLUSTER * bd;
     float v[MINE], d[MINE];
@@ -223,9 +226,13 @@ extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
             ar_put_leader(vs, j, v[k]);
         }
     }
+    STAMP(3);
     cluster_sync(); /* block 0 sees the row's sums */
-    if (b != 0)
+    STAMP(4);
+    if (b != 0) {
+        STAMP_END(STAMP_K_SPLIT_NORM, b);
         return;
+    }
     float u[AR_SMALL_PER], ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < AR_SMALL_PER; i++) {
@@ -243,6 +250,7 @@ extern "C" __global__ void AR_CLUSTER_DIMS __launch_bounds__(512)
         if (j < dim)
             o[j] = wv[i] * (u[i] * inv);
     }
+    STAMP_END(STAMP_K_SPLIT_NORM, b);
 }
 
 /* One (row, head) vector v [head_dim] by one warp: optional RMSNorm with
@@ -324,15 +332,19 @@ __forceinline__ void head_sum_store(const head_src &hs, float *out, int head_dim
  * vector in registers: lane holds elements j = lane + 32 i, and the RoPE
  * partner j + head_dim / 2 of each of its first PER / 2 is its own element
  * i + PER / 2, so the rotation needs no exchange between lanes and the
- * vector is read once and written once. The norm weights and the
- * frequencies are requested before waiting on the previous kernel (they
- * are never written): nr_consts. Same operations in the same order as
+ * vector is read once and written once. Everything but the vector is
+ * ready before the wait on the previous kernel (nr_consts): the norm
+ * weights and frequencies are never written, and the row's position is a
+ * forward input (uploaded before the forward's first kernel, which no
+ * kernel of it overlaps), so its cosines and sines are computed while the
+ * GEMM before still runs. Same operations in the same order as
  * norm_rope_warp: the same bits. */
 template <int PER> struct nr_consts {
-    float nw[PER], fr[PER / 2];
+    float nw[PER], cs[PER / 2], sn[PER / 2];
 };
 
-template <int PER> __forceinline__ nr_consts<PER> nr_load(const void *norm, int ndt, const float *inv_freq)
+template <int PER>
+__forceinline__ nr_consts<PER> nr_load(const void *norm, int ndt, const float *inv_freq, float p, float attn)
 {
     const int lane = threadIdx.x & 31;
     nr_consts<PER> c;
@@ -340,14 +352,16 @@ template <int PER> __forceinline__ nr_consts<PER> nr_load(const void *norm, int 
     for (int i = 0; i < PER; i++)
         c.nw[i] = norm ? load_elem(norm, ndt, lane + 32 * i) : 1.0f;
 #pragma unroll
-    for (int i = 0; i < PER / 2; i++)
-        c.fr[i] = inv_freq[lane + 32 * i];
+    for (int i = 0; i < PER / 2; i++) {
+        const float ang = p * inv_freq[lane + 32 * i];
+        c.cs[i] = cosf(ang) * attn;
+        c.sn[i] = sinf(ang) * attn;
+    }
     return c;
 }
 
-/* x (this lane's elements) normed and rotated at position p, in place. */
-template <int PER>
-__forceinline__ void nr_math(float *x, const nr_consts<PER> &c, bool norm, float p, float eps, float attn)
+/* x (this lane's elements) normed and rotated by c's angles, in place. */
+template <int PER> __forceinline__ void nr_math(float *x, const nr_consts<PER> &c, bool norm, float eps)
 {
     if (norm) {
         float ss = 0.0f;
@@ -362,11 +376,9 @@ __forceinline__ void nr_math(float *x, const nr_consts<PER> &c, bool norm, float
     }
 #pragma unroll
     for (int i = 0; i < PER / 2; i++) {
-        const float ang = p * c.fr[i];
-        const float cs = cosf(ang) * attn, sn = sinf(ang) * attn;
         const float a = x[i], b = x[i + PER / 2];
-        x[i] = a * cs - b * sn;
-        x[i + PER / 2] = b * cs + a * sn;
+        x[i] = a * c.cs[i] - b * c.sn[i];
+        x[i + PER / 2] = b * c.cs[i] + a * c.sn[i];
     }
 }
 
@@ -375,9 +387,8 @@ __forceinline__ void norm_rope_regs(float *v, const head_src &hs, const void *no
                                     float eps, const float *inv_freq, float attn)
 {
     const int lane = threadIdx.x & 31;
-    const nr_consts<PER> c = nr_load<PER>(norm, ndt, inv_freq);
+    const nr_consts<PER> c = nr_load<PER>(norm, ndt, inv_freq, (float)*pos_of_row, attn);
     pdl_wait();
-    const float p = (float)*pos_of_row;
     float x[PER];
     if (hs.src)
         head_sum<PER>(hs, x);
@@ -385,7 +396,7 @@ __forceinline__ void norm_rope_regs(float *v, const head_src &hs, const void *no
 #pragma unroll
         for (int i = 0; i < PER; i++)
             x[i] = v[lane + 32 * i];
-    nr_math<PER>(x, c, norm != nullptr, p, eps, attn);
+    nr_math<PER>(x, c, norm != nullptr, eps);
 #pragma unroll
     for (int i = 0; i < PER; i++)
         v[lane + 32 * i] = x[i];
@@ -454,21 +465,23 @@ static_assert(sizeof(qk_parts) == 80, "mirrored by qk_parts in cuda_gemm.c");
  * rotated as norm_rope_regs does it (nr_math: the same bits), its v head
  * summed from the GEMM's partials (vs.src; into v_out) or read where the
  * GEMM stored it (v_in), and both stored into the page as
- * dflash_kv_write stores them (st.pool) from registers. Everything after
- * the wait is requested at once (k's and v's partials, the position, the
- * row's sequence), the page-table entry as soon as those are in, so the
- * warp pays about one round trip to L2 before its stores instead of one
- * per step. */
+ * dflash_kv_write stores them (st.pool) from registers. The position,
+ * the row's page and the rotation's factors are found before the wait
+ * (forward inputs, as in nr_load), and k's and v's partials requested
+ * together after it, so the warp pays one round trip to L2 between the
+ * wait and its stores. */
 template <int PER>
 __forceinline__ void kv_head_regs(float *k, const head_src &hs, const head_src &vs, float *v_out, const float *v_in,
                                   const void *norm, int ndt, const int *pos, int i, float eps, const float *inv_freq,
                                   float attn, const qk_store &st, int kh, int hkv)
 {
     const int lane = threadIdx.x & 31;
-    const nr_consts<PER> c = nr_load<PER>(norm, ndt, inv_freq);
-    pdl_wait();
+    /* the position, the row's sequence and its page are forward inputs
+     * (nr_consts): found before the wait */
     const int p = pos[i];
-    const int seq = st.pool ? st.row_seq[i] : 0;
+    const int blk = st.pool ? kv_page_of(st.page_tables, st.pt_len, st.row_seq + i, p) : 0;
+    const nr_consts<PER> c = nr_load<PER>(norm, ndt, inv_freq, (float)p, attn);
+    pdl_wait();
     float x[PER], y[PER];
 #pragma unroll
     for (int e = 0; e < PER; e++) {
@@ -507,8 +520,7 @@ __forceinline__ void kv_head_regs(float *k, const head_src &hs, const head_src &
         if (vs.src && vs.scale)
             y[e] = __fmul_rn(y[e], vs.scale[lane + 32 * e]);
     }
-    const int blk = st.pool ? kv_page_of(st.page_tables, st.pt_len, &seq, p) : 0;
-    nr_math<PER>(x, c, norm != nullptr, (float)p, eps, attn);
+    nr_math<PER>(x, c, norm != nullptr, eps);
 #pragma unroll
     for (int e = 0; e < PER; e++) {
         k[lane + 32 * e] = x[e];
@@ -558,12 +570,10 @@ __forceinline__ void qk_store_head(const qk_store &st, int i, int kh, int hkv, i
  * V as dflash_kv_write would (hq may be 0: k alone). With parts.ws, q, k
  * and v are first summed from the GEMM's partials (v's head by its k
  * head's warp, into parts.v), as they are read. */
-extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
-                                               const int *pos, int n, int hq, int hkv, int head_dim, int half,
-                                               float eps, const float *inv_freq, float attn, const qk_store st,
-                                               const qk_parts parts)
+__forceinline__ void qk_norm_rope_warp(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
+                                       const int *pos, int n, int hq, int hkv, int head_dim, int half, float eps,
+                                       const float *inv_freq, float attn, const qk_store st, const qk_parts parts)
 {
-    pdl_trigger();
     const i64 unit = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (unit >= (i64)n * (hq + hkv))
         return; /* touches nothing */
@@ -612,6 +622,17 @@ extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, floa
     }
     if (st.pool && h >= hq)
         qk_store_head(st, i, kh, hkv, pos[i], v, head_dim);
+}
+
+extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
+                                               const int *pos, int n, int hq, int hkv, int head_dim, int half,
+                                               float eps, const float *inv_freq, float attn, const qk_store st,
+                                               const qk_parts parts)
+{
+    STAMP_WARPS_BEGIN
+    pdl_trigger();
+    qk_norm_rope_warp(q, qnorm, k, knorm, ndt, pos, n, hq, hkv, head_dim, half, eps, inv_freq, attn, st, parts);
+    STAMP_WARPS_END(STAMP_K_QK_NORM, hq + hkv);
 }
 
 /* block 128 = 4 warps, one (row, head) per warp: v = w * (x * inv) as
