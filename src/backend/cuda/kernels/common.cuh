@@ -330,10 +330,10 @@ __forceinline__ void report_error(int *flag, int *host, int code, int a, int b, 
  * reached; SM cycles, finer than the timer's steps). A stamps build
  * changes nothing but the timing. */
 #define STAMP_N 11
-#define STAMP_K_ATTENTION 1 /* detail: query vectors of the block's sequence */
-#define STAMP_K_MERGE 2     /* detail: splits */
+#define STAMP_K_ATTENTION 1  /* detail: query vectors of the block's sequence */
+#define STAMP_K_MERGE 2      /* detail: splits */
 #define STAMP_K_SPLIT_NORM 3 /* detail: the block's index in its cluster */
-#define STAMP_K_QK_NORM 4   /* detail: heads a row (q + k) */
+#define STAMP_K_QK_NORM 4    /* detail: heads a row (q + k) */
 #ifdef DFLASH_STAMPS
 #define STAMP_CAP (1 << 21)
 __device__ unsigned long long dflash_stamps[STAMP_CAP * STAMP_N];

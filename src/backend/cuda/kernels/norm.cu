@@ -477,7 +477,7 @@ __forceinline__ void kv_head_regs(float *k, const head_src &hs, const head_src &
 {
     const int lane = threadIdx.x & 31;
     /* the position, the row's sequence and its page are forward inputs
-     * (nr_consts): found before the wait */
+     * (see nr_consts): found before the wait */
     const int p = pos[i];
     const int blk = st.pool ? kv_page_of(st.page_tables, st.pt_len, st.row_seq + i, p) : 0;
     const nr_consts<PER> c = nr_load<PER>(norm, ndt, inv_freq, (float)p, attn);
@@ -624,6 +624,8 @@ __forceinline__ void qk_norm_rope_warp(float *q, const void *qnorm, float *k, co
         qk_store_head(st, i, kh, hkv, pos[i], v, head_dim);
 }
 
+/* The launch: one (row, head) unit a warp (qk_norm_rope_warp); a stamps
+ * build records the block's entry and its last warp's end. */
 extern "C" __global__ void dflash_qk_norm_rope(float *q, const void *qnorm, float *k, const void *knorm, int ndt,
                                                const int *pos, int n, int hq, int hkv, int head_dim, int half,
                                                float eps, const float *inv_freq, float attn, const qk_store st,
