@@ -179,6 +179,49 @@ static void test_stamps_build(void)
     dflash_nvrtc_api_unload(&nv);
 }
 
+/* The GEMM skip build (DFLASH_CUDA_GEMM_SKIP=1..7: parts of gemm.cu's
+ * work compiled out of the loop, for measurement) compiles cleanly into a
+ * different CUBIN with the same kernels; any other value is no skip. */
+static void test_gemm_skip_build(void)
+{
+    static const struct {
+        const char *v;
+        int want;
+    } cases[] = { { "7", 7 }, { "1", 1 }, { "0", 0 }, { "8", 0 }, { "-1", 0 }, { "2x", 0 }, { "", 0 } };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("DFLASH_CUDA_GEMM_SKIP", cases[i].v, 1);
+        CHECKF(dflash_cuda_gemm_skip() == cases[i].want, "DFLASH_CUDA_GEMM_SKIP='%s': %d, expected %d", cases[i].v,
+               dflash_cuda_gemm_skip(), cases[i].want);
+    }
+    unsetenv("DFLASH_CUDA_GEMM_SKIP");
+    CHECK(dflash_cuda_gemm_skip() == 0);
+    dflash_nvrtc_api nv;
+    if (!nvrtc_open(&nv))
+        return;
+    const dflash_cuda_src *src = dflash_cuda_src_find("gemm.cu");
+    CHECK(src != NULL);
+    void *bin[2] = { NULL, NULL };
+    size_t n[2] = { 0, 0 };
+    for (int on = 0; src && on < 2; on++) {
+        if (on)
+            setenv("DFLASH_CUDA_GEMM_SKIP", "7", 1);
+        char *log = NULL;
+        const dflash_status s = dflash_cuda_compile(&nv, src, "sm_90a", &bin[on], &n[on], &log);
+        CHECKF(s == DFLASH_OK, "skip %d: %s", on, dflash_last_error());
+        if (s == DFLASH_OK) {
+            CHECKF(log[0] == 0, "skip %d: compiler log not clean:\n%s", on, log);
+            CHECK(cubin_has_symbol(bin[on], n[on], "dflash_gemm_bf16_1"));
+            CHECK(cubin_has_symbol(bin[on], n[on], "dflash_gemm_group_fp8_8"));
+        }
+        free(log);
+    }
+    unsetenv("DFLASH_CUDA_GEMM_SKIP");
+    CHECK(bin[0] && bin[1] && (n[0] != n[1] || memcmp(bin[0], bin[1], n[0]) != 0));
+    free(bin[0]);
+    free(bin[1]);
+    dflash_nvrtc_api_unload(&nv);
+}
+
 static void test_compile_error_is_reported(void)
 {
     dflash_nvrtc_api nv;
@@ -303,6 +346,7 @@ int main(void)
     RUN(test_arch_names);
     RUN(test_compile_all_for_sm90a);
     RUN(test_stamps_build);
+    RUN(test_gemm_skip_build);
     RUN(test_compile_error_is_reported);
     RUN(test_cubin_cache);
     RUN(test_create_without_gpu);

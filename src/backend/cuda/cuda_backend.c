@@ -987,8 +987,18 @@ static dflash_status open_device(cuda_ctx *c, int device)
     c->gemm_defer_sum = dflash_levers_get()->cuda_gemm_defer_sum;
     c->gemm_wide = dflash_levers_get()->cuda_gemm_wide;
     c->gemm_tile = dflash_levers_get()->cuda_gemm_tile;
-    snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s)", c->dev_name, c->arch, c->sm_count,
-             c->pdl ? "" : ", PDL off");
+    const int skip = dflash_cuda_gemm_skip();
+    const char *skip_env = getenv("DFLASH_CUDA_GEMM_SKIP");
+    char skip_note[96] = "";
+    if (!skip && skip_env && skip_env[0] && strcmp(skip_env, "0") != 0)
+        fprintf(stderr, "dflash: ignoring DFLASH_CUDA_GEMM_SKIP='%s' (expected 1..7)\n", skip_env);
+    if (skip) {
+        snprintf(skip_note, sizeof skip_note, ", GEMM work skipped (DFLASH_CUDA_GEMM_SKIP=%d): results wrong", skip);
+        fprintf(stderr, "dflash: DFLASH_CUDA_GEMM_SKIP=%d: a measurement build, every GEMM's results are wrong\n",
+                skip);
+    }
+    snprintf(c->desc, sizeof c->desc, "%s (%s, %d SMs%s%s)", c->dev_name, c->arch, c->sm_count,
+             c->pdl ? "" : ", PDL off", skip_note);
     DFLASH_TRY(dflash_nvrtc_api_load(&c->nv));
     DFLASH_TRY(load_kernels(c));
     return DFLASH_CU(cu, cuStreamSynchronize(c->stream));

@@ -112,6 +112,19 @@ int dflash_cuda_stamps_on(void)
     return v && v[0];
 }
 
+/* A measurement build: DFLASH_CUDA_GEMM_SKIP=MASK compiles gemm.cu with
+ * GM_SKIP=MASK (1 activations not loaded, 2 weights not loaded, 4 no chunk
+ * loop): the time a forward takes without that work, its results wrong. */
+int dflash_cuda_gemm_skip(void)
+{
+    const char *v = getenv("DFLASH_CUDA_GEMM_SKIP");
+    if (!v || !v[0])
+        return 0;
+    char *end;
+    const long m = strtol(v, &end, 10);
+    return *end == 0 && m >= 1 && m <= 7 ? (int)m : 0;
+}
+
 void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)
 {
     snprintf(buf, len, "sm_%d%d%s", major, minor, major == 9 && minor == 0 ? "a" : "");
@@ -141,13 +154,17 @@ dflash_status dflash_cuda_compile(const dflash_nvrtc_api *nv, const dflash_cuda_
         }
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-    const char *opts[N_OPTS_FIXED + 2];
+    char skip_opt[32];
+    snprintf(skip_opt, sizeof skip_opt, "-DGM_SKIP=%d", dflash_cuda_gemm_skip());
+    const char *opts[N_OPTS_FIXED + 3];
     int n_opts = 0;
     for (size_t i = 0; i < N_OPTS_FIXED; i++)
         opts[n_opts++] = k_opts_fixed[i];
     opts[n_opts++] = arch_opt;
     if (dflash_cuda_stamps_on())
         opts[n_opts++] = k_opt_stamps;
+    if (dflash_cuda_gemm_skip())
+        opts[n_opts++] = skip_opt;
 
     nvrtcProgram prog = NULL;
     DFLASH_TRY(DFLASH_NVRTC(nv, nvrtcCreateProgram(&prog, src->text, src->name, n_hdr, hdr_text, hdr_name)));
@@ -215,6 +232,9 @@ static uint64_t cache_key(const dflash_nvrtc_api *nv, const dflash_cuda_src *src
         h = fnv1a(h, k_opts_fixed[i], strlen(k_opts_fixed[i]) + 1);
     if (dflash_cuda_stamps_on())
         h = fnv1a(h, k_opt_stamps, sizeof k_opt_stamps);
+    const int skip = dflash_cuda_gemm_skip();
+    if (skip)
+        h = fnv1a(h, &skip, sizeof skip);
     int v[2] = { 0, 0 };
     if (nv->nvrtcVersion(&v[0], &v[1]) != 0)
         v[0] = v[1] = -1;

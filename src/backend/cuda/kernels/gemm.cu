@@ -53,6 +53,18 @@
 #define GM_STAMP_WRITE(last) ((void)0)
 #endif
 
+/* A measurement build (DFLASH_CUDA_GEMM_SKIP, cuda_compile.c): with
+ * GM_SKIP defined, bit 1 stages zeros for the activations, bit 2 holds
+ * zeros for the weights, bit 4 skips the chunk loop. The results are wrong
+ * by design; what a forward then takes says what the skipped work costs.
+ * Each test also reads a.k, so the compiler keeps the code it guards (the
+ * release build's instructions, less the skipped loads or loop). */
+#ifdef GM_SKIP
+#define GM_SKIPS(bit) ((GM_SKIP & (bit)) && a.k > 0)
+#else
+#define GM_SKIPS(bit) false
+#endif
+
 /* One k16 step: acc[j] += A * (hi + lo) of activation tile j, whose B
  * fragment source for this lane is xs[(8j + g) * XW + idx]. */
 template <int NT, int XW>
@@ -282,8 +294,8 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
 #pragma unroll
         for (int u = 0; u < L; u++) {
             const i64 st = c0 + u, off = st * KSTEP * ESZ;
-            wa[u] = it.ok_a && st < it.s1 ? load_stream(it.pa + off) : zero;
-            wb[u] = it.ok_b && st < it.s1 ? load_stream(it.pb + off) : zero;
+            wa[u] = !GM_SKIPS(2) && it.ok_a && st < it.s1 ? load_stream(it.pa + off) : zero;
+            wb[u] = !GM_SKIPS(2) && it.ok_b && st < it.s1 ? load_stream(it.pb + off) : zero;
         }
     };
     auto load_x = [&](const gm_item &it, i64 c0, float4 *xv) {
@@ -291,8 +303,8 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
         for (int i = 0; i < XV; i++) {
             const int q = (threadIdx.x + i * GM_THREADS) % (KC / 4);
             const i64 kk = c0 * KSTEP + 4 * q;
-            xv[i] = xr[i] >= 0 && kk < it.s1 * KSTEP ? *(const float4 *)(a.x + (i64)xr[i] * a.k + kk)
-                                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const bool in = !GM_SKIPS(1) && xr[i] >= 0 && kk < it.s1 * KSTEP;
+            xv[i] = in ? *(const float4 *)(a.x + (i64)xr[i] * a.k + kk) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
 
@@ -324,7 +336,7 @@ template <int FP8, int NT, bool CHAIN> __forceinline__ void gemm_body(const gemm
             if (cur.s == 0)
                 tot[j][0] = tot[j][1] = tot[j][2] = tot[j][3] = 0.0f;
         }
-        for (i64 c0 = cur.s0; c0 < cur.s1; c0 += L) {
+        for (i64 c0 = cur.s0; c0 < (GM_SKIPS(4) ? cur.s0 : cur.s1); c0 += L) {
             /* stage this chunk's activations, split, for all warps */
 #pragma unroll
             for (int i = 0; i < XV; i++) {
