@@ -180,8 +180,9 @@ static void test_stamps_build(void)
 }
 
 /* The GEMM skip build (DFLASH_CUDA_GEMM_SKIP=1..7: parts of gemm.cu's
- * work compiled out of the loop, for measurement) compiles cleanly into a
- * different CUBIN with the same kernels; any other value is no skip. */
+ * work taken away, for measurement) compiles cleanly into a different
+ * CUBIN with the same kernels and is cached apart from the release build;
+ * any other value is no skip. */
 static void test_gemm_skip_build(void)
 {
     static const struct {
@@ -219,6 +220,51 @@ static void test_gemm_skip_build(void)
     CHECK(bin[0] && bin[1] && (n[0] != n[1] || memcmp(bin[0], bin[1], n[0]) != 0));
     free(bin[0]);
     free(bin[1]);
+
+    /* cached apart: the same small source, with and without the skip,
+     * leaves two entries in an empty cache */
+    char dir[] = "/tmp/dflash_skip_cache_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    const char *old = getenv("XDG_CACHE_HOME");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("XDG_CACHE_HOME", dir, 1);
+    const dflash_cuda_src *small = dflash_cuda_src_find("argmax.cu");
+    CHECK(small != NULL);
+    for (int on = 0; small && on < 2; on++) {
+        if (on)
+            setenv("DFLASH_CUDA_GEMM_SKIP", "3", 1);
+        void *b = NULL;
+        size_t nb = 0;
+        int announced = 0;
+        CHECK_OK(dflash_cuda_cubin_get(&nv, small, "sm_90a", &announced, &b, &nb));
+        CHECKF(announced == 1, "skip %d: not compiled (found in the cache)", on);
+        free(b);
+    }
+    unsetenv("DFLASH_CUDA_GEMM_SKIP");
+    char sub[600];
+    snprintf(sub, sizeof sub, "%s/dflash", dir);
+    DIR *d = opendir(sub);
+    struct dirent *e;
+    int files = 0;
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", sub, e->d_name);
+        remove(p);
+        files++;
+    }
+    if (d)
+        closedir(d);
+    CHECK(files == 2);
+    rmdir(sub);
+    rmdir(dir);
+    if (saved) {
+        setenv("XDG_CACHE_HOME", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("XDG_CACHE_HOME");
+    }
     dflash_nvrtc_api_unload(&nv);
 }
 
