@@ -146,6 +146,60 @@ static void test_compile_all_for_sm90a(void)
     dflash_nvrtc_api_unload(&nv);
 }
 
+/* A test's own kernel cache: XDG_CACHE_HOME points at a fresh directory
+ * from cache_begin to cache_end, which removes it and restores the
+ * variable. */
+typedef struct {
+    char dir[64], sub[128]; /* the directory, and the backend's folder in it */
+    char *saved;            /* XDG_CACHE_HOME before, or NULL */
+} test_cache;
+
+static void cache_begin(test_cache *tc, const char *name)
+{
+    snprintf(tc->dir, sizeof tc->dir, "/tmp/%s_XXXXXX", name);
+    CHECK(mkdtemp(tc->dir) != NULL);
+    snprintf(tc->sub, sizeof tc->sub, "%s/dflash", tc->dir);
+    const char *old = getenv("XDG_CACHE_HOME");
+    tc->saved = old ? strdup(old) : NULL;
+    setenv("XDG_CACHE_HOME", tc->dir, 1);
+}
+
+/* Every entry of the cache truncated to `keep` bytes, or removed when
+ * keep < 0; returns how many there were. */
+static int cache_each(const test_cache *tc, long keep)
+{
+    DIR *d = opendir(tc->sub);
+    struct dirent *e;
+    int files = 0;
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", tc->sub, e->d_name);
+        if (keep >= 0)
+            CHECK(truncate(p, keep) == 0);
+        else
+            remove(p);
+        files++;
+    }
+    if (d)
+        closedir(d);
+    return files;
+}
+
+static void cache_end(test_cache *tc)
+{
+    cache_each(tc, -1);
+    rmdir(tc->sub);
+    rmdir(tc->dir);
+    if (tc->saved) {
+        setenv("XDG_CACHE_HOME", tc->saved, 1);
+        free(tc->saved);
+    } else {
+        unsetenv("XDG_CACHE_HOME");
+    }
+}
+
 /* The measurement build (DFLASH_CUDA_STAMPS set: gemm.cu's phase stamps
  * compiled in) compiles cleanly and holds the records the backend reads
  * back at exit; without the variable they are not there. */
@@ -223,11 +277,8 @@ static void test_gemm_skip_build(void)
 
     /* cached apart: the same small source, with and without the skip,
      * leaves two entries in an empty cache */
-    char dir[] = "/tmp/dflash_skip_cache_XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    const char *old = getenv("XDG_CACHE_HOME");
-    char *saved = old ? strdup(old) : NULL;
-    setenv("XDG_CACHE_HOME", dir, 1);
+    test_cache tc;
+    cache_begin(&tc, "dflash_skip_cache");
     const dflash_cuda_src *small = dflash_cuda_src_find("argmax.cu");
     CHECK(small != NULL);
     for (int on = 0; small && on < 2; on++) {
@@ -241,30 +292,8 @@ static void test_gemm_skip_build(void)
         free(b);
     }
     unsetenv("DFLASH_CUDA_GEMM_SKIP");
-    char sub[600];
-    snprintf(sub, sizeof sub, "%s/dflash", dir);
-    DIR *d = opendir(sub);
-    struct dirent *e;
-    int files = 0;
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char p[1200];
-        snprintf(p, sizeof p, "%s/%s", sub, e->d_name);
-        remove(p);
-        files++;
-    }
-    if (d)
-        closedir(d);
-    CHECK(files == 2);
-    rmdir(sub);
-    rmdir(dir);
-    if (saved) {
-        setenv("XDG_CACHE_HOME", saved, 1);
-        free(saved);
-    } else {
-        unsetenv("XDG_CACHE_HOME");
-    }
+    CHECK(cache_each(&tc, -1) == 2);
+    cache_end(&tc);
     dflash_nvrtc_api_unload(&nv);
 }
 
@@ -287,11 +316,8 @@ static void test_cubin_cache(void)
     dflash_nvrtc_api nv;
     if (!nvrtc_open(&nv))
         return;
-    char dir[] = "/tmp/dflash_cache_test_XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    const char *old = getenv("XDG_CACHE_HOME");
-    char *saved = old ? strdup(old) : NULL;
-    setenv("XDG_CACHE_HOME", dir, 1);
+    test_cache tc;
+    cache_begin(&tc, "dflash_cache_test");
     const dflash_cuda_src *src = dflash_cuda_src_find("argmax.cu");
     CHECK(src != NULL);
     void *a = NULL, *b = NULL, *c = NULL;
@@ -304,22 +330,7 @@ static void test_cubin_cache(void)
     CHECK(announced == 0); /* read back from the cache */
     CHECK(na == nb && a && b && memcmp(a, b, na) == 0);
     /* Corrupt the entry: truncate it; the next get warns and recompiles. */
-    char sub[600];
-    snprintf(sub, sizeof sub, "%s/dflash", dir);
-    DIR *d = opendir(sub);
-    struct dirent *e;
-    int files = 0;
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char p[1200];
-        snprintf(p, sizeof p, "%s/%s", sub, e->d_name);
-        CHECK(truncate(p, 40) == 0);
-        files++;
-    }
-    if (d)
-        closedir(d);
-    CHECK(files == 1);
+    CHECK(cache_each(&tc, 40) == 1);
     announced = 0;
     CHECK_OK(dflash_cuda_cubin_get(&nv, src, "sm_90a", &announced, &c, &nc));
     CHECK(announced == 1);
@@ -327,25 +338,7 @@ static void test_cubin_cache(void)
     free(a);
     free(b);
     free(c);
-    /* Clean up the temporary cache. */
-    d = opendir(sub);
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char p[1200];
-        snprintf(p, sizeof p, "%s/%s", sub, e->d_name);
-        remove(p);
-    }
-    if (d)
-        closedir(d);
-    rmdir(sub);
-    rmdir(dir);
-    if (saved) {
-        setenv("XDG_CACHE_HOME", saved, 1);
-        free(saved);
-    } else {
-        unsetenv("XDG_CACHE_HOME");
-    }
+    cache_end(&tc);
     dflash_nvrtc_api_unload(&nv);
 }
 
