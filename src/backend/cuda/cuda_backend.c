@@ -988,11 +988,11 @@ static dflash_status open_device(cuda_ctx *c, int device)
     c->gemm_wide = dflash_levers_get()->cuda_gemm_wide;
     c->gemm_tile = dflash_levers_get()->cuda_gemm_tile;
     const int skip = dflash_cuda_gemm_skip();
-    const char *skip_env = getenv("DFLASH_CUDA_GEMM_SKIP");
     char skip_note[96] = "";
-    if (!skip && skip_env && skip_env[0] && strcmp(skip_env, "0") != 0)
-        fprintf(stderr, "dflash: ignoring DFLASH_CUDA_GEMM_SKIP='%s' (expected 1..7)\n", skip_env);
-    if (skip) {
+    if (skip < 0)
+        fprintf(stderr, "dflash: ignoring DFLASH_CUDA_GEMM_SKIP='%s' (expected 1..7)\n",
+                getenv("DFLASH_CUDA_GEMM_SKIP"));
+    if (skip > 0) {
         snprintf(skip_note, sizeof skip_note, ", GEMM work skipped (DFLASH_CUDA_GEMM_SKIP=%d): results wrong", skip);
         fprintf(stderr, "dflash: DFLASH_CUDA_GEMM_SKIP=%d: a measurement build, every GEMM's results are wrong\n",
                 skip);

@@ -122,7 +122,7 @@ int dflash_cuda_gemm_skip(void)
         return 0;
     char *end;
     const long m = strtol(v, &end, 10);
-    return *end == 0 && m >= 1 && m <= 7 ? (int)m : 0;
+    return *end != 0 || m < 0 || m > 7 ? -1 : (int)m;
 }
 
 void dflash_cuda_arch_name(int major, int minor, char *buf, size_t len)
@@ -154,8 +154,9 @@ dflash_status dflash_cuda_compile(const dflash_nvrtc_api *nv, const dflash_cuda_
         }
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+    const int skip = dflash_cuda_gemm_skip();
     char skip_opt[32];
-    snprintf(skip_opt, sizeof skip_opt, "-DGM_SKIP=%d", dflash_cuda_gemm_skip());
+    snprintf(skip_opt, sizeof skip_opt, "-DGM_SKIP=%d", skip);
     const char *opts[N_OPTS_FIXED + 3];
     int n_opts = 0;
     for (size_t i = 0; i < N_OPTS_FIXED; i++)
@@ -163,7 +164,7 @@ dflash_status dflash_cuda_compile(const dflash_nvrtc_api *nv, const dflash_cuda_
     opts[n_opts++] = arch_opt;
     if (dflash_cuda_stamps_on())
         opts[n_opts++] = k_opt_stamps;
-    if (dflash_cuda_gemm_skip())
+    if (skip > 0)
         opts[n_opts++] = skip_opt;
 
     nvrtcProgram prog = NULL;
@@ -233,7 +234,7 @@ static uint64_t cache_key(const dflash_nvrtc_api *nv, const dflash_cuda_src *src
     if (dflash_cuda_stamps_on())
         h = fnv1a(h, k_opt_stamps, sizeof k_opt_stamps);
     const int skip = dflash_cuda_gemm_skip();
-    if (skip)
+    if (skip > 0)
         h = fnv1a(h, &skip, sizeof skip);
     int v[2] = { 0, 0 };
     if (nv->nvrtcVersion(&v[0], &v[1]) != 0)

@@ -111,9 +111,9 @@ dflash_status dflash_cuda_cubin_get(const dflash_nvrtc_api *nv, const dflash_cud
  * gemm.cu's phase stamps (a measurement build, cached apart). */
 int dflash_cuda_stamps_on(void);
 
-/* DFLASH_CUDA_GEMM_SKIP, 1..7 (0 when unset or out of range): the kernels
- * are then compiled with gemm.cu's GM_SKIP, parts of the GEMM's work taken
- * away (a measurement build, wrong results, cached apart). */
+/* DFLASH_CUDA_GEMM_SKIP: 1..7, the kernels are then compiled with gemm.cu's
+ * GM_SKIP, parts of the GEMM's work taken away (a measurement build, wrong
+ * results, cached apart); 0 unset or 0; -1 any other value (no skip). */
 int dflash_cuda_gemm_skip(void);
 
 #endif
