@@ -59,7 +59,10 @@
 # GPU_TEST_PROBE=1 builds and runs tools/cuda/stream_probe.cu (GB/s of
 # register, cp.async and bulk-copy load disciplines) and
 # tools/cuda/handoff_probe.cu (us a short kernel adds to a graph's chain:
-# stream order, programmatic dependent launch, a counter, clusters);
+# stream order, programmatic dependent launch, a counter, clusters) and
+# tools/cuda/layer_probe.cu (us a seed drafter layer's weight streams and
+# time phases take as a kernel a phase or as one kernel with a shared-
+# memory ring; GPU_TEST_PROBE=layer runs that one alone);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
 # "memcheck|racecheck|synccheck|peer-.*" for a profiling run; skipping
 # "sysroot", where it runs, leaves the model check and the CLI unbuilt);
@@ -404,12 +407,18 @@ if want bench; then
     fi
     # GPU_TEST_PROBE=1: tools/cuda/stream_probe.cu (nvcc), how loads must
     # be issued to stream a buffer at the DRAM rate; tools/cuda/handoff_probe.cu,
-    # what one kernel-to-kernel hand-off costs.
+    # what one kernel-to-kernel hand-off costs; tools/cuda/layer_probe.cu,
+    # whether a layer's weights can stream through its dependent chain
+    # (GPU_TEST_PROBE=layer: that one alone).
     if [ "${GPU_TEST_PROBE:-0}" = 1 ]; then
         step stream-probe-build build5.txt 120 nvcc -O3 -arch=sm_90a -std=c++17 -o "$B/stream_probe" tools/cuda/stream_probe.cu
         last_ok && step stream-probe stream_probe.txt 120 "$B/stream_probe"
         step handoff-probe-build build7.txt 120 nvcc -O3 -arch=sm_90a -std=c++17 -o "$B/handoff_probe" tools/cuda/handoff_probe.cu
         last_ok && step handoff-probe handoff_probe.txt 60 "$B/handoff_probe"
+    fi
+    if [ "${GPU_TEST_PROBE:-0}" = 1 ] || [ "${GPU_TEST_PROBE:-0}" = layer ]; then
+        step layer-probe-build build8.txt 120 nvcc -O3 -arch=sm_90a -std=c++17 -o "$B/layer_probe" tools/cuda/layer_probe.cu
+        last_ok && step layer-probe layer_probe.txt 120 "$B/layer_probe"
     fi
     # Nsight Compute on the kernels of one propose (GPU_TEST_NCU=1; clocks
     # left alone): why a kernel is slow, not guessed.
@@ -523,9 +532,10 @@ if [ -f "$LOG/model_check.txt" ]; then
     grep -E '^check  *value  *bound  *result$| FAIL$|info\)|^RESULT' "$LOG/model_check.txt"
     echo
 fi
-for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench sweep stream_probe handoff_probe peer_seed peer_8b_drafter peer_target; do
+for f in bench_seed bench_seed_sessions bench_seed_nopdl bench_seed_fp8 bench_8b_drafter bench_8b_target bench_llama_target bench_8b_sessions bench_8b_sessions_narrow bench_8b_sessions_t64 bench_pystd bench_30b_moe bench_seed_pair ab_bench sweep stream_probe handoff_probe layer_probe peer_seed peer_8b_drafter peer_target; do
     [ -f "$LOG/$f.txt" ] || continue
     echo "--- $f"
+    [ "$f" = layer_probe ] && { cat "$LOG/$f.txt"; continue; }
     grep -E '^(###|bandwidth|device|torch_|cuBLAS|op |matrix|propose|verify|decode|step |seed |8b |lm head|stream_probe|discipline|reg |cp.async|bulk|way |stream |pdl |flag |cluster )' "$LOG/$f.txt"
 done
 tar -czf "$OUT/gpu-test-logs.tgz" -C "$LOG" . && echo "logs: $OUT/gpu-test-logs.tgz"

@@ -1,0 +1,457 @@
+/* layer_probe.cu: can a layer's weights stream while its dependent chain
+ * (attention, norms, hand-offs) runs, the question behind a persistent
+ * layer kernel.
+ *
+ * A forward today costs about its chain with empty GEMM loops plus its
+ * weights at the copy rate (docs/perf-notes.md, "What a forward costs
+ * without its GEMMs' bytes or loops"): the GEMM loops stream at the copy
+ * rate, and nothing streams while the rest runs. This probe plays a seed
+ * drafter layer's shape with no arithmetic: four weight streams (q/k/v
+ * 21 MB, o 16.8 MB, gate/up 50 MB, down 25 MB of bf16) between phases that
+ * read nothing and only take time (attention with its merge, the two
+ * norms), eight layers over distinct weights, two ways:
+ *
+ *   kernels   a kernel per phase, chained by programmatic dependent launch
+ *             in one CUDA graph (the backend's way): a stream kernel's
+ *             blocks keep one 16 KB chunk in flight in registers, the
+ *             first requested before the dependency wait; a time phase is
+ *             a kernel that waits for its input, then spins. The attention
+ *             phase's kernel takes a whole SM a block (its shared memory),
+ *             as the real one does with its registers, so no stream block
+ *             sits beside it.
+ *   layer R   one kernel for all layers, a block per SM: a producer warp
+ *             copies the block's share of every stream, phase after phase,
+ *             into a ring of R 16 KB shared-memory slots (bulk copies
+ *             completing on mbarriers) while 8 consumer warps play the
+ *             phases in order, each phase ended by a grid barrier (a
+ *             counter and a generation word). "ahead": the producer runs
+ *             as far ahead as the ring allows, through the time phases and
+ *             barriers; "in step": it starts a phase's copies only once the
+ *             consumers have entered that phase (the same kernel without
+ *             the overlap).
+ *
+ * Prints us per layer for each way, beside the layer's bytes at the copy
+ * rate of the same run and the time phases' sum; with the time phases at
+ * the seed propose's measured lengths and at zero (streams and hand-offs
+ * alone). A measurement tool, not part of the library: built by nvcc on
+ * the GPU machine (tools/gpu-test.sh, GPU_TEST_PROBE=1), runtime API. */
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#define CK(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "layer_probe: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+#define THREADS 256        /* a stream kernel's block; the layer kernel's consumers */
+#define SLOT 16384         /* a ring slot, and a stream kernel block's chunk (THREADS x 4 x 16 B) */
+#define UNIT 4096          /* a block's share is a multiple of this (THREADS x 16 B) */
+#define MAX_PHASES 64
+#define ATT_SMEM (227 * 1024) /* the attention stand-in's shared memory: the SM's whole (no other block fits) */
+
+enum { PH_STREAM, PH_TIME };
+
+struct phase {
+    int kind;
+    long long off; /* PH_STREAM: the weights' offset in the buffer */
+    long long per; /* PH_STREAM: bytes a block reads (a multiple of UNIT) */
+    long long ns;  /* PH_TIME: how long it takes */
+    int blocks;    /* kernels way, PH_TIME: its grid */
+};
+
+struct plan {
+    phase ph[MAX_PHASES];
+    int n;
+};
+
+__device__ __forceinline__ uint4 ld_stream(const void *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* volatile: stays after the loads issued before it (see stream_probe.cu) */
+__device__ __forceinline__ unsigned fold(uint4 v)
+{
+    unsigned r;
+    asm volatile("{ .reg .b32 t; xor.b32 t, %1, %2; xor.b32 t, t, %3; xor.b32 %0, t, %4; }"
+                 : "=r"(r)
+                 : "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+    return r;
+}
+
+__device__ __forceinline__ unsigned long long now_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void spin_ns(long long ns)
+{
+    const unsigned long long t0 = now_ns();
+    while ((long long)(now_ns() - t0) < ns)
+        ;
+}
+
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/* kernels way: block b reads [off + b per, + per) in 16-byte loads, four a
+ * thread in flight and four more requested before those are used (the
+ * GEMM's register chunk at one row), the first four before the wait. */
+__global__ void __launch_bounds__(THREADS) k_stream(const char *buf, long long off, long long per, unsigned *sink)
+{
+    extern __shared__ char unused[]; /* a stream block cannot sit beside the attention stand-in */
+    const char *p = buf + off + blockIdx.x * per + threadIdx.x * 16;
+    const long long loads = per / UNIT; /* 16-byte loads per thread */
+    unsigned acc = 0;
+    uint4 cur[4], nxt[4];
+    pdl_trigger();
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        cur[u] = u < loads ? ld_stream(p + (long long)u * UNIT) : make_uint4(0, 0, 0, 0);
+    pdl_wait();
+    for (long long i = 0; i < loads; i += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            nxt[u] = i + 4 + u < loads ? ld_stream(p + (i + 4 + u) * UNIT) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            acc ^= fold(cur[u]);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            cur[u] = nxt[u];
+    }
+    if (acc == 0x9e3779b9u + (unsigned)unused[0])
+        *sink = acc;
+}
+
+__global__ void __launch_bounds__(THREADS) k_time(long long ns, unsigned *sink)
+{
+    extern __shared__ char held[];
+    pdl_trigger();
+    pdl_wait();
+    spin_ns(ns);
+    if (threadIdx.x == 0 && ns < 0)
+        *sink = (unsigned)held[0];
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release(unsigned *p, unsigned v)
+{
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity)
+{
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+
+/* Every block's thread 0: bar[0] counts arrivals, bar[1] is the generation
+ * the last arrival moves on (after resetting the count). */
+__device__ void grid_barrier(unsigned *bar, unsigned blocks)
+{
+    const unsigned gen = ld_acquire(&bar[1]);
+    __threadfence();
+    if (atomicAdd(&bar[0], 1u) == blocks - 1) {
+        atomicExch(&bar[0], 0u);
+        st_release(&bar[1], gen + 1);
+    } else {
+        while (ld_acquire(&bar[1]) == gen)
+            ;
+    }
+}
+
+/* layer way: warps 0..7 consume, warp 8's lane 0 produces. full[s]
+ * completes when slot s's bytes have landed (one arrival with the byte
+ * count, then the copy's bytes); empty[s] when the 8 consumer warps are
+ * done with it. Use k of slot s (chunk idx = k R + s) completes phase k of
+ * both, so waits go by the parity of k. */
+template <int R>
+__global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan pl, int ahead, unsigned *bar,
+                                                           unsigned *sink)
+{
+    extern __shared__ __align__(128) char ring[];
+    __shared__ __align__(8) unsigned long long full[R], empty[R];
+    __shared__ volatile int entered; /* the phase the consumers are in */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < R; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[i])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[i])), "r"(THREADS / 32));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;");
+        entered = 0;
+    }
+    __syncthreads();
+
+    if (warp == THREADS / 32) {
+        if (lane != 0)
+            return;
+        long long idx = 0;
+        for (int p = 0; p < pl.n; p++) {
+            const phase &ph = pl.ph[p];
+            if (ph.kind != PH_STREAM)
+                continue;
+            if (!ahead)
+                while (entered < p)
+                    ;
+            const char *src = buf + ph.off + blockIdx.x * ph.per;
+            for (long long c = 0; c * SLOT < ph.per; c++, idx++) {
+                const int s = (int)(idx % R);
+                if (idx >= R)
+                    mbar_wait(smem_u32(&empty[s]), (unsigned)((idx / R - 1) & 1));
+                const unsigned bytes = (unsigned)(ph.per - c * SLOT < SLOT ? ph.per - c * SLOT : SLOT);
+                const unsigned f = smem_u32(&full[s]);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(f), "r"(bytes) : "memory");
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                        smem_u32(ring + (size_t)s * SLOT)),
+                    "l"(src + c * SLOT), "r"(bytes), "r"(f)
+                    : "memory");
+            }
+        }
+        return;
+    }
+
+    unsigned acc = 0;
+    long long idx = 0;
+    for (int p = 0; p < pl.n; p++) {
+        const phase &ph = pl.ph[p];
+        if (threadIdx.x == 0)
+            entered = p;
+        if (ph.kind == PH_STREAM) {
+            for (long long c = 0; c * SLOT < ph.per; c++, idx++) {
+                const int s = (int)(idx % R);
+                mbar_wait(smem_u32(&full[s]), (unsigned)((idx / R) & 1));
+                const long long bytes = ph.per - c * SLOT < SLOT ? ph.per - c * SLOT : SLOT;
+                for (long long o = threadIdx.x * 16; o < bytes; o += THREADS * 16)
+                    acc ^= fold(*(const uint4 *)(ring + (size_t)s * SLOT + o));
+                __syncwarp();
+                if (lane == 0)
+                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[s])) : "memory");
+            }
+        } else {
+            spin_ns(ph.ns);
+        }
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS));
+        if (threadIdx.x == 0)
+            grid_barrier(bar, gridDim.x);
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS));
+    }
+    if (acc == 0x9e3779b9u)
+        *sink = acc;
+}
+
+static float median(std::vector<float> v)
+{
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/* The seed drafter layer's phases, `layers` times over distinct weights;
+ * a stream's share per block for `grid` blocks (the bytes a layer reads
+ * are what the shares add up to). */
+static plan seed_plan(int layers, int grid, int sms, double att_us, double norm_us, long long *bytes_read)
+{
+    static const long long mats[4] = { 5120LL * 2048 * 2, 2048LL * 4096 * 2, 2LL * 6144 * 2048 * 2, 2048LL * 6144 * 2 };
+    plan pl;
+    pl.n = 0;
+    long long off = 0, total = 0;
+    auto stream = [&](long long bytes) {
+        phase ph = { PH_STREAM, off, bytes / grid / UNIT * UNIT, 0, 0 };
+        pl.ph[pl.n++] = ph;
+        off += bytes;
+        total += ph.per * grid;
+    };
+    auto timed = [&](double us, int blocks) {
+        phase ph = { PH_TIME, 0, 0, (long long)(us * 1000.0), blocks };
+        pl.ph[pl.n++] = ph;
+    };
+    for (int l = 0; l < layers; l++) {
+        stream(mats[0]);
+        timed(att_us, sms); /* q/k norm + RoPE, attention, merge */
+        stream(mats[1]);
+        timed(norm_us, 16); /* add + RMSNorm: two clusters of 8 blocks */
+        stream(mats[2]);
+        stream(mats[3]);
+        timed(norm_us, 16);
+    }
+    *bytes_read = total;
+    return pl;
+}
+
+static void launch_pdl(cudaStream_t st, const void *fn, int grid, int smem, void **args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelExC(&cfg, fn, args));
+}
+
+/* us per replay of the kernels way: one graph of every phase's kernel */
+static float run_kernels(const char *buf, const plan &pl, int grid, unsigned *sink, cudaStream_t st, cudaEvent_t e0,
+                         cudaEvent_t e1)
+{
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int p = 0; p < pl.n; p++) {
+        const phase &ph = pl.ph[p];
+        if (ph.kind == PH_STREAM) {
+            long long off = ph.off, per = ph.per;
+            void *args[] = { (void *)&buf, &off, &per, &sink };
+            launch_pdl(st, (const void *)k_stream, grid, 1024, args);
+        } else {
+            long long ns = ph.ns;
+            void *args[] = { &ns, &sink };
+            launch_pdl(st, (const void *)k_time, ph.blocks, ph.blocks >= grid / 2 ? ATT_SMEM : 0, args);
+        }
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    std::vector<float> ts;
+    for (int r = 0; r < 13; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 3)
+            ts.push_back(ms);
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return median(ts) * 1000.0f;
+}
+
+template <int R>
+static float run_layer(const char *buf, const plan &pl, int sms, int ahead, unsigned *bar, unsigned *sink,
+                       cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+{
+    const int smem = R * SLOT;
+    CK(cudaFuncSetAttribute((const void *)k_layer<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    std::vector<float> ts;
+    for (int r = 0; r < 13; r++) {
+        plan p = pl;
+        void *args[] = { (void *)&buf, &p, &ahead, &bar, &sink };
+        CK(cudaEventRecord(e0, st));
+        CK(cudaLaunchCooperativeKernel((const void *)k_layer<R>, dim3(sms), dim3(THREADS + 32), args, smem, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 3)
+            ts.push_back(ms);
+    }
+    return median(ts) * 1000.0f;
+}
+
+int main(int argc, char **argv)
+{
+    /* the seed propose's measured advances (perf-notes' kernel trace): q/k
+     * norm + RoPE 1.7, attention 12.0, merge 3.7; the norms 2.6 and 3.2 */
+    const double att_us = argc > 1 ? atof(argv[1]) : 17.4, norm_us = argc > 2 ? atof(argv[2]) : 2.9;
+    const int layers = 8;
+    int dev = 0, sms = 0;
+    CK(cudaSetDevice(dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    const size_t size = (size_t)1 << 30; /* 8 layers of 113 MB */
+    char *buf, *dst;
+    unsigned *sink, *bar;
+    CK(cudaMalloc(&buf, size));
+    CK(cudaMalloc(&dst, size));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMalloc(&bar, 8));
+    CK(cudaMemset(buf, 1, size));
+    CK(cudaMemset(bar, 0, 8));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaFuncSetAttribute((const void *)k_time, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM));
+    /* one carveout for every kernel, so no SM changes its split of shared
+     * memory and L1 between two of them */
+    CK(cudaFuncSetAttribute((const void *)k_time, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    CK(cudaFuncSetAttribute((const void *)k_stream, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    CK(cudaFuncSetAttribute((const void *)k_layer<4>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    CK(cudaFuncSetAttribute((const void *)k_layer<10>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+
+    std::vector<float> t;
+    for (int r = 0; r < 8; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaMemcpyAsync(dst, buf, size, cudaMemcpyDeviceToDevice, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r)
+            t.push_back(ms);
+    }
+    const double copy_gbs = 2.0 * size / (median(t) * 1e6);
+    printf("layer_probe: %s, %d SMs; driver copy of 1 GiB: %.0f GB/s (read + written)\n", prop.name, sms, copy_gbs);
+    printf("seed drafter layer: streams q/k/v 21.0, o 16.8, gate/up 50.3, down 25.2 MB; %d layers a call, median of "
+           "10 calls after 3, us a layer\n",
+           layers);
+    printf("%-10s %-10s %8s %8s %10s %10s %10s %10s %10s\n", "attn us", "norm us", "bytes", "times", "kernels",
+           "layer4 in", "layer4 ah", "layer10 in", "layer10 ah");
+    const double times[][2] = { { att_us, norm_us }, { 0.0, 0.0 } };
+    for (const auto &tm : times) {
+        long long rd_k = 0, rd_l = 0;
+        const plan pk = seed_plan(layers, 2 * sms, sms, tm[0], tm[1], &rd_k);
+        const plan pl = seed_plan(layers, sms, sms, tm[0], tm[1], &rd_l);
+        const double bytes_us = (double)rd_l / layers / (copy_gbs * 1e3), times_us = tm[0] + 2 * tm[1];
+        const float k = run_kernels(buf, pk, 2 * sms, sink, st, e0, e1) / layers;
+        const float l4i = run_layer<4>(buf, pl, sms, 0, bar, sink, st, e0, e1) / layers;
+        const float l4a = run_layer<4>(buf, pl, sms, 1, bar, sink, st, e0, e1) / layers;
+        const float l10i = run_layer<10>(buf, pl, sms, 0, bar, sink, st, e0, e1) / layers;
+        const float l10a = run_layer<10>(buf, pl, sms, 1, bar, sink, st, e0, e1) / layers;
+        printf("%-10.1f %-10.1f %8.1f %8.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", tm[0], tm[1], bytes_us, times_us, k,
+               l4i, l4a, l10i, l10a);
+        if (rd_k != rd_l)
+            printf("  (the kernels way reads %.1f MB a layer, the layer way %.1f: shares rounded to %d bytes)\n",
+                   rd_k / 1e6 / layers, rd_l / 1e6 / layers, UNIT);
+    }
+    printf("bytes: a layer's streams at the copy rate (read + written, as the floors); times: the time phases'\n"
+           "sum; kernels: a kernel a phase (PDL, one graph); layerR in / ah: one kernel, a ring of R x 16 KB,\n"
+           "copies in step with the phases / ahead through them\n");
+    return 0;
+}
