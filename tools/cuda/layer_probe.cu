@@ -12,13 +12,16 @@
  * norms), eight layers over distinct weights, two ways:
  *
  *   kernels   a kernel per phase, chained by programmatic dependent launch
- *             in one CUDA graph (the backend's way): a stream kernel's
- *             blocks keep one 16 KB chunk in flight in registers, the
- *             first requested before the dependency wait; a time phase is
- *             a kernel that waits for its input, then spins. The attention
+ *             in one CUDA graph (the backend's way: every kernel lets the
+ *             next launch as it starts): a stream kernel's blocks, two an
+ *             SM, each hold 16 KB of loads in registers and request the
+ *             next 16 KB before using them (the GEMM's chunk at one row),
+ *             the first before the dependency wait; a time phase is a
+ *             kernel that waits for its input, then spins. The attention
  *             phase's kernel takes a whole SM a block (its shared memory),
- *             as the real one does with its registers, so no stream block
- *             sits beside it.
+ *             as the real one does with its registers (a GEMM block needs
+ *             32 K of them, more than attention leaves), so no stream
+ *             block sits beside it.
  *   layer R   one kernel for all layers, a block per SM: a producer warp
  *             copies the block's share of every stream, phase after phase,
  *             into a ring of R 16 KB shared-memory slots (bulk copies
@@ -28,13 +31,20 @@
  *             as far ahead as the ring allows, through the time phases and
  *             barriers; "in step": it starts a phase's copies only once the
  *             consumers have entered that phase (the same kernel without
- *             the overlap).
+ *             the overlap). Its shared memory keeps a second block off an
+ *             SM. Its time phases need nothing beside the ring, where a
+ *             real attention phase would need its registers and shared
+ *             memory too: what this way gains is an upper bound.
  *
  * Prints us per layer for each way, beside the layer's bytes at the copy
- * rate of the same run and the time phases' sum; with the time phases at
- * the seed propose's measured lengths and at zero (streams and hand-offs
- * alone). A measurement tool, not part of the library: built by nvcc on
- * the GPU machine (tools/gpu-test.sh, GPU_TEST_PROBE=1), runtime API. */
+ * rate of the same run and the time phases' nominal sum; with the time
+ * phases at the seed propose's measured lengths, at zero (streams and
+ * hand-offs alone), and without the streams (the chain alone, as each way
+ * runs it). Each timed call follows a 50 us spin on the same stream, so
+ * the events time the GPU's work, not the launch's submission.
+ *
+ * A measurement tool, not part of the library: built by nvcc on the GPU
+ * machine (tools/gpu-test.sh, GPU_TEST_PROBE=1 or =layer), runtime API. */
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -106,6 +116,9 @@ __device__ __forceinline__ void spin_ns(long long ns)
         ;
 }
 
+/* a ring smaller than this would let a second block onto an SM */
+#define LAYER_SMEM_MIN (120 * 1024)
+
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
@@ -138,6 +151,9 @@ __global__ void __launch_bounds__(THREADS) k_stream(const char *buf, long long o
     if (acc == 0x9e3779b9u + (unsigned)unused[0])
         *sink = acc;
 }
+
+/* the work a timed call follows, so that its start event fires late */
+__global__ void k_idle(long long ns) { spin_ns(ns); }
 
 __global__ void __launch_bounds__(THREADS) k_time(long long ns, unsigned *sink)
 {
@@ -173,17 +189,19 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity)
                      : "memory");
 }
 
-/* Every block's thread 0: bar[0] counts arrivals, bar[1] is the generation
- * the last arrival moves on (after resetting the count). */
+/* Every block's thread 0: bar[0] counts arrivals, bar[GEN] is the
+ * generation the last arrival moves on (after resetting the count); 128
+ * bytes apart, so the polling does not share a sector with the atomics. */
+#define GEN 32
 __device__ void grid_barrier(unsigned *bar, unsigned blocks)
 {
-    const unsigned gen = ld_acquire(&bar[1]);
+    const unsigned gen = ld_acquire(&bar[GEN]);
     __threadfence();
     if (atomicAdd(&bar[0], 1u) == blocks - 1) {
         atomicExch(&bar[0], 0u);
-        st_release(&bar[1], gen + 1);
+        st_release(&bar[GEN], gen + 1);
     } else {
-        while (ld_acquire(&bar[1]) == gen)
+        while (ld_acquire(&bar[GEN]) == gen)
             ;
     }
 }
@@ -221,7 +239,7 @@ __global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan
                 continue;
             if (!ahead)
                 while (entered < p)
-                    ;
+                    __nanosleep(32);
             const char *src = buf + ph.off + blockIdx.x * ph.per;
             for (long long c = 0; c * SLOT < ph.per; c++, idx++) {
                 const int s = (int)(idx % R);
@@ -233,7 +251,7 @@ __global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan
                 asm volatile(
                     "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                         smem_u32(ring + (size_t)s * SLOT)),
-                    "l"(src + c * SLOT), "r"(bytes), "r"(f)
+                    "l"(__cvta_generic_to_global(src + c * SLOT)), "r"(bytes), "r"(f)
                     : "memory");
             }
         }
@@ -260,10 +278,10 @@ __global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan
         } else {
             spin_ns(ph.ns);
         }
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS));
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
         if (threadIdx.x == 0)
             grid_barrier(bar, gridDim.x);
-        asm volatile("bar.sync 1, %0;" ::"n"(THREADS));
+        asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
     }
     if (acc == 0x9e3779b9u)
         *sink = acc;
@@ -275,20 +293,22 @@ static float median(std::vector<float> v)
     return v[v.size() / 2];
 }
 
-/* The seed drafter layer's phases, `layers` times over distinct weights;
- * a stream's share per block for `grid` blocks (the bytes a layer reads
- * are what the shares add up to). */
-static plan seed_plan(int layers, int grid, int sms, double att_us, double norm_us, long long *bytes_read)
+/* The seed drafter layer's phases, `layers` times over distinct weights
+ * (without the streams: `streams` 0); a stream's share per block for bps
+ * blocks an SM: an SM's share is a multiple of 2 UNIT, so both ways read
+ * the same bytes (what the shares add up to). */
+static plan seed_plan(int layers, int bps, int sms, double att_us, double norm_us, int streams, long long *bytes_read)
 {
     static const long long mats[4] = { 5120LL * 2048 * 2, 2048LL * 4096 * 2, 2LL * 6144 * 2048 * 2, 2048LL * 6144 * 2 };
     plan pl;
     pl.n = 0;
     long long off = 0, total = 0;
     auto stream = [&](long long bytes) {
-        phase ph = { PH_STREAM, off, bytes / grid / UNIT * UNIT, 0, 0 };
-        pl.ph[pl.n++] = ph;
+        phase ph = { PH_STREAM, off, bytes / sms / (2 * UNIT) * (2 * UNIT) / bps, 0, 0 };
+        if (streams)
+            pl.ph[pl.n++] = ph;
         off += bytes;
-        total += ph.per * grid;
+        total += streams ? ph.per * bps * sms : 0;
     };
     auto timed = [&](double us, int blocks) {
         phase ph = { PH_TIME, 0, 0, (long long)(us * 1000.0), blocks };
@@ -345,6 +365,7 @@ static float run_kernels(const char *buf, const plan &pl, int grid, unsigned *si
     CK(cudaGraphInstantiate(&ge, g, 0));
     std::vector<float> ts;
     for (int r = 0; r < 13; r++) {
+        k_idle<<<1, 32, 0, st>>>(50000);
         CK(cudaEventRecord(e0, st));
         CK(cudaGraphLaunch(ge, st));
         CK(cudaEventRecord(e1, st));
@@ -363,12 +384,13 @@ template <int R>
 static float run_layer(const char *buf, const plan &pl, int sms, int ahead, unsigned *bar, unsigned *sink,
                        cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
 {
-    const int smem = R * SLOT;
+    const int smem = R * SLOT > LAYER_SMEM_MIN ? R * SLOT : LAYER_SMEM_MIN;
     CK(cudaFuncSetAttribute((const void *)k_layer<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     std::vector<float> ts;
     for (int r = 0; r < 13; r++) {
         plan p = pl;
         void *args[] = { (void *)&buf, &p, &ahead, &bar, &sink };
+        k_idle<<<1, 32, 0, st>>>(50000);
         CK(cudaEventRecord(e0, st));
         CK(cudaLaunchCooperativeKernel((const void *)k_layer<R>, dim3(sms), dim3(THREADS + 32), args, smem, st));
         CK(cudaEventRecord(e1, st));
@@ -399,9 +421,10 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&buf, size));
     CK(cudaMalloc(&dst, size));
     CK(cudaMalloc(&sink, 4));
-    CK(cudaMalloc(&bar, 8));
+    CK(cudaMalloc(&bar, 256));
     CK(cudaMemset(buf, 1, size));
-    CK(cudaMemset(bar, 0, 8));
+    CK(cudaMemset(bar, 0, 256));
+    CK(cudaDeviceSynchronize());
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;
@@ -431,27 +454,30 @@ int main(int argc, char **argv)
     printf("seed drafter layer: streams q/k/v 21.0, o 16.8, gate/up 50.3, down 25.2 MB; %d layers a call, median of "
            "10 calls after 3, us a layer\n",
            layers);
-    printf("%-10s %-10s %8s %8s %10s %10s %10s %10s %10s\n", "attn us", "norm us", "bytes", "times", "kernels",
-           "layer4 in", "layer4 ah", "layer10 in", "layer10 ah");
-    const double times[][2] = { { att_us, norm_us }, { 0.0, 0.0 } };
-    for (const auto &tm : times) {
+    printf("%-8s %-8s %-8s %8s %8s %10s %10s %10s %10s %10s\n", "attn us", "norm us", "streams", "bytes", "times",
+           "kernels", "layer4 in", "layer4 ah", "layer10 in", "layer10 ah");
+    /* the measured time phases with the streams; no time phases; no streams */
+    const struct {
+        double att, norm;
+        int streams;
+    } rows[] = { { att_us, norm_us, 1 }, { 0.0, 0.0, 1 }, { att_us, norm_us, 0 } };
+    for (const auto &row : rows) {
         long long rd_k = 0, rd_l = 0;
-        const plan pk = seed_plan(layers, 2 * sms, sms, tm[0], tm[1], &rd_k);
-        const plan pl = seed_plan(layers, sms, sms, tm[0], tm[1], &rd_l);
-        const double bytes_us = (double)rd_l / layers / (copy_gbs * 1e3), times_us = tm[0] + 2 * tm[1];
+        const plan pk = seed_plan(layers, 2, sms, row.att, row.norm, row.streams, &rd_k);
+        const plan pl = seed_plan(layers, 1, sms, row.att, row.norm, row.streams, &rd_l);
+        const double bytes_us = (double)rd_l / layers / (copy_gbs * 1e3), times_us = row.att + 2 * row.norm;
         const float k = run_kernels(buf, pk, 2 * sms, sink, st, e0, e1) / layers;
         const float l4i = run_layer<4>(buf, pl, sms, 0, bar, sink, st, e0, e1) / layers;
         const float l4a = run_layer<4>(buf, pl, sms, 1, bar, sink, st, e0, e1) / layers;
         const float l10i = run_layer<10>(buf, pl, sms, 0, bar, sink, st, e0, e1) / layers;
         const float l10a = run_layer<10>(buf, pl, sms, 1, bar, sink, st, e0, e1) / layers;
-        printf("%-10.1f %-10.1f %8.1f %8.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", tm[0], tm[1], bytes_us, times_us, k,
-               l4i, l4a, l10i, l10a);
+        printf("%-8.1f %-8.1f %-8s %8.1f %8.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", row.att, row.norm,
+               row.streams ? "yes" : "no", bytes_us, times_us, k, l4i, l4a, l10i, l10a);
         if (rd_k != rd_l)
-            printf("  (the kernels way reads %.1f MB a layer, the layer way %.1f: shares rounded to %d bytes)\n",
-                   rd_k / 1e6 / layers, rd_l / 1e6 / layers, UNIT);
+            printf("  (the ways read %lld and %lld bytes: a bug)\n", rd_k, rd_l);
     }
     printf("bytes: a layer's streams at the copy rate (read + written, as the floors); times: the time phases'\n"
-           "sum; kernels: a kernel a phase (PDL, one graph); layerR in / ah: one kernel, a ring of R x 16 KB,\n"
-           "copies in step with the phases / ahead through them\n");
+           "nominal sum; kernels: a kernel a phase (PDL, one graph); layerR in / ah: one kernel, a ring of R x\n"
+           "16 KB, copies in step with the phases / ahead through them\n");
     return 0;
 }
