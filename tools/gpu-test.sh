@@ -60,9 +60,10 @@
 # register, cp.async and bulk-copy load disciplines) and
 # tools/cuda/handoff_probe.cu (us a short kernel adds to a graph's chain:
 # stream order, programmatic dependent launch, a counter, clusters) and
-# tools/cuda/layer_probe.cu (us a seed drafter layer's weight streams and
-# time phases take as a kernel a phase or as one kernel with a shared-
-# memory ring; GPU_TEST_PROBE=layer runs that one alone);
+# tools/cuda/layer_probe.cu (us a seed drafter's and a Qwen3-8B layer's
+# weight streams and time phases take as a kernel a phase, with and
+# without the time phases asking L2 for the next weights, or as one kernel
+# with a shared-memory ring; GPU_TEST_PROBE=layer runs that one alone);
 # GPU_TEST_SKIP: a regex of step names not to run (e.g.
 # "memcheck|racecheck|synccheck|peer-.*" for a profiling run; skipping
 # "sysroot", where it runs, leaves the model check and the CLI unbuilt);

@@ -5,11 +5,12 @@
  * A forward today costs about its chain with empty GEMM loops plus its
  * weights at the copy rate (docs/perf-notes.md, "What a forward costs
  * without its GEMMs' bytes or loops"): the GEMM loops stream at the copy
- * rate, and nothing streams while the rest runs. This probe plays a seed
- * drafter layer's shape with no arithmetic: four weight streams (q/k/v
- * 21 MB, o 16.8 MB, gate/up 50 MB, down 25 MB of bf16) between phases that
- * read nothing and only take time (attention with its merge, the two
- * norms), eight layers over distinct weights, two ways:
+ * rate, and nothing streams while the rest runs. This probe plays a
+ * layer's shape with no arithmetic: four weight streams (q/k/v, o,
+ * gate/up, down of bf16) between phases that read nothing and only take
+ * time (attention with its merge, the two norms), a call's layers over
+ * distinct weights, at the seed drafter's geometry (16 rows) and at
+ * Qwen3-8B's (decode), these ways:
  *
  *   kernels   a kernel per phase, chained by programmatic dependent launch
  *             in one CUDA graph (the backend's way: every kernel lets the
@@ -22,23 +23,29 @@
  *             as the real one does with its registers (a GEMM block needs
  *             32 K of them, more than attention leaves), so no stream
  *             block sits beside it.
- *   layer R   one kernel for all layers, a block per SM: a producer warp
+ *   k+L2 N    the same, each time phase's blocks first asking L2 for the
+ *             next streams' first N MB (bulk prefetches after the wait,
+ *             less what an earlier phase asked for): DRAM fills L2 while
+ *             the chain runs, and the next stream kernels read L2.
+ *   ring      one kernel for all layers, a block per SM: a producer warp
  *             copies the block's share of every stream, phase after phase,
- *             into a ring of R 16 KB shared-memory slots (bulk copies
+ *             into a ring of 10 16 KB shared-memory slots (bulk copies
  *             completing on mbarriers) while 8 consumer warps play the
  *             phases in order, each phase ended by a grid barrier (a
- *             counter and a generation word). "ahead": the producer runs
- *             as far ahead as the ring allows, through the time phases and
- *             barriers; "in step": it starts a phase's copies only once the
- *             consumers have entered that phase (the same kernel without
- *             the overlap). Its shared memory keeps a second block off an
- *             SM. Its time phases need nothing beside the ring, where a
- *             real attention phase would need its registers and shared
- *             memory too: what this way gains is an upper bound.
+ *             counter and a generation word). "ah" (ahead): the producer
+ *             runs as far ahead as the ring allows, through the time
+ *             phases and barriers; "in" (in step): it starts a phase's
+ *             copies only once the consumers have entered that phase (the
+ *             same kernel without the overlap); "+L2": ahead, and asking
+ *             L2 for its next chunks up to 32 MB over the SMs beyond the
+ *             ring. Its shared memory keeps a second block off an SM. Its
+ *             time phases need nothing beside the ring, where a real
+ *             attention phase would need its registers and shared memory
+ *             too: what this way gains is an upper bound.
  *
  * Prints us per layer for each way, beside the layer's bytes at the copy
  * rate of the same run and the time phases' nominal sum; with the time
- * phases at the seed propose's measured lengths, at zero (streams and
+ * phases at the backend's measured lengths, at zero (streams and
  * hand-offs alone), and without the streams (the chain alone, as each way
  * runs it). Each timed call follows a 50 us spin on the same stream, so
  * the events time the GPU's work, not the launch's submission.
@@ -72,10 +79,13 @@ enum { PH_STREAM, PH_TIME };
 
 struct phase {
     int kind;
-    long long off; /* PH_STREAM: the weights' offset in the buffer */
-    long long per; /* PH_STREAM: bytes a block reads (a multiple of UNIT) */
-    long long ns;  /* PH_TIME: how long it takes */
-    int blocks;    /* kernels way, PH_TIME: its grid */
+    long long off;    /* PH_STREAM: the weights' offset in the buffer */
+    long long per;    /* PH_STREAM: bytes a block reads (a multiple of UNIT) */
+    long long len;    /* PH_STREAM: the matrix's bytes */
+    long long ns;     /* PH_TIME: how long it takes */
+    int blocks;       /* kernels way, PH_TIME: its grid */
+    long long pf_off; /* kernels way, PH_TIME: bytes it asks L2 for, after its wait */
+    long long pf_len;
 };
 
 struct plan {
@@ -155,11 +165,22 @@ __global__ void __launch_bounds__(THREADS) k_stream(const char *buf, long long o
 /* the work a timed call follows, so that its start event fires late */
 __global__ void k_idle(long long ns) { spin_ns(ns); }
 
-__global__ void __launch_bounds__(THREADS) k_time(long long ns, unsigned *sink)
+__device__ __forceinline__ void prefetch_l2(const char *p, unsigned bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/* A time phase; with pf_len, its blocks first ask L2 for [pf, + pf_len)
+ * in SLOT requests spread over them (what a latency-bound kernel such as
+ * attention could do for the next GEMMs' weights while DRAM idles). */
+__global__ void __launch_bounds__(THREADS) k_time(long long ns, unsigned *sink, const char *pf, long long pf_len)
 {
     extern __shared__ char held[];
     pdl_trigger();
     pdl_wait();
+    for (long long o = ((long long)blockIdx.x * THREADS + threadIdx.x) * SLOT; o < pf_len;
+         o += (long long)gridDim.x * THREADS * SLOT)
+        prefetch_l2(pf + o, (unsigned)(pf_len - o < SLOT ? pf_len - o : SLOT));
     spin_ns(ns);
     if (threadIdx.x == 0 && ns < 0)
         *sink = (unsigned)held[0];
@@ -212,7 +233,7 @@ __device__ void grid_barrier(unsigned *bar, unsigned blocks)
  * done with it. Use k of slot s (chunk idx = k R + s) completes phase k of
  * both, so waits go by the parity of k. */
 template <int R>
-__global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan pl, int ahead, unsigned *bar,
+__global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan pl, int ahead, int la, unsigned *bar,
                                                            unsigned *sink)
 {
     extern __shared__ __align__(128) char ring[];
@@ -232,6 +253,24 @@ __global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan
     if (warp == THREADS / 32) {
         if (lane != 0)
             return;
+        /* la > 0: a second cursor asks L2 for the block's chunks up to la
+         * beyond the ring, so a full ring does not leave DRAM idle */
+        int pp = 0;
+        long long pc = 0, pidx = 0;
+        auto prefetch_to = [&](long long upto) {
+            while (pidx < upto && pp < pl.n) {
+                const phase &q = pl.ph[pp];
+                if (q.kind != PH_STREAM || pc * SLOT >= q.per) {
+                    pp++;
+                    pc = 0;
+                    continue;
+                }
+                prefetch_l2(buf + q.off + blockIdx.x * q.per + pc * SLOT,
+                            (unsigned)(q.per - pc * SLOT < SLOT ? q.per - pc * SLOT : SLOT));
+                pc++;
+                pidx++;
+            }
+        };
         long long idx = 0;
         for (int p = 0; p < pl.n; p++) {
             const phase &ph = pl.ph[p];
@@ -243,6 +282,8 @@ __global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan
             const char *src = buf + ph.off + blockIdx.x * ph.per;
             for (long long c = 0; c * SLOT < ph.per; c++, idx++) {
                 const int s = (int)(idx % R);
+                if (la > 0)
+                    prefetch_to(idx + R + la);
                 if (idx >= R)
                     mbar_wait(smem_u32(&empty[s]), (unsigned)((idx / R - 1) & 1));
                 const unsigned bytes = (unsigned)(ph.per - c * SLOT < SLOT ? ph.per - c * SLOT : SLOT);
@@ -293,37 +334,84 @@ static float median(std::vector<float> v)
     return v[v.size() / 2];
 }
 
-/* The seed drafter layer's phases, `layers` times over distinct weights
- * (without the streams: `streams` 0); a stream's share per block for bps
- * blocks an SM: an SM's share is a multiple of 2 UNIT, so both ways read
- * the same bytes (what the shares add up to). */
-static plan seed_plan(int layers, int bps, int sms, double att_us, double norm_us, int streams, long long *bytes_read)
+/* A layer's shape: its four weight streams (q/k/v, o, gate/up, down) and
+ * its time phases, as measured in the backend's kernel trace (docs/
+ * perf-notes.md): q/k norm + RoPE, attention and its merge as one; the
+ * add + RMSNorm after the o and after the down projection. */
+struct geometry {
+    const char *name;
+    long long mats[4];
+    double att_us, norm1_us, norm2_us;
+    int layers; /* a call's, over distinct weights */
+};
+
+/* The geometry's phases (without the streams: `streams` 0, time phases
+ * scaled by `times`); a stream's share per block for bps blocks an SM: an
+ * SM's share is a multiple of 2 UNIT, so both ways read the same bytes
+ * (what the shares add up to). */
+static plan layer_plan(const geometry &g, int bps, int sms, double times, int streams, long long *bytes_read)
 {
-    static const long long mats[4] = { 5120LL * 2048 * 2, 2048LL * 4096 * 2, 2LL * 6144 * 2048 * 2, 2048LL * 6144 * 2 };
     plan pl;
     pl.n = 0;
     long long off = 0, total = 0;
     auto stream = [&](long long bytes) {
-        phase ph = { PH_STREAM, off, bytes / sms / (2 * UNIT) * (2 * UNIT) / bps, 0, 0 };
+        phase ph = {};
+        ph.kind = PH_STREAM;
+        ph.off = off;
+        ph.per = bytes / sms / (2 * UNIT) * (2 * UNIT) / bps;
+        ph.len = bytes;
         if (streams)
             pl.ph[pl.n++] = ph;
         off += bytes;
         total += streams ? ph.per * bps * sms : 0;
     };
     auto timed = [&](double us, int blocks) {
-        phase ph = { PH_TIME, 0, 0, (long long)(us * 1000.0), blocks };
+        phase ph = {};
+        ph.kind = PH_TIME;
+        ph.ns = (long long)(us * times * 1000.0);
+        ph.blocks = blocks;
         pl.ph[pl.n++] = ph;
     };
-    for (int l = 0; l < layers; l++) {
-        stream(mats[0]);
-        timed(att_us, sms); /* q/k norm + RoPE, attention, merge */
-        stream(mats[1]);
-        timed(norm_us, 16); /* add + RMSNorm: two clusters of 8 blocks */
-        stream(mats[2]);
-        stream(mats[3]);
-        timed(norm_us, 16);
+    for (int l = 0; l < g.layers; l++) {
+        stream(g.mats[0]);
+        timed(g.att_us, sms); /* q/k norm + RoPE, attention, merge */
+        stream(g.mats[1]);
+        timed(g.norm1_us, 16); /* add + RMSNorm: two clusters of 8 blocks */
+        stream(g.mats[2]);
+        stream(g.mats[3]);
+        timed(g.norm2_us, 16);
     }
     *bytes_read = total;
+    return pl;
+}
+
+/* Kernels way: each time phase asks L2 for the weights from the next
+ * stream's start up to `cap` bytes beyond it, less what an earlier phase
+ * already asked for (L2 holds ~50 MB). */
+static plan with_prefetch(plan pl, long long cap)
+{
+    long long asked = 0;
+    for (int p = 0; p < pl.n; p++) {
+        phase &ph = pl.ph[p];
+        if (ph.kind != PH_TIME || cap <= 0)
+            continue;
+        int q = p + 1;
+        while (q < pl.n && pl.ph[q].kind != PH_STREAM)
+            q++;
+        if (q == pl.n)
+            continue;
+        long long end = pl.ph[q].off + cap, last = 0;
+        for (int r = q; r < pl.n; r++)
+            if (pl.ph[r].kind == PH_STREAM)
+                last = pl.ph[r].off + pl.ph[r].len;
+        end = end < last ? end : last;
+        const long long from = pl.ph[q].off > asked ? pl.ph[q].off : asked;
+        if (end > from) {
+            ph.pf_off = from;
+            ph.pf_len = end - from;
+            asked = end;
+        }
+    }
     return pl;
 }
 
@@ -356,8 +444,9 @@ static float run_kernels(const char *buf, const plan &pl, int grid, unsigned *si
             void *args[] = { (void *)&buf, &off, &per, &sink };
             launch_pdl(st, (const void *)k_stream, grid, 1024, args);
         } else {
-            long long ns = ph.ns;
-            void *args[] = { &ns, &sink };
+            long long ns = ph.ns, pf_len = ph.pf_len;
+            const char *pf = buf + ph.pf_off;
+            void *args[] = { &ns, &sink, &pf, &pf_len };
             launch_pdl(st, (const void *)k_time, ph.blocks, ph.blocks >= grid / 2 ? ATT_SMEM : 0, args);
         }
     }
@@ -381,7 +470,7 @@ static float run_kernels(const char *buf, const plan &pl, int grid, unsigned *si
 }
 
 template <int R>
-static float run_layer(const char *buf, const plan &pl, int sms, int ahead, unsigned *bar, unsigned *sink,
+static float run_layer(const char *buf, const plan &pl, int sms, int ahead, int la, unsigned *bar, unsigned *sink,
                        cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
 {
     const int smem = R * SLOT > LAYER_SMEM_MIN ? R * SLOT : LAYER_SMEM_MIN;
@@ -389,7 +478,7 @@ static float run_layer(const char *buf, const plan &pl, int sms, int ahead, unsi
     std::vector<float> ts;
     for (int r = 0; r < 13; r++) {
         plan p = pl;
-        void *args[] = { (void *)&buf, &p, &ahead, &bar, &sink };
+        void *args[] = { (void *)&buf, &p, &ahead, &la, &bar, &sink };
         k_idle<<<1, 32, 0, st>>>(50000);
         CK(cudaEventRecord(e0, st));
         CK(cudaLaunchCooperativeKernel((const void *)k_layer<R>, dim3(sms), dim3(THREADS + 32), args, smem, st));
@@ -404,22 +493,29 @@ static float run_layer(const char *buf, const plan &pl, int sms, int ahead, unsi
     return median(ts) * 1000.0f;
 }
 
-int main(int argc, char **argv)
+int main()
 {
-    /* the seed propose's measured advances (perf-notes' kernel trace): q/k
-     * norm + RoPE 1.7, attention 12.0, merge 3.7; the norms 2.6 and 3.2 */
-    const double att_us = argc > 1 ? atof(argv[1]) : 17.4, norm_us = argc > 2 ? atof(argv[2]) : 2.9;
-    const int layers = 8;
+    /* the time phases: the advances of the backend's kernel trace (seed
+     * propose: q/k norm + RoPE 1.7, attention 12.0, merge 3.7, the norms
+     * 2.6 and 3.2; Qwen3-8B decode: 5.9, 9.9, 4.5, norms 4.9 and 4.5) */
+    static const geometry geoms[] = {
+        { "seed drafter layer (16 rows)",
+          { 5120LL * 2048 * 2, 2048LL * 4096 * 2, 2LL * 6144 * 2048 * 2, 2048LL * 6144 * 2 },
+          17.4, 2.6, 3.2, 8 },
+        { "Qwen3-8B layer (decode)",
+          { 6144LL * 4096 * 2, 4096LL * 4096 * 2, 2LL * 12288 * 4096 * 2, 4096LL * 12288 * 2 },
+          20.3, 4.9, 4.5, 4 },
+    };
     int dev = 0, sms = 0;
     CK(cudaSetDevice(dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, dev));
-    const size_t size = (size_t)1 << 30; /* 8 layers of 113 MB */
+    const size_t size = (size_t)2 << 30, copy = (size_t)1 << 30; /* 4 layers of 385 MB; 8 of 113 */
     char *buf, *dst;
     unsigned *sink, *bar;
     CK(cudaMalloc(&buf, size));
-    CK(cudaMalloc(&dst, size));
+    CK(cudaMalloc(&dst, copy));
     CK(cudaMalloc(&sink, 4));
     CK(cudaMalloc(&bar, 256));
     CK(cudaMemset(buf, 1, size));
@@ -435,13 +531,12 @@ int main(int argc, char **argv)
      * memory and L1 between two of them */
     CK(cudaFuncSetAttribute((const void *)k_time, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     CK(cudaFuncSetAttribute((const void *)k_stream, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    CK(cudaFuncSetAttribute((const void *)k_layer<4>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     CK(cudaFuncSetAttribute((const void *)k_layer<10>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
 
     std::vector<float> t;
     for (int r = 0; r < 8; r++) {
         CK(cudaEventRecord(e0, st));
-        CK(cudaMemcpyAsync(dst, buf, size, cudaMemcpyDeviceToDevice, st));
+        CK(cudaMemcpyAsync(dst, buf, copy, cudaMemcpyDeviceToDevice, st));
         CK(cudaEventRecord(e1, st));
         CK(cudaEventSynchronize(e1));
         float ms;
@@ -449,35 +544,45 @@ int main(int argc, char **argv)
         if (r)
             t.push_back(ms);
     }
-    const double copy_gbs = 2.0 * size / (median(t) * 1e6);
-    printf("layer_probe: %s, %d SMs; driver copy of 1 GiB: %.0f GB/s (read + written)\n", prop.name, sms, copy_gbs);
-    printf("seed drafter layer: streams q/k/v 21.0, o 16.8, gate/up 50.3, down 25.2 MB; %d layers a call, median of "
-           "10 calls after 3, us a layer\n",
-           layers);
-    printf("%-8s %-8s %-8s %8s %8s %10s %10s %10s %10s %10s\n", "attn us", "norm us", "streams", "bytes", "times",
-           "kernels", "layer4 in", "layer4 ah", "layer10 in", "layer10 ah");
-    /* the measured time phases with the streams; no time phases; no streams */
-    const struct {
-        double att, norm;
-        int streams;
-    } rows[] = { { att_us, norm_us, 1 }, { 0.0, 0.0, 1 }, { att_us, norm_us, 0 } };
-    for (const auto &row : rows) {
-        long long rd_k = 0, rd_l = 0;
-        const plan pk = seed_plan(layers, 2, sms, row.att, row.norm, row.streams, &rd_k);
-        const plan pl = seed_plan(layers, 1, sms, row.att, row.norm, row.streams, &rd_l);
-        const double bytes_us = (double)rd_l / layers / (copy_gbs * 1e3), times_us = row.att + 2 * row.norm;
-        const float k = run_kernels(buf, pk, 2 * sms, sink, st, e0, e1) / layers;
-        const float l4i = run_layer<4>(buf, pl, sms, 0, bar, sink, st, e0, e1) / layers;
-        const float l4a = run_layer<4>(buf, pl, sms, 1, bar, sink, st, e0, e1) / layers;
-        const float l10i = run_layer<10>(buf, pl, sms, 0, bar, sink, st, e0, e1) / layers;
-        const float l10a = run_layer<10>(buf, pl, sms, 1, bar, sink, st, e0, e1) / layers;
-        printf("%-8.1f %-8.1f %-8s %8.1f %8.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", row.att, row.norm,
-               row.streams ? "yes" : "no", bytes_us, times_us, k, l4i, l4a, l10i, l10a);
-        if (rd_k != rd_l)
-            printf("  (the ways read %lld and %lld bytes: a bug)\n", rd_k, rd_l);
+    const double copy_gbs = 2.0 * copy / (median(t) * 1e6);
+    const long long MB = 1000000;
+    const int la = (int)(32 * MB / sms / SLOT); /* the ring's L2 look-ahead: 32 MB over the SMs */
+    printf("layer_probe: %s, %d SMs, L2 %.1f MB; driver copy of 1 GiB: %.0f GB/s (read + written)\n", prop.name, sms,
+           prop.l2CacheSize / 1e6, copy_gbs);
+    printf("median of 10 calls after 3, us a layer\n");
+    for (const geometry &g : geoms) {
+        printf("%s: streams q/k/v %.1f, o %.1f, gate/up %.1f, down %.1f MB; %d layers a call\n", g.name,
+               g.mats[0] / 1e6, g.mats[1] / 1e6, g.mats[2] / 1e6, g.mats[3] / 1e6, g.layers);
+        printf("%-6s %-7s %7s %7s %8s %8s %8s %8s %8s %8s %8s\n", "times", "streams", "bytes", "times", "kernels",
+               "k+L2 16", "k+L2 32", "k+L2 48", "ring in", "ring ah", "ring+L2");
+        /* the measured time phases with the streams; no time phases; no streams */
+        const struct {
+            double times;
+            int streams;
+        } rows[] = { { 1.0, 1 }, { 0.0, 1 }, { 1.0, 0 } };
+        for (const auto &row : rows) {
+            long long rd_k = 0, rd_l = 0;
+            const plan pk = layer_plan(g, 2, sms, row.times, row.streams, &rd_k);
+            const plan pl = layer_plan(g, 1, sms, row.times, row.streams, &rd_l);
+            const double bytes_us = (double)rd_l / g.layers / (copy_gbs * 1e3),
+                         times_us = (g.att_us + g.norm1_us + g.norm2_us) * row.times;
+            const float k = run_kernels(buf, pk, 2 * sms, sink, st, e0, e1) / g.layers;
+            float kp[3];
+            for (int c = 0; c < 3; c++)
+                kp[c] = run_kernels(buf, with_prefetch(pk, 16 * MB * (c + 1)), 2 * sms, sink, st, e0, e1) / g.layers;
+            const float li = run_layer<10>(buf, pl, sms, 0, 0, bar, sink, st, e0, e1) / g.layers;
+            const float la0 = run_layer<10>(buf, pl, sms, 1, 0, bar, sink, st, e0, e1) / g.layers;
+            const float la1 = run_layer<10>(buf, pl, sms, 1, la, bar, sink, st, e0, e1) / g.layers;
+            printf("%-6.0f %-7s %7.1f %7.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f\n", row.times,
+                   row.streams ? "yes" : "no", bytes_us, times_us, k, kp[0], kp[1], kp[2], li, la0, la1);
+            if (rd_k != rd_l)
+                printf("  (the ways read %lld and %lld bytes: a bug)\n", rd_k, rd_l);
+        }
     }
     printf("bytes: a layer's streams at the copy rate (read + written, as the floors); times: the time phases'\n"
-           "nominal sum; kernels: a kernel a phase (PDL, one graph); layerR in / ah: one kernel, a ring of R x\n"
-           "16 KB, copies in step with the phases / ahead through them\n");
+           "nominal sum (times 0: none, the streams and hand-offs alone; streams no: the chain alone); kernels: a\n"
+           "kernel a phase (PDL, one graph); k+L2 N: the same, each time phase asking L2 for the next streams'\n"
+           "first N MB; ring in / ah: one kernel, a ring of 10 x 16 KB, copies in step with the phases / ahead\n"
+           "through them; ring+L2: ahead, and asking L2 for each block's next 32 MB / SMs beyond the ring\n");
     return 0;
 }
