@@ -165,22 +165,30 @@ __global__ void __launch_bounds__(THREADS) k_stream(const char *buf, long long o
 /* the work a timed call follows, so that its start event fires late */
 __global__ void k_idle(long long ns) { spin_ns(ns); }
 
-__device__ __forceinline__ void prefetch_l2(const char *p, unsigned bytes)
+/* Asks L2 for [p, + bytes): one bulk prefetch (the copy engine's), or
+ * (line) a prefetch instruction a 128-byte line (the load path's). */
+__device__ __forceinline__ void prefetch_l2(const char *p, unsigned bytes, int line)
 {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+    if (!line) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+        return;
+    }
+    for (unsigned o = 0; o < bytes; o += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o) : "memory");
 }
 
 /* A time phase; with pf_len, its blocks first ask L2 for [pf, + pf_len)
  * in SLOT requests spread over them (what a latency-bound kernel such as
  * attention could do for the next GEMMs' weights while DRAM idles). */
-__global__ void __launch_bounds__(THREADS) k_time(long long ns, unsigned *sink, const char *pf, long long pf_len)
+__global__ void __launch_bounds__(THREADS) k_time(long long ns, unsigned *sink, const char *pf, long long pf_len,
+                                                  int line)
 {
     extern __shared__ char held[];
     pdl_trigger();
     pdl_wait();
     for (long long o = ((long long)blockIdx.x * THREADS + threadIdx.x) * SLOT; o < pf_len;
          o += (long long)gridDim.x * THREADS * SLOT)
-        prefetch_l2(pf + o, (unsigned)(pf_len - o < SLOT ? pf_len - o : SLOT));
+        prefetch_l2(pf + o, (unsigned)(pf_len - o < SLOT ? pf_len - o : SLOT), line);
     spin_ns(ns);
     if (threadIdx.x == 0 && ns < 0)
         *sink = (unsigned)held[0];
@@ -233,8 +241,8 @@ __device__ void grid_barrier(unsigned *bar, unsigned blocks)
  * done with it. Use k of slot s (chunk idx = k R + s) completes phase k of
  * both, so waits go by the parity of k. */
 template <int R>
-__global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan pl, int ahead, int la, unsigned *bar,
-                                                           unsigned *sink)
+__global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan pl, int ahead, int la, int line,
+                                                           unsigned *bar, unsigned *sink)
 {
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) unsigned long long full[R], empty[R];
@@ -266,7 +274,7 @@ __global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan
                     continue;
                 }
                 prefetch_l2(buf + q.off + blockIdx.x * q.per + pc * SLOT,
-                            (unsigned)(q.per - pc * SLOT < SLOT ? q.per - pc * SLOT : SLOT));
+                            (unsigned)(q.per - pc * SLOT < SLOT ? q.per - pc * SLOT : SLOT), line);
                 pc++;
                 pidx++;
             }
@@ -431,8 +439,8 @@ static void launch_pdl(cudaStream_t st, const void *fn, int grid, int smem, void
 }
 
 /* us per replay of the kernels way: one graph of every phase's kernel */
-static float run_kernels(const char *buf, const plan &pl, int grid, unsigned *sink, cudaStream_t st, cudaEvent_t e0,
-                         cudaEvent_t e1)
+static float run_kernels(const char *buf, const plan &pl, int grid, int line, unsigned *sink, cudaStream_t st,
+                         cudaEvent_t e0, cudaEvent_t e1)
 {
     cudaGraph_t g;
     cudaGraphExec_t ge;
@@ -446,7 +454,7 @@ static float run_kernels(const char *buf, const plan &pl, int grid, unsigned *si
         } else {
             long long ns = ph.ns, pf_len = ph.pf_len;
             const char *pf = buf + ph.pf_off;
-            void *args[] = { &ns, &sink, &pf, &pf_len };
+            void *args[] = { &ns, &sink, &pf, &pf_len, &line };
             launch_pdl(st, (const void *)k_time, ph.blocks, ph.blocks >= grid / 2 ? ATT_SMEM : 0, args);
         }
     }
@@ -470,15 +478,15 @@ static float run_kernels(const char *buf, const plan &pl, int grid, unsigned *si
 }
 
 template <int R>
-static float run_layer(const char *buf, const plan &pl, int sms, int ahead, int la, unsigned *bar, unsigned *sink,
-                       cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+static float run_layer(const char *buf, const plan &pl, int sms, int ahead, int la, int line, unsigned *bar,
+                       unsigned *sink, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
 {
     const int smem = R * SLOT > LAYER_SMEM_MIN ? R * SLOT : LAYER_SMEM_MIN;
     CK(cudaFuncSetAttribute((const void *)k_layer<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     std::vector<float> ts;
     for (int r = 0; r < 13; r++) {
         plan p = pl;
-        void *args[] = { (void *)&buf, &p, &ahead, &la, &bar, &sink };
+        void *args[] = { (void *)&buf, &p, &ahead, &la, &line, &bar, &sink };
         k_idle<<<1, 32, 0, st>>>(50000);
         CK(cudaEventRecord(e0, st));
         CK(cudaLaunchCooperativeKernel((const void *)k_layer<R>, dim3(sms), dim3(THREADS + 32), args, smem, st));
@@ -491,6 +499,53 @@ static float run_layer(const char *buf, const plan &pl, int sms, int ahead, int 
             ts.push_back(ms);
     }
     return median(ts) * 1000.0f;
+}
+
+/* us one launch takes, after a 50 us spin on the stream */
+template <typename F> static float time_launch(F launch, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+{
+    k_idle<<<1, 32, 0, st>>>(50000);
+    CK(cudaEventRecord(e0, st));
+    launch();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaGetLastError());
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1000.0f;
+}
+
+/* What a prefetch alone does: X MB read by the stream kernel cold (after
+ * 256 MB of other reads), the same after a kernel asked L2 for them (bulk
+ * or a line at a time; that kernel's own time beside it), and read a
+ * second time right after a first read (L2 as warm as it gets). */
+static void prefetch_alone(const char *buf, long long region, int sms, unsigned *sink, cudaStream_t st, cudaEvent_t e0,
+                           cudaEvent_t e1)
+{
+    const long long MB = 1000000, flush = 256 * MB;
+    printf("L2 prefetch alone (median of 10, us): MB, read cold, bulk prefetch, read after it, line prefetch, read "
+           "after it, read warm\n");
+    for (long long x : { 16 * MB, 32 * MB, 48 * MB }) {
+        const long long per = x / (2 * sms) / UNIT * UNIT, fper = flush / (2 * sms) / UNIT * UNIT, zero = 0;
+        auto read = [&](long long off, long long pr) { k_stream<<<2 * sms, THREADS, 1024, st>>>(buf, off, pr, sink); };
+        auto pf = [&](int line) { k_time<<<sms, THREADS, 0, st>>>(zero, sink, buf + region, 2 * sms * per, line); };
+        std::vector<float> cold, pb, rb, pl, rl, warm;
+        for (int r = 0; r < 10; r++) {
+            read(0, fper);
+            cold.push_back(time_launch([&] { read(region, per); }, st, e0, e1));
+            read(0, fper);
+            pb.push_back(time_launch([&] { pf(0); }, st, e0, e1));
+            rb.push_back(time_launch([&] { read(region, per); }, st, e0, e1));
+            read(0, fper);
+            pl.push_back(time_launch([&] { pf(1); }, st, e0, e1));
+            rl.push_back(time_launch([&] { read(region, per); }, st, e0, e1));
+            read(0, fper);
+            read(region, per);
+            warm.push_back(time_launch([&] { read(region, per); }, st, e0, e1));
+        }
+        printf("%4lld %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", x / MB, median(cold), median(pb), median(rb),
+               median(pl), median(rl), median(warm));
+    }
 }
 
 int main()
@@ -549,12 +604,13 @@ int main()
     const int la = (int)(32 * MB / sms / SLOT); /* the ring's L2 look-ahead: 32 MB over the SMs */
     printf("layer_probe: %s, %d SMs, L2 %.1f MB; driver copy of 1 GiB: %.0f GB/s (read + written)\n", prop.name, sms,
            prop.l2CacheSize / 1e6, copy_gbs);
+    prefetch_alone(buf, size - 64 * MB, sms, sink, st, e0, e1);
     printf("median of 10 calls after 3, us a layer\n");
     for (const geometry &g : geoms) {
         printf("%s: streams q/k/v %.1f, o %.1f, gate/up %.1f, down %.1f MB; %d layers a call\n", g.name,
                g.mats[0] / 1e6, g.mats[1] / 1e6, g.mats[2] / 1e6, g.mats[3] / 1e6, g.layers);
-        printf("%-6s %-7s %7s %7s %8s %8s %8s %8s %8s %8s %8s\n", "times", "streams", "bytes", "times", "kernels",
-               "k+L2 16", "k+L2 32", "k+L2 48", "ring in", "ring ah", "ring+L2");
+        printf("%-6s %-7s %7s %7s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "times", "streams", "bytes", "times",
+               "kernels", "k+b 32", "k+l 16", "k+l 32", "k+l 48", "ring in", "ring ah", "ring+b", "ring+l");
         /* the measured time phases with the streams; no time phases; no streams */
         const struct {
             double times;
@@ -566,23 +622,27 @@ int main()
             const plan pl = layer_plan(g, 1, sms, row.times, row.streams, &rd_l);
             const double bytes_us = (double)rd_l / g.layers / (copy_gbs * 1e3),
                          times_us = (g.att_us + g.norm1_us + g.norm2_us) * row.times;
-            const float k = run_kernels(buf, pk, 2 * sms, sink, st, e0, e1) / g.layers;
-            float kp[3];
+            const float k = run_kernels(buf, pk, 2 * sms, 0, sink, st, e0, e1) / g.layers;
+            const float kb = run_kernels(buf, with_prefetch(pk, 32 * MB), 2 * sms, 0, sink, st, e0, e1) / g.layers;
+            float kl[3];
             for (int c = 0; c < 3; c++)
-                kp[c] = run_kernels(buf, with_prefetch(pk, 16 * MB * (c + 1)), 2 * sms, sink, st, e0, e1) / g.layers;
-            const float li = run_layer<10>(buf, pl, sms, 0, 0, bar, sink, st, e0, e1) / g.layers;
-            const float la0 = run_layer<10>(buf, pl, sms, 1, 0, bar, sink, st, e0, e1) / g.layers;
-            const float la1 = run_layer<10>(buf, pl, sms, 1, la, bar, sink, st, e0, e1) / g.layers;
-            printf("%-6.0f %-7s %7.1f %7.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f\n", row.times,
-                   row.streams ? "yes" : "no", bytes_us, times_us, k, kp[0], kp[1], kp[2], li, la0, la1);
+                kl[c] = run_kernels(buf, with_prefetch(pk, 16 * MB * (c + 1)), 2 * sms, 1, sink, st, e0, e1) /
+                        g.layers;
+            const float li = run_layer<10>(buf, pl, sms, 0, 0, 0, bar, sink, st, e0, e1) / g.layers;
+            const float la0 = run_layer<10>(buf, pl, sms, 1, 0, 0, bar, sink, st, e0, e1) / g.layers;
+            const float lb = run_layer<10>(buf, pl, sms, 1, la, 0, bar, sink, st, e0, e1) / g.layers;
+            const float ll = run_layer<10>(buf, pl, sms, 1, la, 1, bar, sink, st, e0, e1) / g.layers;
+            printf("%-6.0f %-7s %7.1f %7.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f\n", row.times,
+                   row.streams ? "yes" : "no", bytes_us, times_us, k, kb, kl[0], kl[1], kl[2], li, la0, lb, ll);
             if (rd_k != rd_l)
                 printf("  (the ways read %lld and %lld bytes: a bug)\n", rd_k, rd_l);
         }
     }
     printf("bytes: a layer's streams at the copy rate (read + written, as the floors); times: the time phases'\n"
            "nominal sum (times 0: none, the streams and hand-offs alone; streams no: the chain alone); kernels: a\n"
-           "kernel a phase (PDL, one graph); k+L2 N: the same, each time phase asking L2 for the next streams'\n"
-           "first N MB; ring in / ah: one kernel, a ring of 10 x 16 KB, copies in step with the phases / ahead\n"
-           "through them; ring+L2: ahead, and asking L2 for each block's next 32 MB / SMs beyond the ring\n");
+           "kernel a phase (PDL, one graph); k+b N / k+l N: the same, each time phase asking L2 for the next\n"
+           "streams' first N MB (b: bulk prefetches, l: a prefetch instruction a line); ring in / ah: one kernel,\n"
+           "a ring of 10 x 16 KB, copies in step with the phases / ahead through them; ring+b / +l: ahead, and\n"
+           "asking L2 for each block's next 32 MB / SMs beyond the ring\n");
     return 0;
 }
