@@ -47,8 +47,11 @@
  * rate of the same run and the time phases' nominal sum; with the time
  * phases at the backend's measured lengths, at zero (streams and
  * hand-offs alone), and without the streams (the chain alone, as each way
- * runs it). Each timed call follows a 50 us spin on the same stream, so
- * the events time the GPU's work, not the launch's submission.
+ * runs it). First, what a prefetch does alone: 16-48 MB read cold, read
+ * after a kernel asked L2 for them (bulk or a line at a time; that
+ * kernel's time beside it) and read right after a read. Each timed call
+ * follows a 50 us spin on the same stream, so the events time the GPU's
+ * work, not the launch's submission.
  *
  * A measurement tool, not part of the library: built by nvcc on the GPU
  * machine (tools/gpu-test.sh, GPU_TEST_PROBE=1 or =layer), runtime API. */
