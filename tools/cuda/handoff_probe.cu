@@ -22,21 +22,7 @@
  * part of the library: `GPU_TEST_PROBE=1 bash tools/gpu-test.sh` builds
  * and runs it, or by hand on the GPU machine:
  *   nvcc -O3 -arch=sm_90a -std=c++17 -o handoff_probe tools/cuda/handoff_probe.cu && ./handoff_probe */
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "probe.cuh"
 
 enum { WAY_STREAM, WAY_PDL, WAY_FLAG, WAY_CLUSTER, WAYS };
 

@@ -55,22 +55,9 @@
  *
  * A measurement tool, not part of the library: built by nvcc on the GPU
  * machine (tools/gpu-test.sh, GPU_TEST_PROBE=1 or =layer), runtime API. */
-#include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
 
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "layer_probe: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "probe.cuh"
 
 #define THREADS 256        /* a stream kernel's block; the layer kernel's consumers */
 #define SLOT 16384         /* a ring slot, and a stream kernel block's chunk (THREADS x 4 x 16 B) */
@@ -95,25 +82,6 @@ struct plan {
     phase ph[MAX_PHASES];
     int n;
 };
-
-__device__ __forceinline__ uint4 ld_stream(const void *p)
-{
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-/* volatile: stays after the loads issued before it (see stream_probe.cu) */
-__device__ __forceinline__ unsigned fold(uint4 v)
-{
-    unsigned r;
-    asm volatile("{ .reg .b32 t; xor.b32 t, %1, %2; xor.b32 t, t, %3; xor.b32 %0, t, %4; }"
-                 : "=r"(r)
-                 : "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-    return r;
-}
 
 __device__ __forceinline__ unsigned long long now_ns()
 {
@@ -197,8 +165,6 @@ __global__ void __launch_bounds__(THREADS) k_time(long long ns, unsigned *sink, 
         *sink = (unsigned)held[0];
 }
 
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
 {
     unsigned v;
@@ -209,16 +175,6 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
 __device__ __forceinline__ void st_release(unsigned *p, unsigned v)
 {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity)
-{
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
 }
 
 /* Every block's thread 0: bar[0] counts arrivals, bar[GEN] is the
@@ -339,12 +295,6 @@ __global__ void __launch_bounds__(THREADS + 32, 1) k_layer(const char *buf, plan
         *sink = acc;
 }
 
-static float median(std::vector<float> v)
-{
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 /* A layer's shape: its four weight streams (q/k/v, o, gate/up, down) and
  * its time phases, as measured in the backend's kernel trace (docs/
  * perf-notes.md): q/k norm + RoPE, attention and its merge as one; the
@@ -441,6 +391,32 @@ static void launch_pdl(cudaStream_t st, const void *fn, int grid, int smem, void
     CK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
+/* us one launch takes, after a 50 us spin on the stream */
+template <typename F> static float time_launch(F launch, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+{
+    k_idle<<<1, 32, 0, st>>>(50000);
+    CK(cudaEventRecord(e0, st));
+    launch();
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaGetLastError());
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1000.0f;
+}
+
+/* us a call takes: the median of 10 after 3 (each after the spin) */
+template <typename F> static float median_of_calls(F launch, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
+{
+    std::vector<float> ts;
+    for (int r = 0; r < 13; r++) {
+        const float us = time_launch(launch, st, e0, e1);
+        if (r >= 3)
+            ts.push_back(us);
+    }
+    return median(ts);
+}
+
 /* us per replay of the kernels way: one graph of every phase's kernel */
 static float run_kernels(const char *buf, const plan &pl, int grid, int line, unsigned *sink, cudaStream_t st,
                          cudaEvent_t e0, cudaEvent_t e1)
@@ -463,21 +439,10 @@ static float run_kernels(const char *buf, const plan &pl, int grid, int line, un
     }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    std::vector<float> ts;
-    for (int r = 0; r < 13; r++) {
-        k_idle<<<1, 32, 0, st>>>(50000);
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 3)
-            ts.push_back(ms);
-    }
+    const float us = median_of_calls([&] { CK(cudaGraphLaunch(ge, st)); }, st, e0, e1);
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
-    return median(ts) * 1000.0f;
+    return us;
 }
 
 template <int R>
@@ -486,37 +451,15 @@ static float run_layer(const char *buf, const plan &pl, int sms, int ahead, int 
 {
     const int smem = R * SLOT > LAYER_SMEM_MIN ? R * SLOT : LAYER_SMEM_MIN;
     CK(cudaFuncSetAttribute((const void *)k_layer<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    std::vector<float> ts;
-    for (int r = 0; r < 13; r++) {
-        plan p = pl;
-        void *args[] = { (void *)&buf, &p, &ahead, &la, &line, &bar, &sink };
-        k_idle<<<1, 32, 0, st>>>(50000);
-        CK(cudaEventRecord(e0, st));
-        CK(cudaLaunchCooperativeKernel((const void *)k_layer<R>, dim3(sms), dim3(THREADS + 32), args, smem, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaGetLastError());
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 3)
-            ts.push_back(ms);
-    }
-    return median(ts) * 1000.0f;
+    plan p = pl;
+    void *args[] = { (void *)&buf, &p, &ahead, &la, &line, &bar, &sink };
+    return median_of_calls(
+        [&] {
+            CK(cudaLaunchCooperativeKernel((const void *)k_layer<R>, dim3(sms), dim3(THREADS + 32), args, smem, st));
+        },
+        st, e0, e1);
 }
 
-/* us one launch takes, after a 50 us spin on the stream */
-template <typename F> static float time_launch(F launch, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1)
-{
-    k_idle<<<1, 32, 0, st>>>(50000);
-    CK(cudaEventRecord(e0, st));
-    launch();
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaGetLastError());
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms * 1000.0f;
-}
 
 /* What a prefetch alone does: X MB read by the stream kernel cold (after
  * 256 MB of other reads), the same after a kernel asked L2 for them (bulk

@@ -19,44 +19,11 @@
  *
  * A measurement tool, not part of the library: built by nvcc on the GPU
  * machine (tools/gpu-test.sh, GPU_TEST_PROBE=1), runtime API. */
-#include <cstdio>
-#include <cstdlib>
 #include <cstdint>
-#include <algorithm>
-#include <vector>
-#include <cuda_runtime.h>
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "stream_probe: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "probe.cuh"
 
 #define THREADS 256
-
-__device__ __forceinline__ uint4 ld_stream(const void *p)
-{
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-/* volatile, so it stays after the loads issued before it in the source
- * (the compiler would otherwise use a value first and request the next
- * ones after it, halving what is in flight) */
-__device__ __forceinline__ unsigned fold(uint4 v)
-{
-    unsigned r;
-    asm volatile("{ .reg .b32 t; xor.b32 t, %1, %2; xor.b32 t, t, %3; xor.b32 %0, t, %4; }"
-                 : "=r"(r)
-                 : "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
-    return r;
-}
 
 /* Block b reads bytes [b * per, (b + 1) * per); per is a multiple of
  * THREADS * 16 * U. */
@@ -84,8 +51,6 @@ template <int U> __global__ void __launch_bounds__(THREADS) k_reg(const char *bu
     if (acc == 0x9e3779b9u)
         *sink = acc;
 }
-
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 /* cp.async ring: stage s of the block's range goes to ring slot s % STAGES. */
 template <int STAGES> __global__ void __launch_bounds__(THREADS) k_cpasync(const char *buf, size_t per, int sb,
@@ -148,12 +113,7 @@ template <int STAGES> __global__ void __launch_bounds__(THREADS) k_bulk(const ch
     unsigned acc = 0;
     for (int s = 0; s < n; s++) {
         const unsigned b = smem_u32(&bar[s % STAGES]), phase = (s / STAGES) & 1;
-        unsigned done = 0;
-        while (!done)
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done)
-                         : "r"(b), "r"(phase)
-                         : "memory");
+        mbar_wait(b, phase);
         for (int c = 0; c < copies; c++)
             acc ^= fold(*(const uint4 *)(ring + (s % STAGES) * sb + (c * THREADS + threadIdx.x) * 16));
         __syncthreads(); /* every thread is done with the slot before it is refilled */
@@ -185,12 +145,6 @@ struct variant {
     int stages, sb; /* ring: stages x stage bytes (0 for reg) */
     int unit;       /* bytes a block reads per step */
 };
-
-static float median(std::vector<float> v)
-{
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
 
 int main(void)
 {
