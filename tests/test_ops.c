@@ -301,51 +301,128 @@ static void test_qk_norm_rope_store(void)
         }
 }
 
+/* A small layer's q/k/v stage inputs (f32 weights, q/k norms, RoPE) and
+ * two zeroed pools, for the stage tests; the weights point into it, so it
+ * is set up in place and not copied. */
+enum { QF_N = 3, QF_K = 12, QF_HQ = 4, QF_HKV = 2, QF_D = 8, QF_BT = 2, QF_NP = 4, QF_NL = 2, QF_ROW = QF_HKV * QF_D };
+typedef struct qkv_fixture {
+    float x[QF_N * QF_K], wq[QF_HQ * QF_D * QF_K], wk[QF_ROW * QF_K], wv[QF_ROW * QF_K], qn[QF_D], kn[QF_D];
+    dflash_weight w[3], nq, nk;
+    dflash_rope rope;
+    size_t pool_bytes;
+    dflash_kv_layout kv_a, kv_b;
+} qkv_fixture;
+
+static void qkv_fixture_init(qkv_fixture *f)
+{
+    fill(f->x, QF_N * QF_K, 0.0f, 1.0f);
+    fill(f->wq, QF_HQ * QF_D * QF_K, 0.0f, 1.0f);
+    fill(f->wk, QF_ROW * QF_K, 0.0f, 1.0f);
+    fill(f->wv, QF_ROW * QF_K, 0.0f, 1.0f);
+    fill(f->qn, QF_D, 1.0f, 0.1f);
+    fill(f->kn, QF_D, 1.0f, 0.1f);
+    f->w[0] = (dflash_weight){ DFLASH_DTYPE_F32, QF_HQ * QF_D, QF_K, f->wq, NULL, "q_proj" };
+    f->w[1] = (dflash_weight){ DFLASH_DTYPE_F32, QF_ROW, QF_K, f->wk, NULL, "k_proj" };
+    f->w[2] = (dflash_weight){ DFLASH_DTYPE_F32, QF_ROW, QF_K, f->wv, NULL, "v_proj" };
+    f->nq = (dflash_weight){ DFLASH_DTYPE_F32, 1, QF_D, f->qn, NULL, "qn" };
+    f->nk = (dflash_weight){ DFLASH_DTYPE_F32, 1, QF_D, f->kn, NULL, "kn" };
+    CHECK_OK(dflash_rope_default(10000.0, QF_D, &f->rope));
+    f->pool_bytes = (size_t)QF_NP * QF_NL * 2 * QF_ROW * DFLASH_KV_PAGE * sizeof(float);
+    f->kv_a = (dflash_kv_layout){ QF_NP, QF_NL, QF_HKV, QF_D, DFLASH_DTYPE_F32, zeroed(f->pool_bytes) };
+    f->kv_b = f->kv_a;
+    f->kv_b.data = zeroed(f->pool_bytes);
+}
+
+static void qkv_fixture_free(qkv_fixture *f)
+{
+    be->ops->free(be, f->kv_a.data);
+    be->ops->free(be, f->kv_b.data);
+}
+
 /* qkv_norm_rope_store: q, k, v and the pool exactly what the three
  * linears and qk_norm_rope_store leave; weights whose rows are not the
  * heads', and a K/V destination storing V from another buffer, are
  * refused with messages naming them. */
 static void test_qkv_norm_rope_store(void)
 {
-    enum { N = 3, K = 12, HQ = 4, HKV = 2, D = 8, BT = 2, NP = 4, NL = 2 };
-    const int row = HKV * D;
-    int32_t pos[N] = { 0, 17, 18 }, row_seq[N] = { 0, 0, 0 }, table[BT] = { 3, 1 };
-    float x[N * K], wq[HQ * D * K], wk[row * K], wv[row * K], qn[D], kn[D];
-    fill(x, N * K, 0.0f, 1.0f);
-    fill(wq, HQ * D * K, 0.0f, 1.0f);
-    fill(wk, row * K, 0.0f, 1.0f);
-    fill(wv, row * K, 0.0f, 1.0f);
-    fill(qn, D, 1.0f, 0.1f);
-    fill(kn, D, 1.0f, 0.1f);
-    const dflash_weight w[3] = { { DFLASH_DTYPE_F32, HQ * D, K, wq, NULL, "q_proj" },
-                                 { DFLASH_DTYPE_F32, row, K, wk, NULL, "k_proj" },
-                                 { DFLASH_DTYPE_F32, row, K, wv, NULL, "v_proj" } };
-    const dflash_weight nq = { DFLASH_DTYPE_F32, 1, D, qn, NULL, "qn" };
-    const dflash_weight nk = { DFLASH_DTYPE_F32, 1, D, kn, NULL, "kn" };
-    dflash_rope rope;
-    CHECK_OK(dflash_rope_default(10000.0, D, &rope));
-    const size_t pool_bytes = (size_t)NP * NL * 2 * row * DFLASH_KV_PAGE * sizeof(float);
-    dflash_kv_layout kv_a = { NP, NL, HKV, D, DFLASH_DTYPE_F32, zeroed(pool_bytes) }, kv_b = kv_a;
-    kv_b.data = zeroed(pool_bytes);
-    float qa[N * HQ * D], ka[N * row], va[N * row], qb[N * HQ * D], kb[N * row], vb[N * row];
-    const dflash_kv_dest dst_a = { &kv_a, 1, table, BT, row_seq, va }, dst_b = { &kv_b, 1, table, BT, row_seq, vb };
-    dflash_qkv_args a = { x, N, w, qa, ka, va, &nq, &nk, HQ, HKV, D, pos, 1e-6f, &rope, &dst_a };
+    qkv_fixture f;
+    qkv_fixture_init(&f);
+    int32_t pos[QF_N] = { 0, 17, 18 }, row_seq[QF_N] = { 0, 0, 0 }, table[QF_BT] = { 3, 1 };
+    float qa[QF_N * QF_HQ * QF_D], ka[QF_N * QF_ROW], va[QF_N * QF_ROW];
+    float qb[QF_N * QF_HQ * QF_D], kb[QF_N * QF_ROW], vb[QF_N * QF_ROW];
+    const dflash_kv_dest dst_a = { &f.kv_a, 1, table, QF_BT, row_seq, va };
+    const dflash_kv_dest dst_b = { &f.kv_b, 1, table, QF_BT, row_seq, vb };
+    dflash_qkv_args a = { f.x, QF_N, f.w, qa, ka, va, &f.nq, &f.nk, QF_HQ, QF_HKV, QF_D, pos, 1e-6f, &f.rope, &dst_a };
     CHECK_OK(dflash_be_qkv_norm_rope_store(be, &a));
-    CHECK_OK(be->ops->linear(be, x, N, &w[0], qb));
-    CHECK_OK(be->ops->linear(be, x, N, &w[1], kb));
-    CHECK_OK(be->ops->linear(be, x, N, &w[2], vb));
-    CHECK_OK(dflash_be_qk_norm_rope_store(be, qb, &nq, HQ, kb, &nk, HKV, pos, N, D, 1e-6f, &rope, &dst_b));
+    CHECK_OK(be->ops->linear(be, f.x, QF_N, &f.w[0], qb));
+    CHECK_OK(be->ops->linear(be, f.x, QF_N, &f.w[1], kb));
+    CHECK_OK(be->ops->linear(be, f.x, QF_N, &f.w[2], vb));
+    CHECK_OK(dflash_be_qk_norm_rope_store(be, qb, &f.nq, QF_HQ, kb, &f.nk, QF_HKV, pos, QF_N, QF_D, 1e-6f, &f.rope,
+                                          &dst_b));
     CHECK(memcmp(qa, qb, sizeof qa) == 0 && memcmp(ka, kb, sizeof ka) == 0 && memcmp(va, vb, sizeof va) == 0);
-    CHECK(memcmp(kv_a.data, kv_b.data, pool_bytes) == 0);
+    CHECK(memcmp(f.kv_a.data, f.kv_b.data, f.pool_bytes) == 0);
     a.n_kv_heads = 1;
     CHECK_FAILS(dflash_be_qkv_norm_rope_store(be, &a), DFLASH_ERR_SHAPE,
                 "qkv_norm_rope_store: weights q_proj, k_proj, v_proj have 32, 16, 16 rows, the heads 32, 8, 8");
-    a.n_kv_heads = HKV;
+    a.n_kv_heads = QF_HKV;
     a.v = vb;
     CHECK_FAILS(dflash_be_qkv_norm_rope_store(be, &a), DFLASH_ERR_INVALID_ARG,
                 "the K/V destination stores V from another buffer than the stage's v");
-    be->ops->free(be, kv_a.data);
-    be->ops->free(be, kv_b.data);
+    qkv_fixture_free(&f);
+}
+
+/* qkv_attention: the stage then attention (the CPU's composition), bit for
+ * bit; a backend's own op gets the call only with a K/V destination and
+ * norms it can join, after the stage's shape checks. */
+static int g_qkv_attention;
+static dflash_status spy_qkv_attention(dflash_backend *b, const dflash_qkv_args *q, const dflash_attn_args *a)
+{
+    (void)b;
+    g_qkv_attention++;
+    DFLASH_TRY(dflash_be_qkv_norm_rope_store(be, q));
+    return be->ops->attention(be, a);
+}
+
+static void test_qkv_attention(void)
+{
+    qkv_fixture f;
+    qkv_fixture_init(&f);
+    int32_t pos[QF_N] = { 16, 17, 18 }, row_seq[QF_N] = { 0, 0, 0 }, table[QF_BT] = { 3, 1 };
+    const int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, 19, 0, 0, 16, 0, QF_N };
+    float qa[QF_N * QF_HQ * QF_D], ka[QF_N * QF_ROW], va[QF_N * QF_ROW], oa[QF_N * QF_HQ * QF_D];
+    float qb[QF_N * QF_HQ * QF_D], kb[QF_N * QF_ROW], vb[QF_N * QF_ROW], ob[QF_N * QF_HQ * QF_D];
+    const dflash_kv_dest dst_a = { &f.kv_a, 1, table, QF_BT, row_seq, va };
+    const dflash_kv_dest dst_b = { &f.kv_b, 1, table, QF_BT, row_seq, vb };
+    dflash_qkv_args q = { f.x, QF_N, f.w, qa, ka, va, &f.nq, &f.nk, QF_HQ, QF_HKV, QF_D, pos, 1e-6f, &f.rope, &dst_a };
+    dflash_qkv_args qc = q;
+    qc.q = qb, qc.k = kb, qc.v = vb, qc.dst = &dst_b;
+    dflash_attn_args a = { .n_rows = QF_N, .n_heads = QF_HQ, .n_kv_heads = QF_HKV, .head_dim = QF_D, .scale = 0.3f,
+                           .q = qa, .out = oa, .q_pos = pos, .row_seq = row_seq, .seq_info = info, .kv = &f.kv_a,
+                           .layer = 1, .page_tables = table, .pt_len = QF_BT, .causal = 1, .n_seqs = 1,
+                           .max_seq_rows = QF_N, .max_keys = 19 };
+    dflash_attn_args ac = a;
+    ac.q = qb, ac.out = ob, ac.kv = &f.kv_b;
+    CHECK_OK(dflash_be_qkv_attention(be, &q, &a));
+    CHECK_OK(dflash_be_qkv_norm_rope_store(be, &qc));
+    CHECK_OK(be->ops->attention(be, &ac));
+    CHECK(memcmp(oa, ob, sizeof oa) == 0 && memcmp(ka, kb, sizeof ka) == 0 && memcmp(va, vb, sizeof va) == 0);
+    CHECK(memcmp(f.kv_a.data, f.kv_b.data, f.pool_bytes) == 0);
+
+    dflash_backend_ops ops = *be->ops;
+    ops.qkv_attention = spy_qkv_attention;
+    dflash_backend spy = { &ops, be->ctx };
+    g_qkv_attention = 0;
+    CHECK_OK(dflash_be_qkv_attention(&spy, &q, &a));
+    CHECK(g_qkv_attention == 1);
+    q.dst = NULL; /* nothing to store: the composition */
+    CHECK_OK(dflash_be_qkv_attention(&spy, &q, &a));
+    CHECK(g_qkv_attention == 1);
+    q.dst = &dst_a;
+    q.n_kv_heads = 1;
+    CHECK_FAILS(dflash_be_qkv_attention(&spy, &q, &a), DFLASH_ERR_SHAPE,
+                "qkv_norm_rope_store: weights q_proj, k_proj, v_proj have 32, 16, 16 rows, the heads 32, 8, 8");
+    CHECK(g_qkv_attention == 1);
+    qkv_fixture_free(&f);
 }
 
 /* A backend with the fused q/k ops (the CPU has none): each counts its
@@ -1039,6 +1116,7 @@ int main(void)
     RUN(test_gather_add_rmsnorm);
     RUN(test_linear_add_rmsnorm);
     RUN(test_qkv_norm_rope_store);
+    RUN(test_qkv_attention);
     RUN(test_linear_group);
     RUN(test_sigmoid_mul);
     RUN(test_norm_gate);

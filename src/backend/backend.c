@@ -177,7 +177,8 @@ dflash_status dflash_be_qkv_norm_rope_store_composed(dflash_backend *be, const d
                                         a->n, a->head_dim, a->eps, a->rope, a->dst);
 }
 
-dflash_status dflash_be_qkv_norm_rope_store(dflash_backend *be, const dflash_qkv_args *a)
+/* The stage's weights fit its heads, and its K/V destination stores its v. */
+static dflash_status qkv_check(const dflash_qkv_args *a)
 {
     const int64_t hq = (int64_t)a->n_q_heads * a->head_dim, hkv = (int64_t)a->n_kv_heads * a->head_dim;
     const dflash_weight *w = a->w;
@@ -188,9 +189,25 @@ dflash_status dflash_be_qkv_norm_rope_store(dflash_backend *be, const dflash_qkv
     if (a->dst && a->dst->v != a->v)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "qkv_norm_rope_store: the K/V destination stores V from another "
                            "buffer than the stage's v");
+    return DFLASH_OK;
+}
+
+dflash_status dflash_be_qkv_norm_rope_store(dflash_backend *be, const dflash_qkv_args *a)
+{
+    DFLASH_TRY(qkv_check(a));
     if (be->ops->qkv_norm_rope_store && qk_norms_join(a->q_norm, a->n_q_heads, a->k_norm))
         return be->ops->qkv_norm_rope_store(be, a);
     return dflash_be_qkv_norm_rope_store_composed(be, a);
+}
+
+dflash_status dflash_be_qkv_attention(dflash_backend *be, const dflash_qkv_args *q, const dflash_attn_args *a)
+{
+    if (be->ops->qkv_attention && q->dst && qk_norms_join(q->q_norm, q->n_q_heads, q->k_norm)) {
+        DFLASH_TRY(qkv_check(q));
+        return be->ops->qkv_attention(be, q, a);
+    }
+    DFLASH_TRY(dflash_be_qkv_norm_rope_store(be, q));
+    return be->ops->attention(be, a);
 }
 
 dflash_status dflash_be_check_bias(const dflash_weight *b, int cols)

@@ -428,6 +428,12 @@ typedef struct dflash_backend_ops {
     /* dflash_qkv_args; the composition: linear_group of the three
      * weights, then qk_norm_rope_store (dflash_be_qk_norm_rope_store's). */
     dflash_status (*qkv_norm_rope_store)(dflash_backend *be, const dflash_qkv_args *a);
+    /* qkv_norm_rope_store (q, with dst) and then the attention a over its
+     * rows, pool and layer: optional, called through
+     * dflash_be_qkv_attention, whose composition is the two in turn. q's
+     * content afterwards is unspecified (a backend may keep it on chip);
+     * k, v and the pages are as the stage leaves them. */
+    dflash_status (*qkv_attention)(dflash_backend *be, const dflash_qkv_args *q, const dflash_attn_args *a);
 
     /* A MoE layer's routing and its experts' projections (see
      * dflash_route_args and dflash_experts_args). */
@@ -505,6 +511,7 @@ dflash_status dflash_be_gather_add_rmsnorm(dflash_backend *be, float *x, const d
 dflash_status dflash_be_linear_add_rmsnorm(dflash_backend *be, const float *in, int n, const dflash_weight *W, float *x,
                                            float *delta, const dflash_weight *w, int dim, float eps, float *out);
 dflash_status dflash_be_qkv_norm_rope_store(dflash_backend *be, const dflash_qkv_args *a);
+dflash_status dflash_be_qkv_attention(dflash_backend *be, const dflash_qkv_args *q, const dflash_attn_args *a);
 /* The compositions those stages stand for (see the ops above): the
  * default, and what a backend runs where its own version declines a case. */
 dflash_status dflash_be_linear_gated_add_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,

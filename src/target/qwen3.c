@@ -343,12 +343,6 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     /* the rows' K and V go into the pages as q and k are normed and rotated */
     const dflash_kv_dest dst = { &m->kv.layout, m->kv_layer[li], m->s.in.page_tables, m->pt_len, m->s.in.row_seq,
                                  bufs->v };
-    if (hybrid)
-        DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, prev, &dst));
-    else
-        DFLASH_TRY(qwen3_layer_attn_in(m->be, &m->cfg, l, l->lin, bufs, n, prev, &dst));
-    if (li)
-        DFLASH_TRY(capture_taps(m, b, li - 1));
     dflash_attn_args a = qwen3_attn_args(&m->cfg, bufs, n);
     a.row_seq = m->s.in.row_seq;
     a.seq_info = m->s.in.seq_info;
@@ -360,9 +354,16 @@ static dflash_status layer_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b,
     a.n_seqs = bounds->n_seqs;
     a.max_seq_rows = bounds->max_seq_rows;
     a.max_keys = bounds->max_keys;
-    DFLASH_TRY(m->be->ops->attention(m->be, &a));
-    if (hybrid)
+    if (hybrid) {
+        DFLASH_TRY(qwen35_attn_in(m->be, &m->cfg, l, bufs, n, prev, &dst));
+        DFLASH_TRY(m->be->ops->attention(m->be, &a));
         DFLASH_TRY(qwen35_attn_gate(m->be, &m->cfg, bufs, n));
+    } else {
+        DFLASH_TRY(qwen3_layer_attn(m->be, &m->cfg, l, l->lin, bufs, n, prev, &dst, &a));
+    }
+    /* the residual stream this layer's input norm left (attention leaves it) */
+    if (li)
+        DFLASH_TRY(capture_taps(m, b, li - 1));
     return qwen3_layer_attn_out_mlp(m->be, &m->cfg, l, l->lin, bufs, n);
 }
 

@@ -276,18 +276,25 @@ dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config 
     return be->ops->add_rmsnorm(be, b->x, prev.l ? b->delta : NULL, norm, n, H, c->rms_norm_eps, b->xn);
 }
 
-dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
-                                  const dflash_weight *lin, const qwen3_bufs *b, int n, qwen3_prev prev,
-                                  const dflash_kv_dest *dst)
+/* The q/k/v stage's arguments (a layer without biases). */
+static dflash_qkv_args qkv_args(const dflash_model_config *c, const qwen3_layer *l, const dflash_weight *lin,
+                                const qwen3_bufs *b, int n, const dflash_kv_dest *dst)
 {
-    DFLASH_TRY(qwen3_layer_norm_in(be, c, prev, b, &l->input_norm, n));
     const int qk = dflash_config_qk_norm(c);
-    const dflash_qkv_args a = {
+    return (dflash_qkv_args){
         .x = b->xn, .n = n, .w = &lin[QWEN3_LIN_Q], .q = b->q, .k = b->k, .v = b->v,
         .q_norm = qk ? &l->q_norm : NULL, .k_norm = qk ? &l->k_norm : NULL, .n_q_heads = c->num_attention_heads,
         .n_kv_heads = c->num_key_value_heads, .head_dim = c->head_dim, .pos = b->pos, .eps = c->rms_norm_eps,
         .rope = &c->rope_freq, .dst = dst,
     };
+}
+
+dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                                  const dflash_weight *lin, const qwen3_bufs *b, int n, qwen3_prev prev,
+                                  const dflash_kv_dest *dst)
+{
+    DFLASH_TRY(qwen3_layer_norm_in(be, c, prev, b, &l->input_norm, n));
+    const dflash_qkv_args a = qkv_args(c, l, lin, b, n, dst);
     if (!c->attention_bias)
         return dflash_be_qkv_norm_rope_store(be, &a);
     /* the biases go in before the norms: the stage's composition, biases between */
@@ -297,6 +304,19 @@ dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config 
         DFLASH_TRY(be->ops->add_bias(be, qkv[k], &l->bias[QWEN3_LIN_Q + k], n, (int)lin[QWEN3_LIN_Q + k].rows));
     return dflash_be_qk_norm_rope_store(be, b->q, a.q_norm, a.n_q_heads, b->k, a.k_norm, a.n_kv_heads, b->pos, n,
                                         a.head_dim, a.eps, a.rope, dst);
+}
+
+dflash_status qwen3_layer_attn(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                               const dflash_weight *lin, const qwen3_bufs *b, int n, qwen3_prev prev,
+                               const dflash_kv_dest *dst, const dflash_attn_args *attn)
+{
+    if (c->attention_bias) {
+        DFLASH_TRY(qwen3_layer_attn_in(be, c, l, lin, b, n, prev, dst));
+        return be->ops->attention(be, attn);
+    }
+    DFLASH_TRY(qwen3_layer_norm_in(be, c, prev, b, &l->input_norm, n));
+    const dflash_qkv_args a = qkv_args(c, l, lin, b, n, dst);
+    return dflash_be_qkv_attention(be, &a, attn);
 }
 
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,

@@ -127,6 +127,12 @@ dflash_status qwen3_layer_norm_in(dflash_backend *be, const dflash_model_config 
 dflash_status qwen3_layer_attn_in(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                                   const dflash_weight *lin, const qwen3_bufs *b, int n, qwen3_prev prev,
                                   const dflash_kv_dest *dst);
+/* qwen3_layer_attn_in with its K/V stored at dst, then attn over them
+ * (one stage, dflash_be_qkv_attention, where the layer has no biases);
+ * b->q's content afterwards is unspecified. */
+dflash_status qwen3_layer_attn(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
+                               const dflash_weight *lin, const qwen3_bufs *b, int n, qwen3_prev prev,
+                               const dflash_kv_dest *dst, const dflash_attn_args *attn);
 dflash_status qwen3_layer_attn_out_mlp(dflash_backend *be, const dflash_model_config *c, const qwen3_layer *l,
                                        const dflash_weight *lin, const qwen3_bufs *b, int n);
 

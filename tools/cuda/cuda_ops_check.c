@@ -2222,6 +2222,141 @@ typedef struct attn_case {
 typedef struct attn_run_arg {
     dflash_attn_args a;
 } attn_run_arg;
+/* qkv_attention (a decode's q/k/v stage and its attention as one call):
+ * where the CUDA backend runs the q/k norm + RoPE + K/V store inside
+ * attention (one row a sequence, head_dim 128), the output, the pages, k
+ * and v bit for bit the stage followed by attention on the GPU, one launch
+ * fewer, and the CPU's within attention's tolerance. S sequences, each one
+ * row at position ctx - 7 s over random bf16 pages (where the GEMM does
+ * not split K the call composes, and the launch count says so). Timed:
+ * the fused call and the two it stands for ("composed"). */
+typedef struct qkva_run {
+    dflash_qkv_args q;
+    dflash_attn_args a;
+    int composed;
+} qkva_run;
+static dflash_status run_qkva(void *p)
+{
+    qkva_run *r = p;
+    if (!r->composed)
+        return dflash_be_qkv_attention(g_gpu, &r->q, &r->a);
+    DFLASH_TRY(dflash_be_qkv_norm_rope_store(g_gpu, &r->q));
+    return g_gpu->ops->attention(g_gpu, &r->a);
+}
+
+static void *rand_pool(size_t n, dflash_dtype dt);
+
+static int64_t gpu_launches(void)
+{
+    dflash_backend_counters c = { 0 };
+    g_gpu->ops->counters(g_gpu, &c);
+    return c.launches;
+}
+
+static void case_qkv_attention(dflash_dtype wdt, int S, int hq, int hkv, int64_t K, int ctx, int timed)
+{
+    enum { D = 128, NL = 2, layer = 1 };
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s W, %d:%d x %d, K %lld, %d seqs x 1 row at %d..", dflash_dtype_name(wdt), hq,
+             hkv, D, (long long)K, S, ctx);
+    const dflash_rope rope = make_rope(D, 1e6, DFLASH_ROPE_DEFAULT, 1);
+    const int pt_len = (ctx + 1 + 15) / 16, n_pages = S * pt_len + 2, row = hkv * D;
+    const size_t nx = (size_t)S * K, nq = (size_t)S * hq * D, nk = (size_t)S * row;
+    const size_t pool_n = (size_t)n_pages * NL * 2 * DFLASH_KV_PAGE * row, pool_bytes = pool_n * 2;
+    wpair w[3], qn, kn;
+    for (int i = 0; i < 3; i++)
+        make_weight(&w[i], wdt, (int64_t)(i ? hkv : hq) * D, K, 2.0f / sqrtf((float)K));
+    make_weight(&qn, DFLASH_DTYPE_BF16, 1, D, 2.0f);
+    make_weight(&kn, DFLASH_DTYPE_BF16, 1, D, 2.0f);
+    const dflash_weight hw[3] = { w[0].h, w[1].h, w[2].h }, dw[3] = { w[0].d, w[1].d, w[2].d };
+    /* each sequence's pages a shuffled share of the pool */
+    int32_t *perm = xmalloc((size_t)n_pages * sizeof(int32_t));
+    for (int i = 0; i < n_pages; i++)
+        perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) {
+        const int j = irand(i + 1);
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int32_t *pos = xmalloc((size_t)S * sizeof(int32_t)), *rs = xmalloc((size_t)S * sizeof(int32_t));
+    int32_t *info = xmalloc((size_t)S * DFLASH_SEQ_INFO_LEN * sizeof(int32_t));
+    int max_keys = 0;
+    for (int s = 0; s < S; s++) {
+        pos[s] = ctx - 7 * s > 0 ? ctx - 7 * s : 0;
+        rs[s] = s;
+        const int32_t si[DFLASH_SEQ_INFO_LEN] = { 0, pos[s] + 1, 0, 0, pos[s], s, 1 };
+        memcpy(info + (size_t)s * DFLASH_SEQ_INFO_LEN, si, sizeof si);
+        max_keys = pos[s] + 1 > max_keys ? pos[s] + 1 : max_keys;
+    }
+    float *x = rand_f32(nx, 1.0f), *q = xmalloc(nq * sizeof(float)), *k = xmalloc(nk * sizeof(float));
+    float *v = xmalloc(nk * sizeof(float)), *out = xmalloc(nq * sizeof(float));
+    void *pool = rand_pool(pool_n, DFLASH_DTYPE_BF16);
+    dflash_kv_layout hl = { n_pages, NL, hkv, D, DFLASH_DTYPE_BF16, pool }, fl = hl, cl = hl;
+    fl.data = gpu_copy(pool, pool_bytes);
+    cl.data = gpu_copy(pool, pool_bytes);
+    float *dx = gpu_copy(x, nx * sizeof(float));
+    int32_t *dpos = gpu_copy(pos, (size_t)S * sizeof(int32_t)), *drs = gpu_copy(rs, (size_t)S * sizeof(int32_t));
+    int32_t *dtab = gpu_copy(perm, (size_t)S * pt_len * sizeof(int32_t));
+    int32_t *dinfo = gpu_copy(info, (size_t)S * DFLASH_SEQ_INFO_LEN * sizeof(int32_t));
+    const dflash_kv_dest hdst = { &hl, layer, perm, pt_len, rs, v };
+    const dflash_qkv_args hq_args = { x, S, hw, q, k, v, &qn.h, &kn.h, hq, hkv, D, pos, 1e-6f, &rope, &hdst };
+    const dflash_attn_args ha = { .n_rows = S, .n_heads = hq, .n_kv_heads = hkv, .head_dim = D,
+                                  .scale = 1.0f / sqrtf((float)D), .q = q, .out = out, .q_pos = pos, .row_seq = rs,
+                                  .seq_info = info, .kv = &hl, .layer = layer, .page_tables = perm, .pt_len = pt_len,
+                                  .causal = 1, .n_seqs = S, .max_seq_rows = 1, .max_keys = max_keys };
+    MUST(dflash_be_qkv_attention(g_cpu, &hq_args, &ha));
+    /* the GPU twice: fused (f*), and the stage then attention (c*) */
+    qkva_run fr, cr;
+    float *fk = gpu_poison(nk), *fv = gpu_poison(nk), *fo = gpu_poison(nq), *fq = gpu_poison(nq);
+    float *ck = gpu_poison(nk), *cv = gpu_poison(nk), *co = gpu_poison(nq), *cq = gpu_poison(nq);
+    const dflash_kv_dest fdst = { &fl, layer, dtab, pt_len, drs, fv }, cdst = { &cl, layer, dtab, pt_len, drs, cv };
+    fr.q = (dflash_qkv_args){ dx, S, dw, fq, fk, fv, &qn.d, &kn.d, hq, hkv, D, dpos, 1e-6f, &rope, &fdst };
+    fr.a = ha;
+    fr.a.q = fq, fr.a.out = fo, fr.a.q_pos = dpos, fr.a.row_seq = drs, fr.a.seq_info = dinfo, fr.a.kv = &fl;
+    fr.a.page_tables = dtab;
+    fr.composed = 0;
+    cr = fr;
+    cr.q.q = cq, cr.q.k = ck, cr.q.v = cv, cr.q.dst = &cdst;
+    cr.a.q = cq, cr.a.out = co, cr.a.kv = &cl;
+    cr.composed = 1;
+    const int64_t l0 = gpu_launches();
+    MUST(run_qkva(&fr));
+    const int64_t l1 = gpu_launches();
+    MUST(run_qkva(&cr));
+    const int64_t l2 = gpu_launches();
+    char s2[200];
+    snprintf(s2, sizeof s2, "%s: %lld launches, composed %lld", shape, (long long)(l1 - l0), (long long)(l2 - l1));
+    record("qkv_attention launches", s2, l1 - l0 == l2 - l1 - 1 ? 0.0 : INFINITY, 0.0);
+    const struct {
+        const char *what;
+        const void *got, *comp;
+        size_t bytes;
+    } same[4] = { { "out", fo, co, nq * 4 }, { "k", fk, ck, nk * 4 }, { "v", fv, cv, nk * 4 },
+                  { "pool", fl.data, cl.data, pool_bytes } };
+    for (int i = 0; i < 4; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "qkv_attention %s", same[i].what);
+        snprintf(s2, sizeof s2, "%s == stage, attention", shape);
+        unsigned char *h = xmalloc(same[i].bytes);
+        gpu_get(h, same[i].comp, same[i].bytes);
+        check_exact(what, s2, same[i].got, h, same[i].bytes);
+        free(h);
+    }
+    check_f32("qkv_attention out", shape, fo, out, nq, 4e-3);
+    check_f32("qkv_attention k", shape, fk, k, nk, 1e-4);
+    if (timed) {
+        const double bytes = (double)(hq + 2 * hkv) * D * (double)K * (double)dflash_dtype_size(wdt);
+        time_op("qkv_attention", shape, run_qkva, &fr, bytes);
+        time_op("qkv_attn composed", shape, run_qkva, &cr, bytes);
+    }
+    free(perm), free(pos), free(rs), free(info), free(x), free(q), free(k), free(v), free(out), free(pool);
+    for (int i = 0; i < 3; i++)
+        free_weight(&w[i]);
+    free_weight(&qn);
+    free_weight(&kn);
+    gpu_reset();
+}
+
 static dflash_status run_attn(void *p) { return g_gpu->ops->attention(g_gpu, &((attn_run_arg *)p)->a); }
 
 typedef struct kvw_arg {
@@ -2921,6 +3056,18 @@ int main(int argc, char **argv)
                 for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
                     case_attention(&rg[i]);
             }
+        }
+        /* a decode's q/k/v stage and attention as one call */
+        if (g_small) {
+            /* K large enough that the GEMM leaves its sum to the fused launch */
+            case_qkv_attention(DFLASH_DTYPE_BF16, 1, 32, 8, 2048, 37, 0);
+            case_qkv_attention(DFLASH_DTYPE_F8_E4M3, 2, 32, 8, 4096, 130, 0);
+        } else {
+            case_qkv_attention(DFLASH_DTYPE_BF16, 1, 32, 8, 4096, 4095, 1);
+            case_qkv_attention(DFLASH_DTYPE_BF16, 4, 32, 8, 4096, 1000, 0);
+            case_qkv_attention(DFLASH_DTYPE_BF16, 2, 32, 8, 4096, 0, 0);
+            case_qkv_attention(DFLASH_DTYPE_BF16, 3, 32, 4, 2048, 128, 0);
+            case_qkv_attention(DFLASH_DTYPE_F8_E4M3, 2, 32, 8, 4096, 4097, 0);
         }
         /* verify rows equal decode rows bit for bit (bf16 pages) */
         if (g_small) {

@@ -18,8 +18,9 @@ typedef struct attn_tc_args {
     float scale;
     int n_pages, n_layers, layer, pt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
+    cuda_attn_fuse fu;
 } attn_tc_args;
-_Static_assert(sizeof(attn_tc_args) == 144, "attn_tc_args must match kernels/attention_tc.cu");
+_Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/attention_tc.cu");
 
 /* Keys per split and query vectors per block of attention_tc.cu (halved
  * where two warps share a query tile). */
@@ -108,8 +109,9 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
 }
 
 /* The tensor-core kernel (bf16 pages, head_dim 16/32/64/128/256), then
- * the merge of key splits when a sequence has more than one. */
-static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
+ * the merge of key splits when a sequence has more than one; with f, the
+ * kernel runs f's q/k norm + RoPE + K/V store first. */
+static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const cuda_attn_fuse *f)
 {
     const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
     const int halves = D == 256; /* two warps per query tile */
@@ -135,6 +137,8 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
         .pt_len = a->pt_len > 0 ? a->pt_len : 1, .n_rows = a->n_rows, .n_heads = a->n_heads,
         .n_kv_heads = a->n_kv_heads, .causal = a->causal, .window = a->window, .compute_warps = cw,
     };
+    if (f)
+        t.fu = *f;
     void *args[] = { &t };
     const unsigned threads = 32u * (unsigned)(cw > 4 ? cw : 4);
     DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)splits, (unsigned)chunks, threads,
@@ -142,7 +146,8 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a)
     return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
 }
 
-dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)
+/* attention, with f (cuda_attention_fused) or without */
+static dflash_status attention_run(dflash_backend *be, const dflash_attn_args *a, const cuda_attn_fuse *f)
 {
     cuda_ctx *c = CTX(be);
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0)
@@ -166,6 +171,19 @@ dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)
                    (D == 16 || D == 32 || D == 64 || D == 128 || D == 256) &&
                    a->n_seqs > 0 && a->max_seq_rows > 0 && a->max_keys >= 0 && aligned16(a->q) &&
                    (!a->k_extra || (aligned16(a->k_extra) && aligned16(a->v_extra)));
-    return tc ? attention_tc(c, a) : attention_simt(c, a);
+    if (f && !tc)
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: a fused decode needs the tensor-core kernel "
+                           "(a BF16 pool, aligned rows)");
+    return tc ? attention_tc(c, a, f) : attention_simt(c, a);
+}
+
+dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a)
+{
+    return attention_run(be, a, NULL);
+}
+
+dflash_status cuda_attention_fused(dflash_backend *be, const dflash_attn_args *a, const cuda_attn_fuse *f)
+{
+    return attention_run(be, a, f);
 }
 

@@ -577,26 +577,6 @@ static dflash_status cuda_norm_gate(dflash_backend *be, float *x, const dflash_w
     return cuda_launch(c, DFK_NORM_GATE, cdiv((int64_t)n * n_heads, 4), 1, 128, args);
 }
 
-/* Mirrors struct qk_store in kernels/norm.cu. */
-typedef struct qk_store {
-    void *pool;
-    const int32_t *page_tables, *row_seq;
-    const float *v;
-    void *eflag, *ehost;
-    int bf16, n_pages, n_layers, layer, pt_len;
-} qk_store;
-_Static_assert(sizeof(qk_store) == 72, "qk_store must match kernels/norm.cu");
-
-/* Mirrors struct qk_parts in kernels/norm.cu. */
-typedef struct qk_parts {
-    const float *ws;
-    const float *scales[3];
-    float *v;
-    int64_t stride, ld, off_k, off_v;
-    int slices;
-} qk_parts;
-_Static_assert(sizeof(qk_parts) == 80, "qk_parts must match kernels/norm.cu");
-
 /* q and k in one launch (n_q_heads may be 0: k alone); with st->pool the
  * k heads' warps also store K and V; with parts->ws, q, k and v are read
  * from the q/k/v GEMM's split-K partials. */
@@ -685,6 +665,55 @@ static dflash_status cuda_qkv_norm_rope_store(dflash_backend *be, const dflash_q
         parts.scales[i] = a->w[i].scales;
     return qk_norm_rope_launch(be, a->q, a->q_norm, a->n_q_heads, a->k, a->k_norm, a->n_kv_heads, a->pos, a->n,
                                a->head_dim, a->eps, a->rope, &st, &parts);
+}
+
+/* A decode (one row a sequence) whose q/k/v GEMM leaves its split-K sum
+ * to the next launch runs the q/k norm + RoPE + K/V store inside its
+ * attention launch (attention_tc.cu's attn_fuse): one launch less a
+ * layer, the same bits as the stage's launch followed by attention. The
+ * kernel holds a block's query vectors (at most 8: the query heads of a
+ * KV head) on chip; head_dim 128, a BF16 pool, no extra keys. Anything
+ * else: the stage, then attention. */
+static dflash_status cuda_qkv_attention(dflash_backend *be, const dflash_qkv_args *q, const dflash_attn_args *a)
+{
+    cuda_ctx *c = CTX(be);
+    const dflash_rope *rope = q->rope;
+    const int fits = c->qk_attention && q->dst && a->kv == q->dst->kv && a->kv->dtype == DFLASH_DTYPE_BF16 &&
+                     a->layer == q->dst->layer && a->page_tables == q->dst->page_tables &&
+                     a->row_seq == q->dst->row_seq && a->q == q->q && a->q_pos == q->pos && a->n_rows == q->n &&
+                     a->n_seqs == a->n_rows && a->max_seq_rows == 1 && a->n_heads == q->n_q_heads &&
+                     a->n_kv_heads == q->n_kv_heads && a->head_dim == q->head_dim && q->head_dim == 128 &&
+                     a->n_kv_heads > 0 && a->n_heads % a->n_kv_heads == 0 && a->n_heads / a->n_kv_heads <= 8 &&
+                     !a->k_extra && 2 * rope->n_pairs == q->head_dim;
+    if (!fits) {
+        DFLASH_TRY(cuda_qkv_norm_rope_store(be, q));
+        return cuda_attention(be, a);
+    }
+    qk_store st;
+    DFLASH_TRY(qk_store_at(c, q->dst, q->n_kv_heads, q->head_dim, "qkv_attention", &st));
+    DFLASH_TRY(dflash_be_check_rope(rope, q->head_dim));
+    DFLASH_TRY(check_head_norm(q->q_norm, q->head_dim));
+    DFLASH_TRY(check_head_norm(q->k_norm, q->head_dim));
+    cuda_partials p;
+    DFLASH_TRY(cuda_gemm_partials(c, q->x, q->n, q->w, 3, &p));
+    if (!p.slices) {
+        DFLASH_TRY(dflash_be_qkv_norm_rope_store_composed(be, q));
+        return cuda_attention(be, a);
+    }
+    DFLASH_TRY(cuda_enter(c));
+    CUdeviceptr inv_freq;
+    DFLASH_TRY(rope_table_get(c, rope, &inv_freq));
+    const int fp8 = q->w[0].dtype == DFLASH_DTYPE_F8_E4M3;
+    cuda_attn_fuse f = {
+        .qnorm = q->q_norm ? q->q_norm->data : NULL, .knorm = q->k_norm ? q->k_norm->data : NULL,
+        .inv_freq = HPTR(inv_freq), .k = q->k, .eps = q->eps, .attn = rope->attn_factor,
+        .ndt = q->k_norm ? (int)q->k_norm->dtype : 0, .fused = 1, .st = st,
+        .parts = { .ws = p.ws, .v = q->v, .stride = p.stride, .ld = p.ld, .off_k = p.off[1], .off_v = p.off[2],
+                   .slices = p.slices },
+    };
+    for (int i = 0; i < 3 && fp8; i++)
+        f.parts.scales[i] = q->w[i].scales;
+    return cuda_attention_fused(be, a, &f);
 }
 
 static dflash_status cuda_swiglu(dflash_backend *be, const float *gate, const float *up, size_t count, float *out)
@@ -834,6 +863,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .gather_add_rmsnorm = cuda_gather_add_rmsnorm,
     .linear_add_rmsnorm = cuda_linear_add_rmsnorm,
     .qkv_norm_rope_store = cuda_qkv_norm_rope_store,
+    .qkv_attention = cuda_qkv_attention,
     .moe_route = cuda_moe_route,
     .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,
@@ -985,6 +1015,7 @@ static dflash_status open_device(cuda_ctx *c, int device)
     c->gemm_split = dflash_levers_get()->cuda_gemm_split;
     c->gemm_share_sum = dflash_levers_get()->cuda_gemm_share_sum;
     c->gemm_defer_sum = dflash_levers_get()->cuda_gemm_defer_sum;
+    c->qk_attention = dflash_levers_get()->cuda_qk_attention;
     c->gemm_wide = dflash_levers_get()->cuda_gemm_wide;
     c->gemm_tile = dflash_levers_get()->cuda_gemm_tile;
     const int skip = dflash_cuda_gemm_skip();

@@ -44,6 +44,7 @@ typedef struct cuda_ctx {
     int gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0, or the split-K every GEMM uses */
     int gemm_share_sum; /* DFLASH_CUDA_GEMM_SHARE_SUM: split-K slices add their partials together (gemm.cu) */
     int gemm_defer_sum; /* DFLASH_CUDA_GEMM_DEFER_SUM: cuda_gemm_partials leaves a split sum to the next launch */
+    int qk_attention;   /* DFLASH_CUDA_QK_ATTENTION: a decode's q/k norm + RoPE + K/V store inside attention */
     int gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: calls of this many rows or more take gemm_wide.cu */
     int gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: 0, or gemm_wide.cu's tile (32, 64 or 128 rows) */
     /* Kernel error report: the device word decides which report wins, the
@@ -154,6 +155,39 @@ typedef struct cuda_partials {
 dflash_status cuda_gemm_partials(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
                                  cuda_partials *p);
 
+/* Mirrors struct qk_store in kernels/norm_rope.cuh. */
+typedef struct qk_store {
+    void *pool;
+    const int32_t *page_tables, *row_seq;
+    const float *v;
+    void *eflag, *ehost;
+    int bf16, n_pages, n_layers, layer, pt_len;
+} qk_store;
+_Static_assert(sizeof(qk_store) == 72, "qk_store must match kernels/norm_rope.cuh");
+
+/* Mirrors struct qk_parts in kernels/norm_rope.cuh. */
+typedef struct qk_parts {
+    const float *ws;
+    const float *scales[3];
+    float *v;
+    int64_t stride, ld, off_k, off_v;
+    int slices;
+} qk_parts;
+_Static_assert(sizeof(qk_parts) == 80, "qk_parts must match kernels/norm_rope.cuh");
+
+/* attention_tc.cu's attn_fuse: a decode's q/k norm + RoPE + K/V store run
+ * by attention itself (cuda_backend.c's qkv_attention). */
+typedef struct cuda_attn_fuse {
+    const void *qnorm, *knorm;
+    const float *inv_freq;
+    float *k;
+    float eps, attn;
+    int ndt, fused;
+    qk_store st;
+    qk_parts parts;
+} cuda_attn_fuse;
+_Static_assert(sizeof(cuda_attn_fuse) == 200, "cuda_attn_fuse must match kernels/attention_tc.cu");
+
 /* cuda_attention.c */
 /* A pool this backend reads and writes (F32 or BF16), and a layer of it. */
 dflash_status cuda_check_kv(const dflash_kv_layout *kv, int layer, const char *op);
@@ -164,5 +198,9 @@ dflash_status cuda_kv_write(dflash_backend *be, const dflash_kv_layout *kv, int 
                             int pt_len, const int32_t *row_seq, const int32_t *pos, const float *k, const float *v,
                             int n);
 dflash_status cuda_attention(dflash_backend *be, const dflash_attn_args *a);
+/* Attention that first runs f's q/k norm + RoPE + K/V store itself (the
+ * caller has checked that it can: head_dim 128, a BF16 pool, one row a
+ * sequence, at most 8 query heads a KV head, no extra keys). */
+dflash_status cuda_attention_fused(dflash_backend *be, const dflash_attn_args *a, const cuda_attn_fuse *f);
 
 #endif

@@ -36,13 +36,33 @@
  * dflash_attn_combine merges in split order. A split that a query row
  * cannot see at all leaves m = -inf, l = 0, O = 0, which the merge adds as
  * exact zeros, so one split or several give the same bits. */
-#include "common.cuh"
+#include "norm_rope.cuh"
 
 #define AT_TILE 32 /* keys per tile; halved where two warps share queries */
 #define AT_SPLIT 128
 #define AT_QV 128 /* query vectors per block; halved where two warps share them */
 #define AT_KP_MAX 0x7fffffff /* key-position bounds that never hide a key */
 #define AT_KP_MIN (-0x7fffffff - 1)
+
+/* A decode's q/k norm + RoPE + K/V store run by attention itself (fused
+ * != 0; cuda_backend.c's qkv_attention stage, one row a sequence): each
+ * block sums its query heads' q from the q/k/v GEMM's split-K partials
+ * and norms and rotates them into shared memory, and the block whose
+ * split holds the row's own key does the same for the row's k (into k)
+ * and v (into parts.v) and stores both into the pages, all with the
+ * functions of dflash_qk_norm_rope (norm_rope.cuh): the same bits as that
+ * launch followed by attention. cuda_internal.h mirrors this layout. */
+struct attn_fuse {
+    const void *qnorm, *knorm; /* per-head norm weights (ndt), or both null: RoPE alone */
+    const float *inv_freq;     /* the RoPE table */
+    float *k;                  /* [n_rows, n_kv_heads, D]: the rows' k, normed and rotated */
+    float eps, attn;
+    int ndt, fused;
+    qk_store st;
+    qk_parts parts;
+};
+static_assert(sizeof(attn_fuse) == 200, "mirrored by cuda_attn_fuse in cuda_internal.h");
+#define AT_FUSED_QV 8 /* query vectors a block can norm and rotate itself */
 
 /* cuda_attention.c mirrors this layout. */
 struct attn_tc_args {
@@ -59,8 +79,9 @@ struct attn_tc_args {
     float scale;
     int n_pages, n_layers, layer, pt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
+    attn_fuse fu;
 };
-static_assert(sizeof(attn_tc_args) == 144, "mirrored by attn_tc_args in cuda_attention.c");
+static_assert(sizeof(attn_tc_args) == 344, "mirrored by attn_tc_args in cuda_attention.c");
 
 /* Shared-memory row strides in 32-bit words. K rows are read 16 bytes per
  * lane (8 keys x 4 lanes per phase): a stride of 16 words mod 32 keeps the
@@ -141,6 +162,37 @@ __forceinline__ void at_load_tile(const attn_tc_args &a, u32 *ks, u32 *vs, const
     }
 }
 
+/* The fused decode's work before attention (attn_fuse; head_dim 128, one
+ * row a sequence): unit u < nq is query vector qv0 + u (into qs [nq][D]),
+ * unit nq, where this block's split holds the row's own key (kv_here),
+ * the row's k and v of KV head kvh. A warp takes units warp, warp +
+ * warps, ...; each unit's function finds what it can before waiting on
+ * the launch before (norm_rope.cuh), as dflash_qk_norm_rope's warps do. */
+__forceinline__ void at_fused_qk(const attn_tc_args &a, float *qs, int kvh, int qv0, int nq, int G, int row0,
+                                 bool kv_here)
+{
+    constexpr int D = 128, PER = D / 32;
+    const attn_fuse &f = a.fu;
+    const qk_parts &pa = f.parts;
+    const int warps = blockDim.x >> 5, units = nq + (kv_here ? 1 : 0), hkv = a.n_kv_heads;
+    for (int u = threadIdx.x >> 5; u < units; u += warps) {
+        if (u < nq) {
+            const int qv = qv0 + u, i = row0 + qv / G, h = kvh * G + qv % G;
+            const head_src hs = { pa.ws + i * pa.ld + (i64)h * D, pa.scales[0] ? pa.scales[0] + (i64)h * D : nullptr,
+                                  pa.stride, pa.slices };
+            norm_rope_regs<PER>(qs + u * D, hs, f.qnorm, f.ndt, a.q_pos + i, f.eps, f.inv_freq, f.attn);
+        } else {
+            const i64 kv = (i64)row0 * hkv + kvh;
+            const head_src hs = { pa.ws + row0 * pa.ld + pa.off_k + (i64)kvh * D,
+                                  pa.scales[1] ? pa.scales[1] + (i64)kvh * D : nullptr, pa.stride, pa.slices };
+            const head_src vs = { pa.ws + row0 * pa.ld + pa.off_v + (i64)kvh * D,
+                                  pa.scales[2] ? pa.scales[2] + (i64)kvh * D : nullptr, pa.stride, pa.slices };
+            kv_head_regs<PER>(f.k + kv * D, hs, vs, pa.v + kv * D, nullptr, f.knorm, f.ndt, a.q_pos, row0, f.eps,
+                              f.inv_freq, f.attn, f.st, kvh, hkv);
+        }
+    }
+}
+
 /* NH: warps sharing a tile of 16 query vectors (1, or 2 with D / 2
  * dimensions each). */
 template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_args &a)
@@ -208,13 +260,30 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
         khi[r] = !qok[r] ? AT_KP_MIN : a.causal ? qpos : AT_KP_MAX;
         klo[r] = a.window > 0 ? qpos - a.window : AT_KP_MIN;
     }
+    /* The fused decode (attn_fuse): this block's q, normed and rotated by
+     * it, in qs; the row's K and V stored into its page by the block whose
+     * split holds that key, before any of the block's tiles is copied. */
+    __shared__ __align__(16) float qs[D == 128 && NH == 1 ? AT_FUSED_QV * D : 4];
+    bool fused = false;
+    if constexpr (D == 128 && NH == 1) {
+        fused = a.fu.fused != 0;
+        if (fused) {
+            const int u_row = a.q_pos[row0] - lo; /* the row's own key (a forward input) */
+            at_fused_qk(a, qs, kvh, qv0, QV - qv0 < AT_FUSED_QV ? QV - qv0 : AT_FUSED_QV, G, row0,
+                        u_row >= u_begin && u_row < u_end && u_row < n_paged);
+        }
+    }
     pdl_wait();
+    if (fused) {
+        __threadfence_block(); /* the page stores, before other threads' copies read them */
+        __syncthreads();
+    }
     STAMP(1);
 
     u32 qh[2][DC][4], ql[2][DC][4];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const float *qr = a.q + ((i64)orow[r] * a.n_heads + ohead[r]) * D;
+        const float *qr = fused ? qs + (qt * 16 + g + 8 * r) * D : a.q + ((i64)orow[r] * a.n_heads + ohead[r]) * D;
 #pragma unroll
         for (int c = 0; c < DC; c++) {
             /* D = 16: lanes t = 0, 1 take dims 8t..8t+7; t = 2, 3 hold zeros */
