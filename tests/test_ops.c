@@ -418,6 +418,10 @@ static void test_qkv_attention(void)
     CHECK_OK(dflash_be_qkv_attention(&spy, &q, &a));
     CHECK(g_qkv_attention == 1);
     q.dst = &dst_a;
+    q.q_norm = NULL; /* a k norm without its q norm: one launch cannot join them */
+    CHECK_OK(dflash_be_qkv_attention(&spy, &q, &a));
+    CHECK(g_qkv_attention == 1);
+    q.q_norm = &f.nq;
     q.n_kv_heads = 1;
     CHECK_FAILS(dflash_be_qkv_attention(&spy, &q, &a), DFLASH_ERR_SHAPE,
                 "qkv_norm_rope_store: weights q_proj, k_proj, v_proj have 32, 16, 16 rows, the heads 32, 8, 8");
