@@ -100,7 +100,8 @@
 # e2e-16 and e2e-auto; GPU_TEST_E2E_DEVICE=cpu to try it without a GPU);
 # GPU_TEST_MODEL_ENV="VAR=VALUE ..." runs the model check a second time
 # with those variables (a lever's setting checked before it becomes the
-# default); GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
+# default); GPU_TEST_PEER_CTX: the target peer's contexts (default
+# 1,4096); GPU_TEST_SYSROOT=force uses the .debs sysroot even when the system has the
 # libraries; MODEL_CHECK_ARGS are passed to cuda_model_check (e.g.
 # --cpu-as-gpu, to check this script on a machine without a GPU);
 # GPU_TEST_BUILD: the build folder (default build-gpu-test).
@@ -501,7 +502,7 @@ if want bench; then
     P="python3 tools/bench/torch_drafter_peer.py --device cuda"
     step peer-seed peer_seed.txt 150 $P --preset seed-drafter --ctx 512,4096
     step peer-8b-drafter peer_8b_drafter.txt 150 $P --preset qwen3-8b-drafter --ctx 4096
-    step peer-target peer_target.txt 240 python3 tools/bench/torch_target_peer.py --ctx 1,4096
+    step peer-target peer_target.txt 240 python3 tools/bench/torch_target_peer.py --ctx "${GPU_TEST_PEER_CTX:-1,4096}"
 fi
 
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)

@@ -61,6 +61,7 @@ void dflash_levers_reload(void)
     g_levers.cuda_gemm_tile = env_int("DFLASH_CUDA_GEMM_TILE", 0, 0, 128);
     g_levers.cuda_experts_chain = env_int("DFLASH_CUDA_EXPERTS_CHAIN", 0, 0, 8);
     g_levers.cuda_experts_tile = env_int("DFLASH_CUDA_EXPERTS_TILE", 0, 0, 64);
+    g_levers.cuda_attn_group = env_int("DFLASH_CUDA_ATTN_GROUP", 0, 0, 16);
     g_levers.cuda_experts_slice = env_int("DFLASH_CUDA_EXPERTS_SLICE", 0, 0, 1 << 20);
     const int et = g_levers.cuda_experts_tile;
     if (et != 0 && et != 8 && et != 16 && et != 32 && et != 64) {

@@ -20,6 +20,7 @@ typedef struct dflash_levers {
     int cuda_gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: the many-row kernel's activation tile, 32, 64 or 128; 0 (default) its own choice */
     int cuda_experts_tile;  /* DFLASH_CUDA_EXPERTS_TILE: the grouped expert GEMM's tile rows, 8, 16, 32 or 64; 0 (default) its own choice */
     int cuda_experts_chain; /* DFLASH_CUDA_EXPERTS_CHAIN: work items per block of the grouped expert GEMM, 1..8 (at most); 0 (default) its own choice */
+    int cuda_attn_group;    /* DFLASH_CUDA_ATTN_GROUP: an attention block walks this many of the call's key splits (of its bound on the keys), 1..16; 0 (default) as many as one wave of blocks needs (same bits; tuning and checks) */
     int cuda_experts_slice; /* DFLASH_CUDA_EXPERTS_SLICE: the grouped expert GEMM splits K into at most K / N slices, N in k-steps (64 bytes of a weight row); 0 (default) its own choice */
     int cpu_isa;      /* DFLASH_CPU_ISA: portable 0, avx2 1, avx512 2: the most the CPU linear may use; -1 = the best */
     int cpu_threads;  /* DFLASH_CPU_THREADS: threads of the CPU backend's pool; 0 = OMP_NUM_THREADS, else the cores */

@@ -2327,13 +2327,30 @@ static void case_qkv_attention(dflash_dtype wdt, int S, int hq, int hkv, int64_t
     char s2[200];
     snprintf(s2, sizeof s2, "%s: %lld launches, composed %lld", shape, (long long)(l1 - l0), (long long)(l2 - l1));
     record("qkv_attention launches", s2, l1 - l0 == l2 - l1 - 1 ? 0.0 : INFINITY, 0.0);
+    /* again with blocks walking three key splits each
+     * (DFLASH_CUDA_ATTN_GROUP=3): the row's K/V stored by the block whose
+     * splits hold its key; into a fresh copy of the pool */
+    qkva_run gr = fr;
+    dflash_kv_layout gl = hl;
+    gl.data = gpu_copy(pool, pool_bytes);
+    float *gk = gpu_poison(nk), *gv = gpu_poison(nk), *go = gpu_poison(nq), *gq = gpu_poison(nq);
+    const dflash_kv_dest gdst = { &gl, layer, dtab, pt_len, drs, gv };
+    gr.q.q = gq, gr.q.k = gk, gr.q.v = gv, gr.q.dst = &gdst;
+    gr.a.q = gq, gr.a.out = go, gr.a.kv = &gl;
+    setenv("DFLASH_CUDA_ATTN_GROUP", "3", 1);
+    dflash_levers_reload();
+    MUST(run_qkva(&gr));
+    unsetenv("DFLASH_CUDA_ATTN_GROUP");
+    dflash_levers_reload();
     const struct {
         const char *what;
         const void *got, *comp;
         size_t bytes;
-    } same[4] = { { "out", fo, co, nq * 4 }, { "k", fk, ck, nk * 4 }, { "v", fv, cv, nk * 4 },
-                  { "pool", fl.data, cl.data, pool_bytes } };
-    for (int i = 0; i < 4; i++) {
+    } same[8] = { { "out", fo, co, nq * 4 },           { "k", fk, ck, nk * 4 },
+                  { "v", fv, cv, nk * 4 },             { "pool", fl.data, cl.data, pool_bytes },
+                  { "out, group 3", go, co, nq * 4 },  { "k, group 3", gk, ck, nk * 4 },
+                  { "v, group 3", gv, cv, nk * 4 },    { "pool, group 3", gl.data, cl.data, pool_bytes } };
+    for (int i = 0; i < 8; i++) {
         char what[64];
         snprintf(what, sizeof what, "qkv_attention %s", same[i].what);
         snprintf(s2, sizeof s2, "%s == stage, attention", shape);
@@ -2569,6 +2586,21 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
         bad += memcmp(one, all + (size_t)r * H * D, (size_t)H * D * sizeof(float)) != 0;
     }
     record("attention rows", shape, bad ? INFINITY : 0.0, 0.0);
+    /* blocks walking 1, 2 or 3 key splits each (DFLASH_CUDA_ATTN_GROUP;
+     * unset, the launcher's own choice above): the same bits */
+    static const char *const groups[] = { "1", "2", "3" };
+    for (int i = 0; i < 3; i++) {
+        setenv("DFLASH_CUDA_ATTN_GROUP", groups[i], 1);
+        dflash_levers_reload();
+        dflash_attn_args g = a;
+        g.out = gpu_poison((size_t)R * H * D);
+        MUST(g_gpu->ops->attention(g_gpu, &g));
+        unsetenv("DFLASH_CUDA_ATTN_GROUP");
+        dflash_levers_reload();
+        char op[48];
+        snprintf(op, sizeof op, "attention group %s", groups[i]);
+        check_exact(op, shape, g.out, all, (size_t)R * H * D * sizeof(float));
+    }
     free(pool), free(bt), free(k), free(v), free(q), free(pos), free(rs), free(all), free(one);
     gpu_reset();
 }
@@ -3048,6 +3080,7 @@ int main(int argc, char **argv)
                     { 1, 64, 500, 32, 4, 128, MODE_CAUSAL, 0, 0, 0, dt }, /* 512 query vectors: 4 chunks */
                     { 3, 16, 700, 16, 2, 64, MODE_NONE, 0, 0, 0, dt },
                     { 1, 16, 32768, 32, 8, 128, MODE_CAUSAL, 0, 0, T && kd, dt },
+                    { 1, 1, 32768, 32, 8, 128, MODE_CAUSAL, 0, 0, T && kd, dt },
                     /* a Qwen3.5's gated attention: head_dim 256, 16:2 (the general kernel) */
                     { 1, 1, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
                     { 1, 16, 2048, 16, 2, 256, MODE_CAUSAL, 0, 0, T && kd, dt },
@@ -3075,7 +3108,7 @@ int main(int argc, char **argv)
             case_attention_invariance(250, 4, 2, 16);
             case_attention_invariance(200, 4, 2, 256);
         } else {
-            static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090 };
+            static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090, 40000 };
             for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++)
                 case_attention_invariance(ctxs[i], 32, 8, 128);
             case_attention_invariance(300, 6, 2, 32);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "core/levers.h"
 
 /* Mirrors struct attn_tc_args in kernels/attention_tc.cu. */
 typedef struct attn_tc_args {
@@ -27,6 +28,7 @@ _Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/att
 #define ATTN_TC_SPLIT 128
 #define ATTN_TC_QV 128
 #define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS: 262144 keys */
+#define ATTN_TC_GROUP_MAX 16    /* attention_tc.cu AT_GROUP_MAX: splits a block walks */
 
 dflash_status cuda_check_kv(const dflash_kv_layout *kv, int layer, const char *op)
 {
@@ -108,6 +110,39 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
     return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
 }
 
+/* Blocks along the key splits of the tensor-core kernel (attention_tc.cu
+ * walks splits y, y + gy, ... in block y: the same bits however many).
+ * A block of one split pays its start (the page table, the queries, the
+ * first tiles' round trip) and its end for 128 keys, so where a call has
+ * more splits than one wave of blocks holds (long contexts), the blocks
+ * that would run in later waves are folded into the first, their tile
+ * copies running on across each split's end. `splits` comes from the
+ * call's bound on the keys (a graph's bucket, often twice the real
+ * count), so gy is sized by the device, never by that bound: a sequence
+ * with fewer splits than gy leaves the blocks past them idle. */
+static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki, unsigned threads, int64_t others,
+                                 int splits, int *gy)
+{
+    const int lever = dflash_levers_get()->cuda_attn_group; /* splits a block walks, of the bound's */
+    int y;
+    if (lever > 0) {
+        y = (splits + lever - 1) / lever;
+    } else {
+        int *occ = &c->attn_occ[ki][threads / 32 < 8 ? threads / 32 : 8]; /* 4..8 warps */
+        if (*occ <= 0) {
+            DFLASH_TRY(
+                DFLASH_CU(&c->cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(occ, c->fn[kid], (int)threads, 0)));
+            if (*occ <= 0)
+                *occ = 1;
+        }
+        const int64_t want = ((int64_t)c->sm_count * *occ + others - 1) / others; /* one wave */
+        y = want < splits ? (int)want : splits;
+    }
+    const int least = (splits + ATTN_TC_GROUP_MAX - 1) / ATTN_TC_GROUP_MAX;
+    *gy = y > least ? y : least;
+    return DFLASH_OK;
+}
+
 /* The tensor-core kernel (bf16 pages, head_dim 16/32/64/128/256), then
  * the merge of key splits when a sequence has more than one; with f, the
  * kernel runs f's q/k norm + RoPE + K/V store first. */
@@ -115,9 +150,10 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
 {
     const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
     const int halves = D == 256; /* two warps per query tile */
-    const dflash_cuda_kernel_id kid = D == 16 ? DFK_ATTENTION_TC_16 : D == 32 ? DFK_ATTENTION_TC_32
-                                      : D == 64 ? DFK_ATTENTION_TC_64 : D == 128 ? DFK_ATTENTION_TC_128
-                                                                      : DFK_ATTENTION_TC_256;
+    const int ki = D == 16 ? 0 : D == 32 ? 1 : D == 64 ? 2 : D == 128 ? 3 : 4;
+    static const dflash_cuda_kernel_id kids[5] = { DFK_ATTENTION_TC_16, DFK_ATTENTION_TC_32, DFK_ATTENTION_TC_64,
+                                                   DFK_ATTENTION_TC_128, DFK_ATTENTION_TC_256 };
+    const dflash_cuda_kernel_id kid = kids[ki];
     const int per_block = halves ? ATTN_TC_QV / 2 : ATTN_TC_QV;
     const int64_t qv = (int64_t)a->max_seq_rows * G;
     const int chunks = (int)((qv + per_block - 1) / per_block);
@@ -141,8 +177,10 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
         t.fu = *f;
     void *args[] = { &t };
     const unsigned threads = 32u * (unsigned)(cw > 4 ? cw : 4);
-    DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)splits, (unsigned)chunks, threads,
-                       args));
+    int gy;
+    DFLASH_TRY(attn_grid_y(c, kid, ki, threads, (int64_t)a->n_seqs * a->n_kv_heads * chunks, splits, &gy));
+    DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)gy, (unsigned)chunks, threads,
+                            args));
     return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
 }
 

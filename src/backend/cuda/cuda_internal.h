@@ -47,6 +47,9 @@ typedef struct cuda_ctx {
     int qk_attention;   /* DFLASH_CUDA_QK_ATTENTION: a decode's q/k norm + RoPE + K/V store inside attention */
     int gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: calls of this many rows or more take gemm_wide.cu */
     int gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: 0, or gemm_wide.cu's tile (32, 64 or 128 rows) */
+    /* Blocks per SM of each tensor-core attention kernel (head size 16,
+     * 32, 64, 128, 256) by warps a block, asked of the driver once. */
+    int attn_occ[5][9];
     /* Kernel error report: the device word decides which report wins, the
      * details land in mapped host memory [code, a, b, c]. */
     CUdeviceptr err_flag;

@@ -50,6 +50,7 @@ static const sym_spec k_cu_syms[] = {
     CU_SYM(cuLaunchKernel, "cuLaunchKernel"),
     CU_SYM(cuLaunchKernelEx, "cuLaunchKernelEx"),
     CU_SYM(cuFuncSetAttribute, "cuFuncSetAttribute"),
+    CU_SYM(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor"),
     CU_SYM(cuEventCreate, "cuEventCreate"),
     CU_SYM(cuEventDestroy, "cuEventDestroy_v2", "cuEventDestroy"),
     CU_SYM(cuEventRecord, "cuEventRecord"),

@@ -97,6 +97,8 @@ typedef struct dflash_cuda_api {
                                unsigned bz, unsigned smem, CUstream s, void **params, void **extra);
     CUresult (*cuLaunchKernelEx)(const dflash_cu_launch_config *config, CUfunction f, void **params, void **extra);
     CUresult (*cuFuncSetAttribute)(CUfunction f, int attr, int value);
+    CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *blocks, CUfunction f, int block_size,
+                                                            size_t dyn_smem);
     CUresult (*cuEventCreate)(CUevent *e, unsigned flags);
     CUresult (*cuEventDestroy)(CUevent e);
     CUresult (*cuEventRecord)(CUevent e, CUstream s);

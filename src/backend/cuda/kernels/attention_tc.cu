@@ -2,10 +2,16 @@
  * head_dim 16, 32, 64, 128 or 256: decode (1 row), verify (B rows,
  * causal), the drafter's block (extra keys, no mask or causal + window).
  *
- * One block per (sequence, KV head, key split, query chunk). A sequence's
- * keys are numbered u = 0..T-1: its paged positions [lo, hi) then its extra
- * rows; splits are fixed runs of AT_SPLIT keys of that numbering and tiles
- * fixed runs of keys inside a split. All query vectors of the block (the
+ * One block per (sequence, KV head, group of key splits, query chunk). A
+ * sequence's keys are numbered u = 0..T-1: its paged positions [lo, hi)
+ * then its extra rows; splits are fixed runs of AT_SPLIT keys of that
+ * numbering and tiles fixed runs of keys inside a split. Block y of a grid
+ * of Y walks splits y, y + Y, y + 2Y, ... one after the other, its tile
+ * copies running on from one split into the next: each split's partials
+ * are computed exactly as by a block of its own, so Y (chosen per call
+ * from the device's occupancy: at long contexts one wave of blocks, each
+ * walking several splits, instead of many waves of short blocks) never
+ * changes a bit. All query vectors of the block (the
  * sequence's rows x the query heads of this KV head, up to 128) share each
  * K/V tile, which is copied once into shared memory (cp.async, two
  * stages). Each warp owns 16 query vectors: S = Q K^T and O += P V on
@@ -111,6 +117,9 @@ __forceinline__ float at_exp2(float x)
 /* Page-table entries a split can touch: AT_SPLIT keys span at most
  * AT_SPLIT / DFLASH_KV_PAGE + 1 pages. */
 #define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
+/* Splits a block walks at most (cuda_attention.c's ATTN_TC_GROUP_MAX): its
+ * splits' table entries are read once, into shared memory. */
+#define AT_GROUP_MAX 16
 
 /* Eight f32 values rounded to bf16 into 16 bytes of shared memory. */
 __forceinline__ void at_store_bf16(u32 *dst, const float *src)
@@ -206,40 +215,44 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     constexpr int ND = DH / 8;                    /* dim n-tiles of O */
     __shared__ __align__(16) u32 ks[2][TILE * at_geom<D>::KW];
     __shared__ __align__(16) u32 vs[2][TILE * at_geom<D>::VW];
-    __shared__ int pages[AT_PAGES];
-    __shared__ const u16 *page_k[AT_PAGES];
+    __shared__ int pages[AT_GROUP_MAX * AT_PAGES];
+    __shared__ const u16 *page_k[AT_GROUP_MAX * AT_PAGES];
     /* NH = 2: each warp's half of the scores, [warp][element][lane] */
     __shared__ float xch[NH > 1 ? 8 * NK * 4 * 32 : 1];
 
     const int G = a.n_heads / a.n_kv_heads;
-    const int seq = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads, split = blockIdx.y;
+    const int seq = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads;
+    const int split0 = blockIdx.y, gy = gridDim.y; /* this block's splits: split0, split0 + gy, ... */
     const int *si = a.seq_info + (i64)seq * DFLASH_SEQ_INFO_LEN;
     const int lo = si[0], n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
     const int extra_off = si[2], n_extra = a.k_extra ? si[3] : 0, pos0 = si[4], row0 = si[5], n_rows = si[6];
     const int T = n_paged + n_extra, n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
     const int QV = n_rows * G, qv0 = blockIdx.z * (AT_QV / NH);
-    if (split >= (n_splits > 0 ? n_splits : 1) || qv0 >= QV)
+    if (split0 >= (n_splits > 0 ? n_splits : 1) || qv0 >= QV)
         return;
-    const int u_begin = split * AT_SPLIT, u_end = u_begin + AT_SPLIT < T ? u_begin + AT_SPLIT : T;
+    /* Splits split0 + k gy for k < n_mine (one without keys when T = 0);
+     * the launcher's grid keeps n_mine <= AT_GROUP_MAX, the bound only
+     * guards the tables against a sequence longer than the call said. */
+    int n_mine = n_splits > 0 ? (n_splits - split0 + gy - 1) / gy : 1;
+    n_mine = n_mine < AT_GROUP_MAX ? n_mine : AT_GROUP_MAX;
 
-    /* The table entries of the split's paged keys, read once. The
-     * sequence records and page tables come with the forward's inputs,
-     * uploaded before its first kernel, so they are read before waiting
-     * for the kernel before this one (which writes q and this forward's
-     * K/V rows: everything below the wait). */
-    const int n_tiles = u_end > u_begin ? (u_end - u_begin + TILE - 1) / TILE : 0;
-    const int p_first = (lo + u_begin) / DFLASH_KV_PAGE;
+    /* The table entries of each split's paged keys, read once (split k's
+     * at k AT_PAGES). The sequence records and page tables come with the
+     * forward's inputs, uploaded before its first kernel, so they are read
+     * before waiting for the kernel before this one (which writes q and
+     * this forward's K/V rows: everything below the wait). */
     const i64 v_off = (i64)a.n_kv_heads * DFLASH_KV_PAGE * D; /* a page's V rows after its K rows */
-    if (threadIdx.x < AT_PAGES) {
-        const int last_u = (u_end < n_paged ? u_end : n_paged) - 1; /* the split's last paged key */
-        const int pg = p_first + threadIdx.x;
-        const int blk = last_u >= u_begin && pg <= (lo + last_u) / DFLASH_KV_PAGE
+    for (int i = threadIdx.x; i < n_mine * AT_PAGES; i += blockDim.x) {
+        const int ub = (split0 + i / AT_PAGES * gy) * AT_SPLIT, ue = ub + AT_SPLIT < T ? ub + AT_SPLIT : T;
+        const int last_u = (ue < n_paged ? ue : n_paged) - 1; /* the split's last paged key */
+        const int pg = (lo + ub) / DFLASH_KV_PAGE + i % AT_PAGES;
+        const int blk = last_u >= ub && pg <= (lo + last_u) / DFLASH_KV_PAGE
                             ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
                             : -1;
-        pages[threadIdx.x] = blk;
-        page_k[threadIdx.x] = (unsigned)blk < (unsigned)a.n_pages
-                                  ? a.pool + kv_row_at(blk, a.n_layers, a.layer, 0, a.n_kv_heads, kvh, 0, D)
-                                  : nullptr;
+        pages[i] = blk;
+        page_k[i] = (unsigned)blk < (unsigned)a.n_pages
+                        ? a.pool + kv_row_at(blk, a.n_layers, a.layer, 0, a.n_kv_heads, kvh, 0, D)
+                        : nullptr;
     }
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -270,7 +283,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
         if (fused) {
             const int u_row = a.q_pos[row0] - lo; /* the row's own key (a forward input) */
             at_fused_qk(a, qs, kvh, qv0, QV - qv0 < AT_FUSED_QV ? QV - qv0 : AT_FUSED_QV, G, row0,
-                        u_row >= u_begin && u_row < u_end && u_row < n_paged);
+                        u_row >= 0 && u_row < n_paged && u_row / AT_SPLIT % gy == split0);
         }
     }
     pdl_wait();
@@ -301,179 +314,195 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     const float NEG = -__int_as_float(0x7f800000);
     /* scores in log2 units: exp(x) = 2^(x log2 e), one ex2 each */
     const float scale2 = a.scale * 1.4426950408889634f;
-    float m[2] = { NEG, NEG }, l[2] = { 0.0f, 0.0f };
-    float o[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2], l[2], o[ND][4];
+
+    /* The block's tiles as one run of steps: step j is tile j % TPS of
+     * its split j / TPS (only the last split of a sequence can be short),
+     * the copies of step j + 1 in flight while step j computes. */
+    constexpr int TPS = AT_SPLIT / TILE;
+    const int last_ub = (split0 + (n_mine - 1) * gy) * AT_SPLIT;
+    const int n_steps = n_splits > 0 ? (n_mine - 1) * TPS + ((T < last_ub + AT_SPLIT ? T : last_ub + AT_SPLIT) -
+                                                             last_ub + TILE - 1) / TILE
+                                     : 0;
+    const auto split_begin = [&](int k) { return (split0 + k * gy) * AT_SPLIT; };
+    const auto split_end = [&](int k) { return split_begin(k) + AT_SPLIT < T ? split_begin(k) + AT_SPLIT : T; };
+    const auto load_step = [&](int j, int stage) {
+        const int k = j / TPS, ub = split_begin(k);
+        at_load_tile<D, TILE>(a, ks[stage], vs[stage], page_k + k * AT_PAGES, pages + k * AT_PAGES, v_off,
+                              (lo + ub) / DFLASH_KV_PAGE, kvh, lo, n_paged, extra_off, ub + j % TPS * TILE,
+                              split_end(k));
+        cp_async_commit();
+    };
 
     STAMP(2);
     __syncthreads();
-    if (n_tiles > 0) {
-        at_load_tile<D, TILE>(a, ks[0], vs[0], page_k, pages, v_off, p_first, kvh, lo, n_paged, extra_off, u_begin,
-                              u_end);
-        cp_async_commit();
-    }
-    for (int ti = 0; ti < n_tiles; ti++) {
-        const int cur = ti & 1, u0 = u_begin + ti * TILE;
-        if (ti + 1 < n_tiles) {
-            at_load_tile<D, TILE>(a, ks[cur ^ 1], vs[cur ^ 1], page_k, pages, v_off, p_first, kvh, lo, n_paged,
-                                  extra_off, u0 + TILE, u_end);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        if (ti < 2)
-            STAMP(3 + ti);
-        float s[NK][4];
-        if (computes) {
-            /* S = Q K^T: key n-tile n holds keys u0 + 8n + g for this lane's B. */
-            /* hi and lo parts in separate accumulators: two short chains
-             * of dependent mma instead of one long one */
-            float sl[NK][4];
+    if (n_steps > 0)
+        load_step(0, 0);
+    for (int j = 0, k = 0; k < n_mine; k++) {
+        const int u_end = split_end(k), j_end = k + 1 < n_mine ? j + TPS : n_steps;
+        m[0] = m[1] = NEG;
+        l[0] = l[1] = 0.0f;
 #pragma unroll
-            for (int n = 0; n < NK; n++) {
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-                sl[n][0] = sl[n][1] = sl[n][2] = sl[n][3] = 0.0f;
-                const u32 *kr = ks[cur] + (8 * n + g) * at_geom<D>::KW;
+        for (int n = 0; n < ND; n++)
+            o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (; j < j_end; j++) {
+            const int cur = j & 1, u0 = split_begin(k) + j % TPS * TILE;
+            if (j + 1 < n_steps) {
+                load_step(j + 1, cur ^ 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            if (j < 2)
+                STAMP(3 + j);
+            float s[NK][4];
+            if (computes) {
+                /* S = Q K^T: key n-tile n holds keys u0 + 8n + g for this lane's B. */
+                /* hi and lo parts in separate accumulators: two short chains
+                 * of dependent mma instead of one long one */
+                float sl[NK][4];
 #pragma unroll
-                for (int c = 0; c < DC; c++) {
-                    const int d0 = dim0 + 32 * c + 8 * t;
-                    const uint4 kb = d0 < D ? *(const uint4 *)(kr + d0 / 2) : make_uint4(0, 0, 0, 0);
-                    mma_bf16(s[n], qh[0][c][0], qh[1][c][0], qh[0][c][1], qh[1][c][1], kb.x, kb.y);
-                    mma_bf16(sl[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
-                    mma_bf16(s[n], qh[0][c][2], qh[1][c][2], qh[0][c][3], qh[1][c][3], kb.z, kb.w);
-                    mma_bf16(sl[n], ql[0][c][2], ql[1][c][2], ql[0][c][3], ql[1][c][3], kb.z, kb.w);
+                for (int n = 0; n < NK; n++) {
+                    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                    sl[n][0] = sl[n][1] = sl[n][2] = sl[n][3] = 0.0f;
+                    const u32 *kr = ks[cur] + (8 * n + g) * at_geom<D>::KW;
+#pragma unroll
+                    for (int c = 0; c < DC; c++) {
+                        const int d0 = dim0 + 32 * c + 8 * t;
+                        const uint4 kb = d0 < D ? *(const uint4 *)(kr + d0 / 2) : make_uint4(0, 0, 0, 0);
+                        mma_bf16(s[n], qh[0][c][0], qh[1][c][0], qh[0][c][1], qh[1][c][1], kb.x, kb.y);
+                        mma_bf16(sl[n], ql[0][c][0], ql[1][c][0], ql[0][c][1], ql[1][c][1], kb.x, kb.y);
+                        mma_bf16(s[n], qh[0][c][2], qh[1][c][2], qh[0][c][3], qh[1][c][3], kb.z, kb.w);
+                        mma_bf16(sl[n], ql[0][c][2], ql[1][c][2], ql[0][c][3], ql[1][c][3], kb.z, kb.w);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[n][e] += sl[n][e];
+                }
+                if (NH > 1) /* this warp's half of the scores, for its partner */
+#pragma unroll
+                    for (int n = 0; n < NK; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            xch[(warp * NK * 4 + n * 4 + e) * 32 + lane] = s[n][e];
+            }
+            if (NH > 1)
+                __syncthreads(); /* every warp: the halves written */
+            if (computes) {
+                if (NH > 1) /* the halves added (a + b == b + a: both warps hold the same sums) */
+#pragma unroll
+                    for (int n = 0; n < NK; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            s[n][e] += xch[((warp ^ 1) * NK * 4 + n * 4 + e) * 32 + lane];
+                /* Scale (into log2 units) and mask: element e of tile n is
+                 * (query r = e / 2, key u0 + 8n + 2t + e % 2). */
+                float mx[2] = { NEG, NEG };
+#pragma unroll
+                for (int n = 0; n < NK; n++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const int u = u0 + 8 * n + 2 * t + j;
+                        const int kp = u < n_paged ? lo + u : pos0 + (u - n_paged);
+                        const bool key_in = u < u_end;
+#pragma unroll
+                        for (int r = 0; r < 2; r++) {
+                            const int e = 2 * r + j;
+                            const bool vis = key_in && kp <= khi[r] && kp > klo[r];
+                            s[n][e] = vis ? s[n][e] * scale2 : NEG;
+                            mx[r] = fmaxf(mx[r], s[n][e]);
+                        }
+                    }
+                float corr[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                    const float mn = fmaxf(m[r], mx[r]);
+                    corr[r] = m[r] == NEG ? 0.0f : at_exp2(m[r] - mn);
+                    m[r] = mn;
+                }
+                float psum[2] = { 0.0f, 0.0f };
+#pragma unroll
+                for (int n = 0; n < NK; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1;
+                        /* P enters the mma as bf16: round it here, so the
+                         * normalizer sums the very weights used */
+                        const float p = m[r] == NEG ? 0.0f : round_bf16(at_exp2(s[n][e] - m[r]));
+                        s[n][e] = p;
+                        psum[r] += p;
+                    }
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
+                    psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
+                    l[r] = l[r] * corr[r] + psum[r];
                 }
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[n][e] += sl[n][e];
-            }
-            if (NH > 1) /* this warp's half of the scores, for its partner */
+                for (int n = 0; n < ND; n++) {
+                    o[n][0] *= corr[0];
+                    o[n][1] *= corr[0];
+                    o[n][2] *= corr[1];
+                    o[n][3] *= corr[1];
+                }
+                /* O += P V, 16 keys per step; V^T fragments by ldmatrix.trans. */
 #pragma unroll
-                for (int n = 0; n < NK; n++)
+                for (int kk = 0; kk < TILE / 16; kk++) {
+                    u32 ph[4]; /* exact: the weights are bf16 values already */
+                    ph[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                    ph[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                    ph[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    ph[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        xch[(warp * NK * 4 + n * 4 + e) * 32 + lane] = s[n][e];
-        }
-        if (NH > 1)
-            __syncthreads(); /* every warp: the halves written */
-        if (computes) {
-            if (NH > 1) /* the halves added (a + b == b + a: both warps hold the same sums) */
-#pragma unroll
-                for (int n = 0; n < NK; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        s[n][e] += xch[((warp ^ 1) * NK * 4 + n * 4 + e) * 32 + lane];
-            /* Scale (into log2 units) and mask: element e of tile n is
-             * (query r = e / 2, key u0 + 8n + 2t + e % 2). */
-            float mx[2] = { NEG, NEG };
-#pragma unroll
-            for (int n = 0; n < NK; n++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int u = u0 + 8 * n + 2 * t + j;
-                    const int kp = u < n_paged ? lo + u : pos0 + (u - n_paged);
-                    const bool key_in = u < u_end;
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const int e = 2 * r + j;
-                        const bool vis = key_in && kp <= khi[r] && kp > klo[r];
-                        s[n][e] = vis ? s[n][e] * scale2 : NEG;
-                        mx[r] = fmaxf(mx[r], s[n][e]);
+                    for (int n = 0; n < ND; n += 2) {
+                        /* lanes 0-7: keys 0-7, dims 8n..; 8-15: keys 8-15; 16-31: dims 8(n+1).. */
+                        const int key = 16 * kk + (lane & 15), dn = n + (lane >> 4) < ND ? n + (lane >> 4) : n;
+                        const u32 addr = smem_addr(vs[cur] + key * at_geom<D>::VW + (half * ND + dn) * 4);
+                        u32 b0, b1, b2, b3;
+                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                                     : "r"(addr));
+                        mma_bf16(o[n], ph[0], ph[1], ph[2], ph[3], b0, b1);
+                        if (n + 1 < ND)
+                            mma_bf16(o[n + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
                     }
                 }
-            float corr[2];
+            }
+            __syncthreads(); /* the next load overwrites this stage */
+        }
+        if (!computes)
+            continue;
+        /* O fragment n: (query r = e / 2, dims 8n + 2t + e % 2). */
+        if (n_splits <= 1) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float mn = fmaxf(m[r], mx[r]);
-                corr[r] = m[r] == NEG ? 0.0f : at_exp2(m[r] - mn);
-                m[r] = mn;
+                if (!qok[r])
+                    continue;
+                const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+                float *op = a.out + ((i64)orow[r] * a.n_heads + ohead[r]) * D + dim0;
+#pragma unroll
+                for (int n = 0; n < ND; n++)
+                    *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
             }
-            float psum[2] = { 0.0f, 0.0f };
-#pragma unroll
-            for (int n = 0; n < NK; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1;
-                    /* P enters the mma as bf16: round it here, so the
-                     * normalizer sums the very weights used */
-                    const float p = m[r] == NEG ? 0.0f : round_bf16(at_exp2(s[n][e] - m[r]));
-                    s[n][e] = p;
-                    psum[r] += p;
-                }
+        } else {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 1);
-                psum[r] += __shfl_xor_sync(0xffffffffu, psum[r], 2);
-                l[r] = l[r] * corr[r] + psum[r];
-            }
+                if (!qok[r])
+                    continue;
+                const i64 unit = ((i64)(split0 + k * gy) * a.n_rows + orow[r]) * a.n_heads + ohead[r];
+                float *op = a.part_o + unit * D + dim0;
 #pragma unroll
-            for (int n = 0; n < ND; n++) {
-                o[n][0] *= corr[0];
-                o[n][1] *= corr[0];
-                o[n][2] *= corr[1];
-                o[n][3] *= corr[1];
-            }
-            /* O += P V, 16 keys per step; V^T fragments by ldmatrix.trans. */
-#pragma unroll
-            for (int kk = 0; kk < TILE / 16; kk++) {
-                u32 ph[4]; /* exact: the weights are bf16 values already */
-                ph[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-                ph[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-                ph[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                ph[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-                for (int n = 0; n < ND; n += 2) {
-                    /* lanes 0-7: keys 0-7, dims 8n..; 8-15: keys 8-15; 16-31: dims 8(n+1).. */
-                    const int key = 16 * kk + (lane & 15), dn = n + (lane >> 4) < ND ? n + (lane >> 4) : n;
-                    const u32 addr = smem_addr(vs[cur] + key * at_geom<D>::VW + (half * ND + dn) * 4);
-                    u32 b0, b1, b2, b3;
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                                 : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                                 : "r"(addr));
-                    mma_bf16(o[n], ph[0], ph[1], ph[2], ph[3], b0, b1);
-                    if (n + 1 < ND)
-                        mma_bf16(o[n + 1], ph[0], ph[1], ph[2], ph[3], b2, b3);
-                }
+                for (int n = 0; n < ND; n++)
+                    *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+                if (t == 0 && half == 0) /* m back in natural-log units, as the merge takes it */
+                    *(float2 *)(a.part_ml + unit * 2) = make_float2(m[r] * 0.6931471805599453f, l[r]);
             }
         }
-        __syncthreads(); /* the next load overwrites this stage */
     }
-
     STAMP(5);
-    if (!computes)
-        return;
-    /* O fragment n: (query r = e / 2, dims 8n + 2t + e % 2). */
-    if (n_splits <= 1) {
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            if (!qok[r])
-                continue;
-            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            float *op = a.out + ((i64)orow[r] * a.n_heads + ohead[r]) * D + dim0;
-#pragma unroll
-            for (int n = 0; n < ND; n++)
-                *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            if (!qok[r])
-                continue;
-            const i64 unit = ((i64)split * a.n_rows + orow[r]) * a.n_heads + ohead[r];
-            float *op = a.part_o + unit * D + dim0;
-#pragma unroll
-            for (int n = 0; n < ND; n++)
-                *(float2 *)(op + 8 * n + 2 * t) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-            if (t == 0 && half == 0) /* m back in natural-log units, as the merge takes it */
-                *(float2 *)(a.part_ml + unit * 2) = make_float2(m[r] * 0.6931471805599453f, l[r]);
-        }
-    }
     STAMP_END(STAMP_K_ATTENTION, QV);
 }
 
