@@ -643,6 +643,17 @@ static dflash_status cuda_qk_norm_rope_store(dflash_backend *be, float *q, const
                                &here);
 }
 
+/* Where a q/k/v stage's kernel finds q, k and v: the GEMM's split-K
+ * partials p (slice order, fp8 scales after), v written to a->v. */
+static qk_parts qk_parts_of(const cuda_partials *p, const dflash_qkv_args *a)
+{
+    qk_parts parts = { .ws = p->ws, .v = a->v, .stride = p->stride, .ld = p->ld, .off_k = p->off[1],
+                       .off_v = p->off[2], .slices = p->slices };
+    for (int i = 0; i < 3 && a->w[0].dtype == DFLASH_DTYPE_F8_E4M3; i++)
+        parts.scales[i] = a->w[i].scales;
+    return parts;
+}
+
 /* The q/k/v GEMM leaves its split-K sum to the norm + RoPE launch where
  * it can (cuda_gemm_partials), which then reads q, k and v from the
  * partials (one hand-off less: no arrival count, wait or last pass in
@@ -658,11 +669,7 @@ static dflash_status cuda_qkv_norm_rope_store(dflash_backend *be, const dflash_q
     DFLASH_TRY(cuda_gemm_partials(c, a->x, a->n, a->w, 3, &p));
     if (!p.slices)
         return dflash_be_qkv_norm_rope_store_composed(be, a);
-    const int fp8 = a->w[0].dtype == DFLASH_DTYPE_F8_E4M3;
-    qk_parts parts = { .ws = p.ws, .v = a->v, .stride = p.stride, .ld = p.ld, .off_k = p.off[1], .off_v = p.off[2],
-                       .slices = p.slices };
-    for (int i = 0; i < 3 && fp8; i++)
-        parts.scales[i] = a->w[i].scales;
+    qk_parts parts = qk_parts_of(&p, a);
     return qk_norm_rope_launch(be, a->q, a->q_norm, a->n_q_heads, a->k, a->k_norm, a->n_kv_heads, a->pos, a->n,
                                a->head_dim, a->eps, a->rope, &st, &parts);
 }
@@ -703,16 +710,11 @@ static dflash_status cuda_qkv_attention(dflash_backend *be, const dflash_qkv_arg
     DFLASH_TRY(cuda_enter(c));
     CUdeviceptr inv_freq;
     DFLASH_TRY(rope_table_get(c, rope, &inv_freq));
-    const int fp8 = q->w[0].dtype == DFLASH_DTYPE_F8_E4M3;
     cuda_attn_fuse f = {
         .qnorm = q->q_norm ? q->q_norm->data : NULL, .knorm = q->k_norm ? q->k_norm->data : NULL,
         .inv_freq = HPTR(inv_freq), .k = q->k, .eps = q->eps, .attn = rope->attn_factor,
-        .ndt = q->k_norm ? (int)q->k_norm->dtype : 0, .fused = 1, .st = st,
-        .parts = { .ws = p.ws, .v = q->v, .stride = p.stride, .ld = p.ld, .off_k = p.off[1], .off_v = p.off[2],
-                   .slices = p.slices },
+        .ndt = q->k_norm ? (int)q->k_norm->dtype : 0, .fused = 1, .st = st, .parts = qk_parts_of(&p, q),
     };
-    for (int i = 0; i < 3 && fp8; i++)
-        f.parts.scales[i] = q->w[i].scales;
     return cuda_attention_fused(be, a, &f);
 }
 
