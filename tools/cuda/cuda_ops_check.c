@@ -3107,8 +3107,9 @@ int main(int argc, char **argv)
             case_attention_invariance(37, 4, 2, 64);
             case_attention_invariance(250, 4, 2, 16);
             case_attention_invariance(200, 4, 2, 256);
+            case_attention_invariance(4600, 4, 2, 64); /* 128- and 256-key splits, rows across a long split's end */
         } else {
-            static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090, 40000 };
+            static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090, 4600, 40000 };
             for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++)
                 case_attention_invariance(ctxs[i], 32, 8, 128);
             case_attention_invariance(300, 6, 2, 32);

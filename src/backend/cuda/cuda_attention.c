@@ -23,12 +23,46 @@ typedef struct attn_tc_args {
 } attn_tc_args;
 _Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/attention_tc.cu");
 
-/* Keys per split and query vectors per block of attention_tc.cu (halved
- * where two warps share a query tile). */
+/* Keys per split (attention.cu's and attention_tc.cu's AT_SPLIT; the
+ * tensor-core kernel's splits from key ATTN_TC_LONG_FROM on are
+ * ATTN_TC_LONG_SPLIT long), query vectors per block of attention_tc.cu
+ * (halved where two warps share a query tile). */
 #define ATTN_TC_SPLIT 128
+#define ATTN_TC_LONG_FROM 4096
+#define ATTN_TC_LONG_SPLIT 256
 #define ATTN_TC_QV 128
-#define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS: 262144 keys */
-#define ATTN_TC_GROUP_MAX 16    /* attention_tc.cu AT_GROUP_MAX: splits a block walks */
+#define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS, the merge's */
+#define ATTN_TC_ROOM 16 /* attention_tc.cu AT_ROOM: keys a block walks, in short splits */
+
+/* Splits of `keys` keys in the tensor-core kernel's numbering (its
+ * at_n_splits). */
+static int tc_splits(int keys)
+{
+    if (keys <= ATTN_TC_LONG_FROM)
+        return (keys + ATTN_TC_SPLIT - 1) / ATTN_TC_SPLIT;
+    return ATTN_TC_LONG_FROM / ATTN_TC_SPLIT + (keys - ATTN_TC_LONG_FROM + ATTN_TC_LONG_SPLIT - 1) / ATTN_TC_LONG_SPLIT;
+}
+
+/* The most keys, in units of ATTN_TC_SPLIT, any of gy blocks walks
+ * for a sequence of `keys` keys (attention_tc.cu's at_walk_of: c). It
+ * grows with the keys, so the call's bound on them bounds every
+ * sequence's walks. */
+static int tc_walk_width(int keys, int gy)
+{
+    const int w = ATTN_TC_LONG_SPLIT / ATTN_TC_SPLIT, n = keys > 0 ? tc_splits(keys) : 1;
+    const int shorts = n < ATTN_TC_LONG_FROM / ATTN_TC_SPLIT ? n : ATTN_TC_LONG_FROM / ATTN_TC_SPLIT;
+    const int longs = n - shorts, units = keys > ATTN_TC_SPLIT ? (keys + ATTN_TC_SPLIT - 1) / ATTN_TC_SPLIT : 1;
+    const int w_last =
+        longs > 0 ? (keys - ATTN_TC_LONG_FROM - (longs - 1) * ATTN_TC_LONG_SPLIT + ATTN_TC_SPLIT - 1) / ATTN_TC_SPLIT
+                  : 0;
+    const int q = longs / gy, r = longs % gy;
+    const int c_long = longs == 0 ? 0
+                       : r >= 2   ? w * (q + 1)
+                       : r == 1   ? w * q + w_last
+                                  : w * q - (gy == 1 ? w - w_last : 0);
+    const int c_keys = (units + gy - 1) / gy;
+    return c_keys > c_long ? c_keys : c_long;
+}
 
 dflash_status cuda_check_kv(const dflash_kv_layout *kv, int layer, const char *op)
 {
@@ -74,12 +108,14 @@ static dflash_status part_reserve(cuda_ctx *c, int splits, int n_rows, int n_hea
     return cuda_buf_reserve(c, &c->part_ml, units * 2 * sizeof(float), 0);
 }
 
-/* Merge the key splits' partials of rows whose sequence has several. */
-static dflash_status combine_splits(cuda_ctx *c, const dflash_attn_args *a)
+/* Merge the key splits' partials of rows whose sequence has several;
+ * long_splits: the tensor-core kernel's numbering, else splits of
+ * ATTN_TC_SPLIT keys (the general kernel's). */
+static dflash_status combine_splits(cuda_ctx *c, const dflash_attn_args *a, int long_splits)
 {
     int n_rows = a->n_rows, n_heads = a->n_heads, has_extra = a->k_extra != NULL, D = a->head_dim;
     void *cargs[] = { &c->part_o.p, &c->part_ml.p, (void *)&a->out, (void *)&a->row_seq, (void *)&a->seq_info,
-                      &n_rows, &n_heads, &has_extra, &D };
+                      &n_rows, &n_heads, &has_extra, &D, &long_splits };
     return cuda_launch(c, D <= 128 ? DFK_ATTN_COMBINE : DFK_ATTN_COMBINE_512, (unsigned)n_rows, (unsigned)n_heads, 256,
                        cargs);
 }
@@ -107,21 +143,23 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
     const int bf16 = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16;
     DFLASH_TRY(cuda_launch3(c, bf16 ? DFK_ATTENTION_BF16 : DFK_ATTENTION_F32, (unsigned)a->n_rows,
                             (unsigned)a->n_heads, (unsigned)splits, 128, args));
-    return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
+    return splits > 1 ? combine_splits(c, a, 0) : DFLASH_OK;
 }
 
-/* Blocks along the key splits of the tensor-core kernel (attention_tc.cu
- * walks splits y, y + gy, ... in block y: the same bits however many).
+/* Blocks along the key splits of the tensor-core kernel (block y walks
+ * its share of the splits, attention_tc.cu's at_walk_of: the same bits
+ * however many).
  * A block of one split pays its start (the page table, the queries, the
  * first tiles' round trip) and its end for 128 keys, so where a call has
  * more splits than one wave of blocks holds (long contexts), the blocks
  * that would run in later waves are folded into the first, their tile
- * copies running on across each split's end. `splits` comes from the
- * call's bound on the keys (a graph's bucket, often twice the real
+ * copies running on across each split's end. `keys` and `splits` come
+ * from the call's bound on the keys (a graph's bucket, often twice the real
  * count), so gy is sized by the device, never by that bound: a sequence
- * with fewer splits than gy leaves the blocks past them idle. */
+ * with fewer splits than gy leaves the blocks past them idle. gy grows
+ * until every block's walk fits the kernel's page-table room. */
 static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki, unsigned threads, int64_t others,
-                                 int splits, int *gy)
+                                 int keys, int splits, int *gy)
 {
     const int lever = dflash_levers_get()->cuda_attn_group; /* splits a block walks, of the bound's */
     int y;
@@ -138,8 +176,9 @@ static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki,
         const int64_t want = ((int64_t)c->sm_count * *occ + others - 1) / others; /* one wave */
         y = want < splits ? (int)want : splits;
     }
-    const int least = (splits + ATTN_TC_GROUP_MAX - 1) / ATTN_TC_GROUP_MAX;
-    *gy = y > least ? y : least;
+    while (tc_walk_width(keys, y) > ATTN_TC_ROOM)
+        y++; /* ends by y = splits: one short or long split a block */
+    *gy = y;
     return DFLASH_OK;
 }
 
@@ -158,7 +197,7 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
     const int64_t qv = (int64_t)a->max_seq_rows * G;
     const int chunks = (int)((qv + per_block - 1) / per_block);
     const int cw = (int)(((qv < per_block ? qv : per_block) + 15) / 16) * (halves ? 2 : 1);
-    const int splits = a->max_keys > 0 ? (a->max_keys + ATTN_TC_SPLIT - 1) / ATTN_TC_SPLIT : 1;
+    const int splits = a->max_keys > 0 ? tc_splits(a->max_keys) : 1;
     if (splits > ATTN_TC_MAX_SPLITS || chunks > 65535)
         return dflash_fail(DFLASH_ERR_UNSUPPORTED, "cuda attention: %d keys, %d rows per sequence", a->max_keys,
                            a->max_seq_rows);
@@ -178,10 +217,11 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
     void *args[] = { &t };
     const unsigned threads = 32u * (unsigned)(cw > 4 ? cw : 4);
     int gy;
-    DFLASH_TRY(attn_grid_y(c, kid, ki, threads, (int64_t)a->n_seqs * a->n_kv_heads * chunks, splits, &gy));
+    DFLASH_TRY(attn_grid_y(c, kid, ki, threads, (int64_t)a->n_seqs * a->n_kv_heads * chunks, a->max_keys, splits,
+                           &gy));
     DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)gy, (unsigned)chunks, threads,
                             args));
-    return splits > 1 ? combine_splits(c, a) : DFLASH_OK;
+    return splits > 1 ? combine_splits(c, a, 1) : DFLASH_OK;
 }
 
 /* attention, with f (cuda_attention_fused) or without */

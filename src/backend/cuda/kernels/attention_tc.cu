@@ -4,12 +4,15 @@
  *
  * One block per (sequence, KV head, group of key splits, query chunk). A
  * sequence's keys are numbered u = 0..T-1: its paged positions [lo, hi)
- * then its extra rows; splits are fixed runs of AT_SPLIT keys of that
- * numbering and tiles fixed runs of keys inside a split. Block y of a grid
- * of Y walks splits y, y + Y, y + 2Y, ... one after the other, its tile
- * copies running on from one split into the next: each split's partials
- * are computed exactly as by a block of its own, so Y (chosen per call
- * from the device's occupancy: at long contexts one wave of blocks, each
+ * then its extra rows; splits are fixed runs of that numbering
+ * (AT_SPLIT keys up to key AT_LONG_FROM, AT_LONG_SPLIT keys after it:
+ * fixed by the key's number, never by the call, and longer where a
+ * context is long, so a long context's partials stay fewer) and tiles
+ * fixed runs of keys inside a split. Block y of a grid of Y walks its
+ * share of the splits (at_walk_of) one after the other, its tile copies
+ * running on from one split into the next: each split's partials are
+ * computed exactly as by a block of its own, so Y (chosen per call from
+ * the device's occupancy: at long contexts one wave of blocks, each
  * walking several splits, instead of many waves of short blocks) never
  * changes a bit. All query vectors of the block (the
  * sequence's rows x the query heads of this KV head, up to 128) share each
@@ -45,7 +48,78 @@
 #include "norm_rope.cuh"
 
 #define AT_TILE 32 /* keys per tile; halved where two warps share queries */
-#define AT_SPLIT 128
+#define AT_SPLIT 128       /* keys per split among the first AT_LONG_FROM */
+#define AT_LONG_FROM 4096  /* a multiple of AT_SPLIT and of AT_LONG_SPLIT */
+#define AT_LONG_SPLIT 256  /* keys per split from there on */
+#define AT_SHORT_SPLITS (AT_LONG_FROM / AT_SPLIT)
+#define AT_LONG_W (AT_LONG_SPLIT / AT_SPLIT) /* a long split's keys, in short splits */
+#define AT_ROOM 16 /* keys a block walks at most, in short splits (its page-table room) */
+
+/* Splits of T keys, where split s begins and how long it is, the split of
+ * key u: the one numbering of keys into splits (the merge's too). */
+__forceinline__ int at_n_splits(int T)
+{
+    return T <= AT_LONG_FROM ? (T + AT_SPLIT - 1) / AT_SPLIT
+                             : AT_SHORT_SPLITS + (T - AT_LONG_FROM + AT_LONG_SPLIT - 1) / AT_LONG_SPLIT;
+}
+__forceinline__ int at_split_begin(int s)
+{
+    return s < AT_SHORT_SPLITS ? s * AT_SPLIT : AT_LONG_FROM + (s - AT_SHORT_SPLITS) * AT_LONG_SPLIT;
+}
+__forceinline__ int at_split_len(int s) { return s < AT_SHORT_SPLITS ? AT_SPLIT : AT_LONG_SPLIT; }
+__forceinline__ int at_split_of(int u)
+{
+    return u < AT_LONG_FROM ? u / AT_SPLIT : AT_SHORT_SPLITS + (u - AT_LONG_FROM) / AT_LONG_SPLIT;
+}
+
+/* The splits block y of a grid of Y walks, for a sequence of T keys: the
+ * long ones round robin (long split l in block l % Y) and one run of
+ * short ones, sized so that every block gets about the same keys. Loads
+ * count in units of AT_SPLIT keys, a sequence's last split by the keys it
+ * has (so a verify or a drafter's block just past AT_LONG_FROM is dealt as
+ * many blocks as before). With c = max(ceil(units / Y), the most any
+ * block's long splits hold), a block's short run fills what its long
+ * splits leave of c; the runs follow each other in block order. A fixed
+ * number of blocks, each walking its splits in turn, ends when its most
+ * loaded block does: dealing mixed-length splits round robin would give
+ * some blocks a long split on top of their share of short ones. Which
+ * block computes a split never changes its bits. cuda_attention.c's
+ * tc_walk_width repeats c's formula. */
+struct at_walk {
+    int S, Y, y;  /* the sequence's short splits, the blocks, this block */
+    int s_lo, ns; /* its short splits s_lo .. s_lo + ns - 1 */
+    int nl;       /* its long splits S + y, S + y + Y, ... (nl of them) */
+};
+__forceinline__ at_walk at_walk_of(int T, int y, int Y)
+{
+    const int n = T > 0 ? at_n_splits(T) : 1;
+    const int S = n < AT_SHORT_SPLITS ? n : AT_SHORT_SPLITS, L = n - S;
+    const int units = T > AT_SPLIT ? (T + AT_SPLIT - 1) / AT_SPLIT : 1;
+    /* the last long split's units, and the block holding it */
+    const int w_last = L > 0 ? (T - at_split_begin(n - 1) + AT_SPLIT - 1) / AT_SPLIT : 0;
+    const int short_by = AT_LONG_W - w_last, last = L > 0 ? (L - 1) % Y : -1;
+    const int q = L / Y, r = L % Y;
+    const int c_long = L == 0 ? 0
+                       : r >= 2 ? AT_LONG_W * (q + 1)
+                       : r == 1 ? AT_LONG_W * q + w_last
+                                : AT_LONG_W * q - (Y == 1 ? short_by : 0);
+    const int c_keys = (units + Y - 1) / Y, c = c_keys > c_long ? c_keys : c_long;
+    const int nl = q + (y < r ? 1 : 0);
+    const int longs = AT_LONG_W * nl - (y == last ? short_by : 0);
+    /* the short room of the blocks before y */
+    const int before = y * c - (AT_LONG_W * (y * q + (y < r ? y : r)) - (last >= 0 && last < y ? short_by : 0));
+    const int lo = before < S ? before : S, hi = before + c - longs < S ? before + c - longs : S;
+    return { S, Y, y, lo, hi > lo ? hi - lo : 0, nl };
+}
+/* the walk's k-th split: its short ones first */
+__forceinline__ int at_walk_split(const at_walk &w, int k)
+{
+    return k < w.ns ? w.s_lo + k : w.S + w.y + (k - w.ns) * w.Y;
+}
+__forceinline__ bool at_walk_has(const at_walk &w, int s)
+{
+    return s < w.S ? s >= w.s_lo && s < w.s_lo + w.ns : (s - w.S) % w.Y == w.y && (s - w.S) / w.Y < w.nl;
+}
 #define AT_QV 128 /* query vectors per block; halved where two warps share them */
 #define AT_KP_MAX 0x7fffffff /* key-position bounds that never hide a key */
 #define AT_KP_MIN (-0x7fffffff - 1)
@@ -114,12 +188,15 @@ __forceinline__ float at_exp2(float x)
     return y;
 }
 
-/* Page-table entries a split can touch: AT_SPLIT keys span at most
- * AT_SPLIT / DFLASH_KV_PAGE + 1 pages. */
+/* Page-table entries a split can touch: n keys span at most
+ * n / DFLASH_KV_PAGE + 1 pages. */
 #define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
-/* Splits a block walks at most (cuda_attention.c's ATTN_TC_GROUP_MAX): its
- * splits' table entries are read once, into shared memory. */
-#define AT_GROUP_MAX 16
+#define AT_LONG_PAGES (AT_LONG_SPLIT / DFLASH_KV_PAGE + 1)
+/* A block's splits' table entries, read once into shared memory: room
+ * for AT_ROOM short splits' keys, long splits counted as AT_LONG_W short
+ * ones (cuda_attention.c's grid keeps every walk within it). */
+#define AT_PAGE_SLOTS (AT_ROOM * AT_PAGES)
+static_assert(AT_LONG_PAGES <= AT_LONG_W * AT_PAGES, "a long split's entries fit its short splits' room");
 
 /* Eight f32 values rounded to bf16 into 16 bytes of shared memory. */
 __forceinline__ void at_store_bf16(u32 *dst, const float *src)
@@ -215,37 +292,50 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     constexpr int ND = DH / 8;                    /* dim n-tiles of O */
     __shared__ __align__(16) u32 ks[2][TILE * at_geom<D>::KW];
     __shared__ __align__(16) u32 vs[2][TILE * at_geom<D>::VW];
-    __shared__ int pages[AT_GROUP_MAX * AT_PAGES];
-    __shared__ const u16 *page_k[AT_GROUP_MAX * AT_PAGES];
+    __shared__ int pages[AT_PAGE_SLOTS];
+    __shared__ const u16 *page_k[AT_PAGE_SLOTS];
     /* NH = 2: each warp's half of the scores, [warp][element][lane] */
     __shared__ float xch[NH > 1 ? 8 * NK * 4 * 32 : 1];
 
     const int G = a.n_heads / a.n_kv_heads;
     const int seq = blockIdx.x / a.n_kv_heads, kvh = blockIdx.x % a.n_kv_heads;
-    const int split0 = blockIdx.y, gy = gridDim.y; /* this block's splits: split0, split0 + gy, ... */
     const int *si = a.seq_info + (i64)seq * DFLASH_SEQ_INFO_LEN;
     const int lo = si[0], n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
     const int extra_off = si[2], n_extra = a.k_extra ? si[3] : 0, pos0 = si[4], row0 = si[5], n_rows = si[6];
-    const int T = n_paged + n_extra, n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
+    const int T = n_paged + n_extra, n_splits = at_n_splits(T);
     const int QV = n_rows * G, qv0 = blockIdx.z * (AT_QV / NH);
-    if (split0 >= (n_splits > 0 ? n_splits : 1) || qv0 >= QV)
+    /* This block's walk (one split without keys when T = 0), its first
+     * n_short splits short. The launcher's grid keeps their table entries
+     * within AT_PAGE_SLOTS; the bound only guards the tables against a
+     * sequence longer than the call said. */
+    const at_walk walk = at_walk_of(T, blockIdx.y, gridDim.y);
+    const int n_short = walk.ns;
+    /* split k's first table entry in the block's tables */
+    const auto entries_before = [&](int k) {
+        return k <= n_short ? k * AT_PAGES : n_short * AT_PAGES + (k - n_short) * AT_LONG_PAGES;
+    };
+    int n_mine = walk.ns + walk.nl;
+    while (entries_before(n_mine) > AT_PAGE_SLOTS)
+        n_mine--;
+    if (n_mine == 0 || qv0 >= QV)
         return;
-    /* Splits split0 + k gy for k < n_mine (one without keys when T = 0);
-     * the launcher's grid keeps n_mine <= AT_GROUP_MAX, the bound only
-     * guards the tables against a sequence longer than the call said. */
-    int n_mine = n_splits > 0 ? (n_splits - split0 + gy - 1) / gy : 1;
-    n_mine = n_mine < AT_GROUP_MAX ? n_mine : AT_GROUP_MAX;
+    const auto split_begin = [&](int k) { return at_split_begin(at_walk_split(walk, k)); };
+    const auto split_end = [&](int k) {
+        const int e = split_begin(k) + at_split_len(at_walk_split(walk, k));
+        return e < T ? e : T;
+    };
 
-    /* The table entries of each split's paged keys, read once (split k's
-     * at k AT_PAGES). The sequence records and page tables come with the
-     * forward's inputs, uploaded before its first kernel, so they are read
-     * before waiting for the kernel before this one (which writes q and
-     * this forward's K/V rows: everything below the wait). */
+    /* The table entries of each split's paged keys, read once. The
+     * sequence records and page tables come with the forward's inputs,
+     * uploaded before its first kernel, so they are read before waiting
+     * for the kernel before this one (which writes q and this forward's
+     * K/V rows: everything below the wait). */
     const i64 v_off = (i64)a.n_kv_heads * DFLASH_KV_PAGE * D; /* a page's V rows after its K rows */
-    for (int i = threadIdx.x; i < n_mine * AT_PAGES; i += blockDim.x) {
-        const int ub = (split0 + i / AT_PAGES * gy) * AT_SPLIT, ue = ub + AT_SPLIT < T ? ub + AT_SPLIT : T;
+    for (int i = threadIdx.x; i < entries_before(n_mine); i += blockDim.x) {
+        const int k = i < n_short * AT_PAGES ? i / AT_PAGES : n_short + (i - n_short * AT_PAGES) / AT_LONG_PAGES;
+        const int ub = split_begin(k), ue = split_end(k);
         const int last_u = (ue < n_paged ? ue : n_paged) - 1; /* the split's last paged key */
-        const int pg = (lo + ub) / DFLASH_KV_PAGE + i % AT_PAGES;
+        const int pg = (lo + ub) / DFLASH_KV_PAGE + (i - entries_before(k));
         const int blk = last_u >= ub && pg <= (lo + last_u) / DFLASH_KV_PAGE
                             ? a.page_tables[(i64)seq * a.pt_len + pg % a.pt_len]
                             : -1;
@@ -283,7 +373,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
         if (fused) {
             const int u_row = a.q_pos[row0] - lo; /* the row's own key (a forward input) */
             at_fused_qk(a, qs, kvh, qv0, QV - qv0 < AT_FUSED_QV ? QV - qv0 : AT_FUSED_QV, G, row0,
-                        u_row >= 0 && u_row < n_paged && u_row / AT_SPLIT % gy == split0);
+                        u_row >= 0 && u_row < n_paged && at_walk_has(walk, at_split_of(u_row)));
         }
     }
     pdl_wait();
@@ -316,39 +406,36 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     const float scale2 = a.scale * 1.4426950408889634f;
     float m[2], l[2], o[ND][4];
 
-    /* The block's tiles as one run of steps: step j is tile j % TPS of
-     * its split j / TPS (only the last split of a sequence can be short),
-     * the copies of step j + 1 in flight while step j computes. */
-    constexpr int TPS = AT_SPLIT / TILE;
-    const int last_ub = (split0 + (n_mine - 1) * gy) * AT_SPLIT;
-    const int n_steps = n_splits > 0 ? (n_mine - 1) * TPS + ((T < last_ub + AT_SPLIT ? T : last_ub + AT_SPLIT) -
-                                                             last_ub + TILE - 1) / TILE
-                                     : 0;
-    const auto split_begin = [&](int k) { return (split0 + k * gy) * AT_SPLIT; };
-    const auto split_end = [&](int k) { return split_begin(k) + AT_SPLIT < T ? split_begin(k) + AT_SPLIT : T; };
-    const auto load_step = [&](int j, int stage) {
-        const int k = j / TPS, ub = split_begin(k);
-        at_load_tile<D, TILE>(a, ks[stage], vs[stage], page_k + k * AT_PAGES, pages + k * AT_PAGES, v_off,
-                              (lo + ub) / DFLASH_KV_PAGE, kvh, lo, n_paged, extra_off, ub + j % TPS * TILE,
-                              split_end(k));
+    /* The block's tiles as one run of steps, split by split, the copies
+     * of the next step (kn's tile tn) in flight while a step computes. */
+    const auto tiles_of = [&](int k) { return n_splits > 0 ? (split_end(k) - split_begin(k) + TILE - 1) / TILE : 0; };
+    int kn = 0, tn = 0;
+    const auto load_next = [&](int stage) {
+        const int ub = split_begin(kn), e = entries_before(kn);
+        at_load_tile<D, TILE>(a, ks[stage], vs[stage], page_k + e, pages + e, v_off, (lo + ub) / DFLASH_KV_PAGE,
+                              kvh, lo, n_paged, extra_off, ub + tn * TILE, split_end(kn));
         cp_async_commit();
+        if (++tn == tiles_of(kn))
+            tn = 0, kn++;
     };
 
     STAMP(2);
     __syncthreads();
-    if (n_steps > 0)
-        load_step(0, 0);
+    if (tiles_of(0) > 0)
+        load_next(0);
+    else
+        kn = n_mine; /* no keys: nothing to copy */
     for (int j = 0, k = 0; k < n_mine; k++) {
-        const int u_end = split_end(k), j_end = k + 1 < n_mine ? j + TPS : n_steps;
+        const int u_end = split_end(k), j0 = j, j_end = j + tiles_of(k);
         m[0] = m[1] = NEG;
         l[0] = l[1] = 0.0f;
 #pragma unroll
         for (int n = 0; n < ND; n++)
             o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         for (; j < j_end; j++) {
-            const int cur = j & 1, u0 = split_begin(k) + j % TPS * TILE;
-            if (j + 1 < n_steps) {
-                load_step(j + 1, cur ^ 1);
+            const int cur = j & 1, u0 = split_begin(k) + (j - j0) * TILE;
+            if (kn < n_mine) {
+                load_next(cur ^ 1);
                 cp_async_wait<1>();
             } else {
                 cp_async_wait<0>();
@@ -492,7 +579,7 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
             for (int r = 0; r < 2; r++) {
                 if (!qok[r])
                     continue;
-                const i64 unit = ((i64)(split0 + k * gy) * a.n_rows + orow[r]) * a.n_heads + ohead[r];
+                const i64 unit = ((i64)at_walk_split(walk, k) * a.n_rows + orow[r]) * a.n_heads + ohead[r];
                 float *op = a.part_o + unit * D + dim0;
 #pragma unroll
                 for (int n = 0; n < ND; n++)
@@ -525,14 +612,17 @@ ATTN_TC_KERNEL(256, 2)
  * splits s = w, w + 8, ... (blockDim.x = 256) of every dimension (a lane owns D / 32 of them,
  * independent loads in flight), and the eight warp sums and the
  * denominator are added in a fixed order. Splits a row cannot see add
- * exact zeros, so one split or several give the same bits. */
+ * exact zeros, so one split or several give the same bits. long_splits:
+ * the partials come from the tensor-core kernel (at_n_splits' numbering),
+ * else from attention.cu (AT_SPLIT keys each). */
 #define AT_MAX_SPLITS 2048
 #define AC_WARPS 8
 #define AC_ML_REGS 2 /* (m, l) pairs a thread keeps in registers */
 #define AC_UNROLL 4  /* splits a warp requests together */
 template <int QN> /* D <= 32 QN */
 __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml, float *out, const int *row_seq,
-                                       const int *seq_info, int n_rows, int n_heads, int has_extra, int D)
+                                       const int *seq_info, int n_rows, int n_heads, int has_extra, int D,
+                                       int long_splits)
 {
     __shared__ float w[AT_MAX_SPLITS];
     __shared__ float acc[AC_WARPS][32 * QN];
@@ -545,7 +635,7 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     const int *si = seq_info + (i64)row_seq[row] * DFLASH_SEQ_INFO_LEN;
     const int n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
     const int T = n_paged + (has_extra ? si[3] : 0);
-    const int n_splits = (T + AT_SPLIT - 1) / AT_SPLIT;
+    const int n_splits = long_splits ? at_n_splits(T) : (T + AT_SPLIT - 1) / AT_SPLIT;
     if (n_splits <= 1)
         return; /* the attention kernel wrote this row */
     pdl_wait();
@@ -632,14 +722,14 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
  * general kernel's larger ones) */
 extern "C" __global__ void __launch_bounds__(AC_WARPS * 32)
     dflash_attn_combine(const float *part_o, const float *part_ml, float *out, const int *row_seq,
-                        const int *seq_info, int n_rows, int n_heads, int has_extra, int D)
+                        const int *seq_info, int n_rows, int n_heads, int has_extra, int D, int long_splits)
 {
-    attn_combine_body<4>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D);
+    attn_combine_body<4>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D, long_splits);
 }
 
 extern "C" __global__ void __launch_bounds__(AC_WARPS * 32)
     dflash_attn_combine_512(const float *part_o, const float *part_ml, float *out, const int *row_seq,
-                            const int *seq_info, int n_rows, int n_heads, int has_extra, int D)
+                            const int *seq_info, int n_rows, int n_heads, int has_extra, int D, int long_splits)
 {
-    attn_combine_body<16>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D);
+    attn_combine_body<16>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D, long_splits);
 }
