@@ -32,7 +32,12 @@ _Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/att
 #define ATTN_TC_LONG_SPLIT 256
 #define ATTN_TC_QV 128
 #define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS, the merge's */
-#define ATTN_TC_ROOM 16 /* attention_tc.cu AT_ROOM: keys a block walks, in short splits */
+/* The most keys a block walks, in units of ATTN_TC_SPLIT. attention_tc.cu
+ * keeps 16 short splits' page-table entries a block (AT_PAGE_SLOTS, 144);
+ * a walk of c units takes at most 9c + 8 of them, since a sequence's last
+ * split counts by its keys (one unit for up to 128) but takes a long
+ * split's 17 entries. */
+#define ATTN_TC_ROOM 15
 
 /* Splits of `keys` keys in the tensor-core kernel's numbering (its
  * at_n_splits). */

@@ -193,8 +193,10 @@ __forceinline__ float at_exp2(float x)
 #define AT_PAGES (AT_SPLIT / DFLASH_KV_PAGE + 1)
 #define AT_LONG_PAGES (AT_LONG_SPLIT / DFLASH_KV_PAGE + 1)
 /* A block's splits' table entries, read once into shared memory: room
- * for AT_ROOM short splits' keys, long splits counted as AT_LONG_W short
- * ones (cuda_attention.c's grid keeps every walk within it). */
+ * for AT_ROOM short splits, a long one taking AT_LONG_W short ones' room
+ * or less. A walk's units (at_walk_of's c) count a sequence's last split
+ * by its keys, one unit for up to AT_SPLIT keys, while it takes a long
+ * split's entries: cuda_attention.c's grid keeps c at most AT_ROOM - 1. */
 #define AT_PAGE_SLOTS (AT_ROOM * AT_PAGES)
 static_assert(AT_LONG_PAGES <= AT_LONG_W * AT_PAGES, "a long split's entries fit its short splits' room");
 
