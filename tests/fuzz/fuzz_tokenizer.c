@@ -2,12 +2,14 @@
  * tokenizer once (tests/data/tokenizer/tiny, or $DFLASH_TEST_DATA/...) and
  * encodes each input as text. Inputs need not be valid UTF-8: encode
  * replaces invalid sequences by U+FFFD (documented in tokenizer.h), so it
- * must always succeed. Checked: decode(encode(x)) is valid UTF-8, its NFC
- * equals NFC(x) when x is valid UTF-8, and the streaming decoder's chunks
- * concatenate to the same text. (Not decode(encode(x)) == NFC(x): added
- * tokens are split off before the text is normalized, as in Hugging Face
- * tokenizers, so in "</think>" + U+0338 the '>' and the combining mark
- * stay apart where NFC of the whole would join them into U+226F.) */
+ * must always succeed. Checked: decode(encode(x)) is valid UTF-8; when x
+ * is valid UTF-8 it is x with the text between added tokens in NFC (each
+ * run of other tokens decodes to NFC text; with no added token that is
+ * NFC(x) itself) and its NFC equals NFC(x); the streaming decoder's chunks
+ * concatenate to the same text. Added tokens are split off before the
+ * text is normalized, as in Hugging Face tokenizers, so in "</think>" +
+ * U+0338 the '>' and the combining mark stay apart where NFC of the whole
+ * would join them into U+226F. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,41 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     }
     return 0;
+}
+
+/* NFC of s[0..n) into a malloc'd buffer; its length, or < 0 */
+static utf8proc_ssize_t nfc_of(const void *s, size_t n, utf8proc_uint8_t **out)
+{
+    *out = NULL;
+    return utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+}
+
+/* Is out the decode of ids with every run of non-added tokens in NFC
+ * (added tokens as they decode)? */
+static int runs_in_nfc(const int32_t *ids, size_t n, const char *out, size_t len)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        const int added = dflash_tokenizer_is_added(g_tok, ids[i]);
+        while (!added && j < n && !dflash_tokenizer_is_added(g_tok, ids[j]))
+            j++;
+        char *piece;
+        size_t pl;
+        if (dflash_tokenizer_decode(g_tok, ids + i, j - i, 0, &piece, &pl) != DFLASH_OK)
+            return 0;
+        utf8proc_uint8_t *nfc = NULL;
+        const utf8proc_ssize_t nl = added ? (utf8proc_ssize_t)pl : nfc_of(piece, pl, &nfc);
+        const void *want = added ? (const void *)piece : (const void *)nfc;
+        const int ok = nl >= 0 && at + (size_t)nl <= len && !memcmp(out + at, want, (size_t)nl);
+        at += ok ? (size_t)nl : 0;
+        free(nfc);
+        free(piece);
+        if (!ok)
+            return 0;
+        i = j;
+    }
+    return at == len;
 }
 
 static int valid_utf8(const char *s, size_t n)
@@ -54,12 +91,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (dflash_tokenizer_decode(g_tok, ids, n, 0, &out, &len) != DFLASH_OK || !valid_utf8(out, len))
         __builtin_trap();
     if (valid_utf8((const char *)data, size)) {
-        utf8proc_uint8_t *nfc = NULL, *nfc_out = NULL;
-        utf8proc_ssize_t nl = utf8proc_map(data, (utf8proc_ssize_t)size, &nfc,
-                                           UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        utf8proc_ssize_t ol = utf8proc_map((const utf8proc_uint8_t *)out, (utf8proc_ssize_t)len, &nfc_out,
-                                           UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        if (nl < 0 || ol != nl || memcmp(nfc, nfc_out, (size_t)nl))
+        utf8proc_uint8_t *nfc, *nfc_out;
+        const utf8proc_ssize_t nl = nfc_of(data, size, &nfc), ol = nfc_of(out, len, &nfc_out);
+        if (nl < 0 || ol != nl || memcmp(nfc, nfc_out, (size_t)nl) || !runs_in_nfc(ids, n, out, len))
             __builtin_trap();
         free(nfc);
         free(nfc_out);
