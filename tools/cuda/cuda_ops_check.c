@@ -2327,9 +2327,11 @@ static void case_qkv_attention(dflash_dtype wdt, int S, int hq, int hkv, int64_t
     char s2[200];
     snprintf(s2, sizeof s2, "%s: %lld launches, composed %lld", shape, (long long)(l1 - l0), (long long)(l2 - l1));
     record("qkv_attention launches", s2, l1 - l0 == l2 - l1 - 1 ? 0.0 : INFINITY, 0.0);
-    /* again with blocks walking three key splits each
-     * (DFLASH_CUDA_ATTN_GROUP=3): the row's K/V stored by the block whose
-     * splits hold its key; into a fresh copy of the pool */
+    /* again with blocks of one warp walking three key splits each
+     * (DFLASH_CUDA_ATTN_MIN_WARPS=1, DFLASH_CUDA_ATTN_GROUP=3): the
+     * warp does the q/k work, the copies and the math; the row's K/V
+     * stored by the block whose splits hold its key; into a fresh copy of
+     * the pool */
     qkva_run gr = fr;
     dflash_kv_layout gl = hl;
     gl.data = gpu_copy(pool, pool_bytes);
@@ -2338,9 +2340,11 @@ static void case_qkv_attention(dflash_dtype wdt, int S, int hq, int hkv, int64_t
     gr.q.q = gq, gr.q.k = gk, gr.q.v = gv, gr.q.dst = &gdst;
     gr.a.q = gq, gr.a.out = go, gr.a.kv = &gl;
     setenv("DFLASH_CUDA_ATTN_GROUP", "3", 1);
+    setenv("DFLASH_CUDA_ATTN_MIN_WARPS", "1", 1);
     dflash_levers_reload();
     MUST(run_qkva(&gr));
     unsetenv("DFLASH_CUDA_ATTN_GROUP");
+    unsetenv("DFLASH_CUDA_ATTN_MIN_WARPS");
     dflash_levers_reload();
     const struct {
         const char *what;
@@ -2601,6 +2605,28 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
         char op[48];
         snprintf(op, sizeof op, "attention group %s", groups[i]);
         check_exact(op, shape, g.out, all, (size_t)R * H * D * sizeof(float));
+    }
+    /* the last row alone (one query tile, the decode's shape) in blocks of
+     * 1, 2, 4 or 8 warps (DFLASH_CUDA_ATTN_MIN_WARPS; unset above, the
+     * launcher's choice, two warps for long walks): the same bits */
+    static const char *const warps[] = { "1", "2", "4", "8" };
+    for (int i = 0; i < 4; i++) {
+        int32_t i1[DFLASH_SEQ_INFO_LEN] = { 0, n_pos, 0, 0, 0, 0, 1 };
+        dflash_attn_args b = a;
+        b.n_rows = 1;
+        b.q = dq + (size_t)(R - 1) * H * D;
+        b.out = gpu_poison((size_t)H * D);
+        b.q_pos = dpos + n_pos - 1;
+        b.seq_info = gpu_copy(i1, sizeof i1);
+        b.max_seq_rows = 1;
+        setenv("DFLASH_CUDA_ATTN_MIN_WARPS", warps[i], 1);
+        dflash_levers_reload();
+        MUST(g_gpu->ops->attention(g_gpu, &b));
+        unsetenv("DFLASH_CUDA_ATTN_MIN_WARPS");
+        dflash_levers_reload();
+        char op[48];
+        snprintf(op, sizeof op, "attention %s warps", warps[i]);
+        check_exact(op, shape, b.out, all + (size_t)(R - 1) * H * D, (size_t)H * D * sizeof(float));
     }
     free(pool), free(bt), free(k), free(v), free(q), free(pos), free(rs), free(all), free(one);
     gpu_reset();

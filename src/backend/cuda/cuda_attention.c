@@ -38,6 +38,13 @@ _Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/att
  * split counts by its keys (one unit for up to 128) but takes a long
  * split's 17 entries. */
 #define ATTN_TC_ROOM 15
+/* A call of one query tile (decode, one row a sequence) whose blocks walk
+ * this many units or more at four warps takes blocks of two warps: past
+ * the one that computes, the warps only issue tile copies, and an SM
+ * holds more of the smaller blocks (registers bound it). Measured on the H200
+ * (docs/perf-notes.md): two warps win from about 24k keys a sequence
+ * with 8 KV heads and lose up to 16k. */
+#define ATTN_TC_FEW_WARPS_WALK 6
 
 /* Splits of `keys` keys in the tensor-core kernel's numbering (its
  * at_n_splits). */
@@ -171,7 +178,7 @@ static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki,
     if (lever > 0) {
         y = (splits + lever - 1) / lever;
     } else {
-        int *occ = &c->attn_occ[ki][threads / 32 < 8 ? threads / 32 : 8]; /* 4..8 warps */
+        int *occ = &c->attn_occ[ki][threads / 32 < 8 ? threads / 32 : 8]; /* 1..8 warps */
         if (*occ <= 0) {
             DFLASH_TRY(
                 DFLASH_CU(&c->cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(occ, c->fn[kid], (int)threads, 0)));
@@ -220,10 +227,17 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
     if (f)
         t.fu = *f;
     void *args[] = { &t };
-    const unsigned threads = 32u * (unsigned)(cw > 4 ? cw : 4);
+    /* Warps past the cw that compute only copy tiles: four by default,
+     * two for a one-tile call of long walks, or the lever's count. */
+    const int lever = dflash_levers_get()->cuda_attn_min_warps;
+    const int64_t others = (int64_t)a->n_seqs * a->n_kv_heads * chunks;
+    unsigned threads = 32u * (unsigned)(cw > (lever ? lever : 4) ? cw : (lever ? lever : 4));
     int gy;
-    DFLASH_TRY(attn_grid_y(c, kid, ki, threads, (int64_t)a->n_seqs * a->n_kv_heads * chunks, a->max_keys, splits,
-                           &gy));
+    DFLASH_TRY(attn_grid_y(c, kid, ki, threads, others, a->max_keys, splits, &gy));
+    if (!lever && cw == 1 && tc_walk_width(a->max_keys, gy) >= ATTN_TC_FEW_WARPS_WALK) {
+        threads = 64;
+        DFLASH_TRY(attn_grid_y(c, kid, ki, threads, others, a->max_keys, splits, &gy));
+    }
     DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)gy, (unsigned)chunks, threads,
                             args));
     return splits > 1 ? combine_splits(c, a, 1) : DFLASH_OK;
