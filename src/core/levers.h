@@ -15,7 +15,7 @@ typedef struct dflash_levers {
     int cuda_gemm_split; /* DFLASH_CUDA_GEMM_SPLIT: 0 (default) split-K from the cost model, else this many slices (tuning) */
     int cuda_gemm_share_sum; /* DFLASH_CUDA_GEMM_SHARE_SUM: 1 (default) the slices of a split-K row block add its partials together where the whole grid fits the device at once, 0 the last slice alone, 2 the other slices leave their shares to the last one unless it came first (same bits; A/B and the fallback's check) */
     int cuda_qk_attention; /* DFLASH_CUDA_QK_ATTENTION: 1 (default) a decode's q/k norm + RoPE + K/V store run inside its attention launch where it can, 0 a launch of their own (same bits; A/B) */
-    int cuda_attn_group;    /* DFLASH_CUDA_ATTN_GROUP: an attention block walks this many of the call's key splits (of its bound on the keys), 1..16; 0 (default) as many as one wave of blocks needs (same bits; tuning and checks) */
+    int cuda_attn_group;    /* DFLASH_CUDA_ATTN_GROUP: an attention block walks this many of the call's key splits (of its bound on the keys), 1..32; 0 (default) as many as one wave of blocks needs (same bits; tuning and checks) */
     int cuda_attn_min_warps; /* DFLASH_CUDA_ATTN_MIN_WARPS: warps of a tensor-core attention block, at least those its query tiles need, 1..8; 0 (default) its own choice (same bits; tuning and checks) */
     int cuda_gemm_defer_sum; /* DFLASH_CUDA_GEMM_DEFER_SUM: 1 (default) a split-K GEMM whose output only feeds the next launch (o and down before a norm, q/k/v before their norm and RoPE) leaves its partials' sum to that launch, 0 the GEMM adds them (same bits; A/B) */
     int cuda_gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: rows from which a GEMM takes the many-row kernel (default 65; same bits) */

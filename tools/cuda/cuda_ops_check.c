@@ -2590,11 +2590,12 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
         bad += memcmp(one, all + (size_t)r * H * D, (size_t)H * D * sizeof(float)) != 0;
     }
     record("attention rows", shape, bad ? INFINITY : 0.0, 0.0);
-    /* blocks walking 1, 2, 3 or up to 16 key splits each
-     * (DFLASH_CUDA_ATTN_GROUP; unset, the launcher's own choice above; 16:
-     * walks as long as a block's page-table room allows): the same bits */
-    static const char *const groups[] = { "1", "2", "3", "16" };
-    for (int i = 0; i < 4; i++) {
+    /* blocks walking 1, 2, 3, 16 or 24 key splits each
+     * (DFLASH_CUDA_ATTN_GROUP; unset, the launcher's own choice above;
+     * 16 and 24: walks as long as a block's page-table room allows, at
+     * 7681 keys two walks of 31 units): the same bits */
+    static const char *const groups[] = { "1", "2", "3", "16", "24" };
+    for (int i = 0; i < 5; i++) {
         setenv("DFLASH_CUDA_ATTN_GROUP", groups[i], 1);
         dflash_levers_reload();
         dflash_attn_args g = a;
@@ -3135,9 +3136,10 @@ int main(int argc, char **argv)
             case_attention_invariance(250, 4, 2, 16);
             case_attention_invariance(200, 4, 2, 256);
             case_attention_invariance(4600, 4, 2, 64); /* 128- and 256-key splits, rows across a long split's end */
-            case_attention_invariance(5889, 4, 2, 64); /* a last long split of 1 key: walks at the room's edge */
+            case_attention_invariance(5889, 4, 2, 64); /* a last long split of 1 key */
+            case_attention_invariance(7681, 4, 2, 64); /* group 24: two walks at the room's edge (31 units) */
         } else {
-            static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090, 4600, 5889, 40000 };
+            static const int ctxs[] = { 1, 100, 127, 128, 129, 1000, 4090, 4600, 5889, 7681, 40000 };
             for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++)
                 case_attention_invariance(ctxs[i], 32, 8, 128);
             case_attention_invariance(300, 6, 2, 32);

@@ -33,18 +33,20 @@ _Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/att
 #define ATTN_TC_QV 128
 #define ATTN_TC_MAX_SPLITS 2048 /* attention_tc.cu AT_MAX_SPLITS, the merge's */
 /* The most keys a block walks, in units of ATTN_TC_SPLIT. attention_tc.cu
- * keeps 16 short splits' page-table entries a block (AT_PAGE_SLOTS, 144);
+ * keeps 32 short splits' page-table entries a block (AT_PAGE_SLOTS, 288);
  * a walk of c units takes at most 9c + 8 of them, since a sequence's last
  * split counts by its keys (one unit for up to 128) but takes a long
- * split's 17 entries. */
-#define ATTN_TC_ROOM 15
+ * split's 17 entries. Room for 31 units keeps one sequence of up to 128k
+ * keys (8 KV heads) in one wave of 4-warp blocks. */
+#define ATTN_TC_ROOM 31
 /* A call of one query tile (decode, one row a sequence) whose blocks walk
  * this many units or more at four warps takes blocks of two warps: past
  * the one that computes, the warps only issue tile copies, and an SM
  * holds more of the smaller blocks (registers bound it). Measured on the H200
  * (docs/perf-notes.md): two warps win from about 24k keys a sequence
- * with 8 KV heads and lose up to 16k. */
-#define ATTN_TC_FEW_WARPS_WALK 6
+ * with 8 KV heads and lose up to 16k (the bound on the keys, a graph's
+ * bucket, is 24576 there: c = 6). */
+#define ATTN_TC_FEW_WARPS_WALK 7
 
 /* Splits of `keys` keys in the tensor-core kernel's numbering (its
  * at_n_splits). */

@@ -312,7 +312,7 @@ static const char k_src_attention_tc_cu[] =
     "#define AT_LONG_SPLIT 256  /* keys per split from there on */\n"
     "#define AT_SHORT_SPLITS (AT_LONG_FROM / AT_SPLIT)\n"
     "#define AT_LONG_W (AT_LONG_SPLIT / AT_SPLIT) /* a long split's keys, in short splits */\n"
-    "#define AT_ROOM 16 /* short splits whose page-table entries a block keeps (AT_PAGE_SLOTS) */\n"
+    "#define AT_ROOM 32 /* short splits whose page-table entries a block keeps (AT_PAGE_SLOTS) */\n"
     "\n"
     "/* Splits of T keys, where split s begins and how long it is, the split of\n"
     " * key u: the one numbering of keys into splits (the merge's too). */\n"

@@ -53,7 +53,7 @@
 #define AT_LONG_SPLIT 256  /* keys per split from there on */
 #define AT_SHORT_SPLITS (AT_LONG_FROM / AT_SPLIT)
 #define AT_LONG_W (AT_LONG_SPLIT / AT_SPLIT) /* a long split's keys, in short splits */
-#define AT_ROOM 16 /* short splits whose page-table entries a block keeps (AT_PAGE_SLOTS) */
+#define AT_ROOM 32 /* short splits whose page-table entries a block keeps (AT_PAGE_SLOTS) */
 
 /* Splits of T keys, where split s begins and how long it is, the split of
  * key u: the one numbering of keys into splits (the merge's too). */
