@@ -160,6 +160,29 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
     return splits > 1 ? combine_splits(c, a, 0) : DFLASH_OK;
 }
 
+/* Where one wave of blocks cannot hold walks that fit the page-table
+ * room, the blocks run in waves, and a grid of y_fit blocks a sequence
+ * (the fewest that fit) can leave a last wave nearly empty while it takes
+ * as long as a full one. Of k = 1, 2, ... waves of `slots` blocks, each
+ * taken in full (the most blocks a sequence k waves hold: shorter walks
+ * at no cost), this returns the grid of least k * (c + 1), c the walk in
+ * units and 1 for a block's start and end. */
+static int tc_fewest_waves(int keys, int y_fit, int splits, int64_t others, int64_t slots)
+{
+    int best_y = y_fit;
+    int64_t best = -1;
+    for (int64_t k = (others * y_fit + slots - 1) / slots;; k++) {
+        int64_t y = k * slots / others;
+        y = y > splits ? splits : y < y_fit ? y_fit : y;
+        const int64_t cost = k * (tc_walk_width(keys, (int)y) + 1);
+        if (best < 0 || cost < best)
+            best = cost, best_y = (int)y;
+        if (y == splits || 2 * (k + 1) >= best) /* c + 1 >= 2: no more waves can win */
+            break;
+    }
+    return best_y;
+}
+
 /* Blocks along the key splits of the tensor-core kernel (block y walks
  * its share of the splits, attention_tc.cu's at_walk_of: the same bits
  * however many).
@@ -171,7 +194,8 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
  * from the call's bound on the keys (a graph's bucket, often twice the real
  * count), so gy is sized by the device, never by that bound: a sequence
  * with fewer splits than gy leaves the blocks past them idle. gy grows
- * until every block's walk fits the kernel's page-table room. */
+ * until every block's walk fits the kernel's page-table room, in whole
+ * waves where one does not hold it (tc_fewest_waves). */
 static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki, unsigned threads, int64_t others,
                                  int keys, int splits, int *gy)
 {
@@ -187,11 +211,16 @@ static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki,
             if (*occ <= 0)
                 *occ = 1;
         }
-        const int64_t want = ((int64_t)c->sm_count * *occ + others - 1) / others; /* one wave */
+        const int64_t slots = (int64_t)c->sm_count * *occ, want = (slots + others - 1) / others; /* one wave */
         y = want < splits ? (int)want : splits;
+        if (tc_walk_width(keys, y) > ATTN_TC_ROOM) {
+            while (tc_walk_width(keys, y) > ATTN_TC_ROOM)
+                y++;
+            y = tc_fewest_waves(keys, y, splits, others, slots);
+        }
     }
     while (tc_walk_width(keys, y) > ATTN_TC_ROOM)
-        y++; /* ends by y = splits: one short or long split a block */
+        y++; /* ends by y = splits: one short or long split a block (the lever's y; an auto one fits) */
     *gy = y;
     return DFLASH_OK;
 }
