@@ -2665,6 +2665,32 @@ static void case_errors(void)
     free_weight(&w);
     gpu_reset();
 
+    /* A sequence with more keys than the call's bound (300 keys, max_keys
+     * 100: one split's partials room for three), the general kernel (f32
+     * pages) and the tensor-core one (bf16): reported, nothing written
+     * past the partials. */
+    for (int bf = 0; bf < 2; bf++) {
+        enum { T = 300, D = 64, PT = (T + 15) / 16 };
+        const dflash_dtype dt = bf ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32;
+        dflash_kv_layout pool = { PT, 1, 1, D, dt, gpu_alloc((size_t)PT * 2 * 16 * D * (bf ? 2 : 4)) };
+        int32_t tab[PT], info[DFLASH_SEQ_INFO_LEN] = { 0, T, 0, 0, 0, 0, 1 }, qpos[1] = { T - 1 }, seq0[1] = { 0 };
+        for (int i = 0; i < PT; i++)
+            tab[i] = i;
+        dflash_attn_args a = { 1, 1, 1, D, 0.125f, gpu_poison(D), gpu_poison(D), gpu_copy(qpos, sizeof qpos),
+                               gpu_copy(seq0, sizeof seq0), gpu_copy(info, sizeof info), &pool, 0,
+                               gpu_copy(tab, sizeof tab), PT, NULL, NULL, 1, 0, 1, 1, 100 };
+        s = g_gpu->ops->attention(g_gpu, &a);
+        if (s == DFLASH_OK)
+            s = g_gpu->ops->sync(g_gpu);
+        printf("     attention past its bound (%s pages): %s: %s\n", bf ? "bf16" : "f32", dflash_status_name(s),
+               dflash_last_error());
+        int keys_ok = s == DFLASH_ERR_INVALID_ARG && strstr(dflash_last_error(), "sequence 0 has 300 keys") != NULL;
+        keys_ok = keys_ok && g_gpu->ops->sync(g_gpu) == DFLASH_OK;
+        record("errors", bf ? "attention: keys past the bound, bf16 pages" : "attention: keys past the bound, f32 pages",
+               keys_ok ? 0.0 : INFINITY, 0.0);
+        gpu_reset();
+    }
+
     /* weight_from_host: copies once, the backend frees it at destroy. */
     wpair f;
     make_weight(&f, DFLASH_DTYPE_F8_E4M3, 33, 48, 1.0f);

@@ -19,6 +19,7 @@ typedef struct attn_tc_args {
     float scale;
     int n_pages, n_layers, layer, pt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
+    int max_splits;
     cuda_attn_fuse fu;
 } attn_tc_args;
 _Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/attention_tc.cu");
@@ -254,6 +255,7 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
         .n_pages = a->kv->n_pages, .n_layers = a->kv->n_layers, .layer = a->layer,
         .pt_len = a->pt_len > 0 ? a->pt_len : 1, .n_rows = a->n_rows, .n_heads = a->n_heads,
         .n_kv_heads = a->n_kv_heads, .causal = a->causal, .window = a->window, .compute_warps = cw,
+        .max_splits = splits,
     };
     if (f)
         t.fu = *f;

@@ -90,6 +90,10 @@ static dflash_status check_kernel_errors(cuda_ctx *c)
     case 3:
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "attention: key position %d maps to page %d (pool has %d)", a,
                            b, v);
+    case 4:
+        return dflash_fail(DFLASH_ERR_INVALID_ARG,
+                           "attention: sequence %d has %d keys, more than the call's bound on the keys (%d splits "
+                           "of them)", a, b, v);
     default:
         return dflash_fail(DFLASH_ERR_BACKEND, "cuda: kernel reported unknown error %d (%d, %d, %d)", code, a, b,
                            v);

@@ -61,6 +61,11 @@ __forceinline__ void attention_body(const float *q, float *out, const int *q_pos
     const i64 lo = si[0], pos0 = si[4];
     const i64 n_paged = si[1] > si[0] ? (i64)si[1] - si[0] : 0, n_extra = k_extra ? si[3] : 0;
     const i64 T = n_paged + n_extra, n_splits = (T + AT_TILE - 1) / AT_TILE;
+    if (n_splits > (i64)gridDim.z) { /* splits past the grid, partials past part_o's room */
+        if (split == 0 && h == 0 && tid == 0)
+            report_error(eflag, ehost, ERR_ATTN_KEYS, seq, (int)T, (int)gridDim.z);
+        return;
+    }
     if (split >= (n_splits > 0 ? n_splits : 1))
         return; /* the whole block: nothing of this row lies there */
 

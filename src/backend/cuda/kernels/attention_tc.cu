@@ -159,6 +159,7 @@ struct attn_tc_args {
     float scale;
     int n_pages, n_layers, layer, pt_len;
     int n_rows, n_heads, n_kv_heads, causal, window, compute_warps;
+    int max_splits; /* splits of the call's bound on the keys: part_o's room */
     attn_fuse fu;
 };
 static_assert(sizeof(attn_tc_args) == 344, "mirrored by attn_tc_args in cuda_attention.c");
@@ -306,6 +307,11 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     const int extra_off = si[2], n_extra = a.k_extra ? si[3] : 0, pos0 = si[4], row0 = si[5], n_rows = si[6];
     const int T = n_paged + n_extra, n_splits = at_n_splits(T);
     const int QV = n_rows * G, qv0 = blockIdx.z * (AT_QV / NH);
+    if (n_splits > a.max_splits) { /* its partials would land past part_o's room */
+        if (blockIdx.y == 0 && blockIdx.z == 0 && kvh == 0 && threadIdx.x == 0)
+            report_error(a.eflag, a.ehost, ERR_ATTN_KEYS, seq, T, a.max_splits);
+        return;
+    }
     /* This block's walk (one split without keys when T = 0), its first
      * n_short splits short. The launcher's grid keeps their table entries
      * within AT_PAGE_SLOTS; the bound only guards the tables against a

@@ -31,6 +31,7 @@ typedef long long i64;
 #define ERR_EMBED_ID 1
 #define ERR_KV_WRITE_PAGE 2
 #define ERR_ATTN_PAGE 3
+#define ERR_ATTN_KEYS 4 /* a sequence with more keys than the call's bound */
 
 __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
 
