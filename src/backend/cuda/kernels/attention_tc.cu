@@ -314,8 +314,9 @@ template <int D, int NH> __forceinline__ void attention_tc_body(const attn_tc_ar
     }
     /* This block's walk (one split without keys when T = 0), its first
      * n_short splits short. The launcher's grid keeps their table entries
-     * within AT_PAGE_SLOTS; the bound only guards the tables against a
-     * sequence longer than the call said. */
+     * within AT_PAGE_SLOTS for any sequence within the call's bound (those
+     * past it returned above); the loop below only keeps the tables safe
+     * if that ever failed. */
     const at_walk walk = at_walk_of(T, blockIdx.y, gridDim.y);
     const int n_short = walk.ns;
     /* split k's first table entry in the block's tables */
