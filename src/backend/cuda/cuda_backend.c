@@ -92,8 +92,8 @@ static dflash_status check_kernel_errors(cuda_ctx *c)
                            b, v);
     case 4:
         return dflash_fail(DFLASH_ERR_INVALID_ARG,
-                           "attention: sequence %d has %d keys, more than the call's bound on the keys (%d splits "
-                           "of them)", a, b, v);
+                           "attention: sequence %d has %d keys, past the call's bound on the keys (max_keys; its "
+                           "grid sized for %d key splits)", a, b, v);
     default:
         return dflash_fail(DFLASH_ERR_BACKEND, "cuda: kernel reported unknown error %d (%d, %d, %d)", code, a, b,
                            v);
