@@ -37,16 +37,18 @@ _Static_assert(sizeof(attn_tc_args) == 344, "attn_tc_args must match kernels/att
  * keeps 32 short splits' page-table entries a block (AT_PAGE_SLOTS, 288);
  * a walk of c units takes at most 9c + 8 of them, since a sequence's last
  * split counts by its keys (one unit for up to 128) but takes a long
- * split's 17 entries. Room for 31 units keeps one sequence of up to 128k
- * keys (8 KV heads) in one wave of 4-warp blocks. */
+ * split's 17 entries. Room for 31 units keeps one sequence whose bound is
+ * up to 130944 keys (33 blocks x 31 units; 8 KV heads) in one wave of
+ * 4-warp blocks. */
 #define ATTN_TC_ROOM 31
-/* A call of one query tile (decode, one row a sequence) whose blocks walk
- * this many units or more at four warps takes blocks of two warps: past
- * the one that computes, the warps only issue tile copies, and an SM
- * holds more of the smaller blocks (registers bound it). Measured on the H200
- * (docs/perf-notes.md): two warps win from about 24k keys a sequence
- * with 8 KV heads and lose up to 16k (the bound on the keys, a graph's
- * bucket, is 24576 there: c = 6). */
+/* A call of one query tile (at most 16 query vectors a sequence and KV
+ * head, as a decode's) whose blocks walk this many units or more at four
+ * warps takes blocks of two warps: past the one that computes, the warps
+ * only issue tile copies, and an SM holds more of the smaller blocks
+ * (registers bound it). Measured on the H200 for the 8B decode (head_dim
+ * 128, 8 KV heads; docs/perf-notes.md): two warps win at ctx 32768 and
+ * up and lose at ctx 16384, whose bound on the keys (a graph's bucket,
+ * 24576) walks 6 units. */
 #define ATTN_TC_FEW_WARPS_WALK 7
 
 /* Splits of `keys` keys in the tensor-core kernel's numbering (its
@@ -164,22 +166,22 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
 /* Where one wave of blocks cannot hold walks that fit the page-table
  * room, the blocks run in waves, and a grid of y_fit blocks a sequence
  * (the fewest that fit) can leave a last wave nearly empty while it takes
- * as long as a full one. Of k = 1, 2, ... waves of `slots` blocks, each
- * taken in full (the most blocks a sequence k waves hold: shorter walks
- * at no cost), this returns the grid of least k * (c + 1), c the walk in
- * units and 1 for a block's start and end. */
+ * as long as a full one. Of the grids from y_fit up, this returns the one
+ * of least k * (c + 1): k waves of `slots` blocks, a walk of c units, 1
+ * for a block's start and end; of grids as good in as many waves, the
+ * most blocks (the waves filled: shorter walks at no cost). At most one
+ * pass over the splits. */
 static int tc_fewest_waves(int keys, int y_fit, int splits, int64_t others, int64_t slots)
 {
     int best_y = y_fit;
-    int64_t best = -1;
-    for (int64_t k = (others * y_fit + slots - 1) / slots;; k++) {
-        int64_t y = k * slots / others;
-        y = y > splits ? splits : y < y_fit ? y_fit : y;
-        const int64_t cost = k * (tc_walk_width(keys, (int)y) + 1);
-        if (best < 0 || cost < best)
-            best = cost, best_y = (int)y;
-        if (y == splits || 2 * (k + 1) >= best) /* c + 1 >= 2: no more waves can win */
-            break;
+    int64_t best = -1, best_k = 0;
+    for (int y = y_fit; y <= splits; y++) {
+        const int64_t k = (others * y + slots - 1) / slots;
+        if (best >= 0 && 2 * k >= best)
+            break; /* c + 1 >= 2: no grid of more waves can win */
+        const int64_t cost = k * (tc_walk_width(keys, y) + 1);
+        if (best < 0 || cost < best || (cost == best && k == best_k))
+            best = cost, best_k = k, best_y = y;
     }
     return best_y;
 }
