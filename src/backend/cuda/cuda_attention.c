@@ -127,12 +127,13 @@ static dflash_status part_reserve(cuda_ctx *c, int splits, int n_rows, int n_hea
 
 /* Merge the key splits' partials of rows whose sequence has several;
  * long_splits: the tensor-core kernel's numbering, else splits of
- * ATTN_TC_SPLIT keys (the general kernel's). */
-static dflash_status combine_splits(cuda_ctx *c, const dflash_attn_args *a, int long_splits)
+ * ATTN_TC_SPLIT keys (the general kernel's); max_splits: the partials'
+ * room (part_reserve's splits). */
+static dflash_status combine_splits(cuda_ctx *c, const dflash_attn_args *a, int long_splits, int max_splits)
 {
     int n_rows = a->n_rows, n_heads = a->n_heads, has_extra = a->k_extra != NULL, D = a->head_dim;
     void *cargs[] = { &c->part_o.p, &c->part_ml.p, (void *)&a->out, (void *)&a->row_seq, (void *)&a->seq_info,
-                      &n_rows, &n_heads, &has_extra, &D, &long_splits };
+                      &n_rows, &n_heads, &has_extra, &D, &long_splits, &max_splits };
     return cuda_launch(c, D <= 128 ? DFK_ATTN_COMBINE : DFK_ATTN_COMBINE_512, (unsigned)n_rows, (unsigned)n_heads, 256,
                        cargs);
 }
@@ -160,7 +161,7 @@ static dflash_status attention_simt(cuda_ctx *c, const dflash_attn_args *a)
     const int bf16 = a->kv && a->kv->dtype == DFLASH_DTYPE_BF16;
     DFLASH_TRY(cuda_launch3(c, bf16 ? DFK_ATTENTION_BF16 : DFK_ATTENTION_F32, (unsigned)a->n_rows,
                             (unsigned)a->n_heads, (unsigned)splits, 128, args));
-    return splits > 1 ? combine_splits(c, a, 0) : DFLASH_OK;
+    return splits > 1 ? combine_splits(c, a, 0, splits) : DFLASH_OK;
 }
 
 /* Where one wave of blocks cannot hold walks that fit the page-table
@@ -275,7 +276,7 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
     }
     DFLASH_TRY(cuda_launch3(c, kid, (unsigned)(a->n_seqs * a->n_kv_heads), (unsigned)gy, (unsigned)chunks, threads,
                             args));
-    return splits > 1 ? combine_splits(c, a, 1) : DFLASH_OK;
+    return splits > 1 ? combine_splits(c, a, 1, splits) : DFLASH_OK;
 }
 
 /* attention, with f (cuda_attention_fused) or without */

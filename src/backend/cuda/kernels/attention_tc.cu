@@ -623,7 +623,9 @@ ATTN_TC_KERNEL(256, 2)
  * denominator are added in a fixed order. Splits a row cannot see add
  * exact zeros, so one split or several give the same bits. long_splits:
  * the partials come from the tensor-core kernel (at_n_splits' numbering),
- * else from attention.cu (AT_SPLIT keys each). */
+ * else from attention.cu (AT_SPLIT keys each); max_splits: the splits
+ * the partials have room for (a sequence with more was reported by the
+ * attention kernel, which wrote none of them). */
 #define AT_MAX_SPLITS 2048
 #define AC_WARPS 8
 #define AC_ML_REGS 2 /* (m, l) pairs a thread keeps in registers */
@@ -631,7 +633,7 @@ ATTN_TC_KERNEL(256, 2)
 template <int QN> /* D <= 32 QN */
 __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml, float *out, const int *row_seq,
                                        const int *seq_info, int n_rows, int n_heads, int has_extra, int D,
-                                       int long_splits)
+                                       int long_splits, int max_splits)
 {
     __shared__ float w[AT_MAX_SPLITS];
     __shared__ float acc[AC_WARPS][32 * QN];
@@ -645,8 +647,8 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
     const int n_paged = si[1] > si[0] ? si[1] - si[0] : 0;
     const int T = n_paged + (has_extra ? si[3] : 0);
     const int n_splits = long_splits ? at_n_splits(T) : (T + AT_SPLIT - 1) / AT_SPLIT;
-    if (n_splits <= 1)
-        return; /* the attention kernel wrote this row */
+    if (n_splits <= 1 || n_splits > max_splits)
+        return; /* the attention kernel wrote this row, or reported it */
     pdl_wait();
     STAMP(1);
     const float NEG = -__int_as_float(0x7f800000);
@@ -731,14 +733,18 @@ __forceinline__ void attn_combine_body(const float *part_o, const float *part_ml
  * general kernel's larger ones) */
 extern "C" __global__ void __launch_bounds__(AC_WARPS * 32)
     dflash_attn_combine(const float *part_o, const float *part_ml, float *out, const int *row_seq,
-                        const int *seq_info, int n_rows, int n_heads, int has_extra, int D, int long_splits)
+                        const int *seq_info, int n_rows, int n_heads, int has_extra, int D, int long_splits,
+                        int max_splits)
 {
-    attn_combine_body<4>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D, long_splits);
+    attn_combine_body<4>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D, long_splits,
+                         max_splits);
 }
 
 extern "C" __global__ void __launch_bounds__(AC_WARPS * 32)
     dflash_attn_combine_512(const float *part_o, const float *part_ml, float *out, const int *row_seq,
-                            const int *seq_info, int n_rows, int n_heads, int has_extra, int D, int long_splits)
+                            const int *seq_info, int n_rows, int n_heads, int has_extra, int D, int long_splits,
+                            int max_splits)
 {
-    attn_combine_body<16>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D, long_splits);
+    attn_combine_body<16>(part_o, part_ml, out, row_seq, seq_info, n_rows, n_heads, has_extra, D, long_splits,
+                          max_splits);
 }
