@@ -702,16 +702,25 @@ static void case_linear_invariance(dflash_dtype dt, int64_t N, int64_t K, int n)
     gpu_reset();
 }
 
+/* Set (value) or clear (NULL) a lever's environment variable, and re-read
+ * the levers. */
+static void lever_env(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    dflash_levers_reload();
+}
+
 /* A second CUDA backend created with one lever set (name=value), the
  * levers restored after. */
 static dflash_backend *backend_with(const char *name, const char *value)
 {
-    setenv(name, value, 1);
-    dflash_levers_reload();
+    lever_env(name, value);
     dflash_backend *be;
     MUST(dflash_backend_cuda_create(0, &be));
-    unsetenv(name);
-    dflash_levers_reload();
+    lever_env(name, NULL);
     return be;
 }
 
@@ -1870,12 +1879,10 @@ static void case_moe_routing(dflash_dtype dt, int n, int E, int k, int64_t H, in
         for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
             gu.out[0] = gpu_poison(nk * I), gu.out[1] = gpu_poison(nk * I);
             dn.x = gu.out[0], dn.out[0] = gpu_poison(nk * H);
-            setenv(runs[i].lever, runs[i].value, 1);
-            dflash_levers_reload();
+            lever_env(runs[i].lever, runs[i].value);
             MUST(dflash_be_linear_experts(g_gpu, &gu));
             MUST(dflash_be_linear_experts(g_gpu, &dn));
-            unsetenv(runs[i].lever);
-            dflash_levers_reload();
+            lever_env(runs[i].lever, NULL);
             char op[48];
             snprintf(op, sizeof op, "linear_experts %s %s swiglu", runs[i].what, runs[i].value);
             check_exact(op, shape, gu.out[0], g0, nk * I * sizeof(float));
@@ -2339,13 +2346,11 @@ static void case_qkv_attention(dflash_dtype wdt, int S, int hq, int hkv, int64_t
     const dflash_kv_dest gdst = { &gl, layer, dtab, pt_len, drs, gv };
     gr.q.q = gq, gr.q.k = gk, gr.q.v = gv, gr.q.dst = &gdst;
     gr.a.q = gq, gr.a.out = go, gr.a.kv = &gl;
-    setenv("DFLASH_CUDA_ATTN_GROUP", "3", 1);
-    setenv("DFLASH_CUDA_ATTN_MIN_WARPS", "1", 1);
-    dflash_levers_reload();
+    lever_env("DFLASH_CUDA_ATTN_GROUP", "3");
+    lever_env("DFLASH_CUDA_ATTN_MIN_WARPS", "1");
     MUST(run_qkva(&gr));
-    unsetenv("DFLASH_CUDA_ATTN_GROUP");
-    unsetenv("DFLASH_CUDA_ATTN_MIN_WARPS");
-    dflash_levers_reload();
+    lever_env("DFLASH_CUDA_ATTN_GROUP", NULL);
+    lever_env("DFLASH_CUDA_ATTN_MIN_WARPS", NULL);
     const struct {
         const char *what;
         const void *got, *comp;
@@ -2596,13 +2601,11 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
      * 7681 keys two walks of 31 units): the same bits */
     static const char *const groups[] = { "1", "2", "3", "16", "24" };
     for (int i = 0; i < 5; i++) {
-        setenv("DFLASH_CUDA_ATTN_GROUP", groups[i], 1);
-        dflash_levers_reload();
+        lever_env("DFLASH_CUDA_ATTN_GROUP", groups[i]);
         dflash_attn_args g = a;
         g.out = gpu_poison((size_t)R * H * D);
         MUST(g_gpu->ops->attention(g_gpu, &g));
-        unsetenv("DFLASH_CUDA_ATTN_GROUP");
-        dflash_levers_reload();
+        lever_env("DFLASH_CUDA_ATTN_GROUP", NULL);
         char op[48];
         snprintf(op, sizeof op, "attention group %s", groups[i]);
         check_exact(op, shape, g.out, all, (size_t)R * H * D * sizeof(float));
@@ -2620,11 +2623,9 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
         b.q_pos = dpos + n_pos - 1;
         b.seq_info = gpu_copy(i1, sizeof i1);
         b.max_seq_rows = 1;
-        setenv("DFLASH_CUDA_ATTN_MIN_WARPS", warps[i], 1);
-        dflash_levers_reload();
+        lever_env("DFLASH_CUDA_ATTN_MIN_WARPS", warps[i]);
         MUST(g_gpu->ops->attention(g_gpu, &b));
-        unsetenv("DFLASH_CUDA_ATTN_MIN_WARPS");
-        dflash_levers_reload();
+        lever_env("DFLASH_CUDA_ATTN_MIN_WARPS", NULL);
         char op[48];
         snprintf(op, sizeof op, "attention %s warps", warps[i]);
         check_exact(op, shape, b.out, all + (size_t)(R - 1) * H * D, (size_t)H * D * sizeof(float));
@@ -2920,8 +2921,7 @@ int main(int argc, char **argv)
             dflash_backend_destroy(s16);
             setenv("DFLASH_CUDA_GEMM_TILE", "128", 1);
             dflash_backend *both = backend_with("DFLASH_CUDA_GEMM_SPLIT", "16");
-            unsetenv("DFLASH_CUDA_GEMM_TILE");
-            dflash_levers_reload();
+            lever_env("DFLASH_CUDA_GEMM_TILE", NULL);
             case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 0, odd, 33 * 32, 150);
             case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_BF16, 2, odd_gu, 33 * 32, 130);
             case_rows_invariance(both, ", split 16, tile 128", DFLASH_DTYPE_F8_E4M3, 0, odd, 33 * 64, 150);
@@ -3214,16 +3214,11 @@ int main(int argc, char **argv)
         {
             const char *slice = getenv("DFLASH_CUDA_EXPERTS_SLICE");
             char *was = slice ? strdup(slice) : NULL; /* a sweep's setting, for the cases after these */
-            setenv("DFLASH_CUDA_EXPERTS_SLICE", "1", 1);
-            dflash_levers_reload();
+            lever_env("DFLASH_CUDA_EXPERTS_SLICE", "1");
             case_moe(DFLASH_DTYPE_BF16, 16, 16, 4, 1024, 128, 0);
             case_moe(DFLASH_DTYPE_F8_E4M3, 16, 16, 4, 1088, 128, 0);
-            if (was)
-                setenv("DFLASH_CUDA_EXPERTS_SLICE", was, 1);
-            else
-                unsetenv("DFLASH_CUDA_EXPERTS_SLICE");
+            lever_env("DFLASH_CUDA_EXPERTS_SLICE", was);
             free(was);
-            dflash_levers_reload();
         }
         /* experts with more rows than their tiles (sized for the mean) hold */
         case_moe_routing(DFLASH_DTYPE_BF16, 16, 64, 8, 256, 128, 0, 1);
