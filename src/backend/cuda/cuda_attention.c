@@ -205,6 +205,7 @@ static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki,
 {
     const int lever = dflash_levers_get()->cuda_attn_group; /* splits a block walks, of the bound's */
     int y;
+    int64_t slots = 0; /* blocks one wave holds (the lever's grid: not asked) */
     if (lever > 0) {
         y = (splits + lever - 1) / lever;
     } else {
@@ -215,16 +216,15 @@ static dflash_status attn_grid_y(cuda_ctx *c, dflash_cuda_kernel_id kid, int ki,
             if (*occ <= 0)
                 *occ = 1;
         }
-        const int64_t slots = (int64_t)c->sm_count * *occ, want = (slots + others - 1) / others; /* one wave */
+        slots = (int64_t)c->sm_count * *occ;
+        const int64_t want = (slots + others - 1) / others; /* one wave */
         y = want < splits ? (int)want : splits;
-        if (tc_walk_width(keys, y) > ATTN_TC_ROOM) {
-            while (tc_walk_width(keys, y) > ATTN_TC_ROOM)
-                y++;
-            y = tc_fewest_waves(keys, y, splits, others, slots);
-        }
     }
+    const int y_asked = y;
     while (tc_walk_width(keys, y) > ATTN_TC_ROOM)
-        y++; /* ends by y = splits: one short or long split a block (the lever's y; an auto one fits) */
+        y++; /* ends by y = splits: one short or long split a block */
+    if (slots > 0 && y > y_asked)
+        y = tc_fewest_waves(keys, y, splits, others, slots);
     *gy = y;
     return DFLASH_OK;
 }
@@ -267,7 +267,8 @@ static dflash_status attention_tc(cuda_ctx *c, const dflash_attn_args *a, const 
      * two for a one-tile call of long walks, or the lever's count. */
     const int lever = dflash_levers_get()->cuda_attn_min_warps;
     const int64_t others = (int64_t)a->n_seqs * a->n_kv_heads * chunks;
-    unsigned threads = 32u * (unsigned)(cw > (lever ? lever : 4) ? cw : (lever ? lever : 4));
+    const int least = lever ? lever : 4;
+    unsigned threads = 32u * (unsigned)(cw > least ? cw : least);
     int gy;
     DFLASH_TRY(attn_grid_y(c, kid, ki, threads, others, a->max_keys, splits, &gy));
     if (!lever && cw == 1 && tc_walk_width(a->max_keys, gy) >= ATTN_TC_FEW_WARPS_WALK) {
