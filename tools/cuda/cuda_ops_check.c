@@ -2543,6 +2543,22 @@ static void case_attention(const attn_case *c)
     gpu_reset();
 }
 
+/* Row r of one sequence's attention call `a` (rows at positions L, L + 1,
+ * ...) as a call of its own: one row, the keys up to its position. */
+static dflash_attn_args attn_row_alone(const dflash_attn_args *a, int r, int L, float *out)
+{
+    const int32_t info[DFLASH_SEQ_INFO_LEN] = { 0, L + r + 1, 0, 0, 0, 0, 1 };
+    dflash_attn_args b = *a;
+    b.n_rows = 1;
+    b.q = a->q + (size_t)r * a->n_heads * a->head_dim;
+    b.out = out;
+    b.q_pos = a->q_pos + r;
+    b.seq_info = gpu_copy(info, sizeof info);
+    b.max_seq_rows = 1;
+    b.max_keys = L + r + 1;
+    return b;
+}
+
 /* Speculative == plain on the GPU needs a verify row's attention to equal
  * the same row decoded alone: one sequence with L + 16 positions in bf16
  * pages; 16 causal rows at L..L+15 in one call, then each row alone with
@@ -2581,15 +2597,7 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
     gpu_get(all, dall, (size_t)R * H * D * sizeof(float));
     int bad = 0;
     for (int r = 0; r < R; r++) {
-        int32_t i1[DFLASH_SEQ_INFO_LEN] = { 0, L + r + 1, 0, 0, 0, 0, 1 };
-        dflash_attn_args b = a;
-        b.n_rows = 1;
-        b.q = dq + (size_t)r * H * D;
-        b.out = done;
-        b.q_pos = dpos + L + r;
-        b.seq_info = gpu_copy(i1, sizeof i1);
-        b.max_seq_rows = 1;
-        b.max_keys = L + r + 1;
+        dflash_attn_args b = attn_row_alone(&a, r, L, done);
         MUST(g_gpu->ops->attention(g_gpu, &b));
         gpu_get(one, done, (size_t)H * D * sizeof(float));
         bad += memcmp(one, all + (size_t)r * H * D, (size_t)H * D * sizeof(float)) != 0;
@@ -2615,14 +2623,7 @@ static void case_attention_invariance(int L, int H, int KVH, int D)
      * launcher's choice, two warps for long walks): the same bits */
     static const char *const warps[] = { "1", "2", "4", "8" };
     for (int i = 0; i < 4; i++) {
-        int32_t i1[DFLASH_SEQ_INFO_LEN] = { 0, n_pos, 0, 0, 0, 0, 1 };
-        dflash_attn_args b = a;
-        b.n_rows = 1;
-        b.q = dq + (size_t)(R - 1) * H * D;
-        b.out = gpu_poison((size_t)H * D);
-        b.q_pos = dpos + n_pos - 1;
-        b.seq_info = gpu_copy(i1, sizeof i1);
-        b.max_seq_rows = 1;
+        dflash_attn_args b = attn_row_alone(&a, R - 1, L, gpu_poison((size_t)H * D));
         lever_env("DFLASH_CUDA_ATTN_MIN_WARPS", warps[i]);
         MUST(g_gpu->ops->attention(g_gpu, &b));
         lever_env("DFLASH_CUDA_ATTN_MIN_WARPS", NULL);
