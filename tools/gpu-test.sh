@@ -30,21 +30,23 @@
 #     with verifies of 2..16 rows and with 4, 8 and 32 sequences per
 #     forward (again with the many-row GEMM off, and with its 64-row
 #     tile), the Llama 3.1 8B
-#     target, the embedded pair's geometry, the Qwen3-30B-A3B MoE
-#     target, the seed pair: its drafter and its Qwen3.5-MoE hybrid
-#     target), then the
+#     target, the embedded pair's geometry), then the
 #     PyTorch peers (tools/bench/torch_drafter_peer.py, torch_target_peer.py)
 #     in the same run;
 #  6. compute-sanitizer memcheck, racecheck, synccheck on cuda_ops_check
-#     --small (slow, open-ended: last);
-#  7. prints the op tables, the model check's FAIL and info rows, the bench
+#     --small (slow, open-ended);
+#  7. the big models' benches (the Qwen3-30B-A3B MoE target, the seed
+#     pair: its drafter and its Qwen3.5-MoE hybrid target): each writes
+#     61-70 GB of random weights on the host first, so they come last,
+#     where the deadline cuts them before anything else;
+#  8. prints the op tables, the model check's FAIL and info rows, the bench
 #     tables, then a summary table last. Exit status non-zero if anything
 #     failed.
 # A step that would start after GPU_TEST_DEADLINE seconds (default 540) is
 # skipped and listed as such, and every step (the A/B benches and the sweep
 # included) is cut at its own limit or 50 s past the deadline, whichever is
 # first, so the run and its summary end inside a 600 s device call.
-# Knobs: GPU_TEST_ONLY=check (1-4, 6) | bench (5) | model (4) | all (default);
+# Knobs: GPU_TEST_ONLY=check (1-4, 6) | bench (5, 7) | model (4) | all (default);
 # GPU_TEST_NCU=1 adds an Nsight Compute profile of one propose's kernels
 # (GPU_TEST_NCU_KERNELS: a regex, GPU_TEST_NCU_COUNT: how many launches,
 # GPU_TEST_NCU_SKIP: matching launches skipped first, to land past the
@@ -310,14 +312,18 @@ if want bench; then
             step bench-8b-sessions-t64 bench_8b_sessions_t64.txt 200 env DFLASH_CUDA_GEMM_TILE=64 \
                 $D --preset qwen3-8b-target --ctx 1024 --sessions 8,32 --rows 4,8,16 --reps 10
             step bench-pystd bench_pystd.txt 60 $D --preset pystd --ctx 1,256 --rows 1,2,4,8,16
-            # Qwen3-30B-A3B (61 GB of random weights built on the host,
-            # then copied): rows grouped by expert, routing on the host
-            step bench-30b-moe bench_30b_moe.txt 300 $D --preset qwen3-30b-a3b-target --ctx 1,1024 --rows 4,16 \
-                --sessions 8 --reps 5
-            # the seed's own pair: its drafter and the Qwen3.5-MoE hybrid it
-            # serves (70 GB of random weights)
-            step bench-seed-pair bench_seed_pair.txt 300 $D --preset seed-pair \
-                --ctx 1,1024 --rows 4,16 --reps 5
+            # The big models, run after the sanitizers (big_benches below):
+            # each spends minutes writing its random weights on the host.
+            big_benches() {
+                # Qwen3-30B-A3B (61 GB of random weights built on the host,
+                # then copied): rows grouped by expert
+                step bench-30b-moe bench_30b_moe.txt 300 $D --preset qwen3-30b-a3b-target --ctx 1,1024 --rows 4,16 \
+                    --sessions 8 --reps 5
+                # the seed's own pair: its drafter and the Qwen3.5-MoE hybrid
+                # it serves (70 GB of random weights)
+                step bench-seed-pair bench_seed_pair.txt 300 $D --preset seed-pair \
+                    --ctx 1,1024 --rows 4,16 --reps 5
+            }
         fi
     else
         names+=("bench"); rcs+=("$no_libs"); secs+=(0)
@@ -517,6 +523,10 @@ if want check && [ -x "$B/cuda_ops_check" ]; then
         echo "compute-sanitizer: NOT FOUND (looked on PATH and under /usr/local/cuda); sanitizer steps not run"
         names+=("sanitizers"); rcs+=("not-found"); secs+=(0)
     fi
+fi
+
+if want bench && [ "$(type -t big_benches)" = function ]; then
+    big_benches
 fi
 
 # Tables last: timings and parity from the full check, the model check's

@@ -120,7 +120,8 @@ static void fill_bf16(uint16_t *x, size_t n, uint64_t seed, float center, float 
 }
 
 /* Lay out, write the header, fill the data. Chunks are seeded by (seed,
- * tensor, chunk), so the image does not depend on the thread count. */
+ * tensor, chunk), so the image does not depend on the thread count or on
+ * which thread fills which chunk. */
 dflash_status bench_img_build(bench_image *im, const char *what, uint64_t seed)
 {
     json_t *hdr = json_object();
@@ -159,28 +160,45 @@ dflash_status bench_img_build(bench_image *im, const char *what, uint64_t seed)
     memset(im->buf + 8 + hlen, ' ', hpad - hlen);
     free(text);
 
-    const int progress = off > BENCH_PROGRESS_BYTES;
+    /* Every tensor's chunks in one list (a MoE's thousands of experts
+     * are one or two chunks each), filled a tenth of the bytes at a time
+     * by all threads, progress shown after each tenth. */
     const size_t chunk = (size_t)1 << 20;
-    size_t done = 0, shown = 0;
+    int64_t *first = malloc(((size_t)im->n + 1) * sizeof *first); /* tensor i's first chunk in the list */
+    if (!first)
+        return dflash_fail(DFLASH_ERR_OOM, "out of memory");
+    first[0] = 0;
+    for (int i = 0; i < im->n; i++)
+        first[i + 1] = first[i] + (int64_t)((img_numel(&im->t[i]) + chunk - 1) / chunk);
+    const int64_t total = first[im->n];
+    const int progress = off > BENCH_PROGRESS_BYTES, steps = progress ? 10 : 1;
     if (progress)
         fprintf(stderr, "dflash bench: %s: writing %.2f GB of random bf16 weights\n", what, off / 1e9);
-    for (int i = 0; i < im->n; i++) {
-        const img_tensor *t = &im->t[i];
-        uint16_t *x = (uint16_t *)(im->buf + im->data_off + t->off);
-        const size_t n = img_numel(t);
-        const int64_t n_chunks = (int64_t)((n + chunk - 1) / chunk);
-        const uint64_t tseed = bench_splitmix64(seed ^ ((uint64_t)i << 40));
-#pragma omp parallel for schedule(dynamic, 4) if (n_chunks > 1)
-        for (int64_t c = 0; c < n_chunks; c++) {
-            size_t lo = (size_t)c * chunk, m = n - lo < chunk ? n - lo : chunk;
-            fill_bf16(x + lo, m, tseed + (uint64_t)c, t->center, t->amp);
+    for (int step = 0, i0 = 0; step < steps; step++) {
+        const int64_t lo = total * step / steps, hi = total * (step + 1) / steps;
+#pragma omp parallel for schedule(dynamic, 4)
+        for (int64_t g = lo; g < hi; g++) {
+            int a = 0, b = im->n - 1; /* the tensor holding chunk g: first[a] <= g < first[a + 1] */
+            while (a < b) {
+                const int m = (a + b + 1) / 2;
+                if (first[m] <= g)
+                    a = m;
+                else
+                    b = m - 1;
+            }
+            const img_tensor *t = &im->t[a];
+            const size_t n = img_numel(t), c = (size_t)(g - first[a]), from = c * chunk;
+            const uint64_t tseed = bench_splitmix64(seed ^ ((uint64_t)a << 40));
+            fill_bf16((uint16_t *)(im->buf + im->data_off + t->off) + from, n - from < chunk ? n - from : chunk,
+                      tseed + (uint64_t)c, t->center, t->amp);
         }
-        done += n * 2;
-        if (progress && (done - shown >= off / 10 || (done == off && shown != off))) {
-            fprintf(stderr, "dflash bench: %s: %.2f / %.2f GB\n", what, done / 1e9, off / 1e9);
-            shown = done;
-        }
+        while (i0 < im->n && first[i0 + 1] <= hi)
+            i0++; /* tensors done */
+        if (progress)
+            fprintf(stderr, "dflash bench: %s: %.2f / %.2f GB\n", what,
+                    (i0 < im->n ? im->t[i0].off : off) / 1e9, off / 1e9);
     }
+    free(first);
     return DFLASH_OK;
 }
 
