@@ -129,7 +129,23 @@ await attempt('error statuses', async () => {
   const kw = await raw('/v1/chat/completions', post({ messages: chatMsgs(0),
     chat_template_kwargs: { enable_thinking: 'yes' } }));
   check('enable_thinking not a boolean: 400 naming it', kw.status === 400 &&
-    kw.body.error.param === 'enable_thinking', JSON.stringify(kw));
+    kw.body.error.param === 'chat_template_kwargs.enable_thinking' && /got the string "yes"/.test(kw.body.error.message),
+    JSON.stringify(kw));
+  const rf = await raw('/v1/chat/completions', post({ messages: chatMsgs(0), response_format: { type: 'json_object' } }));
+  check('response_format json_object: 400, refused not ignored', rf.status === 400 &&
+    rf.body.error.param === 'response_format', JSON.stringify(rf));
+  const lb = await raw('/v1/completions', post({ prompt: 'x', logit_bias: { 5: 10 } }));
+  check('logit_bias: 400, refused not ignored', lb.status === 400 && lb.body.error.param === 'logit_bias',
+    JSON.stringify(lb));
+  const mtStr = await raw('/v1/completions', post({ prompt: 'x', max_tokens: '10' }));
+  check('max_tokens as a string: 400 with the value', mtStr.status === 400 && mtStr.body.error.param === 'max_tokens' &&
+    /from 1 to \d+, got the string "10"/.test(mtStr.body.error.message), JSON.stringify(mtStr));
+  const mtReal = await raw('/v1/completions', post({ prompt: 'x', max_tokens: 2.0, temperature: 0 }));
+  check('max_tokens 2.0 (a whole number with a point): served', mtReal.status === 200, JSON.stringify(mtReal));
+  const role = await raw('/v1/chat/completions', post({ messages: [{ role: 'user', content: 'a' }, { role: 'wizard', content: 'b' }] }));
+  check('unknown role: 400 naming the message and the role', role.status === 400 &&
+    role.body.error.param === 'messages' && /\[1\]\.role .*got the string "wizard"/.test(role.body.error.message),
+    JSON.stringify(role));
   const model = await raw('/v1/completions', post({ model: 'gpt-4', prompt: 'x' }));
   check('unknown model: 404', model.status === 404 && model.body.error.param === 'model', JSON.stringify(model));
   const long = await raw('/v1/completions', post({ prompt: 'x', max_tokens: 100000 }));

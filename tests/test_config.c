@@ -308,7 +308,8 @@ static void test_architectures(void)
     dflash_model_config c;
     CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"MistralForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
                 "cfg.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM, "
-                "Qwen3MoeForCausalLM and LlamaForCausalLM targets and DFlashDraftModel drafters");
+                "Qwen3MoeForCausalLM, LlamaForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM (or the Qwen3.5 "
+                "ForConditionalGeneration forms) targets and DFlashDraftModel drafters");
     CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen2ForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
                 "architectures[0] is 'Qwen2ForCausalLM'");
     CHECK_FAILS(parse_edit(k_qwen3, "architectures", "[\"Qwen2MoeForCausalLM\"]", &c), DFLASH_ERR_UNSUPPORTED,
@@ -336,7 +337,8 @@ static void test_architectures(void)
     CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"llama\"", &c), DFLASH_ERR_FORMAT,
                 "cfg.json: architectures[0] is 'Qwen3ForCausalLM' but model_type is 'llama' (expected 'qwen3')");
     CHECK_FAILS(parse_edit(k_qwen3, "model_type", "\"mistral\"", &c), DFLASH_ERR_UNSUPPORTED,
-                "cfg.json: model_type is 'mistral'; dflash runs Qwen3, Qwen3-MoE and Llama models");
+                "cfg.json: model_type is 'mistral'; dflash runs Qwen3, Qwen3-MoE, Llama, Qwen3.5 and Qwen3.5-MoE "
+                "models");
     CHECK_FAILS(parse_edit(k_drafter, "model_type", "\"llama\"", &c), DFLASH_ERR_UNSUPPORTED,
                 "a DFlash drafter with model_type 'llama'; its layers are Qwen3's");
     CHECK_FAILS(parse_edit(k_drafter, "model_type", "\"qwen3_moe\"", &c), DFLASH_ERR_UNSUPPORTED, "'qwen3_moe'");

@@ -228,7 +228,8 @@ static void test_other_architecture_refused(void)
     CHECK(save_model(dir, 1, 1, NULL) && edit_config(dir, "architectures", json_pack("[s]", "MistralForCausalLM")));
     CHECK_FAILS(try_load(dir, msg, sizeof msg), DFLASH_ERR_UNSUPPORTED,
                 "/config.json: architectures[0] is 'MistralForCausalLM'; dflash runs Qwen3ForCausalLM, "
-                "Qwen3MoeForCausalLM and LlamaForCausalLM targets and DFlashDraftModel drafters");
+                "Qwen3MoeForCausalLM, LlamaForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM (or the Qwen3.5 "
+                "ForConditionalGeneration forms) targets and DFlashDraftModel drafters");
     CHECK(run_info(dir, out, sizeof out) == 1 && strstr(out, "architectures[0] is 'MistralForCausalLM'"));
     testmodel_rmdir(dir);
 }

@@ -13,7 +13,7 @@ static const struct {
     const char *help;
 } k_cmds[] = {
     { "generate", dflash_cmd_generate, "generate tokens (plain or speculative)" },
-    { "chat", dflash_cmd_chat, "interactive chat (Qwen3 chat format), KV kept across turns" },
+    { "chat", dflash_cmd_chat, "interactive chat (Qwen3 or Llama 3 chat format), KV kept across turns" },
     { "info", dflash_cmd_info, "describe a checkpoint folder" },
     { "tokenize", dflash_cmd_tokenize, "encode text to token ids" },
     { "detokenize", dflash_cmd_detokenize, "decode token ids to text" },

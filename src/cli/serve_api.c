@@ -40,14 +40,34 @@ static int bad(perr *e, const char *param, const char *fmt, const char *detail)
     return 0;
 }
 
+/* ", got <what x is>" for an error message: a number or literal as
+ * written, a string quoted (cut at 40 bytes), else its JSON type. */
+static const char *got(json_t *x, char *buf, size_t cap)
+{
+    if (json_is_integer(x))
+        snprintf(buf, cap, ", got %lld", (long long)json_integer_value(x));
+    else if (json_is_real(x))
+        snprintf(buf, cap, ", got %g", json_real_value(x));
+    else if (json_is_string(x))
+        snprintf(buf, cap, ", got the string \"%.40s%s\"", json_string_value(x),
+                 strlen(json_string_value(x)) > 40 ? "..." : "");
+    else
+        snprintf(buf, cap, ", got %s", json_is_boolean(x) ? (json_is_true(x) ? "true" : "false")
+                                       : json_is_array(x) ? "an array"
+                                       : json_is_object(x) ? "an object"
+                                                           : "null");
+    return buf;
+}
+
 /* A number field in [lo, hi] (absent: *v unchanged). */
 static int get_num(json_t *o, const char *k, double lo, double hi, double *v, perr *e)
 {
     json_t *x = json_object_get(o, k);
+    char what[80];
     if (!x || json_is_null(x))
         return 1;
     if (!json_is_number(x))
-        return bad(e, k, "'%s' must be a number%s", NULL);
+        return bad(e, k, "'%s' must be a number%s", got(x, what, sizeof what));
     double d = json_number_value(x);
     if (!(d >= lo && d <= hi)) {
         char range[80];
@@ -58,40 +78,50 @@ static int get_num(json_t *o, const char *k, double lo, double hi, double *v, pe
     return 1;
 }
 
+/* An integer field in [lo, hi] (absent: *v unchanged); a whole number
+ * written with a decimal point (10.0, as some clients write every number)
+ * counts. */
 static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *v, perr *e)
 {
     json_t *x = json_object_get(o, k);
     if (!x || json_is_null(x))
         return 1;
-    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi) {
-        char range[80];
-        snprintf(range, sizeof range, " from %lld to %lld", lo, hi);
+    const double r = json_is_real(x) ? json_real_value(x) : 0;
+    const int whole = json_is_integer(x) || (json_is_real(x) && r == floor(r) && r >= -9e18 && r <= 9e18);
+    const long long i = json_is_integer(x) ? (long long)json_integer_value(x) : whole ? (long long)r : 0;
+    if (!whole || i < lo || i > hi) {
+        char range[160], what[80];
+        snprintf(range, sizeof range, " from %lld to %lld%s", lo, hi, got(x, what, sizeof what));
         return bad(e, k, "'%s' must be an integer%s", range);
     }
-    *v = json_integer_value(x);
+    *v = i;
     return 1;
 }
 
 static int get_bool(json_t *o, const char *k, int *v, perr *e)
 {
     json_t *x = json_object_get(o, k);
+    char what[80];
     if (!x || json_is_null(x))
         return 1;
     if (!json_is_boolean(x))
-        return bad(e, k, "'%s' must be true or false%s", NULL);
+        return bad(e, k, "'%s' must be true or false%s", got(x, what, sizeof what));
     *v = json_is_true(x);
     return 1;
 }
 
 /* A boolean field k of an optional object field obj ({"obj": {"k": true}};
- * either absent: *v unchanged). */
-static int get_sub_bool(json_t *o, const char *obj, const char *k, int *v, perr *e)
+ * either absent: *v unchanged); errors name it "obj.k" (path). */
+static int get_sub_bool(json_t *o, const char *obj, const char *k, const char *path, int *v, perr *e)
 {
-    json_t *x = json_object_get(o, obj);
+    json_t *x = json_object_get(o, obj), *y = x ? json_object_get(x, k) : NULL;
+    char what[80];
     if (!x || json_is_null(x))
         return 1;
     if (!json_is_object(x))
-        return bad(e, obj, "'%s' must be an object%s", NULL);
+        return bad(e, obj, "'%s' must be an object%s", got(x, what, sizeof what));
+    if (y && !json_is_null(y) && !json_is_boolean(y))
+        return bad(e, path, "'%s' must be true or false%s", got(y, what, sizeof what));
     return get_bool(x, k, v, e);
 }
 
@@ -139,11 +169,22 @@ static int parse_messages(json_t *root, serve_job *j, perr *e)
         size_t r = 0;
         while (role && r < sizeof roles / sizeof roles[0] && strcmp(role, roles[r].name) != 0)
             r++;
-        if (!role || r == sizeof roles / sizeof roles[0])
-            return bad(e, "messages", "'%s': each role must be system, developer, user or assistant%s", NULL);
+        char where[160], what[80];
+        if (!role || r == sizeof roles / sizeof roles[0]) {
+            json_t *rv = json_object_get(msg, "role");
+            snprintf(where, sizeof where, "[%zu].role must be system, developer, user or assistant%s", i,
+                     !json_is_object(msg) ? ", got a message that is not an object"
+                     : rv                  ? got(rv, what, sizeof what)
+                                           : ", got none");
+            return bad(e, "messages", "'%s'%s", where);
+        }
         char *text = content_text(json_object_get(msg, "content"));
-        if (!text)
-            return bad(e, "messages", "'%s': each content must be a string or an array of text parts%s", NULL);
+        if (!text) {
+            json_t *cv = json_object_get(msg, "content");
+            snprintf(where, sizeof where, "[%zu].content must be a string or an array of text parts%s", i,
+                     cv ? got(cv, what, sizeof what) : ", got none");
+            return bad(e, "messages", "'%s'%s", where);
+        }
         j->msgs[j->n_msgs].role = roles[r].role;
         j->msgs[j->n_msgs++].content = text;
     }
@@ -199,9 +240,30 @@ static int parse_stop(json_t *root, serve_job *j, perr *e)
 }
 
 /* Fields dflash does not implement: refused rather than ignored, so a
- * client never gets something other than what it asked for. */
+ * client never gets something other than what it asked for (each in the
+ * values that would ask for nothing are let through: a zero penalty, no
+ * tools, plain text). */
 static int refuse_unsupported(json_t *root, perr *e)
 {
+    static const char *const absent[] = { "logit_bias", "suffix", "top_logprobs" }; /* null, {}, "" or 0 */
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
+        json_t *x = json_object_get(root, absent[i]);
+        if (x && !json_is_null(x) && !(json_is_object(x) && json_object_size(x) == 0) &&
+            !(json_is_string(x) && !*json_string_value(x)) && !(json_is_number(x) && json_number_value(x) == 0))
+            return bad(e, absent[i], "'%s' is not supported%s", NULL);
+    }
+    json_t *echo = json_object_get(root, "echo"), *best = json_object_get(root, "best_of");
+    if (echo && !json_is_null(echo) && !json_is_false(echo))
+        return bad(e, "echo", "'%s' is not supported%s", NULL);
+    if (best && !json_is_null(best) && !(json_is_number(best) && json_number_value(best) == 1))
+        return bad(e, "best_of", "'%s' is not supported (only 1)%s", NULL);
+    json_t *rf = json_object_get(root, "response_format"), *rft = json_object_get(rf, "type");
+    if (rf && !json_is_null(rf) && !(json_is_string(rft) && !strcmp(json_string_value(rft), "text")))
+        return bad(e, "response_format", "'%s' is not supported (only {\"type\": \"text\"})%s", NULL);
+    json_t *tc = json_object_get(root, "tool_choice");
+    if (tc && !json_is_null(tc) &&
+        !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        return bad(e, "tool_choice", "'%s' is not supported (tools are not)%s", NULL);
     static const char *const nonzero[] = { "frequency_penalty", "presence_penalty" };
     for (size_t i = 0; i < 2; i++) {
         json_t *x = json_object_get(root, nonzero[i]);
@@ -241,8 +303,10 @@ static int parse_fields(serve_ctx *c, json_t *root, serve_job *j, perr *e)
     j->max_tokens = (int)max_tokens;
     j->so.top_k = top_k < 0 ? 0 : (int)top_k;
     j->so.seed = (uint64_t)seed;
-    return get_sub_bool(root, "stream_options", "include_usage", &j->include_usage, e) &&
-           get_sub_bool(root, "chat_template_kwargs", "enable_thinking", &j->thinking, e);
+    return get_sub_bool(root, "stream_options", "include_usage", "stream_options.include_usage", &j->include_usage,
+                        e) &&
+           get_sub_bool(root, "chat_template_kwargs", "enable_thinking", "chat_template_kwargs.enable_thinking",
+                        &j->thinking, e);
 }
 
 serve_job *serve_job_from_json(serve_ctx *c, int chat, const char *body, size_t len, char *err, size_t cap,
