@@ -19,7 +19,8 @@ int dflash_cmd_info(int argc, char **argv)
 {
     if (argc != 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         FILE *f = argc == 2 ? stdout : stderr;
-        fprintf(f, "usage: dflash info DIR\n\nDescribe a target (Qwen3, Qwen3-MoE, Llama, Qwen3.5, Qwen3.5-MoE) or DFlash\n"
+        fprintf(f, "usage: dflash info DIR\n\n"
+                   "Describe a target (Qwen3, Qwen3-MoE, Llama, Qwen3.5, Qwen3.5-MoE) or DFlash\n"
                    "drafter checkpoint folder: architecture, geometry, tensor dtypes and parameter\n"
                    "count, and a hybrid's recurrent state per sequence.\n");
         return argc == 2 ? cli_finish_stdout(0) : 2;

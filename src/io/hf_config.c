@@ -437,9 +437,11 @@ static dflash_status cfg_parse_kind(const char *label, const json_t *root, dflas
     while (by_type < N_FAMILIES && strcmp(model_type, k_families[by_type].model_type) != 0)
         by_type++;
     if (model_type[0] && by_type == N_FAMILIES)
-        return dflash_fail(DFLASH_ERR_UNSUPPORTED, "%s: model_type is '%s'; dflash runs Qwen3, Qwen3-MoE, Llama, "
-                           "Qwen3.5 and Qwen3.5-MoE models (model_type 'qwen3', 'qwen3_moe', 'llama', "
-                           "'qwen3_5', 'qwen3_5_text', 'qwen3_5_moe', 'qwen3_5_moe_text'): " CFG_RUNS, label, model_type);
+        return dflash_fail(DFLASH_ERR_UNSUPPORTED,
+                           "%s: model_type is '%s'; dflash runs Qwen3, Qwen3-MoE, Llama, Qwen3.5 and Qwen3.5-MoE "
+                           "models (model_type 'qwen3', 'qwen3_moe', 'llama', 'qwen3_5', 'qwen3_5_text', "
+                           "'qwen3_5_moe', 'qwen3_5_moe_text'): " CFG_RUNS,
+                           label, model_type);
     const int has_dflash_config = cfg_field(root, "dflash_config") != NULL;
     const char *arch = c->architecture;
     c->family = DFLASH_FAMILY_QWEN3;
