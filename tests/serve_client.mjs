@@ -6,12 +6,15 @@
 //             --max-body-bytes 65536)
 //   BASE_SMALL a second server with --max-sessions 1 --max-queue 0 (no key)
 //   BASE_KV   a third with --max-sessions 4 --kv-pages 6 (no key)
+//   BASE_IDLE a fourth with --max-sessions 1 --max-queue 0 --client-timeout 1
+//             (no key; 33 connections at most)
 //   EXPECT    file with the text `dflash generate` gives PROMPT (32 tokens)
 //   PROMPT    that prompt;  SERVER_PID  the main server's pid
 //   RSS_CHECK 0: leave out the resident-memory bound (sanitizer builds)
 // Prints "ok NAME" or "FAIL NAME: why" per check and "RESULT passed failed".
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
+import net from 'node:net';
 
 const require = createRequire(process.env.NPM_DIR + '/');
 const OpenAI = require('openai');
@@ -184,7 +187,7 @@ async function metric(name) {
 await attempt('client leaving mid-stream', async () => {
   const before = await metric('dflash_requests_total{outcome="cancelled"}');
   const ac = new AbortController();
-  const r = await fetch(BASE + '/v1/completions', { ...post({ prompt: 'import os', max_tokens: 1500, ignore_eos: true,
+  const r = await fetch(BASE + '/v1/completions', { ...post({ prompt: 'import os', max_tokens: 2000, ignore_eos: true,
     stream: true }), signal: ac.signal });
   const reader = r.body.getReader();
   await reader.read();
@@ -265,6 +268,33 @@ await attempt('200 requests in a row', async () => {
   // (not under AddressSanitizer, whose quarantine keeps freed memory)
   if (process.env.RSS_CHECK !== '0')
     check('200 requests: resident memory grows less than 16 MiB', rss1 - rss0 < 16384, `${rss0} -> ${rss1} KiB`);
+});
+
+await attempt('clients that stall', async () => {
+  // 40 connections that promise a body and send one byte of it: more than
+  // the server's connection limit. Its client timeout closes them, and it
+  // answers again; a request running past the timeout is not cut.
+  const url = new URL(process.env.BASE_IDLE);
+  const closed = [];
+  const socks = Array.from({ length: 40 }, () => {
+    const s = net.connect(Number(url.port), url.hostname);
+    s.on('error', () => {});
+    const done = new Promise((res) => s.on('close', res));
+    closed.push(done);
+    s.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{');
+    return s;
+  });
+  const all = await Promise.race([Promise.all(closed).then(() => true),
+    new Promise((res) => setTimeout(() => res(false), 6000))]);
+  check('stalled clients: the server closes them after its client timeout', all,
+    `${socks.filter((s) => !s.destroyed).length} still open after 6 s`);
+  const h = await raw('/health', { signal: AbortSignal.timeout(5000) }, process.env.BASE_IDLE);
+  check('stalled clients: the server answers again', h.status === 200, JSON.stringify(h));
+  const long = await raw('/v1/completions', post({ prompt: process.env.PROMPT, max_tokens: 2000, ignore_eos: true,
+    temperature: 0 }), process.env.BASE_IDLE);
+  check('a request running past the client timeout completes', long.status === 200 &&
+    long.body.usage.completion_tokens === 2000, JSON.stringify(long).slice(0, 300));
+  socks.forEach((s) => s.destroy());
 });
 
 console.log(`RESULT ${passed} ${failed}`);

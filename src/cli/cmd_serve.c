@@ -43,6 +43,9 @@ static void usage(FILE *f)
             "                         positions); a request that does not fit yet waits, one\n"
             "                         larger than all of them gets 400\n"
             "  --max-body-bytes N     largest request body (default 1048576); larger get 413\n"
+            "  --client-timeout S     seconds a client may take to send its request, or stay\n"
+            "                         idle between requests, before its connection is closed\n"
+            "                         (default 30; 0 = no limit). Not while its request runs\n"
             "  -h, --help             this text\n"
             "\n"
             "The options below are generate's; the sampling ones are defaults that a\n"
@@ -65,7 +68,7 @@ static void usage(FILE *f)
 typedef struct serve_args {
     cli_engine_args e;
     const char *host, *api_key, *name;
-    int port, max_sessions, max_queue, max_body, kv_pages;
+    int port, max_sessions, max_queue, max_body, kv_pages, client_timeout;
 } serve_args;
 
 static int parse(int argc, char **argv, serve_args *a)
@@ -77,6 +80,7 @@ static int parse(int argc, char **argv, serve_args *a)
     a->max_sessions = 8;
     a->max_queue = 64;
     a->max_body = 1 << 20;
+    a->client_timeout = 30;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
         int r = cli_engine_parse_or_help(argc, argv, &i, &a->e, "serve", usage);
@@ -104,6 +108,9 @@ static int parse(int argc, char **argv, serve_args *a)
                 return 0;
         } else if (!strcmp(o, "--kv-pages")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1, 1 << 30, &a->kv_pages))
+                return 0;
+        } else if (!strcmp(o, "--client-timeout")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 0, 86400, &a->client_timeout))
                 return 0;
         } else if (!strcmp(o, "--max-body-bytes")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1024, 1 << 30, &a->max_body))
@@ -174,6 +181,7 @@ int dflash_cmd_serve(int argc, char **argv)
     c.max_sessions = a.max_sessions;
     c.max_queue = a.max_queue;
     c.max_body = (size_t)a.max_body;
+    c.client_timeout = a.client_timeout;
     dflash_session_default_opts(&c.dflt);
     c.dflt.temperature = a.e.sampler.temperature;
     c.dflt.top_k = a.e.sampler.top_k;

@@ -96,6 +96,7 @@ typedef struct serve_ctx {
     int max_sessions, max_queue, max_ctx;
     int block; /* tokens a step commits at most (dflash_engine_block_size): the metrics' positions */
     size_t max_body;
+    int client_timeout; /* seconds a client may take to send a request or idle between requests; 0: no limit */
     dflash_session_opts dflt; /* defaults from the command line's sampling options */
     /* guarded by mu */
     pthread_mutex_t mu;

@@ -430,12 +430,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_size = 0;
         return MHD_YES;
     }
+    /* The request is in: its run may wait and generate for longer than a
+     * client may idle, so the timeout stops here (on_completed sets it
+     * again for the next request on the connection). */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     return route(c, conn, url, method, rq);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls, (void)conn, (void)toe;
+    (void)toe;
+    const serve_ctx *c = cls;
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)c->client_timeout);
     req *rq = *con_cls;
     if (rq) {
         free(rq->body);
@@ -462,8 +468,8 @@ dflash_status serve_http_start(serve_ctx *c, const char *host, int port, serve_h
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, c, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)0, MHD_OPTION_CONNECTION_LIMIT,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, c, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)c->client_timeout, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)(c->max_sessions + c->max_queue + 32), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {
