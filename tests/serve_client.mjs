@@ -152,6 +152,13 @@ await attempt('error statuses', async () => {
   const model = await raw('/v1/completions', post({ model: 'gpt-4', prompt: 'x' }));
   check('unknown model: 404', model.status === 404 && model.body.error.param === 'model', JSON.stringify(model));
   const long = await raw('/v1/completions', post({ prompt: 'x', max_tokens: 100000 }));
+  check('past the context by max_tokens: 400 naming max_tokens and its most', long.status === 400 &&
+    long.body.error.param === 'max_tokens' && /max_tokens may be at most \d+, got 100000/.test(long.body.error.message),
+    JSON.stringify(long));
+  const longPrompt = await raw('/v1/completions', post({ prompt: 'def f(): pass\n'.repeat(1500), max_tokens: 4 }));
+  check('a prompt past the context: 400 naming the prompt', longPrompt.status === 400 &&
+    longPrompt.body.error.param === 'prompt' && /leaving no room/.test(longPrompt.body.error.message),
+    JSON.stringify(longPrompt).slice(0, 300));
   check('past the context: 400', long.status === 400 && /context length/.test(long.body.error.message),
     JSON.stringify(long));
   const big = await raw('/v1/completions', post({ prompt: 'y'.repeat(100000) }));

@@ -50,6 +50,7 @@ typedef struct serve_job {
     int cancelled;            /* the client went away: stop and free */
     int http_status;          /* an error found at admission (400 ...), else 0 */
     char error[512];
+    const char *error_param;  /* the field a 400 names (a literal), or NULL: the prompt or messages */
     int32_t *ids;             /* generated ids */
     size_t n_ids, cap_ids;
     char *text;               /* their text, cut at a stop string */

@@ -213,10 +213,11 @@ static enum MHD_Result generate(serve_ctx *c, struct MHD_Connection *conn, int c
     if (j->http_status) {
         char msg[sizeof j->error];
         const int st = j->http_status;
+        const char *param = st != 400 ? NULL : j->error_param ? j->error_param : chat ? "messages" : "prompt";
         snprintf(msg, sizeof msg, "%s", j->error);
         serve_job_release(j);
         pthread_mutex_unlock(&c->mu);
-        return send_error(conn, (unsigned)st, msg, st == 400 ? (chat ? "messages" : "prompt") : NULL);
+        return send_error(conn, (unsigned)st, msg, param);
     }
     if (!j->stream) {
         char *body = serve_response_json(c, j);

@@ -207,8 +207,15 @@ static void admit(serve_ctx *c, serve_job *j, tok_ctx *tc)
     } else if (j->n_prompt == 0) {
         snprintf(msg, sizeof msg, "the prompt encodes to no tokens");
     } else if ((long long)j->n_prompt + (j->max_tokens ? j->max_tokens : 1) > c->max_ctx) {
-        snprintf(msg, sizeof msg, "this server's context length is %d tokens; the prompt has %zu tokens and "
-                 "max_tokens asks for %d more", c->max_ctx, j->n_prompt, j->max_tokens ? j->max_tokens : 1);
+        if (j->max_tokens && (long long)j->n_prompt < c->max_ctx) { /* the prompt fits: max_tokens is too many */
+            snprintf(msg, sizeof msg, "this server's context length is %d tokens and the prompt has %zu, so "
+                     "max_tokens may be at most %lld, got %d", c->max_ctx, j->n_prompt,
+                     (long long)c->max_ctx - (long long)j->n_prompt, j->max_tokens);
+            j->error_param = "max_tokens";
+        } else {
+            snprintf(msg, sizeof msg, "this server's context length is %d tokens and the prompt has %zu, "
+                     "leaving no room for a token to generate", c->max_ctx, j->n_prompt);
+        }
     } else {
         j->so.max_tokens = j->max_tokens ? j->max_tokens : c->max_ctx - (int)j->n_prompt;
         tc->c = c;
