@@ -98,31 +98,32 @@ static int get_int(json_t *o, const char *k, long long lo, long long hi, long lo
     return 1;
 }
 
-static int get_bool(json_t *o, const char *k, int *v, perr *e)
+/* A boolean field k of o, named `name` in errors (absent: *v unchanged). */
+static int get_bool_as(json_t *o, const char *k, const char *name, int *v, perr *e)
 {
     json_t *x = json_object_get(o, k);
     char what[80];
     if (!x || json_is_null(x))
         return 1;
     if (!json_is_boolean(x))
-        return bad(e, k, "'%s' must be true or false%s", got(x, what, sizeof what));
+        return bad(e, name, "'%s' must be true or false%s", got(x, what, sizeof what));
     *v = json_is_true(x);
     return 1;
 }
+
+static int get_bool(json_t *o, const char *k, int *v, perr *e) { return get_bool_as(o, k, k, v, e); }
 
 /* A boolean field k of an optional object field obj ({"obj": {"k": true}};
  * either absent: *v unchanged); errors name it "obj.k" (path). */
 static int get_sub_bool(json_t *o, const char *obj, const char *k, const char *path, int *v, perr *e)
 {
-    json_t *x = json_object_get(o, obj), *y = x ? json_object_get(x, k) : NULL;
+    json_t *x = json_object_get(o, obj);
     char what[80];
     if (!x || json_is_null(x))
         return 1;
     if (!json_is_object(x))
         return bad(e, obj, "'%s' must be an object%s", got(x, what, sizeof what));
-    if (y && !json_is_null(y) && !json_is_boolean(y))
-        return bad(e, path, "'%s' must be true or false%s", got(y, what, sizeof what));
-    return get_bool(x, k, v, e);
+    return get_bool_as(x, k, path, v, e);
 }
 
 /* A message's content: a string, or an array of {"type": "text", "text"}
