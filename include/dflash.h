@@ -126,6 +126,11 @@ typedef struct dflash_session_opts {
     double top_p;       /* 1: off */
     double min_p;       /* 0: off */
     double rep_penalty; /* 1: off; counts everything the session holds */
+    /* OpenAI's penalties, 0: off, in [-2, 2]: a logit loses frequency_penalty
+     * per occurrence of its token among the tokens this start generated,
+     * and presence_penalty once if there is one (the prompt and earlier
+     * starts do not count) */
+    double frequency_penalty, presence_penalty;
     uint64_t seed;      /* sampling is keyed by the seed and each token's position */
     int ignore_eos;     /* 1: do not stop at the model's end-of-sequence ids */
     /* more ids that end generation (emitted, then the session stops), as a

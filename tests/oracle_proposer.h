@@ -184,16 +184,31 @@ static inline dflash_status generate_fresh(dflash_qwen3 *t, dflash_proposer *p, 
     return s;
 }
 
-static inline dflash_status oracle_generate(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int n_prompt,
-                                            int n_new, int block, double penalty, int32_t *out, int *n_out,
-                                            dflash_gen_stats *st)
+/* Greedy, with the penalties of pen (NULL: none). */
+static inline dflash_status oracle_generate_pen(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt,
+                                                int n_prompt, int n_new, int block, const dflash_sampler_opts *pen,
+                                                int32_t *out, int *n_out, dflash_gen_stats *st)
 {
     dflash_gen_opts go;
     dflash_gen_default_opts(&go);
     go.n_new = n_new;
     go.block_size = block;
-    go.sampler.rep_penalty = penalty;
+    if (pen) {
+        go.sampler.rep_penalty = pen->rep_penalty;
+        go.sampler.frequency_penalty = pen->frequency_penalty;
+        go.sampler.presence_penalty = pen->presence_penalty;
+    }
     return generate_fresh(t, p, prompt, n_prompt, &go, out, n_out, st);
+}
+
+static inline dflash_status oracle_generate(dflash_qwen3 *t, dflash_proposer *p, const int32_t *prompt, int n_prompt,
+                                            int n_new, int block, double penalty, int32_t *out, int *n_out,
+                                            dflash_gen_stats *st)
+{
+    dflash_sampler_opts pen;
+    dflash_sampler_default_opts(&pen);
+    pen.rep_penalty = penalty;
+    return oracle_generate_pen(t, p, prompt, n_prompt, n_new, block, &pen, out, n_out, st);
 }
 
 /* With expect[0..n_prompt + n_new) the prompt and the plain output, the
@@ -201,7 +216,7 @@ static inline dflash_status oracle_generate(dflash_qwen3 *t, dflash_proposer *p,
  * per step; its mirror (1) none, one token per step; both must give the
  * plain output. 1 if so; else 0 with the reason in msg. */
 static inline int oracle_check(dflash_qwen3 *t, const int32_t *expect, int n_prompt, int n_new, int block,
-                               double penalty, int mirror, char *msg, size_t cap)
+                               const dflash_sampler_opts *pen, int mirror, char *msg, size_t cap)
 {
     oracle o;
     oracle_init(&o, expect, n_prompt + n_new, t->cfg.vocab_size, block, mirror);
@@ -209,7 +224,7 @@ static inline int oracle_check(dflash_qwen3 *t, const int32_t *expect, int n_pro
     int n = 0;
     dflash_gen_stats st;
     memset(&st, 0, sizeof st);
-    dflash_status s = out ? oracle_generate(t, &o.proposer, expect, n_prompt, n_new, block, penalty, out, &n, &st)
+    dflash_status s = out ? oracle_generate_pen(t, &o.proposer, expect, n_prompt, n_new, block, pen, out, &n, &st)
                           : DFLASH_ERR_OOM;
     int64_t tried = 0, accepted = 0;
     for (int i = 0; i < block - 1; i++) {

@@ -24,13 +24,17 @@ if [ ! -f "$B/npm-openai/node_modules/openai/package.json" ] ||
 fi
 M=models/qwen3-pystd D=models/qwen3-pystd-dflash
 PROMPT='def read_config(path):'
-EXPECT=$(mktemp)
+EXPECT=$(mktemp) EXPECT_PEN=$(mktemp)
 LOG1=$(mktemp) LOG2=$(mktemp) LOG3=$(mktemp) LOG4=$(mktemp)
-trap 'rm -f "$EXPECT" "$LOG1" "$LOG2" "$LOG3" "$LOG4"; kill $P1 $P2 $P3 $P4 2>/dev/null' EXIT
+trap 'rm -f "$EXPECT" "$EXPECT_PEN" "$LOG1" "$LOG2" "$LOG3" "$LOG4"; kill $P1 $P2 $P3 $P4 2>/dev/null' EXIT
 "$DFLASH" generate -m $M -d $D -p "$PROMPT" -n 32 --json 2>/dev/null |
     node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.parse(s).text))' \
         >"$EXPECT" ||
     { note fail "dflash generate for the expected text"; result; exit 1; }
+"$DFLASH" generate -m $M -d $D -p "$PROMPT" -n 32 --frequency-penalty 1.5 --presence-penalty 0.5 --json 2>/dev/null |
+    node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>process.stdout.write(JSON.parse(s).text))' \
+        >"$EXPECT_PEN" ||
+    { note fail "dflash generate for the expected text with penalties"; result; exit 1; }
 # Free ports: let the kernel pick, then hand them to the servers.
 read -r PORT1 PORT2 PORT3 PORT4 < <(node -e 'const net=require("net");const s=[0,1,2,3].map(()=>net.createServer());
 s[0].listen(0,"127.0.0.1",()=>s[1].listen(0,"127.0.0.1",()=>s[2].listen(0,"127.0.0.1",()=>
@@ -51,7 +55,7 @@ if ! up "$PORT1" || ! up "$PORT2" || ! up "$PORT3" || ! up "$PORT4"; then
     note fail "servers up"; cat "$LOG1" "$LOG2" "$LOG3" "$LOG4"; result; exit 1
 fi
 NPM_DIR=$PWD/$B/npm-openai BASE=http://127.0.0.1:$PORT1 BASE_SMALL=http://127.0.0.1:$PORT2 \
-    BASE_KV=http://127.0.0.1:$PORT3 BASE_IDLE=http://127.0.0.1:$PORT4 EXPECT=$EXPECT \
+    BASE_KV=http://127.0.0.1:$PORT3 BASE_IDLE=http://127.0.0.1:$PORT4 EXPECT=$EXPECT EXPECT_PEN=$EXPECT_PEN \
     PROMPT=$PROMPT SERVER_PID=$P1 RSS_CHECK=$([ -n "${DFLASH_BIN_ASAN:-}" ] && echo 0 || echo 1) \
     node tests/serve_client.mjs >"$EXPECT.out" 2>&1
 cat "$EXPECT.out"

@@ -78,6 +78,18 @@ await attempt('greedy completion equals dflash generate', async () => {
   check('finish_reason length', r.choices[0].finish_reason === 'length', r.choices[0].finish_reason);
 });
 
+await attempt('frequency and presence penalties as dflash generate applies them', async () => {
+  const want = readFileSync(process.env.EXPECT_PEN, 'utf8');
+  const r = await client.completions.create({ model: MODEL, prompt: process.env.PROMPT, max_tokens: 32, temperature: 0,
+    frequency_penalty: 1.5, presence_penalty: 0.5 });
+  check('penalized greedy completion equals dflash generate with the same penalties', r.choices[0].text === want,
+    `got ${JSON.stringify(r.choices[0].text)}, want ${JSON.stringify(want)}`);
+  check('the penalties change the greedy text', want !== expect, JSON.stringify(want));
+  const big = await raw('/v1/completions', post({ prompt: 'x', presence_penalty: 2.5 }));
+  check('presence_penalty 2.5: 400 naming it and its range', big.status === 400 &&
+    big.body.error.param === 'presence_penalty' && /2\.5/.test(big.body.error.message), JSON.stringify(big));
+});
+
 await attempt('stop strings', async () => {
   const cut = expect.indexOf('\n');
   const r = await client.completions.create({ model: MODEL, prompt: process.env.PROMPT, max_tokens: 32, stop: ['\n'] });
@@ -166,7 +178,7 @@ await attempt('error statuses', async () => {
   const route = await raw('/v2/nothing');
   check('unknown route: 404', route.status === 404, JSON.stringify(route));
   try {
-    await client.completions.create({ model: MODEL, prompt: 'x', presence_penalty: 1 });
+    await client.completions.create({ model: MODEL, prompt: 'x', frequency_penalty: -3 });
     check('the client sees 400 as an error', false, 'no error thrown');
   } catch (e) {
     check('the client sees 400 as an error', e.status === 400, String(e));

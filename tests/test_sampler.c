@@ -234,6 +234,70 @@ static void test_repetition_penalty(void)
     CHECK(probs_of(&o, lg, 4, seen0, 1, p) && same_probs(p, pm3, 4));
 }
 
+/* OpenAI's penalties over the generated tokens only: token 0 generated
+ * twice, token 1 once, token 2 in the prompt alone. Frequency 0.5 and
+ * presence 0.25 make the logits {2 - 1 - 0.25, 1.5 - 0.5 - 0.25, 1, 0};
+ * with a repetition penalty of 2 as well (over prompt and output, first)
+ * {1 - 1.25, 0.75 - 0.75, 0.5, 0}. Greedy under them is a point mass on
+ * the penalized argmax. */
+static void test_frequency_presence(void)
+{
+    const float lg[4] = { 2, 1.5f, 1, 0 };
+    const int32_t prompt[1] = { 2 }, out[3] = { 0, 1, 0 };
+    double p[4], want[4];
+    dflash_sampler_opts o;
+    sampling_opts(&o, 1.0);
+    o.frequency_penalty = 0.5;
+    o.presence_penalty = 0.25;
+    CHECK(dflash_sampler_has_penalty(&o));
+    const double x1[4] = { 0.75, 0.75, 1.0, 0.0 }, x2[4] = { -0.25, 0.0, 0.5, 0.0 };
+    for (int rep = 0; rep <= 1; rep++) {
+        o.rep_penalty = rep ? 2.0 : 1.0;
+        const double *x = rep ? x2 : x1;
+        double z = 0;
+        for (int j = 0; j < 4; j++)
+            z += exp(x[j]);
+        for (int j = 0; j < 4; j++)
+            want[j] = exp(x[j]) / z;
+        dflash_sampler s;
+        CHECK_OK(dflash_sampler_init(&s, 4, &o));
+        dflash_sampler_observe(&s, prompt, 1);
+        dflash_sampler_observe_output(&s, out, 3);
+        CHECK_OK(dflash_sampler_probs(&s, lg, p));
+        CHECKF(same_probs(p, want, 4), "repetition penalty %g", o.rep_penalty);
+        /* a reset forgets the counts: the row is a plain softmax again */
+        dflash_sampler_reset(&s, 0);
+        o.rep_penalty = 1.0;
+        CHECK_OK(dflash_sampler_probs(&s, lg, p));
+        z = exp(2.0) + exp(1.5) + exp(1.0) + 1.0;
+        CHECK(near(p[0], exp(2.0) / z) && near(p[3], 1.0 / z));
+        dflash_sampler_free(&s);
+    }
+    /* greedy: token 2 (1.0) beats tokens 0 and 1 (0.75 each) */
+    sampling_opts(&o, 0.0);
+    o.presence_penalty = 0.25;
+    o.frequency_penalty = 0.5;
+    CHECK(!dflash_sampler_is_greedy(&o));
+    dflash_sampler s;
+    CHECK_OK(dflash_sampler_init(&s, 4, &o));
+    dflash_sampler_observe(&s, prompt, 1);
+    dflash_sampler_observe_output(&s, out, 3);
+    CHECK_OK(dflash_sampler_probs(&s, lg, p));
+    const double pm2[4] = { 0, 0, 1, 0 };
+    CHECK(same_probs(p, pm2, 4));
+    dflash_sampler_free(&s);
+    /* negative values favour what was generated: presence -1 lifts token 1,
+     * generated once, from 1.5 to 2.5, above token 0's 2 */
+    sampling_opts(&o, 0.0);
+    o.presence_penalty = -1.0;
+    CHECK_OK(dflash_sampler_init(&s, 4, &o));
+    dflash_sampler_observe_output(&s, &out[1], 1);
+    CHECK_OK(dflash_sampler_probs(&s, lg, p));
+    const double pm1[4] = { 0, 1, 0, 0 };
+    CHECK(same_probs(p, pm1, 4));
+    dflash_sampler_free(&s);
+}
+
 /* HF order: temperature, top-k, top-p, min-p. Top-k first changes the mass
  * top-p sees: among {0.4, 0.3, 0.2, 0.1}, top-k 3 renormalizes to
  * {0.444, 0.333, 0.222}; top-p 0.75 (drop while the ascending mass <= 0.25)
@@ -281,6 +345,12 @@ static void test_bad_rows_and_opts(void)
     sampling_opts(&o, 1);
     o.rep_penalty = 0;
     CHECK_FAILS(dflash_sampler_check_opts(&o), DFLASH_ERR_INVALID_ARG, "penalty");
+    sampling_opts(&o, 1);
+    o.frequency_penalty = 2.5;
+    CHECK_FAILS(dflash_sampler_check_opts(&o), DFLASH_ERR_INVALID_ARG, "frequency penalty 2.5");
+    sampling_opts(&o, 1);
+    o.presence_penalty = NAN;
+    CHECK_FAILS(dflash_sampler_check_opts(&o), DFLASH_ERR_INVALID_ARG, "presence penalty");
     sampling_opts(&o, 1);
     o.top_k = -1;
     CHECK_FAILS(dflash_sampler_check_opts(&o), DFLASH_ERR_INVALID_ARG, "top_k");
@@ -445,17 +515,21 @@ static int ref_cmp(const void *a, const void *b)
     return (i > j) - (i < j);
 }
 
-/* The filtered distribution by the textbook route: penalty and
- * temperature, a full sort, top-k as the k-th sorted value, top-p walking
- * the sorted survivors from the bottom, min-p, softmax in index order. */
-static void ref_probs(const float *lg, int V, const uint8_t *seen, const dflash_sampler_opts *o, double *p)
+/* The filtered distribution by the textbook route: penalties (seen: in
+ * the prompt, count: times generated) and temperature, a full sort, top-k
+ * as the k-th sorted value, top-p walking the sorted survivors from the
+ * bottom, min-p, softmax in index order. */
+static void ref_probs(const float *lg, int V, const uint8_t *seen, const int *count, const dflash_sampler_opts *o,
+                      double *p)
 {
     double *x = malloc((size_t)V * sizeof *x), m = -INFINITY;
     int *ord = malloc((size_t)V * sizeof *ord), n = 0;
     for (int j = 0; j < V; j++) {
         double v = lg[j];
-        if (seen[j] && o->rep_penalty != 1.0)
+        if ((seen[j] || count[j] > 0) && o->rep_penalty != 1.0)
             v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
+        if (count[j] > 0)
+            v = v - o->frequency_penalty * count[j] - o->presence_penalty;
         x[j] = v / o->temperature;
         m = x[j] > m ? x[j] : m;
         ord[n++] = j;
@@ -502,6 +576,7 @@ static void test_large_rows_match_reference(void)
     float *lg = malloc(V * sizeof *lg);
     double *p = malloc(V * sizeof *p), *want = malloc(V * sizeof *want);
     uint8_t *seen = calloc(V, 1);
+    int *count = calloc(V, sizeof *count);
     const double temps[3] = { 1.0, 0.7, 0.3 }, tops[4] = { 0.5, 0.9, 0.95, 0.999 };
     const int ks[3] = { 0, 40, 3000 };
     int cases = 0, bad = 0;
@@ -516,6 +591,8 @@ static void test_large_rows_match_reference(void)
         }
         for (int j = 0; j < V; j += 13)
             seen[j] = 1;
+        for (int j = 3; j < V; j += 29)
+            count[j] = 1 + (j / 29) % 3;
         for (int t = 0; t < 3; t++)
             for (int q = 0; q < 4; q++)
                 for (int k = 0; k < 3; k++) {
@@ -525,17 +602,22 @@ static void test_large_rows_match_reference(void)
                     o.top_k = ks[k];
                     o.min_p = k == 2 ? 0.01 : 0.0;
                     o.rep_penalty = t == 1 ? 1.3 : 1.0;
+                    o.frequency_penalty = t == 2 ? 0.2 : 0.0;
+                    o.presence_penalty = t >= 1 ? 0.1 : 0.0;
                     dflash_sampler s;
                     if (dflash_sampler_init(&s, V, &o) != DFLASH_OK) {
                         bad++;
                         continue;
                     }
-                    for (int j = 0; j < V; j++)
+                    for (int j = 0; j < V; j++) {
                         if (seen[j])
                             dflash_sampler_observe(&s, (const int32_t[]){ j }, 1);
+                        for (int c = 0; c < count[j]; c++)
+                            dflash_sampler_observe_output(&s, (const int32_t[]){ j }, 1);
+                    }
                     const dflash_status st = dflash_sampler_probs(&s, lg, p);
                     dflash_sampler_free(&s);
-                    ref_probs(lg, V, seen, &o, want);
+                    ref_probs(lg, V, seen, count, &o, want);
                     cases++;
                     for (int j = 0; j < V; j++)
                         if ((p[j] > 0) != (want[j] > 0) || fabs(p[j] - want[j]) > 1e-12 * (want[j] + 1e-300) + 1e-300 ||
@@ -552,6 +634,7 @@ static void test_large_rows_match_reference(void)
     free(p);
     free(want);
     free(seen);
+    free(count);
 }
 
 int main(void)
@@ -563,6 +646,7 @@ int main(void)
     RUN(test_top_p);
     RUN(test_min_p);
     RUN(test_repetition_penalty);
+    RUN(test_frequency_presence);
     RUN(test_filter_order);
     RUN(test_bad_rows_and_opts);
     RUN(test_cdf_edges);

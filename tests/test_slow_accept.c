@@ -1,7 +1,8 @@
 /* test_slow_accept.c: acceptance itself, not only losslessness. A proposer
  * that drafts the target's own continuation must see every draft accepted
- * (a == k at every step), for every block size, greedy and with a
- * repetition penalty (whose history must take in accepted drafts); its
+ * (a == k at every step), for every block size, greedy and with
+ * penalties (repetition; frequency and presence, whose counts must take
+ * in accepted drafts); its
  * mirror, drafting tokens the target never picks, must see none accepted;
  * both must still produce exactly the plain output. A step cut short by
  * the budget must leave the caches ready for a continuing call. */
@@ -29,17 +30,22 @@ static void check_model(const char *family, const char *name)
     int32_t expect[N_PROMPT + N_NEW];
     for (int i = 0; i < N_PROMPT; i++)
         expect[i] = (int32_t)((i * 37 + 5) % V);
-    for (int pen = 0; pen < 2; pen++) {
-        const double penalty = pen ? 1.3 : 1.0;
+    for (int k = 0; k < 3; k++) {
+        dflash_sampler_opts pen;
+        dflash_sampler_default_opts(&pen);
+        pen.rep_penalty = k == 1 ? 1.3 : 1.0;
+        pen.frequency_penalty = k == 2 ? 0.6 : 0.0;
+        pen.presence_penalty = k == 2 ? 0.4 : 0.0;
         dflash_gen_stats st;
         int n_plain = 0;
-        CHECK_OK(oracle_generate(t, NULL, expect, N_PROMPT, N_NEW, 0, penalty, expect + N_PROMPT, &n_plain, &st));
+        CHECK_OK(oracle_generate_pen(t, NULL, expect, N_PROMPT, N_NEW, 0, &pen, expect + N_PROMPT, &n_plain, &st));
         CHECKF(n_plain == N_NEW, "%s: plain run of %d tokens", name, n_plain);
         for (int block = 2; block <= 16; block++)
             for (int mirror = 0; mirror < 2; mirror++) {
                 char msg[256];
-                CHECKF(oracle_check(t, expect, N_PROMPT, N_NEW, block, penalty, mirror, msg, sizeof msg),
-                       "%s penalty %.1f: %s", name, penalty, msg);
+                CHECKF(oracle_check(t, expect, N_PROMPT, N_NEW, block, &pen, mirror, msg, sizeof msg),
+                       "%s penalties %.1f / %.1f / %.1f: %s", name, pen.rep_penalty, pen.frequency_penalty,
+                       pen.presence_penalty, msg);
             }
     }
     dflash_qwen3_free(t);

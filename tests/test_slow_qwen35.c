@@ -354,7 +354,7 @@ static void test_spec_equals_plain(void)
         char msg[256];
         for (int mirror = 0; mirror < 2; mirror++)
             for (int block = 4; block <= 16; block *= 4)
-                CHECKF(oracle_check(t, seq, NP, NN, block, 1.0, mirror, msg, sizeof msg), "%s: %s", k_models[k],
+                CHECKF(oracle_check(t, seq, NP, NN, block, NULL, mirror, msg, sizeof msg), "%s: %s", k_models[k],
                        msg);
         dflash_qwen3_free(t);
     }

@@ -13,10 +13,11 @@
  *     successors. Temperature 1, top-k 8.
  *   - penalty: the same kind of model, but t itself is nearly as likely
  *     after t as t+1, the prompt is 16..31 (half the vocabulary), the
- *     successor proposer (tests/oracle_proposer.h) drafts t+1, t+2, and a
- *     repetition penalty of 1.5 is on. Whether an accepted draft t2 is in
- *     the penalty history decides how likely t3 = t2 is, so a loop that
- *     forgets accepted drafts there samples a visibly different joint.
+ *     successor proposer (tests/oracle_proposer.h) drafts t+1, t+2, and
+ *     penalties are on (repetition 1.5, frequency 0.5, presence 0.3).
+ *     Whether an accepted draft t2 is in the penalties' counts decides how
+ *     likely t3 = t2 is, so a loop that forgets accepted drafts there
+ *     samples a visibly different joint.
  *   - dflash: the embedded trained pair (models/qwen3-pystd and its DFlash
  *     drafter) on a short Python prompt, temperature 1, top-k 8; no plain
  *     runs (the other two check the harness), to keep its time down.
@@ -146,7 +147,9 @@ static int row_probs(experiment *x, dflash_sampler *smp, float *host, const int3
     dflash_qwen3_seq_free(x->target, &seq);
     if (s == DFLASH_OK) {
         dflash_sampler_reset(smp, 0);
-        dflash_sampler_observe(smp, tokens, n); /* the penalty set, were one on */
+        /* the penalties' counts, were they on: the prompt, then the output */
+        dflash_sampler_observe(smp, tokens, x->np);
+        dflash_sampler_observe_output(smp, tokens + x->np, n - x->np);
         s = dflash_sampler_probs(smp, host, probs);
     }
     CHECK_OK(s);
@@ -401,7 +404,7 @@ static void wrong_rules_are_caught(experiment *x, uint64_t seed, int n_runs)
 
 static void test_ngram_spec_matches_target(void) { spec_matches_target(&own, "n-gram", 1, N_RUNS, 1); }
 static void test_ngram_wrong_rules_are_caught(void) { wrong_rules_are_caught(&own, 777, N_NEG); }
-static void test_penalty_spec_matches_target(void) { spec_matches_target(&pen, "penalty 1.5", 3, N_RUNS, 1); }
+static void test_penalty_spec_matches_target(void) { spec_matches_target(&pen, "penalties 1.5 / 0.5 / 0.3", 3, N_RUNS, 1); }
 static void test_penalty_wrong_rules_are_caught(void) { wrong_rules_are_caught(&pen, 778, N_NEG); }
 static void test_dflash_spec_matches_target(void) { spec_matches_target(&dfx, "DFlash pair", 5, N_DFLASH, 0); }
 static void test_dflash_wrong_rules_are_caught(void) { wrong_rules_are_caught(&dfx, 9, N_DFLASH_NEG); }
@@ -581,6 +584,8 @@ int main(void)
     pen.so.temperature = 1.0;
     pen.so.top_k = 8;
     pen.so.rep_penalty = 1.5;
+    pen.so.frequency_penalty = 0.5;
+    pen.so.presence_penalty = 0.3;
     if (open_own(&pen, be, c_pen, 0, &succ.proposer)) {
         RUN(test_penalty_spec_matches_target);
         RUN(test_penalty_wrong_rules_are_caught);

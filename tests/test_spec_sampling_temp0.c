@@ -1,8 +1,8 @@
 /* test_spec_sampling_temp0.c: the loop's sampling switches on a tiny model
  * the test writes itself (tests/testmodel.h): temperature 0 is greedy
  * whatever the other sampler options say, speculative greedy equals plain
- * greedy (also with a repetition penalty, which takes the host-logits
- * path), and a seed reproduces a sampled run exactly while another seed
+ * greedy (also with repetition, frequency or presence penalties, which
+ * take the host-logits path), and a seed reproduces a sampled run exactly while another seed
  * gives another output (plain and speculative). */
 #include "harness.h"
 
@@ -74,17 +74,35 @@ static void test_temp0_with_penalty(void)
     int32_t greedy[N_NEW], plain[N_NEW], spec[N_NEW];
     dflash_gen_stats st;
     int ng = gen(0, NULL, greedy, &st);
-    dflash_sampler_opts so;
-    dflash_sampler_default_opts(&so);
-    so.rep_penalty = 1.5;
-    int np = gen(0, &so, plain, &st);
-    int ns = gen(1, &so, spec, &st);
-    /* speculative greedy under a penalty: drafts judged against the
-     * penalized argmax of each row, whose penalty set includes the drafts
-     * accepted before it */
-    CHECK(same(plain, np, spec, ns));
-    CHECKF(!same(plain, np, greedy, ng), "the penalty changed nothing");
-    printf("  greedy + penalty: tau %.2f\n", st.mean_accept);
+    static const struct { double rep, freq, pres; } pens[] = {
+        { 1.5, 0, 0 }, { 1, 0.7, 0 }, { 1, 0, 1.0 }, { 1.2, 0.5, 0.5 }, { 1, -0.5, 0 },
+    };
+    for (size_t k = 0; k < sizeof pens / sizeof pens[0]; k++) {
+        dflash_sampler_opts so;
+        dflash_sampler_default_opts(&so);
+        so.rep_penalty = pens[k].rep;
+        so.frequency_penalty = pens[k].freq;
+        so.presence_penalty = pens[k].pres;
+        int np = gen(0, &so, plain, &st);
+        int ns = gen(1, &so, spec, &st);
+        /* speculative greedy under penalties: drafts judged against the
+         * penalized argmax of each row, whose counts include the drafts
+         * accepted before it */
+        CHECKF(same(plain, np, spec, ns), "penalties %g / %g / %g: spec != plain", pens[k].rep, pens[k].freq,
+               pens[k].pres);
+        CHECKF(!same(plain, np, greedy, ng), "penalties %g / %g / %g changed nothing", pens[k].rep, pens[k].freq,
+               pens[k].pres);
+        printf("  greedy + penalties %g / %g / %g: tau %.2f\n", pens[k].rep, pens[k].freq, pens[k].pres,
+               st.mean_accept);
+        /* sampled: each token drawn with its position's uniform, so a seed
+         * gives spec == plain under the penalties too */
+        so.temperature = 1.0;
+        so.seed = 9;
+        np = gen(0, &so, plain, &st);
+        ns = gen(1, &so, spec, &st);
+        CHECKF(same(plain, np, spec, ns), "sampled, penalties %g / %g / %g: spec != plain", pens[k].rep,
+               pens[k].freq, pens[k].pres);
+    }
 }
 
 static void test_seeds(void)

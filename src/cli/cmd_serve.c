@@ -24,8 +24,9 @@ static void usage(FILE *f)
             "\n"
             "Endpoints: POST /v1/chat/completions (messages, max_tokens or\n"
             "max_completion_tokens, temperature, top_p, top_k, min_p, repetition_penalty,\n"
-            "seed, stop, stream, stream_options.include_usage, ignore_eos,\n"
-            "chat_template_kwargs.enable_thinking; n must be 1), POST /v1/completions\n"
+            "frequency_penalty, presence_penalty, seed, stop, stream,\n"
+            "stream_options.include_usage, ignore_eos, chat_template_kwargs.enable_thinking;\n"
+            "n must be 1), POST /v1/completions\n"
             "(prompt: a string or token ids; the same fields), GET /v1/models, GET /health,\n"
             "GET /metrics (Prometheus text). Responses carry usage and \"dflash\":\n"
             "{\"mean_accept\", \"steps\"}: tokens committed per target step.\n"
@@ -188,6 +189,8 @@ int dflash_cmd_serve(int argc, char **argv)
     c.dflt.top_p = a.e.sampler.top_p;
     c.dflt.min_p = a.e.sampler.min_p;
     c.dflt.rep_penalty = a.e.sampler.rep_penalty;
+    c.dflt.frequency_penalty = a.e.sampler.frequency_penalty;
+    c.dflt.presence_penalty = a.e.sampler.presence_penalty;
     c.dflt.seed = a.e.sampler.seed;
     c.dflt.ignore_eos = a.e.ignore_eos;
     /* Signals go to the main thread's sigwait: block them before any

@@ -60,6 +60,10 @@ void cli_engine_usage(FILE *f)
             "  --min-p P              drop tokens below P x the top probability; 0 = off\n"
             "  --rep-penalty R        repetition penalty over this call's prompt and output\n"
             "                         (HF semantics); 1 = off\n"
+            "  --frequency-penalty F  subtract F x a token's count among the generated tokens\n"
+            "                         from its logit (OpenAI semantics); in [-2, 2], 0 = off\n"
+            "  --presence-penalty P   subtract P from the logit of a token already generated;\n"
+            "                         in [-2, 2], 0 = off\n"
             "  --seed S               RNG seed, a decimal integer (default 0); the same seed gives\n"
             "                         the same output, with or without a drafter, at any block size\n"
             "                         (each token is drawn with a uniform keyed by seed and position)\n");
@@ -127,6 +131,12 @@ int cli_engine_parse(int argc, char **argv, int *i, cli_engine_args *a, const ch
     } else if (!strcmp(o, "--rep-penalty")) {
         VALUE();
         return cli_parse_double(o, v, 1e-6, 1e6, &a->sampler.rep_penalty) ? 1 : -1;
+    } else if (!strcmp(o, "--frequency-penalty")) {
+        VALUE();
+        return cli_parse_double(o, v, -2, 2, &a->sampler.frequency_penalty) ? 1 : -1;
+    } else if (!strcmp(o, "--presence-penalty")) {
+        VALUE();
+        return cli_parse_double(o, v, -2, 2, &a->sampler.presence_penalty) ? 1 : -1;
     } else if (!strcmp(o, "--seed")) {
         VALUE();
         return cli_parse_u64(o, v, &a->sampler.seed) ? 1 : -1;
@@ -321,6 +331,8 @@ void cli_session_opts(const cli_engine *e, const cli_engine_args *a, const dflas
     so->top_p = sampler->top_p;
     so->min_p = sampler->min_p;
     so->rep_penalty = sampler->rep_penalty;
+    so->frequency_penalty = sampler->frequency_penalty;
+    so->presence_penalty = sampler->presence_penalty;
     so->seed = sampler->seed;
     so->ignore_eos = a->ignore_eos;
     so->stop_ids = e->stop_ids;

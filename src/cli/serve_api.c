@@ -264,12 +264,6 @@ static int refuse_unsupported(json_t *root, perr *e)
     if (tc && !json_is_null(tc) &&
         !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
         return bad(e, "tool_choice", "'%s' is not supported (tools are not)%s", NULL);
-    static const char *const nonzero[] = { "frequency_penalty", "presence_penalty" };
-    for (size_t i = 0; i < 2; i++) {
-        json_t *x = json_object_get(root, nonzero[i]);
-        if (x && !json_is_null(x) && !(json_is_number(x) && json_number_value(x) == 0))
-            return bad(e, nonzero[i], "'%s' is not supported (use repetition_penalty)%s", NULL);
-    }
     json_t *lp = json_object_get(root, "logprobs");
     if (lp && !json_is_null(lp) && !json_is_false(lp))
         return bad(e, "logprobs", "'%s' is not supported%s", NULL);
@@ -297,6 +291,8 @@ static int parse_fields(serve_ctx *c, json_t *root, serve_job *j, perr *e)
         !get_num(root, "top_p", 1e-9, 1, &j->so.top_p, e) || !get_int(root, "top_k", -1, 1 << 30, &top_k, e) ||
         !get_num(root, "min_p", 0, 1, &j->so.min_p, e) ||
         !get_num(root, "repetition_penalty", 1e-6, 100, &j->so.rep_penalty, e) ||
+        !get_num(root, "frequency_penalty", -2, 2, &j->so.frequency_penalty, e) ||
+        !get_num(root, "presence_penalty", -2, 2, &j->so.presence_penalty, e) ||
         !get_int(root, "seed", -(1LL << 62), 1LL << 62, &seed, e) || !get_bool(root, "stream", &j->stream, e) ||
         !get_bool(root, "ignore_eos", &j->so.ignore_eos, e) || !parse_stop(root, j, e))
         return 0;

@@ -189,7 +189,9 @@ void dflash_engine_close(dflash_engine *e)
 static dflash_sampler_opts session_sampler(const dflash_session_opts *o)
 {
     return (dflash_sampler_opts){ .temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
-                                  .min_p = o->min_p, .rep_penalty = o->rep_penalty, .seed = o->seed };
+                                  .min_p = o->min_p, .rep_penalty = o->rep_penalty,
+                                  .frequency_penalty = o->frequency_penalty, .presence_penalty = o->presence_penalty,
+                                  .seed = o->seed };
 }
 
 /* The first place in text[0..len) where one of the session's stop strings

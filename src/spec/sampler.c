@@ -35,14 +35,25 @@ dflash_status dflash_sampler_check_opts(const dflash_sampler_opts *o)
     if (!(o->rep_penalty > 0.0) || !isfinite(o->rep_penalty))
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: repetition penalty %g must be finite and > 0 (1 = off)",
                            o->rep_penalty);
+    if (!(o->frequency_penalty >= -2.0 && o->frequency_penalty <= 2.0))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: frequency penalty %g must be in [-2, 2] (0 = off)",
+                           o->frequency_penalty);
+    if (!(o->presence_penalty >= -2.0 && o->presence_penalty <= 2.0))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: presence penalty %g must be in [-2, 2] (0 = off)",
+                           o->presence_penalty);
     if (o->accept_rule < DFLASH_ACCEPT_EXACT || o->accept_rule > DFLASH_ACCEPT_TEST_ALWAYS)
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "sampler: unknown accept rule %d", (int)o->accept_rule);
     return DFLASH_OK;
 }
 
+int dflash_sampler_has_penalty(const dflash_sampler_opts *o)
+{
+    return o->rep_penalty != 1.0 || o->frequency_penalty != 0.0 || o->presence_penalty != 0.0;
+}
+
 int dflash_sampler_is_greedy(const dflash_sampler_opts *o)
 {
-    return o->temperature == 0.0 && o->rep_penalty == 1.0;
+    return o->temperature == 0.0 && !dflash_sampler_has_penalty(o);
 }
 
 /* ---- RNG ----------------------------------------------------------------- */
@@ -106,7 +117,8 @@ dflash_status dflash_sampler_init(dflash_sampler *s, int vocab, const dflash_sam
     s->order = malloc(V * sizeof *s->order);
     s->cand = malloc(V * sizeof *s->cand);
     s->seen = calloc(V, 1);
-    if (!s->probs || !s->x || !s->resid || !s->order || !s->cand || !s->seen) {
+    s->count = calloc(V, sizeof *s->count);
+    if (!s->probs || !s->x || !s->resid || !s->order || !s->cand || !s->seen || !s->count) {
         dflash_sampler_free(s);
         return dflash_fail(DFLASH_ERR_OOM, "sampler: out of memory for a vocabulary of %d", vocab);
     }
@@ -122,12 +134,14 @@ void dflash_sampler_free(dflash_sampler *s)
     free(s->order);
     free(s->cand);
     free(s->seen);
+    free(s->count);
     memset(s, 0, sizeof *s);
 }
 
 void dflash_sampler_reset(dflash_sampler *s, uint64_t seed)
 {
     memset(s->seen, 0, (size_t)s->vocab);
+    memset(s->count, 0, (size_t)s->vocab * sizeof *s->count);
     s->o.seed = seed;
     dflash_rng_seed(&s->rng, seed);
 }
@@ -137,6 +151,16 @@ void dflash_sampler_observe(dflash_sampler *s, const int32_t *ids, int n)
     for (int i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < s->vocab)
             s->seen[ids[i]] = 1;
+}
+
+void dflash_sampler_observe_output(dflash_sampler *s, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->vocab) {
+            s->seen[ids[i]] = 1;
+            if (s->count[ids[i]] < INT32_MAX)
+                s->count[ids[i]]++;
+        }
 }
 
 /* The k-th largest (1 <= k <= the count) of the finite values of
@@ -319,15 +343,21 @@ dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, doubl
     int32_t top = -1;
     /* 1 repetition penalty (HF: score < 0 ? score * r : score / r), over
      * the set of tokens in the sequence, each once however often it occurs;
+     * then frequency and presence (vLLM's order) over the generated ones;
      * 2 temperature, in the same pass: scaling keeps the order, so the
      * first maximum of the penalized logits is the scaled row's too, and
      * x holds the scaled values (the penalized ones when T = 0) */
     const int penalize = o->rep_penalty != 1.0;
+    const int counted = o->frequency_penalty != 0.0 || o->presence_penalty != 0.0;
     for (int j = 0; j < V; j++) {
         double v = logits[j];
         bad |= isnan(v) || v == INFINITY;
         if (penalize && s->seen[j])
             v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
+        if (counted && s->count[j] > 0) {
+            v -= o->frequency_penalty * s->count[j];
+            v -= o->presence_penalty;
+        }
         if (v > m) {
             m = v;
             top = j;

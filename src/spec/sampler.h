@@ -15,6 +15,9 @@
  *   1 repetition penalty  over tokens already in the sequence (prompt and
  *                         generated): logit > 0 divided by the penalty, else
  *                         multiplied (RepetitionPenaltyLogitsProcessor)
+ *     frequency and       OpenAI's, over the tokens generated so far (not the
+ *     presence penalties  prompt, as vLLM counts them): logit -= frequency x
+ *                         the token's count, then -= presence if it occurs
  *   2 temperature         logits / T
  *   3 top-k               keep logits >= the k-th largest (ties kept)
  *   4 top-p               sort descending; drop a token when the probability
@@ -24,10 +27,10 @@
  * then softmax over the survivors. Probabilities and sums are computed in
  * double, always in the same order, so a seed reproduces a run exactly.
  *
- * Temperature 0 means greedy. With no repetition penalty the loop never
- * comes here (it takes the argmax path that downloads only ids); with a
- * penalty the "distribution" is a point mass on the argmax of the penalized
- * logits (lowest index on ties, like the backend's argmax). */
+ * Temperature 0 means greedy. With no penalty the loop never comes here (it
+ * takes the argmax path that downloads only ids); with one the
+ * "distribution" is a point mass on the argmax of the penalized logits
+ * (lowest index on ties, like the backend's argmax). */
 #ifndef DFLASH_SPEC_SAMPLER_H
 #define DFLASH_SPEC_SAMPLER_H
 
@@ -50,6 +53,8 @@ typedef struct dflash_sampler_opts {
     double top_p;       /* 1: off; in (0, 1] */
     double min_p;       /* 0: off; in [0, 1] */
     double rep_penalty; /* 1: off; > 0 */
+    double frequency_penalty; /* 0: off; in [-2, 2] */
+    double presence_penalty;  /* 0: off; in [-2, 2] */
     uint64_t seed;
     dflash_accept_rule accept_rule; /* test-only hook; leave EXACT */
 } dflash_sampler_opts;
@@ -58,6 +63,9 @@ typedef struct dflash_sampler_opts {
 void dflash_sampler_default_opts(dflash_sampler_opts *o);
 /* Values out of range are DFLASH_ERR_INVALID_ARG naming the option. */
 dflash_status dflash_sampler_check_opts(const dflash_sampler_opts *o);
+/* True when any penalty is on: rows then depend on the tokens before them,
+ * which only the host sampler tracks. */
+int dflash_sampler_has_penalty(const dflash_sampler_opts *o);
 /* True when decoding is plain argmax (temperature 0, no penalty): the loop
  * then needs no logits on the host. */
 int dflash_sampler_is_greedy(const dflash_sampler_opts *o);
@@ -83,6 +91,7 @@ typedef struct dflash_sampler {
     int32_t *order; /* [V] top-p's partition of the survivors */
     int32_t *cand;  /* [V] the survivors of the filters so far, in index order */
     uint8_t *seen;  /* [V] 1: token occurs in the sequence (repetition penalty) */
+    int32_t *count; /* [V] its occurrences among the generated tokens (frequency, presence) */
 } dflash_sampler;
 
 /* Check the options, size every buffer for `vocab` (nothing allocates
@@ -90,11 +99,14 @@ typedef struct dflash_sampler {
 dflash_status dflash_sampler_init(dflash_sampler *s, int vocab, const dflash_sampler_opts *o);
 void dflash_sampler_free(dflash_sampler *s);
 
-/* Forget the sequence (repetition penalty) and reseed the RNG. */
+/* Forget the sequence (every penalty's counts) and reseed the RNG. */
 void dflash_sampler_reset(dflash_sampler *s, uint64_t seed);
-/* Tokens that joined the sequence (prompt or committed); ids outside the
- * vocabulary are ignored. */
+/* Tokens that joined the sequence as its prompt (or an earlier turn's
+ * history): the repetition penalty counts them, frequency and presence do
+ * not. Ids outside the vocabulary are ignored. */
 void dflash_sampler_observe(dflash_sampler *s, const int32_t *ids, int n);
+/* Tokens generated (committed): every penalty counts them. */
+void dflash_sampler_observe_output(dflash_sampler *s, const int32_t *ids, int n);
 
 /* The filtered distribution of one logits row [V]: probs[V] sums to 1 with
  * zeros for filtered tokens. NaN or +inf logits, or a row with no finite

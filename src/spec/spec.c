@@ -181,6 +181,8 @@ int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflas
     s->o.top_p = r->top_p;
     s->o.min_p = r->min_p;
     s->o.rep_penalty = 1.0;
+    s->o.frequency_penalty = 0.0;
+    s->o.presence_penalty = 0.0;
     s->o.seed = r->seed;
     int32_t id = -1;
     if (dflash_sampler_probs(s, logits, s->probs) == DFLASH_OK)
@@ -265,7 +267,7 @@ static dflash_status pending_flush(dflash_kv_seq *seq, dflash_proposer *p, void 
 /* 4 ACCEPT, sampled: speculative sampling over the k drafts in block[1..k]
  * with the verify's logits rows ss->logits [k+1, V]. Returns a and the
  * bonus. Accepted drafts join the sampler's sequence as they pass (the
- * repetition penalty of row i sees d_1..d_i, exactly as plain decoding
+ * penalties of row i see d_1..d_i, exactly as plain decoding
  * would after emitting them). */
 dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
                                         const int32_t *block, int k, int V, int *a_out, int32_t *bonus)
@@ -294,9 +296,9 @@ dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *
             if (a == k || *bonus != block[a + 1])
                 break;
         }
-        dflash_sampler_observe(smp, &block[a + 1], 1);
+        dflash_sampler_observe_output(smp, &block[a + 1], 1);
     }
-    dflash_sampler_observe(smp, bonus, 1);
+    dflash_sampler_observe_output(smp, bonus, 1);
     *a_out = a;
     return DFLASH_OK;
 }
@@ -344,7 +346,7 @@ dflash_status dflash_spec_prefill_finish(dflash_qwen3 *target, const dflash_kv_s
     if (ss && !ss->ids && o->n_new > 0) {
         DFLASH_TRY(dflash_spec_sampled_probs(&ss->smp, target, ss->logits, ss->smp.probs, seq->len, 0));
         *cur = dflash_sampler_sample_at(&ss->smp, ss->smp.probs, seq->len);
-        dflash_sampler_observe(&ss->smp, cur, 1);
+        dflash_sampler_observe_output(&ss->smp, cur, 1);
     }
     return DFLASH_OK;
 }
@@ -544,7 +546,7 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
 {
     const int V = t->cfg.vocab_size;
     DFLASH_TRY(dflash_sampler_init(&ss->smp, V, so));
-    ss->ids = so->rep_penalty == 1.0 && so->accept_rule == DFLASH_ACCEPT_EXACT && !dflash_levers_get()->host_sampling;
+    ss->ids = !dflash_sampler_has_penalty(so) && so->accept_rule == DFLASH_ACCEPT_EXACT && !dflash_levers_get()->host_sampling;
     /* drawing by ids needs one row at most (dflash_spec_sample_rows
      * without the backend's op), the host path a verify's rows */
     const int rows = ss->ids ? 1 : B;

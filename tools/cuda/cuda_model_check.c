@@ -1139,8 +1139,9 @@ static void check_pystd(void)
     /* Seeded sampling: each token drawn with its position's uniform, so
      * speculative (full block or auto width) equals plain token for token;
      * the tokens drawn on the device equal those the host sampler draws
-     * from the same logits (DFLASH_HOST_SAMPLING=1), and a repetition
-     * penalty (always drawn on the host) keeps spec == plain too. */
+     * from the same logits (DFLASH_HOST_SAMPLING=1), and the penalties
+     * (repetition, frequency, presence: always drawn on the host) keep
+     * spec == plain too. */
     int samp_same = 0, samp_n = 0, host_same = 0, pen_same = 0;
     dflash_sampler_opts so;
     dflash_sampler_default_opts(&so);
@@ -1153,6 +1154,7 @@ static void check_pystd(void)
         int np = 0, ns = 0, na = 0, nh = 0;
         so.seed = 1000 + i;
         so.rep_penalty = 1.0;
+        so.frequency_penalty = so.presence_penalty = 0.0;
         int ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain") &&
                  gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec") &&
                  gen_timed(t, h, 1, ids[i], (int)n_ids[i], sa, &na, NULL, "sampled spec auto");
@@ -1166,18 +1168,21 @@ static void check_pystd(void)
         dflash_levers_reload();
         host_same += ok && nh == np && !memcmp(sp, sh, (size_t)np * sizeof(int32_t));
         so.rep_penalty = 1.1;
-        ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain, penalty") &&
-             gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec, penalty");
+        so.frequency_penalty = 0.4;
+        so.presence_penalty = 0.3;
+        ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain, penalties") &&
+             gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec, penalties");
         pen_same += ok && np == ns && !memcmp(sp, ss, (size_t)np * sizeof(int32_t));
     }
     so.rep_penalty = 1.0;
+    so.frequency_penalty = so.presence_penalty = 0.0;
     g_samp = NULL;
     add_row("sampled spec==plain (gpu)", samp_same == samp_n, "equal", "%d/%d prompts (T 0.8, top-k 50, top-p 0.9)",
             samp_same, samp_n);
     add_row("sampled on device==host (gpu)", host_same == samp_n, "equal", "%d/%d prompts (spec, same options)",
             host_same, samp_n);
-    add_row("sampled spec==plain, penalty (gpu)", pen_same == samp_n, "equal", "%d/%d prompts (penalty 1.1, host)",
-            pen_same, samp_n);
+    add_row("sampled spec==plain, penalties (gpu)", pen_same == samp_n, "equal",
+            "%d/%d prompts (repetition 1.1, frequency 0.4, presence 0.3; host)", pen_same, samp_n);
     if (auto_bad >= 0)
         add_row("spec auto width==plain (gpu)", 0, "equal", "%d/%zu same, first diff prompt %d", auto_same, n,
                 auto_bad);
