@@ -196,7 +196,7 @@ if want check; then
     step nvrtc-test nvrtc_test.txt 120 env DFLASH_EXPECT_GPU=1 "$B/test_cuda_nvrtc"
     step ops-check ops_check.txt 240 "$B/cuda_ops_check" $OPS_ONLY
     # GPU_TEST_AB_ENV: the same checks under the lever being compared
-    [ -n "${GPU_TEST_AB_ENV:-}" ] && step ops-check-env ops_check_env.txt 240 env $GPU_TEST_AB_ENV "$B/cuda_ops_check" $OPS_ONLY
+    [ -n "${GPU_TEST_AB_ENV:-}" ] && [ -x "$B/cuda_ops_check" ] && step ops-check-env ops_check_env.txt 240 env $GPU_TEST_AB_ENV "$B/cuda_ops_check" $OPS_ONLY
 fi
 # GPU_TEST_NCU_OPS=TEXT: Nsight Compute on one more call of each timed op
 # whose "op shape" contains TEXT (cuda_ops_check --profile): every kernel
