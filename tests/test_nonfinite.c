@@ -57,15 +57,27 @@ static void test_linear_argmax_nan_weight(void)
         CHECKF(ids[i] == -1, "row %d: %d", i, ids[i]);
 }
 
+/* DFLASH_HOST_SAMPLING: sampled rows drawn on the host (1) or by ids (0). */
+static void host_sampling(int on)
+{
+    if (on)
+        setenv("DFLASH_HOST_SAMPLING", "1", 1);
+    else
+        unsetenv("DFLASH_HOST_SAMPLING");
+    dflash_levers_reload();
+}
+
 /* Generation from target t (loaded from `dir`) in every loop path
  * (greedy, sampled by drawn ids, sampled on the host with a repetition
- * penalty; plain and with the n-gram proposer) fails with
- * DFLASH_ERR_NUMERIC naming `dir` and the position, emitting nothing. */
+ * penalty (DFLASH_HOST_SAMPLING=1), by drawn ids with one; plain and with
+ * the n-gram proposer) fails with DFLASH_ERR_NUMERIC naming `dir` and the
+ * position, emitting nothing. */
 static void expect_numeric_everywhere(dflash_qwen3 *t, const char *dir)
 {
     const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
-    for (int mode = 0; mode < 6; mode++) {
-        const int sampled = mode % 3, spec = mode / 3;
+    for (int mode = 0; mode < 8; mode++) {
+        const int sampled = mode % 4, spec = mode / 4;
+        host_sampling(sampled == 2);
         dflash_kv_seq seq;
         dflash_proposer *p = NULL;
         void *ps = NULL;
@@ -79,7 +91,7 @@ static void expect_numeric_everywhere(dflash_qwen3 *t, const char *dir)
         go.n_new = 8;
         if (sampled)
             go.sampler.temperature = 0.8;
-        if (sampled == 2)
+        if (sampled >= 2)
             go.sampler.rep_penalty = 1.1;
         int32_t out[8];
         int n_out = 0;
@@ -93,6 +105,7 @@ static void expect_numeric_everywhere(dflash_qwen3 *t, const char *dir)
             p->ops->free_state(p, ps);
             dflash_proposer_destroy(p);
         }
+        host_sampling(0);
         dflash_qwen3_seq_free(t, &seq);
     }
 }
@@ -153,11 +166,12 @@ static void test_loop_reports_target(void)
 /* Sequences stepped together whose sampled acceptance meets NaN logits
  * after the prompt (every embedding row but the prompt's two tokens is
  * NaN, so the first sampled token that is neither poisons the next
- * verify): with a repetition penalty the batch's sampling sequences
- * accept on worker threads, and the error that comes back must still name
- * the model and the position, not be a message left over on the calling
- * thread; without one their tokens are drawn in one call, and the same
- * holds. */
+ * verify): sampling on the host (DFLASH_HOST_SAMPLING=1, with a
+ * repetition penalty), the batch's sampling sequences accept on worker
+ * threads, and the error that comes back must still name the model and
+ * the position, not be a message left over on the calling thread;
+ * drawing by ids (with a penalty, and without) their tokens are drawn in
+ * one call, and the same holds. */
 static void test_batch_sampled_reports_target(void)
 {
     char dir[64];
@@ -166,7 +180,8 @@ static void test_batch_sampled_reports_target(void)
         return;
     enum { N = 3 };
     const int32_t prompt[] = { 3, 9, 3, 9, 3, 9, 3 };
-    for (int host = 1; host >= 0; host--) {
+    for (int mode = 2; mode >= 0; mode--) {
+        host_sampling(mode == 2);
         dflash_kv_seq seqs[N];
         dflash_spec_item items[N];
         int32_t out[N][16];
@@ -176,18 +191,19 @@ static void test_batch_sampled_reports_target(void)
             dflash_gen_default_opts(&o);
             o.n_new = 16;
             o.sampler.temperature = 1.0;
-            o.sampler.rep_penalty = host ? 1.05 : 1.0;
+            o.sampler.rep_penalty = mode ? 1.05 : 1.0;
             o.sampler.seed = 40 + (uint64_t)i;
             items[i] =
                 (dflash_spec_item){ .seq = &seqs[i], .prompt = prompt, .n_prompt = 7, .opts = o, .out = out[i] };
         }
         dflash_fail(DFLASH_ERR_IO, "a stale message");
         const dflash_status s = dflash_spec_generate_many(t, NULL, items, N, 0, 0);
-        CHECKF(s == DFLASH_ERR_NUMERIC, "host %d: %s (%s)", host, dflash_status_name(s), dflash_last_error());
-        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "position"), "host %d message: %s",
-               host, dflash_last_error());
+        CHECKF(s == DFLASH_ERR_NUMERIC, "mode %d: %s (%s)", mode, dflash_status_name(s), dflash_last_error());
+        CHECKF(strstr(dflash_last_error(), dir) && strstr(dflash_last_error(), "position"), "mode %d message: %s",
+               mode, dflash_last_error());
         for (int i = 0; i < N; i++)
             dflash_qwen3_seq_free(t, &seqs[i]);
+        host_sampling(0);
     }
     dflash_qwen3_free(t);
     testmodel_rmdir(dir);

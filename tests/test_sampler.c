@@ -526,10 +526,14 @@ static void ref_probs(const float *lg, int V, const uint8_t *seen, const int *co
     int *ord = malloc((size_t)V * sizeof *ord), n = 0;
     for (int j = 0; j < V; j++) {
         double v = lg[j];
-        if ((seen[j] || count[j] > 0) && o->rep_penalty != 1.0)
+        const int rep = (seen[j] || count[j] > 0) && o->rep_penalty != 1.0;
+        const int counted = count[j] > 0 && (o->frequency_penalty != 0.0 || o->presence_penalty != 0.0);
+        if (rep)
             v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
-        if (count[j] > 0)
+        if (counted)
             v = v - o->frequency_penalty * count[j] - o->presence_penalty;
+        if (rep || counted)
+            v = (float)v; /* a penalized logit is rounded to f32 */
         x[j] = v / o->temperature;
         m = x[j] > m ? x[j] : m;
         ord[n++] = j;

@@ -412,11 +412,13 @@ static void test_dflash_wrong_rules_are_caught(void) { wrong_rules_are_caught(&d
 /* Tokens drawn where the logits are (every verified row at once, ids
  * back: the backend's sample_rows or its composition) equal the host's
  * row-by-row draws from downloaded logits (DFLASH_HOST_SAMPLING=1), token
- * for token, under top-k, top-p and min-p together: single sequences with
- * the drafter at block 16, and the same sequences stepped together
- * without one (which, drawing each position with its own uniform, also
- * equals the speculative output). */
-static void test_drawn_equals_host(void)
+ * for token, under top-k, top-p and min-p together, without penalties
+ * and with all three (rows drawn as if the drafts before them were
+ * accepted, from the counts the backend keeps): single sequences with the
+ * drafter at block 16, and the same sequences stepped together without
+ * one (which, drawing each position with its own uniform, also equals the
+ * speculative output). */
+static void drawn_equals_host(int penalties)
 {
     experiment *x = &dfx;
     enum { N = 24, SEQS = 3 };
@@ -425,6 +427,11 @@ static void test_drawn_equals_host(void)
     so.top_k = 40;
     so.top_p = 0.9;
     so.min_p = 0.02;
+    if (penalties) { /* drawn by ids from the counts count_tokens keeps, against the host's sampler */
+        so.rep_penalty = 1.2;
+        so.frequency_penalty = 0.5;
+        so.presence_penalty = 0.3;
+    }
     int32_t one[2][SEQS][N], many[2][SEQS][N];
     int n_one[2][SEQS], n_many[2][SEQS];
     void *ps = NULL;
@@ -465,10 +472,19 @@ static void test_drawn_equals_host(void)
     for (int i = 0; i < SEQS; i++) {
         CHECKF(n_one[0][i] == N && n_one[1][i] == N && n_many[0][i] == N && n_many[1][i] == N,
                "sequence %d: %d %d %d %d tokens", i, n_one[0][i], n_one[1][i], n_many[0][i], n_many[1][i]);
-        CHECKF(!memcmp(one[0][i], one[1][i], sizeof one[0][i]), "sequence %d: drawn ids != host rows (spec)", i);
-        CHECKF(!memcmp(many[0][i], many[1][i], sizeof many[0][i]), "sequence %d: drawn ids != host rows (batch)", i);
-        CHECKF(!memcmp(one[0][i], many[0][i], sizeof one[0][i]), "sequence %d: spec != plain batch", i);
+        CHECKF(!memcmp(one[0][i], one[1][i], sizeof one[0][i]), "penalties %d, sequence %d: drawn ids != host rows "
+               "(spec)", penalties, i);
+        CHECKF(!memcmp(many[0][i], many[1][i], sizeof many[0][i]), "penalties %d, sequence %d: drawn ids != host "
+               "rows (batch)", penalties, i);
+        CHECKF(!memcmp(one[0][i], many[0][i], sizeof one[0][i]), "penalties %d, sequence %d: spec != plain batch",
+               penalties, i);
     }
+}
+
+static void test_drawn_equals_host(void)
+{
+    drawn_equals_host(0);
+    drawn_equals_host(1);
 }
 
 static void close_experiment(experiment *x, dflash_head *h)

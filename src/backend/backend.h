@@ -257,14 +257,30 @@ typedef struct dflash_experts_args {
     enum dflash_act act;
 } dflash_experts_args;
 
-/* One row of sample_rows: the sampler's options (spec/sampler.h) with
- * the repetition penalty off, and the sequence position whose uniform
- * draws the row's token. temperature 0: the argmax. */
+/* The most generated tokens a sample row's penalties add to its
+ * sequence's counts (spec.h's DFLASH_MAX_BLOCK: a block's drafts). */
+#define DFLASH_SAMPLE_GEN_MAX 64
+
+/* One row of sample_rows: the sampler's options (spec/sampler.h), and the
+ * sequence position whose uniform draws the row's token. temperature 0:
+ * the argmax (of the penalized logits).
+ *
+ * Penalties (counts NULL: none): the row's logits are penalized first as
+ * the host sampler does it (dflash_sampler_probs: in double, the result
+ * rounded to f32) from its sequence's token counts on the device, counts
+ * [V]: -1 not in the sequence, 0 in it but never generated (the prompt),
+ * k > 0 generated k times (count_tokens keeps them), plus gen[0..n_gen):
+ * tokens generated before this row that counts does not hold yet (the
+ * drafts before it in its block: the row matters only if they are
+ * accepted). */
 typedef struct dflash_sample_row {
     double temperature, top_p, min_p;
-    int32_t top_k, pad_;
+    int32_t top_k, n_gen;
     uint64_t seed;
     int64_t pos;
+    double rep_penalty, frequency_penalty, presence_penalty;
+    const int32_t *counts;
+    int32_t gen[DFLASH_SAMPLE_GEN_MAX];
 } dflash_sample_row;
 
 typedef struct dflash_backend dflash_backend;
@@ -448,6 +464,14 @@ typedef struct dflash_backend_ops {
      * -inf (argmax's rule). */
     dflash_status (*sample_rows)(dflash_backend *be, const float *logits, int n, int V, const dflash_sample_row *rows,
                                  int32_t *ids);
+    /* The token counts of sample_rows' penalties: optional, NULL where
+     * sequences with a penalty draw on the host. counts [V] (backend
+     * memory) learns ids[0..n) (host memory; ids outside [0, V) are
+     * skipped): generated != 0: each adds one to its token's count (-1
+     * counts as 0); else (a prompt) a token at -1 goes to 0. ids NULL:
+     * every count is set to -1 (n = V). */
+    dflash_status (*count_tokens)(dflash_backend *be, int32_t *counts, int V, const int32_t *ids, int n,
+                                  int generated);
 
     /* diagnostics: optional; NULL where nothing is counted (the CPU) */
     void (*counters)(dflash_backend *be, dflash_backend_counters *out);

@@ -107,6 +107,7 @@ typedef struct bench_args {
     int n_sess, sess[BENCH_MAX_SESS]; /* --sessions: sequences per forward */
     const char *profile;   /* --profile as given (for the CPU's "ignored" message) */
     int sample;            /* --sample: verify and decode rows draw their tokens by these options */
+    int penalties;         /* --penalties: so's penalties are on too */
     dflash_sampler_opts so;
     unsigned profile_mask; /* bit i: the row k_profile_rows[i] is profiled */
 } bench_args;
@@ -116,7 +117,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dflash bench [--preset P] [--ctx LIST] [--rows LIST] [--sessions LIST]\n"
             "                    [--reps N] [--device D] [--drafter-quant Q] [--json]\n"
-            "                    [--sample T,K,P] [--profile LIST]\n"
+            "                    [--sample T,K,P [--penalties R,F,P]] [--profile LIST]\n"
             "\n"
             "Time one drafter propose and the target's verify and decode forwards (and,\n"
             "for a preset with both, one whole speculative step: propose, verify of the\n"
@@ -179,6 +180,10 @@ static void usage(FILE *f)
             "                 logits written, then drawn on the device (CUDA), or downloaded\n"
             "                 and drawn on the host, one row after another\n"
             "                 (DFLASH_HOST_SAMPLING=1 on the GPU, always on the CPU)\n"
+            "  --penalties R,F,P  with --sample: repetition R, frequency F and presence P\n"
+            "                 penalties too, over the context's tokens (the prompt), 64\n"
+            "                 generated ones and, for each row, the rows before it in its\n"
+            "                 block (as drafts)\n"
             "  -h, --help     this text\n"
             "\n"
             "Rows: propose (drafter, B-1 drafts incl. LM head and argmax), verify (target,\n"
@@ -236,6 +241,7 @@ static int parse(int argc, char **argv, bench_args *a)
     a->preset = &k_presets[0];
     a->device = "cpu";
     a->reps = 20;
+    double pen_r = 1.0, pen_f = 0.0, pen_p = 0.0; /* --penalties, given before or after --sample */
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -315,6 +321,17 @@ static int parse(int argc, char **argv, bench_args *a)
                 return 0;
             }
             a->sample = 1;
+        } else if (!strcmp(o, "--penalties")) {
+            if (!(v = cli_value(argc, argv, &i)))
+                return 0;
+            char tail[8];
+            double r, f, p;
+            if (sscanf(v, "%lf,%lf,%lf%7s", &r, &f, &p, tail) != 3) {
+                fprintf(stderr, "dflash bench: --penalties expects R,F,P (e.g. 1.1,0.5,0.3), got '%s'\n", v);
+                return 0;
+            }
+            pen_r = r, pen_f = f, pen_p = p;
+            a->penalties = 1;
         } else if (!strcmp(o, "--json")) {
             a->json = 1;
         } else if (!strcmp(o, "--profile")) {
@@ -335,6 +352,19 @@ static int parse(int argc, char **argv, bench_args *a)
             a->profile = v;
         } else {
             fprintf(stderr, "dflash bench: unknown option '%s' (see --help)\n", o);
+            return 0;
+        }
+    }
+    if (a->penalties) {
+        if (!a->sample) {
+            fprintf(stderr, "dflash bench: --penalties needs --sample\n");
+            return 0;
+        }
+        a->so.rep_penalty = pen_r;
+        a->so.frequency_penalty = pen_f;
+        a->so.presence_penalty = pen_p;
+        if (dflash_sampler_check_opts(&a->so) != DFLASH_OK) {
+            fprintf(stderr, "dflash bench: --penalties %g,%g,%g: %s\n", pen_r, pen_f, pen_p, dflash_last_error());
             return 0;
         }
     }
@@ -832,16 +862,62 @@ typedef struct forward_op {
     dflash_sampler smp;
     float *host_logits;
     int32_t *ids;
+    /* --penalties: the token counts (backend [V]; a host copy and a row's
+     * working copy for a host draw) */
+    int32_t *counts, *host_counts, *work_counts;
 } forward_op;
 
 static void forward_free(forward_op *o)
 {
+    if (o->counts)
+        o->m->be->ops->free(o->m->be, o->counts);
+    free(o->host_counts);
+    free(o->work_counts);
     free(o->tokens);
     free(o->draw);
     free(o->host_logits);
     free(o->ids);
     if (o->smp.vocab)
         dflash_sampler_free(&o->smp);
+}
+
+/* --penalties: one set of counts for every sequence (their contexts hold
+ * the same random tokens, prefill's): the context as the prompt, 64
+ * generated tokens; row i of a block counts the block's rows 1..i as
+ * generated (drafts before it). */
+static dflash_status forward_counts(forward_op *o, int width, const bench_args *a)
+{
+    dflash_backend *be = o->m->be;
+    const int V = o->m->cfg.vocab_size;
+    DFLASH_TRY(dflash_be_alloc_i32(be, (size_t)V, &o->counts));
+    DFLASH_TRY(be->ops->count_tokens(be, o->counts, V, NULL, V, 0));
+    int32_t ids[256];
+    for (int32_t p0 = 0; p0 < o->ctx; p0 += 256) {
+        const int n = o->ctx - p0 < 256 ? o->ctx - p0 : 256;
+        for (int i = 0; i < n; i++)
+            ids[i] = random_token((uint64_t)(p0 + i), V);
+        DFLASH_TRY(be->ops->count_tokens(be, o->counts, V, ids, n, 0));
+    }
+    for (int i = 0; i < 64; i++)
+        ids[i] = random_token(7000000u + (uint64_t)i, V);
+    DFLASH_TRY(be->ops->count_tokens(be, o->counts, V, ids, 64, 1));
+    for (int i = 0; i < o->n; i++) {
+        dflash_sample_row *r = &o->draw[i];
+        r->rep_penalty = a->so.rep_penalty;
+        r->frequency_penalty = a->so.frequency_penalty;
+        r->presence_penalty = a->so.presence_penalty;
+        r->counts = o->counts;
+        r->n_gen = i % width;
+        for (int g = 0; g < r->n_gen; g++)
+            r->gen[g] = o->tokens[i - i % width + 1 + g];
+    }
+    if (!o->host)
+        return DFLASH_OK;
+    o->host_counts = malloc((size_t)V * sizeof *o->host_counts);
+    o->work_counts = malloc((size_t)V * sizeof *o->work_counts);
+    if (!o->host_counts || !o->work_counts)
+        return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory for %d counts", V);
+    return be->ops->download(be, o->host_counts, o->counts, (size_t)V * sizeof *o->host_counts);
 }
 
 static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
@@ -875,7 +951,14 @@ static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq 
         o->row_seq[i] = i / width;
         o->logit_rows[i] = i;
         if (o->draw)
-            o->draw[i] = dflash_spec_sample_row(&a->so, o->pos[i] + 1);
+            o->draw[i] = dflash_spec_sample_row_opts(&a->so, o->pos[i] + 1);
+    }
+    if (a->penalties) {
+        const dflash_status s = forward_counts(o, width, a);
+        if (s != DFLASH_OK) {
+            forward_free(o);
+            return s;
+        }
     }
     return DFLASH_OK;
 }
@@ -896,8 +979,14 @@ static dflash_status forward_run(void *self)
     const int V = o->m->cfg.vocab_size;
     if (o->host) {
         DFLASH_TRY(be->ops->download(be, o->host_logits, logits, (size_t)o->n * (size_t)V * sizeof(float)));
-        for (int i = 0; i < o->n; i++)
-            o->ids[i] = dflash_spec_draw_row(&o->smp, o->host_logits + (size_t)i * V, &o->draw[i]);
+        for (int i = 0; i < o->n; i++) {
+            float *row = o->host_logits + (size_t)i * V;
+            if (o->draw[i].counts) {
+                memcpy(o->work_counts, o->host_counts, (size_t)V * sizeof *o->work_counts);
+                dflash_spec_penalize_row(row, V, o->work_counts, &o->draw[i]);
+            }
+            o->ids[i] = dflash_spec_draw_row(&o->smp, row, &o->draw[i]);
+        }
         return DFLASH_OK;
     }
     DFLASH_TRY(dflash_spec_sample_rows(be, logits, o->n, V, o->draw, o->m->s.best, &o->smp, o->host_logits));
@@ -1215,6 +1304,10 @@ static void print_table(const bench_run *r)
            r->a->reps, r->warmup);
     if (r->a->preset->drafter)
         printf("drafter weights: %s\n", r->a->fp8 ? "fp8 e4m3 + per-row scales (LM head bf16)" : "bf16");
+    if (r->a->penalties)
+        printf("penalties: repetition %g, frequency %g, presence %g (counts of the context, 64 generated tokens "
+               "and the drafts before each row)\n",
+               r->a->so.rep_penalty, r->a->so.frequency_penalty, r->a->so.presence_penalty);
     if (r->a->sample)
         printf("verify and decode: each row's token drawn (T %g, top-k %d, top-p %g) %s\n", r->a->so.temperature,
                r->a->so.top_k, r->a->so.top_p,
@@ -1250,8 +1343,10 @@ static void print_json(const bench_run *r)
            r->bw / 1e9, r->bw_op / 1e9, r->bw_driver / 1e9, r->bw_bytes, r->a->fp8 ? "fp8" : "bf16", r->a->reps,
            r->warmup);
     if (r->a->sample)
-        printf("\"sample\":{\"temperature\":%g,\"top_k\":%d,\"top_p\":%g,\"on\":\"%s\"},", r->a->so.temperature,
-               r->a->so.top_k, r->a->so.top_p,
+        printf("\"sample\":{\"temperature\":%g,\"top_k\":%d,\"top_p\":%g,\"repetition_penalty\":%g,"
+               "\"frequency_penalty\":%g,\"presence_penalty\":%g,\"on\":\"%s\"},",
+               r->a->so.temperature, r->a->so.top_k, r->a->so.top_p, r->a->so.rep_penalty,
+               r->a->so.frequency_penalty, r->a->so.presence_penalty,
                r->be->ops->sample_rows && !dflash_levers_get()->host_sampling ? "device" : "host");
     printf("\"rows\":[");
     for (int i = 0; i < r->n_rows; i++) {

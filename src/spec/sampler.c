@@ -329,6 +329,22 @@ static void top_p_drop(double *x, double *probs, const int32_t *cand, int n, int
     }
 }
 
+double dflash_sampler_penalized(const dflash_sampler_opts *o, float logit, int32_t c)
+{
+    double v = logit;
+    int changed = 0;
+    if (c >= 0 && o->rep_penalty != 1.0) {
+        v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
+        changed = 1;
+    }
+    if (c > 0 && (o->frequency_penalty != 0.0 || o->presence_penalty != 0.0)) {
+        v -= o->frequency_penalty * c;
+        v -= o->presence_penalty;
+        changed = 1;
+    }
+    return changed ? (float)v : v;
+}
+
 /* Rows at least this long take their exponentials on every thread. */
 #define SAMPLER_PAR_MIN 16384
 
@@ -343,21 +359,18 @@ dflash_status dflash_sampler_probs(dflash_sampler *s, const float *logits, doubl
     int32_t top = -1;
     /* 1 repetition penalty (HF: score < 0 ? score * r : score / r), over
      * the set of tokens in the sequence, each once however often it occurs;
-     * then frequency and presence (vLLM's order) over the generated ones;
+     * then frequency and presence (vLLM's order) over the generated ones,
+     * in double, a penalized logit rounded to f32 (a logit's type, and
+     * what the device's draw computes too: backend.h's dflash_sample_row);
      * 2 temperature, in the same pass: scaling keeps the order, so the
      * first maximum of the penalized logits is the scaled row's too, and
      * x holds the scaled values (the penalized ones when T = 0) */
-    const int penalize = o->rep_penalty != 1.0;
-    const int counted = o->frequency_penalty != 0.0 || o->presence_penalty != 0.0;
+    const int penalize = dflash_sampler_has_penalty(o);
     for (int j = 0; j < V; j++) {
         double v = logits[j];
         bad |= isnan(v) || v == INFINITY;
-        if (penalize && s->seen[j])
-            v = v < 0 ? v * o->rep_penalty : v / o->rep_penalty;
-        if (counted && s->count[j] > 0) {
-            v -= o->frequency_penalty * s->count[j];
-            v -= o->presence_penalty;
-        }
+        if (penalize)
+            v = dflash_sampler_penalized(o, logits[j], s->count[j] > 0 ? s->count[j] : s->seen[j] ? 0 : -1);
         if (v > m) {
             m = v;
             top = j;

@@ -17,7 +17,9 @@
  *                         multiplied (RepetitionPenaltyLogitsProcessor)
  *     frequency and       OpenAI's, over the tokens generated so far (not the
  *     presence penalties  prompt, as vLLM counts them): logit -= frequency x
- *                         the token's count, then -= presence if it occurs
+ *                         the token's count, then -= presence if it occurs;
+ *                         the penalties run in double, and a penalized logit
+ *                         is rounded to f32 (the device draws the same way)
  *   2 temperature         logits / T
  *   3 top-k               keep logits >= the k-th largest (ties kept)
  *   4 top-p               sort descending; drop a token when the probability
@@ -107,6 +109,11 @@ void dflash_sampler_reset(dflash_sampler *s, uint64_t seed);
 void dflash_sampler_observe(dflash_sampler *s, const int32_t *ids, int n);
 /* Tokens generated (committed): every penalty counts them. */
 void dflash_sampler_observe_output(dflash_sampler *s, const int32_t *ids, int n);
+
+/* A logit under o's penalties (step 1 above), c its token's count: -1
+ * not in the sequence, 0 in it but never generated, k > 0 generated k
+ * times. In double; rounded to f32 where a penalty applied. */
+double dflash_sampler_penalized(const dflash_sampler_opts *o, float logit, int32_t c);
 
 /* The filtered distribution of one logits row [V]: probs[V] sums to 1 with
  * zeros for filtered tokens. NaN or +inf logits, or a row with no finite

@@ -77,11 +77,13 @@ int dflash_spec_is_stop(const dflash_gen_opts *o, int32_t t)
  * sampling (ss without ids): the whole logits rows [n_logit, V] are
  * downloaded into ss->logits instead. dev_drafts: the rows after the
  * first take their tokens from these (propose_dev's, n - 1 of them),
- * which come back beside the ids into drafts_out. */
+ * which come back beside the ids into drafts_out. gen: the rows after
+ * the first are drafts (tokens + 1), which a penalty counts as generated
+ * in the rows after them; NULL for a prompt's rows. */
 static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int32_t *tokens, int n,
                                  const int *taps, int n_taps, int n_logit, const int32_t *logit_rows,
                                  int32_t *ids_out, spec_sampling *ss, float **taps_out, const int32_t *dev_drafts,
-                                 int32_t *drafts_out)
+                                 int32_t *drafts_out, const int32_t *gen)
 {
     int32_t positions[t->opts.max_rows], row_seq[t->opts.max_rows];
     const int32_t pos0 = seq->len;
@@ -104,7 +106,7 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
     if (n_logit > 0 && ss) { /* row logit_rows[i] predicts the position after it */
         dflash_sample_row rows[n_logit];
         for (int i = 0; i < n_logit; i++)
-            rows[i] = dflash_spec_sample_row(&ss->smp.o, pos0 + logit_rows[i] + 1);
+            rows[i] = dflash_spec_sample_row(ss, pos0 + logit_rows[i] + 1, gen, gen ? logit_rows[i] : 0);
         DFLASH_TRY(dflash_spec_sample_rows(be, logits, n_logit, V, rows, t->s.best, &ss->smp, ss->logits));
     }
     DFLASH_TRY(dflash_spec_mark(be, dev_drafts, 1));
@@ -127,7 +129,7 @@ void dflash_spec_split_ms(dflash_backend *be, const int32_t *dev_drafts, double 
 
 int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss)
 {
-    return p && p->ops->propose_dev && (!ss || ss->ids) && !dflash_levers_get()->host_drafts;
+    return p && p->ops->propose_dev && (!ss || (ss->ids && !ss->counts)) && !dflash_levers_get()->host_drafts;
 }
 
 dflash_status dflash_spec_propose(dflash_proposer *p, void **states, int n, const int32_t *last,
@@ -167,10 +169,43 @@ dflash_status dflash_spec_dev_status(dflash_backend *be, const dflash_proposer *
     return cs != DFLASH_OK ? cs : vs;
 }
 
-dflash_sample_row dflash_spec_sample_row(const dflash_sampler_opts *o, int64_t pos)
+dflash_sample_row dflash_spec_sample_row_opts(const dflash_sampler_opts *o, int64_t pos)
 {
     return (dflash_sample_row){ .temperature = o->temperature, .top_p = o->top_p, .min_p = o->min_p,
-                                .top_k = o->top_k, .seed = o->seed, .pos = pos };
+                                .top_k = o->top_k, .seed = o->seed, .pos = pos, .rep_penalty = 1.0 };
+}
+
+dflash_sample_row dflash_spec_sample_row(const spec_sampling *ss, int64_t pos, const int32_t *gen, int n_gen)
+{
+    const dflash_sampler_opts *o = &ss->smp.o;
+    dflash_sample_row r = dflash_spec_sample_row_opts(o, pos);
+    if (ss->counts) {
+        r.rep_penalty = o->rep_penalty;
+        r.frequency_penalty = o->frequency_penalty;
+        r.presence_penalty = o->presence_penalty;
+        r.counts = ss->counts;
+        r.n_gen = n_gen < DFLASH_SAMPLE_GEN_MAX ? n_gen : DFLASH_SAMPLE_GEN_MAX;
+        if (r.n_gen > 0)
+            memcpy(r.gen, gen, (size_t)r.n_gen * sizeof *gen);
+    }
+    return r;
+}
+
+dflash_status dflash_spec_count_generated(spec_sampling *ss, const int32_t *ids, int n)
+{
+    if (!ss || !ss->counts || n <= 0)
+        return DFLASH_OK;
+    return ss->be->ops->count_tokens(ss->be, ss->counts, ss->smp.vocab, ids, n, 1);
+}
+
+dflash_status dflash_spec_count_step(spec_sampling *ss, const int32_t *block, int a, int32_t bonus)
+{
+    if (!ss || !ss->counts)
+        return DFLASH_OK;
+    int32_t gen[DFLASH_MAX_BLOCK];
+    memcpy(gen, block + 1, (size_t)a * sizeof *gen);
+    gen[a] = bonus;
+    return dflash_spec_count_generated(ss, gen, a + 1);
 }
 
 int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflash_sample_row *r)
@@ -191,18 +226,46 @@ int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflas
     return id;
 }
 
+void dflash_spec_penalize_row(float *row, int V, int32_t *counts, const dflash_sample_row *r)
+{
+    for (int i = 0; i < r->n_gen && i < DFLASH_SAMPLE_GEN_MAX; i++)
+        if (r->gen[i] >= 0 && r->gen[i] < V)
+            counts[r->gen[i]] = (counts[r->gen[i]] > 0 ? counts[r->gen[i]] : 0) + 1;
+    dflash_sampler_opts o;
+    dflash_sampler_default_opts(&o);
+    o.rep_penalty = r->rep_penalty;
+    o.frequency_penalty = r->frequency_penalty;
+    o.presence_penalty = r->presence_penalty;
+    for (int j = 0; j < V; j++)
+        row[j] = (float)dflash_sampler_penalized(&o, row[j], counts[j]);
+}
+
 dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids, dflash_sampler *scratch,
                                       float *host_row)
 {
     if (be->ops->sample_rows)
         return be->ops->sample_rows(be, logits, n, V, rows, ids);
-    for (int i = 0; i < n; i++) {
-        DFLASH_TRY(be->ops->download(be, host_row, logits + (size_t)i * (size_t)V, (size_t)V * sizeof(float)));
-        const int32_t id = dflash_spec_draw_row(scratch, host_row, &rows[i]);
-        DFLASH_TRY(be->ops->upload(be, ids + i, &id, sizeof id));
+    int32_t *counts = NULL; /* a penalized row's counts, downloaded */
+    dflash_status s = DFLASH_OK;
+    for (int i = 0; i < n && s == DFLASH_OK; i++) {
+        const dflash_sample_row *r = &rows[i];
+        s = be->ops->download(be, host_row, logits + (size_t)i * (size_t)V, (size_t)V * sizeof(float));
+        if (s == DFLASH_OK && r->counts) {
+            if (!counts && !(counts = malloc((size_t)V * sizeof *counts)))
+                s = dflash_fail(DFLASH_ERR_OOM, "sample rows: out of memory for %d counts", V);
+            if (s == DFLASH_OK)
+                s = be->ops->download(be, counts, r->counts, (size_t)V * sizeof *counts);
+            if (s == DFLASH_OK)
+                dflash_spec_penalize_row(host_row, V, counts, r);
+        }
+        if (s == DFLASH_OK) {
+            const int32_t id = dflash_spec_draw_row(scratch, host_row, r);
+            s = be->ops->upload(be, ids + i, &id, sizeof id);
+        }
     }
-    return DFLASH_OK;
+    free(counts);
+    return s;
 }
 
 /* Greedy ids of -1: the target's logits held no usable number (NaN or
@@ -307,13 +370,20 @@ dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *
  * each chunk handed to the proposer as context; *first = the token after
  * the prompt (greedy, or drawn with its position's uniform) when
  * o->n_new > 0. On failure both caches stop at the same row. */
-void dflash_spec_prefill_begin(const dflash_gen_opts *o, spec_sampling *ss, const int32_t *prompt, int n_prompt)
+dflash_status dflash_spec_prefill_begin(const dflash_gen_opts *o, spec_sampling *ss, const int32_t *prompt,
+                                        int n_prompt)
 {
-    if (ss) {
-        if (o->history)
-            dflash_sampler_observe(&ss->smp, o->history, o->n_history);
-        dflash_sampler_observe(&ss->smp, prompt, n_prompt);
-    }
+    if (!ss)
+        return DFLASH_OK;
+    if (o->history)
+        dflash_sampler_observe(&ss->smp, o->history, o->n_history);
+    dflash_sampler_observe(&ss->smp, prompt, n_prompt);
+    if (!ss->counts)
+        return DFLASH_OK;
+    dflash_backend *be = ss->be;
+    if (o->history)
+        DFLASH_TRY(be->ops->count_tokens(be, ss->counts, ss->smp.vocab, o->history, o->n_history, 0));
+    return be->ops->count_tokens(be, ss->counts, ss->smp.vocab, prompt, n_prompt, 0);
 }
 
 dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
@@ -324,7 +394,8 @@ dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq
     int32_t last_row = n - 1;
     float *tap_rows = NULL;
     const int32_t pos0 = seq->len;
-    dflash_status s = target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss, &tap_rows, NULL, NULL);
+    dflash_status s =
+        target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss, &tap_rows, NULL, NULL, NULL);
     if (s != DFLASH_OK) {
         dflash_kv_seq_truncate(seq, pos0); /* the forward may have advanced it before failing */
         return s;
@@ -341,8 +412,10 @@ dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq
 dflash_status dflash_spec_prefill_finish(dflash_qwen3 *target, const dflash_kv_seq *seq, const dflash_gen_opts *o,
                                          spec_sampling *ss, int32_t *cur)
 {
-    if ((!ss || ss->ids) && o->n_new > 0)
+    if ((!ss || ss->ids) && o->n_new > 0) {
         DFLASH_TRY(dflash_spec_check_greedy(target, cur, 1, seq->len, 0));
+        DFLASH_TRY(dflash_spec_count_generated(ss, cur, 1));
+    }
     if (ss && !ss->ids && o->n_new > 0) {
         DFLASH_TRY(dflash_spec_sampled_probs(&ss->smp, target, ss->logits, ss->smp.probs, seq->len, 0));
         *cur = dflash_sampler_sample_at(&ss->smp, ss->smp.probs, seq->len);
@@ -357,7 +430,7 @@ dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dfla
 {
     const int max_rows = target->opts.max_rows;
     int32_t cur = -1;
-    dflash_spec_prefill_begin(o, ss, prompt, n_prompt);
+    DFLASH_TRY(dflash_spec_prefill_begin(o, ss, prompt, n_prompt));
     for (int done = 0; done < n_prompt;) {
         const int n = n_prompt - done < max_rows ? n_prompt - done : max_rows;
         DFLASH_TRY(dflash_spec_prefill_chunk(target, seq, p, pstate, prompt + done, n, done + n == n_prompt, ss, &cur));
@@ -420,7 +493,8 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             rows_idx[i] = i;
         float *tap_rows = NULL;
         dflash_status cs =
-            target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, ss, &tap_rows, dev, block + 1);
+            target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, ss, &tap_rows, dev, block + 1,
+                        block + 1);
         if (dev)
             cs = dflash_spec_dev_status(target->be, p, cs, dev, block + 1, 1, &s, k);
         if (cs == DFLASH_OK && (!ss || ss->ids))
@@ -447,6 +521,11 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             while (a < k && block[a + 1] == g[a])
                 a++;
             bonus = g[a];
+            cs = dflash_spec_count_step(ss, block, a, bonus);
+            if (cs != DFLASH_OK) {
+                dflash_kv_seq_truncate(seq, s);
+                return cs;
+            }
         }
 
         /* 5 COMMIT: d_1..d_a then the bonus, cut by stop tokens or strings and budget
@@ -545,14 +624,29 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
                                         int B, const char *who)
 {
     const int V = t->cfg.vocab_size;
+    dflash_backend *be = t->be;
     DFLASH_TRY(dflash_sampler_init(&ss->smp, V, so));
-    ss->ids = !dflash_sampler_has_penalty(so) && so->accept_rule == DFLASH_ACCEPT_EXACT && !dflash_levers_get()->host_sampling;
+    ss->be = be;
+    ss->counts = NULL;
+    ss->logits = NULL;
+    const int pen = dflash_sampler_has_penalty(so);
+    ss->ids = so->accept_rule == DFLASH_ACCEPT_EXACT && !dflash_levers_get()->host_sampling &&
+              (!pen || be->ops->count_tokens);
+    if (ss->ids && pen) {
+        dflash_status s = dflash_be_alloc_i32(be, (size_t)V, &ss->counts);
+        if (s == DFLASH_OK)
+            s = be->ops->count_tokens(be, ss->counts, V, NULL, V, 0);
+        if (s != DFLASH_OK) {
+            dflash_spec_sampling_free(ss);
+            return s;
+        }
+    }
     /* drawing by ids needs one row at most (dflash_spec_sample_rows
      * without the backend's op), the host path a verify's rows */
     const int rows = ss->ids ? 1 : B;
     ss->logits = malloc((size_t)rows * (size_t)V * sizeof(float));
     if (!ss->logits) {
-        dflash_sampler_free(&ss->smp);
+        dflash_spec_sampling_free(ss);
         return dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d logits rows of %d", who, rows, V);
     }
     return DFLASH_OK;
@@ -560,6 +654,9 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
 
 void dflash_spec_sampling_free(spec_sampling *ss)
 {
+    if (ss->counts)
+        ss->be->ops->free(ss->be, ss->counts);
+    ss->counts = NULL;
     free(ss->logits);
     ss->logits = NULL;
     dflash_sampler_free(&ss->smp);

@@ -10,19 +10,23 @@
 /* Sampling state sized before the loop: the sampler and room for the
  * logits rows of one verify. NULL members on the greedy path.
  *
- * Two ways to a sampled token. `ids` (no repetition penalty, the exact
- * rule): each verified row's token is drawn where the logits are
- * (dflash_spec_sample_rows: the backend's sample_rows, or the host sampler
- * on rows it downloads) and only ids come back; a draft is accepted iff it
- * equals its row's token, as on the greedy path. Otherwise the logits rows
- * come to the host and dflash_spec_accept_sampled draws row by row (a
- * penalty sees each accepted draft before the next row). Both draw a
- * position's token with that position's uniform: the same tokens up to
- * rounding. */
+ * Two ways to a sampled token. `ids` (the exact rule; no penalty, or a
+ * backend that keeps the penalties' counts, count_tokens): each verified
+ * row's token is drawn where the logits are (dflash_spec_sample_rows: the
+ * backend's sample_rows, or the host sampler on rows it downloads) and
+ * only ids come back; a draft is accepted iff it equals its row's token,
+ * as on the greedy path. Under penalties row i is drawn as if the drafts
+ * before it were accepted (they count as generated): it is used only if
+ * they were. Otherwise the logits rows come to the host and
+ * dflash_spec_accept_sampled draws row by row (a penalty sees each
+ * accepted draft before the next row). Both draw a position's token with
+ * that position's uniform: the same tokens up to rounding. */
 typedef struct spec_sampling {
     dflash_sampler smp;
-    float *logits; /* host [B, V]; with ids [1, V], the composition's row */
+    float *logits;   /* host [B, V]; with ids [1, V], the composition's row */
     int ids;
+    int32_t *counts; /* with ids and a penalty: the sequence's token counts, backend [V] (count_tokens) */
+    dflash_backend *be;
 } spec_sampling;
 
 double dflash_spec_now_ms(void);
@@ -37,9 +41,22 @@ dflash_status dflash_spec_sampled_probs(dflash_sampler *smp, const dflash_qwen3 
  * logits rows ss->logits [k+1, V]: the accepted count and the bonus. */
 dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *t, int32_t s, int step,
                                         const int32_t *block, int k, int V, int *a_out, int32_t *bonus);
-/* A row's arguments for dflash_spec_sample_rows: the options o (their
- * repetition penalty unused) and the position the row predicts. */
-dflash_sample_row dflash_spec_sample_row(const dflash_sampler_opts *o, int64_t pos);
+/* A row's arguments for dflash_spec_sample_rows: ss's options, the
+ * position the row predicts and, under penalties, ss's counts and
+ * gen[0..n_gen): the tokens before the row that count as generated
+ * without being in the counts yet (the drafts before it). */
+dflash_sample_row dflash_spec_sample_row(const spec_sampling *ss, int64_t pos, const int32_t *gen, int n_gen);
+/* The same from options alone, penalties off. */
+dflash_sample_row dflash_spec_sample_row_opts(const dflash_sampler_opts *o, int64_t pos);
+/* The row [V] (host memory) under r's penalties, as sample_rows applies
+ * them, from counts: a host copy of r->counts, which first gains r->gen
+ * (changed). */
+void dflash_spec_penalize_row(float *row, int V, int32_t *counts, const dflash_sample_row *r);
+/* Tokens generated (committed) join ss's counts on the backend (no-op
+ * without them); _step: a step's, the accepted drafts block[1..a] and
+ * the bonus. */
+dflash_status dflash_spec_count_generated(spec_sampling *ss, const int32_t *ids, int n);
+dflash_status dflash_spec_count_step(spec_sampling *ss, const int32_t *block, int a, int32_t bonus);
 /* The token the host sampler draws from one logits row by r (s: a sampler
  * of the row's vocabulary; its options are left as they were), or -1 when
  * the row has no usable number. */
@@ -54,7 +71,8 @@ dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, i
  * propose_dev) for the verify to read where they are: the step's tokens
  * come back as ids (greedy, or drawn where the logits are, ss->ids), so
  * one download brings the tokens and the drafts together (one wait for
- * the device a step). Not with DFLASH_HOST_DRAFTS=1. */
+ * the device a step). Not with DFLASH_HOST_DRAFTS=1, nor under penalties
+ * drawn on the device (the rows need the drafts before them). */
 int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss);
 /* 2 PROPOSE for n sequences drafting k each: with `dev` (a caller that
  * passed dflash_spec_dev_drafts) the drafts stay in backend memory, *dev
@@ -119,7 +137,8 @@ void dflash_spec_final_stats(dflash_gen_stats *st, int n_out);
 dflash_status dflash_spec_prefill(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
                                   const int32_t *prompt, int n_prompt, const dflash_gen_opts *o, spec_sampling *ss,
                                   int32_t *first);
-void dflash_spec_prefill_begin(const dflash_gen_opts *o, spec_sampling *ss, const int32_t *prompt, int n_prompt);
+dflash_status dflash_spec_prefill_begin(const dflash_gen_opts *o, spec_sampling *ss, const int32_t *prompt,
+                                        int n_prompt);
 dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_proposer *p, void *pstate,
                                         const int32_t *rows, int n, int last, spec_sampling *ss, int32_t *cur);
 dflash_status dflash_spec_prefill_finish(dflash_qwen3 *target, const dflash_kv_seq *seq, const dflash_gen_opts *o,

@@ -111,7 +111,7 @@ static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng, g
     int32_t last[ng], drafts[ng * DFLASH_MAX_BLOCK];
     int ids = 1;
     for (int j = 0; j < ng; j++)
-        ids &= !r->ms[g[j]].sampled || r->ms[g[j]].ss.ids;
+        ids &= !r->ms[g[j]].sampled || (r->ms[g[j]].ss.ids && !r->ms[g[j]].ss.counts);
     gd->dev = NULL;
     for (int k = 1; k < r->B; k++) {
         int n = 0;
@@ -177,8 +177,8 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
         if (m->ss.ids && !scratch)
             scratch = &m->ss;
         for (int i = 0; i <= m->k; i++)
-            draw[m->row0 + i] = m->ss.ids ? dflash_spec_sample_row(&m->ss.smp.o, m->s + 1 + i)
-                                          : (dflash_sample_row){ .top_p = 1.0 };
+            draw[m->row0 + i] = m->ss.ids ? dflash_spec_sample_row(&m->ss, m->s + 1 + i, m->block + 1, i)
+                                          : (dflash_sample_row){ .top_p = 1.0, .rep_penalty = 1.0 };
     }
     if (scratch) {
         DFLASH_TRY(dflash_spec_sample_rows(be, logits, n, V, draw, r->t->s.best, &scratch->smp, scratch->logits));
@@ -289,6 +289,8 @@ static dflash_status accept_group(dflash_spec_batch *r, const int *g, int ng, co
             while (a < m->k && m->block[a + 1] == gr[a])
                 a++;
             bonus = gr[a];
+            if (m->sampled)
+                DFLASH_TRY(dflash_spec_count_step(&m->ss, m->block, a, bonus));
         }
         m->a = a;
         if (it->opts.on_step)
@@ -536,11 +538,17 @@ dflash_status dflash_spec_batch_add(dflash_spec_batch *r, dflash_spec_item *it)
         DFLASH_TRY(dflash_spec_sampling_init(&m->ss, r->t, &it->opts.sampler, r->B, "batch"));
         m->sampled = 1;
     }
+    const dflash_status s = dflash_spec_prefill_begin(&it->opts, m->sampled ? &m->ss : NULL, it->prompt,
+                                                      it->n_prompt);
+    if (s != DFLASH_OK) {
+        if (m->sampled)
+            dflash_spec_sampling_free(&m->ss);
+        return s;
+    }
     r->n++; /* from here on the slot is ours: leave() frees it */
     it->status = DFLASH_OK;
     it->error[0] = 0;
     m->cur = -1;
-    dflash_spec_prefill_begin(&it->opts, m->sampled ? &m->ss : NULL, it->prompt, it->n_prompt);
     return DFLASH_OK;
 }
 

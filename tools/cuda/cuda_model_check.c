@@ -1139,10 +1139,11 @@ static void check_pystd(void)
     /* Seeded sampling: each token drawn with its position's uniform, so
      * speculative (full block or auto width) equals plain token for token;
      * the tokens drawn on the device equal those the host sampler draws
-     * from the same logits (DFLASH_HOST_SAMPLING=1), and the penalties
-     * (repetition, frequency, presence: always drawn on the host) keep
-     * spec == plain too. */
-    int samp_same = 0, samp_n = 0, host_same = 0, pen_same = 0;
+     * from the same logits (DFLASH_HOST_SAMPLING=1), and under the
+     * penalties (repetition, frequency, presence; drawn on the device from
+     * the counts count_tokens keeps there) spec == plain too, and equal
+     * to the host's draws. */
+    int samp_same = 0, samp_n = 0, host_same = 0, pen_same = 0, pen_host_same = 0;
     dflash_sampler_opts so;
     dflash_sampler_default_opts(&so);
     so.temperature = 0.8;
@@ -1173,6 +1174,12 @@ static void check_pystd(void)
         ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain, penalties") &&
              gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec, penalties");
         pen_same += ok && np == ns && !memcmp(sp, ss, (size_t)np * sizeof(int32_t));
+        setenv("DFLASH_HOST_SAMPLING", "1", 1);
+        dflash_levers_reload();
+        ok = ok && gen_timed(t, h, 0, ids[i], (int)n_ids[i], sh, &nh, NULL, "sampled spec, penalties, on the host");
+        unsetenv("DFLASH_HOST_SAMPLING");
+        dflash_levers_reload();
+        pen_host_same += ok && nh == np && !memcmp(sp, sh, (size_t)np * sizeof(int32_t));
     }
     so.rep_penalty = 1.0;
     so.frequency_penalty = so.presence_penalty = 0.0;
@@ -1182,7 +1189,9 @@ static void check_pystd(void)
     add_row("sampled on device==host (gpu)", host_same == samp_n, "equal", "%d/%d prompts (spec, same options)",
             host_same, samp_n);
     add_row("sampled spec==plain, penalties (gpu)", pen_same == samp_n, "equal",
-            "%d/%d prompts (repetition 1.1, frequency 0.4, presence 0.3; host)", pen_same, samp_n);
+            "%d/%d prompts (repetition 1.1, frequency 0.4, presence 0.3)", pen_same, samp_n);
+    add_row("sampled with penalties, device==host (gpu)", pen_host_same == samp_n, "equal",
+            "%d/%d prompts (spec, same options)", pen_host_same, samp_n);
     if (auto_bad >= 0)
         add_row("spec auto width==plain (gpu)", 0, "equal", "%d/%zu same, first diff prompt %d", auto_same, n,
                 auto_bad);

@@ -2211,6 +2211,146 @@ static void case_sample(int V, int D, int timed)
     gpu_reset();
 }
 
+/* count_tokens' rule on a host mirror: generated, one more (-1 as 0);
+ * else -1 becomes 0. */
+static void count_host(int32_t *c, int V, const int32_t *ids, int n, int generated)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < V)
+            c[ids[i]] = (c[ids[i]] > 0 ? c[ids[i]] : 0) + (generated != 0);
+}
+
+/* sample_rows under penalties against the host sampler: two sequences'
+ * counts built on the device by count_tokens (a prompt, then generated
+ * tokens with repeats, some out of range), equal to the host's mirror;
+ * rows of the usable kinds drawn D times each, draw d adding the row's
+ * d % 16 likeliest tokens as generated before it (a block's drafts),
+ * under repetition, frequency and presence penalties with and without a
+ * temperature: every token equal to the host sampler's on the same row
+ * with the same counts (seen = count >= 0). */
+static void case_sample_penalties(int V, int D)
+{
+    static const struct { double T; int k; double p, rep, freq, pres; } set[] = {
+        { 0, 0, 1, 1.3, 0, 0 },       { 1.0, 0, 1, 1.0, 0.5, 0.3 },   { 0.8, 50, 0.9, 1.2, 0.4, 0.2 },
+        { 0.7, 0, 1, 1.0, -0.5, 0 },  { 1.0, 20, 0.95, 1.1, 1.5, 1.0 }, { 0, 0, 1, 1.0, 2.0, 0 },
+    };
+    enum { KINDS = 5, TOPS = 16 };
+    const int R = 2 * KINDS, n = R * D;
+    float *x = xmalloc((size_t)R * V * sizeof(float));
+    int32_t *top = xmalloc((size_t)R * TOPS * sizeof(int32_t)); /* each row's likeliest tokens */
+    for (int r = 0; r < R; r++) {
+        float *xr = x + (size_t)r * V;
+        sample_fill(xr, V, r % KINDS);
+        for (int t = 0; t < TOPS; t++) { /* the t-th largest, by repeated scans */
+            int best = -1;
+            for (int j = 0; j < V; j++) {
+                int taken = 0;
+                for (int u = 0; u < t; u++)
+                    taken |= top[r * TOPS + u] == j;
+                if (!taken && (best < 0 || xr[j] > xr[best]))
+                    best = j;
+            }
+            top[r * TOPS + t] = best;
+        }
+    }
+    /* two sequences' counts: a prompt, then generated tokens (each row's
+     * first few top tokens among them, repeated), on the device and here */
+    int32_t *hc[2], *dc[2];
+    int cbad = 0;
+    for (int q = 0; q < 2; q++) {
+        hc[q] = xmalloc((size_t)V * sizeof(int32_t));
+        dc[q] = gpu_alloc((size_t)V * sizeof(int32_t));
+        for (int j = 0; j < V; j++)
+            hc[q][j] = -1;
+        MUST(g_gpu->ops->count_tokens(g_gpu, dc[q], V, NULL, V, 0));
+        int32_t ids[300];
+        for (int i = 0; i < 200; i++)
+            ids[i] = i % 50 == 7 ? V + i : irand(V); /* some out of range: skipped */
+        count_host(hc[q], V, ids, 200, 0);
+        MUST(g_gpu->ops->count_tokens(g_gpu, dc[q], V, ids, 200, 0));
+        int m = 0;
+        for (int r = q; r < R; r += 2)
+            for (int t = 0; t < 3; t++)
+                for (int rep = 0; rep <= t; rep++)
+                    ids[m++] = top[r * TOPS + t];
+        for (int i = 0; i < 40; i++)
+            ids[m++] = irand(V);
+        count_host(hc[q], V, ids, m, 1);
+        MUST(g_gpu->ops->count_tokens(g_gpu, dc[q], V, ids, m, 1));
+        int32_t *got = xmalloc((size_t)V * sizeof(int32_t));
+        gpu_get(got, dc[q], (size_t)V * sizeof(int32_t));
+        cbad += memcmp(got, hc[q], (size_t)V * sizeof(int32_t)) != 0;
+        free(got);
+    }
+    char cshape[64];
+    snprintf(cshape, sizeof cshape, "2 sequences x %d, 200 prompt + ~90 generated ids", V);
+    record("count_tokens", cshape, cbad ? INFINITY : 0.0, 0.0);
+
+    float *dx = gpu_alloc((size_t)n * V * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d++)
+            MUST(g_gpu->ops->upload(g_gpu, dx + ((size_t)r * D + d) * V, x + (size_t)r * V, (size_t)V * sizeof(float)));
+    int32_t *dids = gpu_alloc((size_t)n * sizeof(int32_t));
+    dflash_sample_row *rows = xmalloc((size_t)n * sizeof *rows);
+    int32_t *got = xmalloc((size_t)n * sizeof(int32_t)), *cnt = xmalloc((size_t)V * sizeof(int32_t));
+    dflash_sampler smp;
+    dflash_sampler_opts so;
+    dflash_sampler_default_opts(&so);
+    MUST(dflash_sampler_init(&smp, V, &so));
+    for (size_t si = 0; si < sizeof set / sizeof set[0]; si++) {
+        char shape[128];
+        snprintf(shape, sizeof shape, "%d rows x %d, T %g top-k %d top-p %g, penalties %g / %g / %g", n, V, set[si].T,
+                 set[si].k, set[si].p, set[si].rep, set[si].freq, set[si].pres);
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < D; d++) {
+                dflash_sample_row *w = &rows[r * D + d];
+                *w = (dflash_sample_row){ .temperature = set[si].T, .top_k = set[si].k, .top_p = set[si].p,
+                                          .seed = 2000 + si, .pos = 41 * (r * D + d) + 3,
+                                          .rep_penalty = set[si].rep, .frequency_penalty = set[si].freq,
+                                          .presence_penalty = set[si].pres, .counts = dc[r % 2],
+                                          .n_gen = d % TOPS };
+                for (int g = 0; g < w->n_gen; g++)
+                    w->gen[g] = top[r * TOPS + (g * 5) % TOPS]; /* repeats among them */
+            }
+        MUST(g_gpu->ops->sample_rows(g_gpu, dx, n, V, rows, dids));
+        gpu_get(got, dids, (size_t)n * sizeof(int32_t));
+        int bad = 0;
+        smp.o.temperature = set[si].T;
+        smp.o.top_k = set[si].k;
+        smp.o.top_p = set[si].p;
+        smp.o.rep_penalty = set[si].rep;
+        smp.o.frequency_penalty = set[si].freq;
+        smp.o.presence_penalty = set[si].pres;
+        for (int i = 0; i < n; i++) {
+            const int r = i / D;
+            memcpy(cnt, hc[r % 2], (size_t)V * sizeof(int32_t));
+            count_host(cnt, V, rows[i].gen, rows[i].n_gen, 1);
+            for (int j = 0; j < V; j++) {
+                smp.seen[j] = cnt[j] >= 0;
+                smp.count[j] = cnt[j] > 0 ? cnt[j] : 0;
+            }
+            const int usable = dflash_sampler_probs(&smp, x + (size_t)r * V, smp.probs) == DFLASH_OK;
+            const int32_t want = usable ? dflash_sampler_sample_at(&smp, smp.probs, rows[i].pos) : -1;
+            if (got[i] != want) {
+                if (bad < 4)
+                    printf("     sample_rows %s: row %d (kind %d) draw %d: gpu %d, cpu %d\n", shape, r, r % KINDS,
+                           i % D, got[i], want);
+                bad++;
+            }
+        }
+        record("sample_rows", shape, bad ? INFINITY : 0.0, 0.0);
+    }
+    dflash_sampler_free(&smp);
+    free(x);
+    free(top);
+    free(rows);
+    free(got);
+    free(cnt);
+    free(hc[0]);
+    free(hc[1]);
+    gpu_reset();
+}
+
 /* ---- kv_write + attention ----------------------------------------------- */
 
 typedef enum { MODE_CAUSAL, MODE_WINDOW, MODE_NONE } attn_mode;
@@ -3260,9 +3400,12 @@ int main(int argc, char **argv)
         /* sample_rows */
         if (g_small) { /* one draw a row: racecheck takes ~0.6 s a cluster of 8 blocks */
             case_sample(997, 1, 0);
+            case_sample_penalties(997, 2);
         } else {
             case_sample(151936, 16, T);
             case_sample(4096, 64, 0);
+            case_sample_penalties(151936, 4);
+            case_sample_penalties(4096, 16);
         }
     }
 

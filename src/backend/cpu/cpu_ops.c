@@ -481,6 +481,21 @@ static dflash_status cpu_argmax(dflash_backend *be, const float *x, int n, int c
     return DFLASH_OK;
 }
 
+static dflash_status cpu_count_tokens(dflash_backend *be, int32_t *counts, int V, const int32_t *ids, int n,
+                                      int generated)
+{
+    (void)be;
+    if (!ids) {
+        for (int j = 0; j < V; j++)
+            counts[j] = -1;
+        return DFLASH_OK;
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < V)
+            counts[ids[i]] = (counts[ids[i]] > 0 ? counts[ids[i]] : 0) + (generated != 0);
+    return DFLASH_OK;
+}
+
 /* The MoE stages on memory the host reads: no copies, no allocation. */
 static dflash_status cpu_moe_route(dflash_backend *be, const dflash_route_args *r)
 {
@@ -520,6 +535,7 @@ const dflash_backend_ops dflash_cpu_ops_table = {
     .conv_silu = dflash_cpu_conv_silu,
     .delta_rule = dflash_cpu_delta_rule,
     .argmax = cpu_argmax,
+    .count_tokens = cpu_count_tokens,
     .moe_route = cpu_moe_route,
     .linear_experts = cpu_linear_experts,
 };

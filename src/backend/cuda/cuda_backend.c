@@ -163,7 +163,7 @@ static void cuda_destroy(dflash_backend *be)
             c->cu.cuMemFree(c->rope[i].data);
         free(c->rope);
         cuda_buf *bufs[] = { &c->part_o, &c->part_ml, &c->gemm_ws, &c->gemm_cnt, &c->am_val, &c->am_idx, &c->am_bad,
-                             &c->gemm_xs, &c->smp_rows, &c->smp_e, &c->smp_hist };
+                             &c->gemm_xs, &c->smp_rows, &c->smp_e, &c->smp_hist, &c->smp_pen, &c->smp_ids };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cuda_buf_free(c, bufs[i]);
         if (c->err_flag)
@@ -800,7 +800,10 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
  * inside a graph); a cluster of 8 blocks a row (one block before
  * sm_90); each row's x and
  * exp(x - m) [V] doubles and its histograms and partials are its
- * workspace. */
+ * workspace. Where a row has penalties, a launch first writes every row
+ * of the chunk under its penalties (dflash_penalize_rows) and the draw
+ * reads those. */
+_Static_assert(sizeof(dflash_sample_row) == 80 + 4 * DFLASH_SAMPLE_GEN_MAX, "mirrored by sample.cu's sample_row");
 #define SAMPLE_WS_ROW (4 * 1024 + 4 * 8 * 8) /* sample.cu's WS_ROW (for clusters of 8), in u64 */
 /* Rows drawn per launch: the workspace holds [rows, V] doubles (156 MB
  * for 128 rows of Qwen3's 151936), so the verify rows of many sessions
@@ -817,17 +820,47 @@ static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, i
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_rows, (size_t)n * sizeof *rows, 0));
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_e, (size_t)per * (size_t)V * sizeof(double), 0));
     DFLASH_TRY(cuda_buf_reserve(c, &c->smp_hist, (size_t)per * SAMPLE_WS_ROW * sizeof(uint64_t), 0));
+    int pen = 0;
+    for (int i = 0; i < n; i++)
+        pen |= rows[i].counts != NULL;
+    if (pen)
+        DFLASH_TRY(cuda_buf_reserve(c, &c->smp_pen, (size_t)per * (size_t)V * sizeof(float), 0));
     DFLASH_TRY(cuda_upload(be, HPTR(c->smp_rows.p), rows, (size_t)n * sizeof *rows));
     for (int r0 = 0; r0 < n; r0 += per) {
         const int m = n - r0 < per ? n - r0 : per;
         const float *lg = logits + (size_t)r0 * (size_t)V;
         CUdeviceptr rw = c->smp_rows.p + (size_t)r0 * sizeof *rows;
         int32_t *out = ids + r0;
+        if (pen) {
+            /* about four blocks of 256 threads an SM over the chunk's rows */
+            const unsigned gx = (unsigned)((4 * c->sm_count + m - 1) / m);
+            const unsigned bx = (unsigned)(((int64_t)V + 255) / 256) < gx ? (unsigned)(((int64_t)V + 255) / 256) : gx;
+            void *pargs[] = { (void *)&lg, &V, &rw, &c->smp_pen.p };
+            DFLASH_TRY(cuda_launch(c, DFK_PENALIZE_ROWS, bx, (unsigned)m, 256, pargs));
+            lg = HPTR(c->smp_pen.p);
+        }
         void *args[] = { (void *)&lg, &V, &rw, &c->smp_e.p, &c->smp_hist.p, &out };
         /* sample.cu's SMP_CLUSTER: 8 blocks a row where clusters exist (sm_90+), else 1 */
         DFLASH_TRY(cuda_launch(c, DFK_SAMPLE_ROWS, (unsigned)m * (c->clusters ? 8u : 1u), 1, 1024, args));
     }
     return DFLASH_OK;
+}
+
+/* sample.cu's dflash_count_tokens; ids NULL: every count -1. The ids go
+ * up with the call (an upload, so not inside a graph). */
+static dflash_status cuda_count_tokens(dflash_backend *be, int32_t *counts, int V, const int32_t *ids, int n,
+                                       int generated)
+{
+    cuda_ctx *c = CTX(be);
+    DFLASH_TRY(cuda_enter(c));
+    if (!ids)
+        return DFLASH_CU(&c->cu, cuMemsetD32Async(DPTR(counts), 0xffffffffu, (size_t)V, c->stream));
+    if (n <= 0)
+        return DFLASH_OK;
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_ids, (size_t)n * sizeof *ids, 0));
+    DFLASH_TRY(cuda_upload(be, HPTR(c->smp_ids.p), ids, (size_t)n * sizeof *ids));
+    void *args[] = { &counts, &V, &c->smp_ids.p, &n, &generated };
+    return cuda_launch(c, DFK_COUNT_TOKENS, (unsigned)((n + 255) / 256), 1, 256, args);
 }
 
 /* Benchmarks read these around a call (dflash bench). */
@@ -862,6 +895,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .delta_rule = cuda_delta_rule,
     .argmax = cuda_argmax,
     .sample_rows = cuda_sample_rows,
+    .count_tokens = cuda_count_tokens,
     .linear_group = cuda_linear_group,
     .linear_argmax = cuda_linear_argmax,
     .linear_gated_add = cuda_linear_gated_add,

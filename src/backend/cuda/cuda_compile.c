@@ -84,6 +84,8 @@ const dflash_cuda_kernel_info dflash_cuda_kernels[DFK_COUNT] = {
     [DFK_MOE_ROUTE] = { "moe.cu", "dflash_moe_route" },
     [DFK_MOE_ROUTE_WIDE] = { "moe.cu", "dflash_moe_route_wide" },
     [DFK_SAMPLE_ROWS] = { "sample.cu", "dflash_sample_rows" },
+    [DFK_PENALIZE_ROWS] = { "sample.cu", "dflash_penalize_rows" },
+    [DFK_COUNT_TOKENS] = { "sample.cu", "dflash_count_tokens" },
 };
 
 /* -lineinfo costs nothing at run time and lets compute-sanitizer and
@@ -100,7 +102,8 @@ static const char *const k_opts_fixed[] = { "-default-device", "-std=c++17", "-l
                                             "-DDFLASH_REC_ROWS=" STR(DFLASH_REC_ROWS),
                                             "-DDFLASH_REC_CHUNK=" STR(DFLASH_REC_CHUNK),
                                             "-DDFLASH_REC_CHUNK_STATES=" STR(DFLASH_REC_CHUNK_STATES),
-                                            "-DDFLASH_ROUTE_MAX_EXPERTS=" STR(DFLASH_ROUTE_MAX_EXPERTS) };
+                                            "-DDFLASH_ROUTE_MAX_EXPERTS=" STR(DFLASH_ROUTE_MAX_EXPERTS),
+                                            "-DDFLASH_SAMPLE_GEN_MAX=" STR(DFLASH_SAMPLE_GEN_MAX) };
 #define N_OPTS_FIXED (sizeof k_opts_fixed / sizeof k_opts_fixed[0])
 
 /* A measurement build: DFLASH_CUDA_STAMPS (a file the backend writes the

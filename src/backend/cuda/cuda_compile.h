@@ -76,6 +76,8 @@ typedef enum dflash_cuda_kernel_id {
     DFK_MOE_ROUTE, /* moe.cu: a MoE layer's routing and grouping */
     DFK_MOE_ROUTE_WIDE, /* the same for more than 256 experts */
     DFK_SAMPLE_ROWS, /* sample.cu: a token drawn per logits row */
+    DFK_PENALIZE_ROWS, /* its rows under their penalties */
+    DFK_COUNT_TOKENS,  /* the penalties' token counts */
     DFK_COUNT
 } dflash_cuda_kernel_id;
 

@@ -73,6 +73,7 @@ typedef struct cuda_ctx {
     cuda_buf gemm_ws, gemm_cnt, am_val, am_idx, am_bad;
     cuda_buf gemm_xs; /* gemm_wide.cu's activations split into bf16 hi/lo */
     cuda_buf smp_rows, smp_e, smp_hist; /* sample.cu's row arguments, each row's x / exp(x - m), its histograms */
+    cuda_buf smp_pen, smp_ids;          /* penalized rows, count_tokens' ids */
     char desc[192];
 } cuda_ctx;
 

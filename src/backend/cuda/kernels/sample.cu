@@ -43,10 +43,14 @@ typedef unsigned long long u64;
 /* dflash_sample_row (backend.h), field for field. */
 struct sample_row {
     double temperature, top_p, min_p;
-    int top_k, pad_;
+    int top_k, n_gen;
     u64 seed;
     long long pos;
+    double rep_penalty, frequency_penalty, presence_penalty;
+    const int *counts;
+    int gen[DFLASH_SAMPLE_GEN_MAX];
 };
+static_assert(sizeof(sample_row) == 80 + 4 * DFLASH_SAMPLE_GEN_MAX, "mirrors dflash_sample_row in backend.h");
 
 /* Unsigned keys in the order of the f32 values they come from. */
 __forceinline__ u32 smp_key(float f)
@@ -539,4 +543,78 @@ extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
             run += __shfl_sync(0xffffffffu, incl, 31);
         }
     }
+}
+
+/* ---- penalties ----------------------------------------------------------- */
+
+/* A logit under the penalties (dflash_sampler_probs' step 1, bit for bit):
+ * c = the token's count (-1: not in the sequence, 0: in it, k > 0:
+ * generated k times); the repetition penalty, then frequency and presence,
+ * in double without contraction, the result rounded to f32. */
+__forceinline__ float smp_penalized(float v, int c, const sample_row &a)
+{
+    if (c < 0)
+        return v;
+    double x = v;
+    int changed = 0;
+    if (a.rep_penalty != 1.0) {
+        x = x < 0 ? __dmul_rn(x, a.rep_penalty) : __ddiv_rn(x, a.rep_penalty);
+        changed = 1;
+    }
+    if (c > 0 && (a.frequency_penalty != 0.0 || a.presence_penalty != 0.0)) {
+        x = __dsub_rn(x, __dmul_rn(a.frequency_penalty, (double)c));
+        x = __dsub_rn(x, a.presence_penalty);
+        changed = 1;
+    }
+    return changed ? __double2float_rn(x) : v;
+}
+
+/* out [n, V] = the rows of logits under their penalties (a row without
+ * counts copied as it is), for dflash_sample_rows to draw from. Grid:
+ * (blocks over the vocabulary, rows). */
+extern "C" __global__ void __launch_bounds__(256)
+    dflash_penalize_rows(const float *__restrict__ logits, int V, const sample_row *rows, float *__restrict__ out)
+{
+    pdl_trigger();
+    pdl_wait();
+    __shared__ int gen[DFLASH_SAMPLE_GEN_MAX];
+    const sample_row &a = rows[blockIdx.y];
+    const int n_gen = min(max(a.n_gen, 0), DFLASH_SAMPLE_GEN_MAX);
+    for (int i = threadIdx.x; i < n_gen; i += blockDim.x)
+        gen[i] = a.gen[i];
+    __syncthreads();
+    const float *l = logits + (i64)blockIdx.y * V;
+    float *o = out + (i64)blockIdx.y * V;
+    const int *counts = a.counts;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < V; j += gridDim.x * blockDim.x) {
+        float v = l[j];
+        if (counts) {
+            int c = counts[j], more = 0;
+            for (int i = 0; i < n_gen; i++)
+                more += gen[i] == j;
+            if (more)
+                c = max(c, 0) + more;
+            v = smp_penalized(v, c, a);
+        }
+        o[j] = v;
+    }
+}
+
+/* counts [V] learns ids[0..n) (backend.h's count_tokens): generated, one
+ * more each (from -1 as from 0); else -1 becomes 0. Atomics, so repeated
+ * ids add up in any order. */
+extern "C" __global__ void __launch_bounds__(256)
+    dflash_count_tokens(int *counts, int V, const int *ids, int n, int generated)
+{
+    pdl_trigger();
+    pdl_wait();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const int t = ids[i];
+    if (t < 0 || t >= V)
+        return;
+    atomicMax(&counts[t], 0);
+    if (generated)
+        atomicAdd(&counts[t], 1);
 }
