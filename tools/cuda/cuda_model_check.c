@@ -1324,21 +1324,26 @@ static void check_oracle(const char *family, const char *name)
     int32_t expect[ORACLE_PROMPT + ORACLE_NEW];
     for (int i = 0; i < ORACLE_PROMPT; i++)
         expect[i] = (int32_t)((i * 37 + 5) % t->cfg.vocab_size);
-    for (int pen = 0; pen < 2; pen++) {
-        const double penalty = pen ? 1.3 : 1.0;
+    for (int k = 0; k < 3; k++) { /* greedy; a repetition penalty; frequency and presence penalties */
+        dflash_sampler_opts pen;
+        dflash_sampler_default_opts(&pen);
+        pen.rep_penalty = k == 1 ? 1.3 : 1.0;
+        pen.frequency_penalty = k == 2 ? 0.6 : 0.0;
+        pen.presence_penalty = k == 2 ? 0.4 : 0.0;
         dflash_gen_stats st;
         int n_plain = 0, bad = 0;
         char msg[256] = "", first[256] = "";
-        if (!step(oracle_generate(t, NULL, expect, ORACLE_PROMPT, ORACLE_NEW, 0, penalty, expect + ORACLE_PROMPT,
-                                  &n_plain, &st), "gpu plain run"))
+        if (!step(oracle_generate_pen(t, NULL, expect, ORACLE_PROMPT, ORACLE_NEW, 0, &pen, expect + ORACLE_PROMPT,
+                                      &n_plain, &st), "gpu plain run"))
             continue;
         for (int block = 2; block <= 16; block++)
             for (int mirror = 0; mirror < 2; mirror++)
-                if (!oracle_check(t, expect, ORACLE_PROMPT, ORACLE_NEW, block, penalty, mirror, msg, sizeof msg) &&
+                if (!oracle_check(t, expect, ORACLE_PROMPT, ORACLE_NEW, block, &pen, mirror, msg, sizeof msg) &&
                     !bad++)
                     snprintf(first, sizeof first, "%s", msg);
-        char what[64];
-        snprintf(what, sizeof what, "oracle/mirror blocks 2..16 penalty %.1f", penalty);
+        char what[80];
+        snprintf(what, sizeof what, "oracle/mirror 2..16, pen %.1f/%.1f/%.1f", pen.rep_penalty,
+                 pen.frequency_penalty, pen.presence_penalty);
         if (bad)
             add_row(what, 0, "a==k/0", "%d bad: %.60s", bad, first);
         else

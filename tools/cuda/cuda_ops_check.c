@@ -2318,6 +2318,7 @@ static void case_sample_penalties(int V, int D)
         smp.o.temperature = set[si].T;
         smp.o.top_k = set[si].k;
         smp.o.top_p = set[si].p;
+        smp.o.seed = rows[0].seed;
         smp.o.rep_penalty = set[si].rep;
         smp.o.frequency_penalty = set[si].freq;
         smp.o.presence_penalty = set[si].pres;
@@ -3400,7 +3401,7 @@ int main(int argc, char **argv)
         /* sample_rows */
         if (g_small) { /* one draw a row: racecheck takes ~0.6 s a cluster of 8 blocks */
             case_sample(997, 1, 0);
-            case_sample_penalties(997, 2);
+            case_sample_penalties(997, 1);
         } else {
             case_sample(151936, 16, T);
             case_sample(4096, 64, 0);
