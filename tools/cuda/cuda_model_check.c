@@ -750,6 +750,21 @@ typedef struct mode_total {
 /* Sampling options of gen_timed's runs; NULL: greedy (the defaults). */
 static const dflash_sampler_opts *g_samp;
 
+static int gen_timed(dflash_qwen3 *t, dflash_head *h, int auto_width, const int32_t *ids, int n_ids, int32_t *out,
+                     int *n_out, mode_total *tot, const char *what);
+
+/* gen_timed's speculative run (full block, untimed) with DFLASH_HOST_SAMPLING=1. */
+static int gen_on_host(dflash_qwen3 *t, dflash_head *h, const int32_t *ids, int n_ids, int32_t *out, int *n_out,
+                       const char *what)
+{
+    setenv("DFLASH_HOST_SAMPLING", "1", 1);
+    dflash_levers_reload();
+    const int ok = gen_timed(t, h, 0, ids, n_ids, out, n_out, NULL, what);
+    unsetenv("DFLASH_HOST_SAMPLING");
+    dflash_levers_reload();
+    return ok;
+}
+
 /* auto_width: the cost-aware width (spec.h) instead of the full block. */
 static int gen_timed(dflash_qwen3 *t, dflash_head *h, int auto_width, const int32_t *ids, int n_ids, int32_t *out,
                      int *n_out, mode_total *tot, const char *what)
@@ -1162,11 +1177,7 @@ static void check_pystd(void)
         samp_n++;
         samp_same += ok && np == ns && np == na && !memcmp(sp, ss, (size_t)np * sizeof(int32_t)) &&
                      !memcmp(sp, sa, (size_t)np * sizeof(int32_t));
-        setenv("DFLASH_HOST_SAMPLING", "1", 1);
-        dflash_levers_reload();
-        ok = ok && gen_timed(t, h, 0, ids[i], (int)n_ids[i], sh, &nh, NULL, "sampled spec on the host");
-        unsetenv("DFLASH_HOST_SAMPLING");
-        dflash_levers_reload();
+        ok = ok && gen_on_host(t, h, ids[i], (int)n_ids[i], sh, &nh, "sampled spec on the host");
         host_same += ok && nh == np && !memcmp(sp, sh, (size_t)np * sizeof(int32_t));
         so.rep_penalty = 1.1;
         so.frequency_penalty = 0.4;
@@ -1174,11 +1185,7 @@ static void check_pystd(void)
         ok = gen_timed(t, NULL, 0, ids[i], (int)n_ids[i], sp, &np, NULL, "sampled plain, penalties") &&
              gen_timed(t, h, 0, ids[i], (int)n_ids[i], ss, &ns, NULL, "sampled spec, penalties");
         pen_same += ok && np == ns && !memcmp(sp, ss, (size_t)np * sizeof(int32_t));
-        setenv("DFLASH_HOST_SAMPLING", "1", 1);
-        dflash_levers_reload();
-        ok = ok && gen_timed(t, h, 0, ids[i], (int)n_ids[i], sh, &nh, NULL, "sampled spec, penalties, on the host");
-        unsetenv("DFLASH_HOST_SAMPLING");
-        dflash_levers_reload();
+        ok = ok && gen_on_host(t, h, ids[i], (int)n_ids[i], sh, &nh, "sampled spec, penalties, on the host");
         pen_host_same += ok && nh == np && !memcmp(sp, sh, (size_t)np * sizeof(int32_t));
     }
     so.rep_penalty = 1.0;

@@ -2121,6 +2121,16 @@ static dflash_status run_sample(void *p)
     return g_gpu->ops->sample_rows(g_gpu, a->logits, a->n, a->V, a->rows, a->ids);
 }
 
+/* R host rows [R, V], each uploaded D times in a row: device [R * D, V]. */
+static float *sample_rows_up(const float *x, int R, int D, int V)
+{
+    float *dx = gpu_alloc((size_t)R * D * V * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d++)
+            MUST(g_gpu->ops->upload(g_gpu, dx + ((size_t)r * D + d) * V, x + (size_t)r * V, (size_t)V * sizeof(float)));
+    return dx;
+}
+
 /* sample_rows against the host sampler: rows of every kind above (peaked,
  * flat, a dozen tokens, ties, -inf, no usable number), each drawn at D
  * positions under each setting (temperature, top-k, top-p, min-p), every
@@ -2138,11 +2148,7 @@ static void case_sample(int V, int D, int timed)
     float *x = xmalloc((size_t)R * V * sizeof(float));
     for (int r = 0; r < R; r++)
         sample_fill(x + (size_t)r * V, V, r % KINDS);
-    /* each row D times on the device */
-    float *dx = gpu_alloc((size_t)n * V * sizeof(float));
-    for (int r = 0; r < R; r++)
-        for (int d = 0; d < D; d++)
-            MUST(g_gpu->ops->upload(g_gpu, dx + ((size_t)r * D + d) * V, x + (size_t)r * V, (size_t)V * sizeof(float)));
+    float *dx = sample_rows_up(x, R, D, V); /* each row D times on the device */
     int32_t *dids = gpu_alloc((size_t)n * sizeof(int32_t));
     dflash_sample_row *rows = xmalloc((size_t)n * sizeof *rows);
     int32_t *got = xmalloc((size_t)n * sizeof(int32_t));
@@ -2286,10 +2292,7 @@ static void case_sample_penalties(int V, int D)
     snprintf(cshape, sizeof cshape, "2 sequences x %d, 200 prompt + ~90 generated ids", V);
     record("count_tokens", cshape, cbad ? INFINITY : 0.0, 0.0);
 
-    float *dx = gpu_alloc((size_t)n * V * sizeof(float));
-    for (int r = 0; r < R; r++)
-        for (int d = 0; d < D; d++)
-            MUST(g_gpu->ops->upload(g_gpu, dx + ((size_t)r * D + d) * V, x + (size_t)r * V, (size_t)V * sizeof(float)));
+    float *dx = sample_rows_up(x, R, D, V);
     int32_t *dids = gpu_alloc((size_t)n * sizeof(int32_t));
     dflash_sample_row *rows = xmalloc((size_t)n * sizeof *rows);
     int32_t *got = xmalloc((size_t)n * sizeof(int32_t)), *cnt = xmalloc((size_t)V * sizeof(int32_t));

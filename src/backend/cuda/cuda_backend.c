@@ -833,8 +833,8 @@ static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, i
         int32_t *out = ids + r0;
         if (pen) {
             /* about four blocks of 256 threads an SM over the chunk's rows */
-            const unsigned gx = (unsigned)((4 * c->sm_count + m - 1) / m);
-            const unsigned bx = (unsigned)(((int64_t)V + 255) / 256) < gx ? (unsigned)(((int64_t)V + 255) / 256) : gx;
+            const unsigned per_row = (unsigned)((4 * c->sm_count + m - 1) / m), span = (unsigned)((V + 255) / 256);
+            const unsigned bx = span < per_row ? span : per_row;
             void *pargs[] = { (void *)&lg, &V, &rw, &c->smp_pen.p };
             DFLASH_TRY(cuda_launch(c, DFK_PENALIZE_ROWS, bx, (unsigned)m, 256, pargs));
             lg = HPTR(c->smp_pen.p);
