@@ -51,7 +51,7 @@ async function raw(path, init = {}, base = BASE) {
   const r = await fetch(base + path, init);
   let body = null;
   try { body = await r.json(); } catch { body = null; }
-  return { status: r.status, body };
+  return { status: r.status, body, allow: r.headers.get('allow') };
 }
 const post = (body, headers = {}) => ({ method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body),
   headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, ...headers } });
@@ -64,6 +64,13 @@ await attempt('models list', async () => {
   const page = await client.models.list();
   const ids = page.data.map((m) => m.id);
   check('models list', ids.length === 1 && ids[0] === MODEL, JSON.stringify(ids));
+  const one = await client.models.retrieve(MODEL);
+  check('one model by its id', one.id === MODEL && one.object === 'model', JSON.stringify(one));
+  const none = await raw('/v1/models/gpt-4', { headers: { authorization: `Bearer ${KEY}` } });
+  check('a model not served: 404 naming model', none.status === 404 && none.body.error.param === 'model' &&
+    /gpt-4/.test(none.body.error.message), JSON.stringify(none));
+  const head = await fetch(BASE + '/health', { method: 'HEAD' });
+  check('HEAD /health: 200, no body', head.status === 200 && (await head.text()) === '', String(head.status));
 });
 
 const expect = readFileSync(process.env.EXPECT, 'utf8');
@@ -174,7 +181,11 @@ await attempt('error statuses', async () => {
   const big = await raw('/v1/completions', post({ prompt: 'y'.repeat(100000) }));
   check('body over the limit: 413', big.status === 413, JSON.stringify(big));
   const method = await raw('/v1/chat/completions', { headers: { authorization: `Bearer ${KEY}` } });
-  check('GET on a POST route: 405', method.status === 405, JSON.stringify(method));
+  check('GET on a POST route: 405 naming POST in Allow', method.status === 405 && method.allow === 'POST',
+    JSON.stringify(method));
+  const onGet = await raw('/health', { method: 'DELETE' });
+  check('DELETE on a GET route: 405, Allow: GET, HEAD', onGet.status === 405 && onGet.allow === 'GET, HEAD',
+    JSON.stringify(onGet));
   const route = await raw('/v2/nothing');
   check('unknown route: 404', route.status === 404, JSON.stringify(route));
   try {

@@ -124,6 +124,9 @@ char *serve_response_json(const serve_ctx *c, const serve_job *j);
 char *serve_chunk_sse(const serve_ctx *c, const serve_job *j, const char *delta, size_t len, int final, int usage);
 /* {"error": {...}} (malloc'd). */
 char *serve_error_json(const char *message, const char *type, const char *param, const char *code);
+/* The served model as an OpenAI model object, or (list) a list holding
+ * it (malloc'd JSON). */
+char *serve_model_json(const serve_ctx *c, int list);
 
 /* serve_sched.c */
 /* The upper bounds (seconds) of the latency histograms' buckets. */

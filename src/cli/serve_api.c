@@ -408,6 +408,13 @@ char *serve_chunk_sse(const serve_ctx *c, const serve_job *j, const char *delta,
     return sse;
 }
 
+char *serve_model_json(const serve_ctx *c, int list)
+{
+    json_t *m = json_pack("{s:s, s:s, s:i, s:s, s:i}", "id", c->model_name, "object", "model", "created", 0,
+                          "owned_by", "dflash", "max_model_len", c->max_ctx);
+    return dump(list && m ? json_pack("{s:s, s:[o]}", "object", "list", "data", m) : m);
+}
+
 char *serve_error_json(const char *message, const char *type, const char *param, const char *code)
 {
     json_t *e = json_pack("{s:s, s:s, s:o, s:o}", "message", message, "type", type, "param",

@@ -26,24 +26,39 @@ typedef struct req {
     int too_large;
 } req;
 
-static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, const char *type, char *text)
+/* text (freed here); allow: the methods an Allow header names, or NULL */
+static enum MHD_Result send_text_allow(struct MHD_Connection *conn, unsigned status, const char *type, char *text,
+                                       const char *allow)
 {
     if (!text)
         return MHD_NO;
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (allow)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     enum MHD_Result ret = MHD_queue_response(conn, status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *param)
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, const char *type, char *text)
+{
+    return send_text_allow(conn, status, type, text, NULL);
+}
+
+static enum MHD_Result send_error_allow(struct MHD_Connection *conn, unsigned status, const char *msg,
+                                        const char *param, const char *allow)
 {
     const char *type = status == 401 ? "authentication_error"
                        : status == 404 ? "not_found_error"
                        : status == 429 || status == 503 ? "server_overloaded"
                        : status >= 500 ? "server_error" : "invalid_request_error";
-    return send_text(conn, status, "application/json", serve_error_json(msg, type, param, NULL));
+    return send_text_allow(conn, status, "application/json", serve_error_json(msg, type, param, NULL), allow);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *conn, unsigned status, const char *msg, const char *param)
+{
+    return send_error_allow(conn, status, msg, param, NULL);
 }
 
 /* Did the client close its end? (Nothing to read and EOF.) */
@@ -354,7 +369,8 @@ static int same_secret(const char *a, const char *b)
 static enum MHD_Result route(serve_ctx *c, struct MHD_Connection *conn, const char *url, const char *method,
                              const req *rq)
 {
-    const int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    /* HEAD wherever GET: the daemon sends the headers alone */
+    const int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     static const struct {
         const char *path;
         int post; /* the method it takes: POST (1) or GET (0) */
@@ -362,11 +378,14 @@ static enum MHD_Result route(serve_ctx *c, struct MHD_Connection *conn, const ch
     } routes[] = {
         { "/health", 0, 0 }, { "/metrics", 0, 0 }, { "/v1/models", 0, 1 },
         { "/v1/completions", 1, 1 }, { "/v1/chat/completions", 1, 1 },
+        { "/v1/models/", 0, 1 }, /* a prefix: one model, by its id */
     };
+    enum { N_ROUTES = sizeof routes / sizeof routes[0], ONE_MODEL = N_ROUTES - 1 };
     size_t k = 0;
-    while (k < sizeof routes / sizeof routes[0] && strcmp(url, routes[k].path) != 0)
+    while (k < N_ROUTES && (k == ONE_MODEL ? strncmp(url, routes[k].path, strlen(routes[k].path))
+                                           : strcmp(url, routes[k].path)) != 0)
         k++;
-    if (k == sizeof routes / sizeof routes[0]) {
+    if (k == N_ROUTES) {
         char msg[300];
         snprintf(msg, sizeof msg, "no route %s %.200s", method, url);
         return send_error(conn, 404, msg, NULL);
@@ -374,7 +393,7 @@ static enum MHD_Result route(serve_ctx *c, struct MHD_Connection *conn, const ch
     if (routes[k].post ? !post : !get) {
         char msg[200];
         snprintf(msg, sizeof msg, "%s takes %s", routes[k].path, routes[k].post ? "POST" : "GET");
-        return send_error(conn, 405, msg, NULL);
+        return send_error_allow(conn, 405, msg, NULL, routes[k].post ? "POST" : "GET, HEAD");
     }
     if (routes[k].v1 && c->api_key) {
         const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -389,12 +408,16 @@ static enum MHD_Result route(serve_ctx *c, struct MHD_Connection *conn, const ch
     switch (k) {
     case 0: return send_text(conn, 200, "application/json", strdup("{\"status\":\"ok\"}"));
     case 1: return send_text(conn, 200, "text/plain; version=0.0.4", metrics_text(c));
-    case 2: {
-        char *t = malloc(512);
-        if (t)
-            snprintf(t, 512, "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":0,"
-                     "\"owned_by\":\"dflash\",\"max_model_len\":%d}]}", c->model_name, c->max_ctx);
-        return send_text(conn, 200, "application/json", t);
+    case 2: return send_text(conn, 200, "application/json", serve_model_json(c, 1));
+    case ONE_MODEL: {
+        const char *id = url + strlen(routes[k].path);
+        if (strcmp(id, c->model_name) != 0) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "the model '%.200s' does not exist: this server serves '%s'", id,
+                     c->model_name);
+            return send_error(conn, 404, msg, "model");
+        }
+        return send_text(conn, 200, "application/json", serve_model_json(c, 0));
     }
     default: return generate(c, conn, k == 4, rq);
     }
