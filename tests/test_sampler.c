@@ -5,6 +5,8 @@
  * exactly p, while the test-only wrong rules do not. */
 #include "harness.h"
 
+#include <float.h>
+
 #include "spec/sampler.h"
 
 static int near(double a, double b) { return fabs(a - b) < 1e-12; }
@@ -265,9 +267,9 @@ static void test_frequency_presence(void)
         dflash_sampler_observe_output(&s, out, 3);
         CHECK_OK(dflash_sampler_probs(&s, lg, p));
         CHECKF(same_probs(p, want, 4), "repetition penalty %g", o.rep_penalty);
-        /* a reset forgets the counts: the row is a plain softmax again */
+        /* a reset forgets the counts (the penalties stay on): the row is a
+         * plain softmax again */
         dflash_sampler_reset(&s, 0);
-        o.rep_penalty = 1.0;
         CHECK_OK(dflash_sampler_probs(&s, lg, p));
         z = exp(2.0) + exp(1.5) + exp(1.0) + 1.0;
         CHECK(near(p[0], exp(2.0) / z) && near(p[3], 1.0 / z));
@@ -286,6 +288,17 @@ static void test_frequency_presence(void)
     const double pm2[4] = { 0, 0, 1, 0 };
     CHECK(same_probs(p, pm2, 4));
     dflash_sampler_free(&s);
+    /* a finite logit stays finite under a penalty that would take it past
+     * f32's range; -inf stays -inf; rounding to f32 after the double math */
+    dflash_sampler_opts big;
+    dflash_sampler_default_opts(&big);
+    big.rep_penalty = 1e-6;
+    CHECK(dflash_sampler_penalized(&big, 1e38f, 0) == FLT_MAX);
+    CHECK(dflash_sampler_penalized(&big, -1e38f, 0) == (double)(float)((double)-1e38f * 1e-6));
+    CHECK(dflash_sampler_penalized(&big, -INFINITY, 0) == -INFINITY);
+    CHECK(dflash_sampler_penalized(&big, 3.0f, -1) == 3.0);
+    big.rep_penalty = 3.0;
+    CHECK(dflash_sampler_penalized(&big, 1.0f, 0) == (double)(float)(1.0 / 3.0));
     /* negative values favour what was generated: presence -1 lifts token 1,
      * generated once, from 1.5 to 2.5, above token 0's 2 */
     sampling_opts(&o, 0.0);

@@ -34,18 +34,19 @@ static void test_help_lists_every_option(void)
         { "generate", { "-m", "--draft", "--prompt ", "--prompt-ids", "--chat", "--system", "--think", "--n-new",
                         "--json", "--trace", "--batch", "--tokenizer", "--block-size", "--ctx-cap", "--drafter-quant",
                         "--max-ctx", "--ignore-eos", "--device", "--temp", "--top-k", "--top-p", "--min-p", "--rep-penalty",
-                        "--seed", NULL } },
+                        "--frequency-penalty", "--presence-penalty", "--seed", NULL } },
         { "chat", { "-m", "--draft", "--system", "--think", "--n-new", "--quiet", "--block-size", "--temp", NULL } },
         { "serve", { "-m", "--draft", "--host", "--port", "--api-key", "--served-model-name", "--max-sessions",
                      "--max-queue", "--kv-pages", "--max-body-bytes", "--block-size", "--device", "--temp", "--seed",
-                     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", NULL } },
+                     "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{id}", "/health", "/metrics",
+                     "frequency_penalty", "presence_penalty", NULL } },
         { "tokenize", { "--tokenizer", "--json", "--special", NULL } },
         { "detokenize", { "--tokenizer", "--json", "--skip-special", NULL } },
         { "info", { "DIR", NULL } },
         { "bench", { "--preset", "seed-drafter", "qwen3-8b-drafter", "qwen3-8b-target", "llama31-8b-target",
                      "qwen3-30b-a3b-target", "qwen36-35b-a3b-target", "seed-pair", "tiny", "tiny-llama", "tiny-moe",
                      "tiny-q35", "--ctx", "--rows", "--sessions", "--reps",
-                     "--device", "--json", "--profile", NULL } },
+                     "--device", "--json", "--profile", "--sample", "--penalties", NULL } },
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         snprintf(cmd, sizeof cmd, "%s %s --help", g_bin, cases[k].sub);

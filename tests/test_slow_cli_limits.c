@@ -311,12 +311,19 @@ static void test_integer_options_are_strict_decimal(void)
         { "chat -m " M " --ctx-cap -1", "--ctx-cap" },
         { "bench --preset tiny --reps ' 3'", "--reps" },
         { "bench --preset tiny --ctx 0x8", "--ctx" },
+        { "generate -m " M " --prompt-ids 1 -n 2 --presence-penalty 2.5", "--presence-penalty" },
+        { "generate -m " M " --prompt-ids 1 -n 2 --frequency-penalty ' 1'", "--frequency-penalty" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = sh(CMD("%s %s < /dev/null", g_bin, bad[i][0]), g_out, sizeof g_out);
         CHECKF(rc == 2 && strstr(g_out, bad[i][1]) && strstr(g_out, "decimal"), "%s: rc %d: %.300s", bad[i][0], rc,
                g_out);
     }
+    /* a served model name goes into JSON answers: UTF-8 text, not empty */
+    rc = sh(CMD("%s serve -m " M " --served-model-name \"$(printf 'a\\377b')\" < /dev/null", g_bin), g_out,
+            sizeof g_out);
+    CHECKF(rc == 2 && strstr(g_out, "--served-model-name must be non-empty UTF-8 text"), "bad name: rc %d: %.300s", rc,
+           g_out);
     rc = sh(CMD("%s detokenize --tokenizer " M " 1,+2", g_bin), g_out, sizeof g_out);
     CHECKF(rc == 2 && strstr(g_out, "decimal"), "detokenize 1,+2: rc %d: %.300s", rc, g_out);
     /* an id past the model's vocabulary is named with its position */

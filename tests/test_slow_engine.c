@@ -44,6 +44,8 @@ static int plain_run(const int32_t *ids, int n, const dflash_session_opts *so, i
     go.sampler.top_p = so->top_p;
     go.sampler.min_p = so->min_p;
     go.sampler.rep_penalty = so->rep_penalty;
+    go.sampler.frequency_penalty = so->frequency_penalty;
+    go.sampler.presence_penalty = so->presence_penalty;
     go.sampler.seed = so->seed;
     int32_t eos = 4094; /* <|endoftext|> of the embedded tokenizer */
     go.stop_ids = &eos;
@@ -639,6 +641,10 @@ static int many_setup(int i, int32_t *ids, dflash_session_opts *so)
     }
     if (i % 3 == 0)
         so->rep_penalty = 1.2;
+    if (i % 3 == 1) {
+        so->frequency_penalty = 0.5;
+        so->presence_penalty = 0.3;
+    }
     return n;
 }
 
@@ -684,7 +690,9 @@ static void test_many_sessions_equal_alone(void)
 
 /* A sampled session continued (a chat's next turn) keeps its sampling: the
  * second start gives what sampling the whole conversation in one start
- * gives, repetition penalty included (it counts what the session holds). */
+ * gives, penalties included (the repetition penalty counts what the
+ * session holds; frequency and presence count the start's own output,
+ * which the whole conversation's one start generates as well). */
 static void test_sampled_continuation(void)
 {
     dflash_engine_opts eo = pair_opts(1);
@@ -698,6 +706,8 @@ static void test_sampled_continuation(void)
     so.temperature = 0.9;
     so.top_k = 50;
     so.rep_penalty = 1.3;
+    so.frequency_penalty = 0.4;
+    so.presence_penalty = 0.2;
     so.seed = 77;
     so.ignore_eos = 1;
     int32_t first[] = { 754, 677, 198, 476 }, more[] = { 198, 476, 798, 1571, 11 };

@@ -1,9 +1,10 @@
 /* test_spec_sampling_temp0.c: the loop's sampling switches on a tiny model
  * the test writes itself (tests/testmodel.h): temperature 0 is greedy
  * whatever the other sampler options say, speculative greedy equals plain
- * greedy (also with repetition, frequency or presence penalties, which
- * take the host-logits path), and a seed reproduces a sampled run exactly while another seed
- * gives another output (plain and speculative). */
+ * greedy (also with repetition, frequency or presence penalties, whose
+ * rows count the drafts before them), and a seed reproduces a sampled run
+ * exactly while another seed gives another output (plain and
+ * speculative). */
 #include "harness.h"
 
 #include "draft/ngram.h"

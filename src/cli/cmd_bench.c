@@ -862,9 +862,8 @@ typedef struct forward_op {
     dflash_sampler smp;
     float *host_logits;
     int32_t *ids;
-    /* --penalties: the token counts (backend [V]; a host copy and a row's
-     * working copy for a host draw) */
-    int32_t *counts, *host_counts, *work_counts;
+    /* --penalties: the token counts (backend [V]; a host copy for a host draw) */
+    int32_t *counts, *host_counts;
 } forward_op;
 
 static void forward_free(forward_op *o)
@@ -872,7 +871,6 @@ static void forward_free(forward_op *o)
     if (o->counts)
         o->m->be->ops->free(o->m->be, o->counts);
     free(o->host_counts);
-    free(o->work_counts);
     free(o->tokens);
     free(o->draw);
     free(o->host_logits);
@@ -907,15 +905,14 @@ static dflash_status forward_counts(forward_op *o, int width, const bench_args *
         r->frequency_penalty = a->so.frequency_penalty;
         r->presence_penalty = a->so.presence_penalty;
         r->counts = o->counts;
-        r->n_gen = i % width;
+        r->n_gen = i % width < DFLASH_SAMPLE_GEN_MAX ? i % width : DFLASH_SAMPLE_GEN_MAX;
         for (int g = 0; g < r->n_gen; g++)
             r->gen[g] = o->tokens[i - i % width + 1 + g];
     }
     if (!o->host)
         return DFLASH_OK;
     o->host_counts = malloc((size_t)V * sizeof *o->host_counts);
-    o->work_counts = malloc((size_t)V * sizeof *o->work_counts);
-    if (!o->host_counts || !o->work_counts)
+    if (!o->host_counts)
         return dflash_fail(DFLASH_ERR_OOM, "bench: out of memory for %d counts", V);
     return be->ops->download(be, o->host_counts, o->counts, (size_t)V * sizeof *o->host_counts);
 }
@@ -981,15 +978,14 @@ static dflash_status forward_run(void *self)
         DFLASH_TRY(be->ops->download(be, o->host_logits, logits, (size_t)o->n * (size_t)V * sizeof(float)));
         for (int i = 0; i < o->n; i++) {
             float *row = o->host_logits + (size_t)i * V;
-            if (o->draw[i].counts) {
-                memcpy(o->work_counts, o->host_counts, (size_t)V * sizeof *o->work_counts);
-                dflash_spec_penalize_row(row, V, o->work_counts, &o->draw[i]);
-            }
+            if (o->draw[i].counts)
+                dflash_spec_penalize_row(row, V, o->host_counts, &o->draw[i]);
             o->ids[i] = dflash_spec_draw_row(&o->smp, row, &o->draw[i]);
         }
         return DFLASH_OK;
     }
-    DFLASH_TRY(dflash_spec_sample_rows(be, logits, o->n, V, o->draw, o->m->s.best, &o->smp, o->host_logits));
+    DFLASH_TRY(dflash_spec_sample_rows(be, logits, o->n, V, o->draw, o->m->s.best, &o->smp, o->host_logits,
+                                       o->host_counts));
     return be->ops->download(be, o->ids, o->m->s.best, (size_t)o->n * sizeof(int32_t));
 }
 

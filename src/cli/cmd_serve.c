@@ -9,9 +9,25 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <utf8proc.h>
+
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/serve.h"
+
+/* s is non-empty and valid UTF-8 */
+static int utf8_text(const char *s)
+{
+    const utf8proc_ssize_t n = (utf8proc_ssize_t)strlen(s);
+    utf8proc_int32_t cp;
+    for (utf8proc_ssize_t i = 0; i < n;) {
+        const utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)s + i, n - i, &cp);
+        if (r <= 0)
+            return 0;
+        i += r;
+    }
+    return n > 0;
+}
 
 static void usage(FILE *f)
 {
@@ -99,6 +115,10 @@ static int parse(int argc, char **argv, serve_args *a)
         } else if (!strcmp(o, "--served-model-name")) {
             if (!(a->name = cli_value(argc, argv, &i)))
                 return 0;
+            if (!utf8_text(a->name)) { /* it goes into JSON answers */
+                fprintf(stderr, "dflash serve: --served-model-name must be non-empty UTF-8 text, got '%s'\n", a->name);
+                return 0;
+            }
         } else if (!strcmp(o, "--port")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(o, v, 1, 65535, &a->port))
                 return 0;

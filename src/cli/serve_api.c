@@ -242,7 +242,7 @@ static int parse_stop(json_t *root, serve_job *j, perr *e)
 
 /* Fields dflash does not implement: refused rather than ignored, so a
  * client never gets something other than what it asked for; values that
- * ask for nothing pass (a zero penalty, no tools, plain text). */
+ * ask for nothing pass (no tools, plain text, logprobs false). */
 static int refuse_unsupported(json_t *root, perr *e)
 {
     static const char *const absent[] = { "logit_bias", "suffix", "top_logprobs" }; /* null, {}, "" or 0 */

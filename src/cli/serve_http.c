@@ -391,8 +391,8 @@ static enum MHD_Result route(serve_ctx *c, struct MHD_Connection *conn, const ch
         return send_error(conn, 404, msg, NULL);
     }
     if (routes[k].post ? !post : !get) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "%s takes %s", routes[k].path, routes[k].post ? "POST" : "GET");
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s %.200s: the route takes %s", method, url, routes[k].post ? "POST" : "GET or HEAD");
         return send_error_allow(conn, 405, msg, NULL, routes[k].post ? "POST" : "GET, HEAD");
     }
     if (routes[k].v1 && c->api_key) {

@@ -6,6 +6,7 @@
  * run bit for bit. */
 #include "spec/sampler.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,11 +339,18 @@ double dflash_sampler_penalized(const dflash_sampler_opts *o, float logit, int32
         changed = 1;
     }
     if (c > 0 && (o->frequency_penalty != 0.0 || o->presence_penalty != 0.0)) {
-        v -= o->frequency_penalty * c;
+        /* the product apart: no compiler may fuse it into the subtraction
+         * (the device rounds both, kernels/sample.cu) */
+        const double f = o->frequency_penalty * c;
+        v -= f;
         v -= o->presence_penalty;
         changed = 1;
     }
-    return changed ? (float)v : v;
+    if (!changed)
+        return v;
+    /* a finite logit stays finite: one past f32's range becomes its largest */
+    const float r = (float)v;
+    return isinf(r) && isfinite(v) ? (v > 0 ? FLT_MAX : -FLT_MAX) : r;
 }
 
 /* Rows at least this long take their exponentials on every thread. */

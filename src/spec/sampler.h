@@ -19,7 +19,8 @@
  *     presence penalties  prompt, as vLLM counts them): logit -= frequency x
  *                         the token's count, then -= presence if it occurs;
  *                         the penalties run in double, and a penalized logit
- *                         is rounded to f32 (the device draws the same way)
+ *                         is rounded to f32 (a finite one past f32's range
+ *                         to its largest; the device draws the same way)
  *   2 temperature         logits / T
  *   3 top-k               keep logits >= the k-th largest (ties kept)
  *   4 top-p               sort descending; drop a token when the probability
@@ -65,8 +66,8 @@ typedef struct dflash_sampler_opts {
 void dflash_sampler_default_opts(dflash_sampler_opts *o);
 /* Values out of range are DFLASH_ERR_INVALID_ARG naming the option. */
 dflash_status dflash_sampler_check_opts(const dflash_sampler_opts *o);
-/* True when any penalty is on: rows then depend on the tokens before them,
- * which only the host sampler tracks. */
+/* True when any penalty is on: a row then depends on the tokens before it
+ * (the host sampler's seen and count; the loop's counts on the backend). */
 int dflash_sampler_has_penalty(const dflash_sampler_opts *o);
 /* True when decoding is plain argmax (temperature 0, no penalty): the loop
  * then needs no logits on the host. */

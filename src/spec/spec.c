@@ -18,8 +18,9 @@
  *               point mass, so this is speculative sampling's rule
  *               (accept with p(d), else draw from the residual) and the
  *               tokens are exactly plain sampling's (temperature 0 with
- *               a repetition penalty runs here too: p is then a point
- *               mass on the penalized argmax)
+ *               a penalty runs here too: p is then a point mass on the
+ *               penalized argmax; under penalties row i counts d_1..d_i
+ *               as generated, which holds whenever the row is used)
  *   5 COMMIT    choose d_1..d_a, bonus (stop tokens and the budget cut it
  *               short); they are emitted once 6 and 7 succeeded
  *   6 ROLLBACK  target KV length moves back to s+a+1 (rejected rows are
@@ -107,7 +108,8 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
         dflash_sample_row rows[n_logit];
         for (int i = 0; i < n_logit; i++)
             rows[i] = dflash_spec_sample_row(ss, pos0 + logit_rows[i] + 1, gen, gen ? logit_rows[i] : 0);
-        DFLASH_TRY(dflash_spec_sample_rows(be, logits, n_logit, V, rows, t->s.best, &ss->smp, ss->logits));
+        DFLASH_TRY(
+            dflash_spec_sample_rows(be, logits, n_logit, V, rows, t->s.best, &ss->smp, ss->logits, ss->host_counts));
     }
     DFLASH_TRY(dflash_spec_mark(be, dev_drafts, 1));
     return n_logit > 0 ? dflash_spec_fetch(t, n_logit, dev_drafts, n - 1, ids_out, drafts_out) : DFLASH_OK;
@@ -169,6 +171,8 @@ dflash_status dflash_spec_dev_status(dflash_backend *be, const dflash_proposer *
     return cs != DFLASH_OK ? cs : vs;
 }
 
+_Static_assert(DFLASH_MAX_BLOCK <= DFLASH_SAMPLE_GEN_MAX, "a row's drafts before it fit dflash_sample_row.gen");
+
 dflash_sample_row dflash_spec_sample_row_opts(const dflash_sampler_opts *o, int64_t pos)
 {
     return (dflash_sample_row){ .temperature = o->temperature, .top_p = o->top_p, .min_p = o->min_p,
@@ -184,7 +188,7 @@ dflash_sample_row dflash_spec_sample_row(const spec_sampling *ss, int64_t pos, c
         r.frequency_penalty = o->frequency_penalty;
         r.presence_penalty = o->presence_penalty;
         r.counts = ss->counts;
-        r.n_gen = n_gen < DFLASH_SAMPLE_GEN_MAX ? n_gen : DFLASH_SAMPLE_GEN_MAX;
+        r.n_gen = n_gen; /* < DFLASH_MAX_BLOCK <= DFLASH_SAMPLE_GEN_MAX */
         if (r.n_gen > 0)
             memcpy(r.gen, gen, (size_t)r.n_gen * sizeof *gen);
     }
@@ -226,11 +230,23 @@ int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflas
     return id;
 }
 
-void dflash_spec_penalize_row(float *row, int V, int32_t *counts, const dflash_sample_row *r)
+void dflash_spec_penalize_row(float *row, int V, const int32_t *counts, const dflash_sample_row *r)
 {
-    for (int i = 0; i < r->n_gen && i < DFLASH_SAMPLE_GEN_MAX; i++)
-        if (r->gen[i] >= 0 && r->gen[i] < V)
-            counts[r->gen[i]] = (counts[r->gen[i]] > 0 ? counts[r->gen[i]] : 0) + 1;
+    /* the row's generated tokens: each once, how often, its logit before any penalty */
+    int32_t tok[DFLASH_SAMPLE_GEN_MAX], more[DFLASH_SAMPLE_GEN_MAX];
+    float orig[DFLASH_SAMPLE_GEN_MAX];
+    int m = 0;
+    for (int i = 0; i < r->n_gen && i < DFLASH_SAMPLE_GEN_MAX; i++) {
+        const int32_t t = r->gen[i];
+        if (t < 0 || t >= V)
+            continue;
+        int k = 0;
+        while (k < m && tok[k] != t)
+            k++;
+        if (k == m)
+            tok[m] = t, more[m] = 0, orig[m++] = row[t];
+        more[k]++;
+    }
     dflash_sampler_opts o;
     dflash_sampler_default_opts(&o);
     o.rep_penalty = r->rep_penalty;
@@ -238,34 +254,33 @@ void dflash_spec_penalize_row(float *row, int V, int32_t *counts, const dflash_s
     o.presence_penalty = r->presence_penalty;
     for (int j = 0; j < V; j++)
         row[j] = (float)dflash_sampler_penalized(&o, row[j], counts[j]);
+    for (int k = 0; k < m; k++)
+        row[tok[k]] = (float)dflash_sampler_penalized(&o, orig[k], (counts[tok[k]] > 0 ? counts[tok[k]] : 0) + more[k]);
 }
 
 dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids, dflash_sampler *scratch,
-                                      float *host_row)
+                                      float *host_row, int32_t *host_counts)
 {
     if (be->ops->sample_rows)
         return be->ops->sample_rows(be, logits, n, V, rows, ids);
-    int32_t *counts = NULL; /* a penalized row's counts, downloaded */
-    dflash_status s = DFLASH_OK;
-    for (int i = 0; i < n && s == DFLASH_OK; i++) {
+    const int32_t *have = NULL; /* whose counts host_counts holds: a sequence's rows come together */
+    for (int i = 0; i < n; i++) {
         const dflash_sample_row *r = &rows[i];
-        s = be->ops->download(be, host_row, logits + (size_t)i * (size_t)V, (size_t)V * sizeof(float));
-        if (s == DFLASH_OK && r->counts) {
-            if (!counts && !(counts = malloc((size_t)V * sizeof *counts)))
-                s = dflash_fail(DFLASH_ERR_OOM, "sample rows: out of memory for %d counts", V);
-            if (s == DFLASH_OK)
-                s = be->ops->download(be, counts, r->counts, (size_t)V * sizeof *counts);
-            if (s == DFLASH_OK)
-                dflash_spec_penalize_row(host_row, V, counts, r);
+        DFLASH_TRY(be->ops->download(be, host_row, logits + (size_t)i * (size_t)V, (size_t)V * sizeof(float)));
+        if (r->counts) {
+            if (!host_counts)
+                return dflash_fail(DFLASH_ERR_INVALID_ARG, "sample rows: row %d has penalties but no host room for "
+                                   "its counts", i);
+            if (r->counts != have)
+                DFLASH_TRY(be->ops->download(be, host_counts, r->counts, (size_t)V * sizeof *host_counts));
+            have = r->counts;
+            dflash_spec_penalize_row(host_row, V, host_counts, r);
         }
-        if (s == DFLASH_OK) {
-            const int32_t id = dflash_spec_draw_row(scratch, host_row, r);
-            s = be->ops->upload(be, ids + i, &id, sizeof id);
-        }
+        const int32_t id = dflash_spec_draw_row(scratch, host_row, r);
+        DFLASH_TRY(be->ops->upload(be, ids + i, &id, sizeof id));
     }
-    free(counts);
-    return s;
+    return DFLASH_OK;
 }
 
 /* Greedy ids of -1: the target's logits held no usable number (NaN or
@@ -627,7 +642,7 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
     dflash_backend *be = t->be;
     DFLASH_TRY(dflash_sampler_init(&ss->smp, V, so));
     ss->be = be;
-    ss->counts = NULL;
+    ss->counts = ss->host_counts = NULL;
     ss->logits = NULL;
     const int pen = dflash_sampler_has_penalty(so);
     ss->ids = so->accept_rule == DFLASH_ACCEPT_EXACT && !dflash_levers_get()->host_sampling &&
@@ -636,6 +651,10 @@ dflash_status dflash_spec_sampling_init(spec_sampling *ss, const dflash_qwen3 *t
         dflash_status s = dflash_be_alloc_i32(be, (size_t)V, &ss->counts);
         if (s == DFLASH_OK)
             s = be->ops->count_tokens(be, ss->counts, V, NULL, V, 0);
+        /* drawn by the composition (no sample_rows): the counts come to the host */
+        if (s == DFLASH_OK && !be->ops->sample_rows &&
+            !(ss->host_counts = malloc((size_t)V * sizeof *ss->host_counts)))
+            s = dflash_fail(DFLASH_ERR_OOM, "%s: out of memory for %d counts", who, V);
         if (s != DFLASH_OK) {
             dflash_spec_sampling_free(ss);
             return s;
@@ -657,6 +676,8 @@ void dflash_spec_sampling_free(spec_sampling *ss)
     if (ss->counts)
         ss->be->ops->free(ss->be, ss->counts);
     ss->counts = NULL;
+    free(ss->host_counts);
+    ss->host_counts = NULL;
     free(ss->logits);
     ss->logits = NULL;
     dflash_sampler_free(&ss->smp);

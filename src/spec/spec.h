@@ -44,7 +44,9 @@ typedef struct dflash_gen_opts {
     /* Token choice; the default (temperature 0, no penalty) is greedy and
      * keeps the argmax path. Otherwise drafts are accepted by speculative
      * sampling (sampler.h): each verified row's token drawn where the
-     * logits are, or, with a repetition penalty, row by row on the host. */
+     * logits are (under penalties too, from counts the backend keeps), or
+     * row by row on the host (DFLASH_HOST_SAMPLING=1, or a backend without
+     * count_tokens). */
     dflash_sampler_opts sampler;
     /* Ids the sequence held before `prompt` (a chat's earlier turns and
      * answers), for the repetition penalty: sampling then penalizes what

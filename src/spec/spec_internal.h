@@ -26,6 +26,7 @@ typedef struct spec_sampling {
     float *logits;   /* host [B, V]; with ids [1, V], the composition's row */
     int ids;
     int32_t *counts; /* with ids and a penalty: the sequence's token counts, backend [V] (count_tokens) */
+    int32_t *host_counts; /* their host copy [V] where the backend has no sample_rows */
     dflash_backend *be;
 } spec_sampling;
 
@@ -49,9 +50,9 @@ dflash_sample_row dflash_spec_sample_row(const spec_sampling *ss, int64_t pos, c
 /* The same from options alone, penalties off. */
 dflash_sample_row dflash_spec_sample_row_opts(const dflash_sampler_opts *o, int64_t pos);
 /* The row [V] (host memory) under r's penalties, as sample_rows applies
- * them, from counts: a host copy of r->counts, which first gains r->gen
- * (changed). */
-void dflash_spec_penalize_row(float *row, int V, int32_t *counts, const dflash_sample_row *r);
+ * them, from counts: a host copy of r->counts (r->gen added to it as
+ * generated). */
+void dflash_spec_penalize_row(float *row, int V, const int32_t *counts, const dflash_sample_row *r);
 /* Tokens generated (committed) join ss's counts on the backend (no-op
  * without them); _step: a step's, the accepted drafts block[1..a] and
  * the bonus. */
@@ -63,10 +64,12 @@ dflash_status dflash_spec_count_step(spec_sampling *ss, const int32_t *block, in
 int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflash_sample_row *r);
 /* ids[i] (backend memory) = the token of logits row i [n, V] drawn by
  * rows[i]: the backend's sample_rows, or rows downloaded one at a time
- * into host_row [V] and drawn by dflash_spec_draw_row with `scratch`. */
+ * into host_row [V] and drawn by dflash_spec_draw_row with `scratch`, a
+ * penalized row after dflash_spec_penalize_row with its counts brought
+ * into host_counts [V] (NULL where no row has penalties). */
 dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, int n, int V,
                                       const dflash_sample_row *rows, int32_t *ids, dflash_sampler *scratch,
-                                      float *host_row);
+                                      float *host_row, int32_t *host_counts);
 /* Whether a step's drafts may stay in backend memory (the proposer's
  * propose_dev) for the verify to read where they are: the step's tokens
  * come back as ids (greedy, or drawn where the logits are, ss->ids), so

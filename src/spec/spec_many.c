@@ -65,6 +65,7 @@ struct dflash_spec_batch {
     const int *taps;
     int64_t tap_cols;
     int32_t *best; /* host [max_rows] */
+    dflash_sample_row *draw; /* host [max_rows]: a verify's rows to draw (336 bytes each: not on the stack) */
     int n, cap;    /* sequences joined and generating */
     many_seq *ms;  /* [cap] */
     int width_auto; /* each step's width from wm, else B - 1 */
@@ -170,18 +171,20 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
      * rows by argmax, unused), the ids into r->best; the others' logits
      * to the host */
     const int V = r->t->cfg.vocab_size;
-    dflash_sample_row draw[n];
+    dflash_sample_row *draw = r->draw;
     spec_sampling *scratch = NULL;
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
-        if (m->ss.ids && !scratch)
+        /* the scratch: any drawing sequence's, one with room for counts if any has */
+        if (m->ss.ids && (!scratch || (!scratch->host_counts && m->ss.host_counts)))
             scratch = &m->ss;
         for (int i = 0; i <= m->k; i++)
             draw[m->row0 + i] = m->ss.ids ? dflash_spec_sample_row(&m->ss, m->s + 1 + i, m->block + 1, i)
                                           : (dflash_sample_row){ .top_p = 1.0, .rep_penalty = 1.0 };
     }
     if (scratch) {
-        DFLASH_TRY(dflash_spec_sample_rows(be, logits, n, V, draw, r->t->s.best, &scratch->smp, scratch->logits));
+        DFLASH_TRY(dflash_spec_sample_rows(be, logits, n, V, draw, r->t->s.best, &scratch->smp, scratch->logits,
+                                           scratch->host_counts));
         DFLASH_TRY(dflash_spec_mark(be, gd->dev, 1));
         DFLASH_TRY(dflash_spec_fetch(r->t, n, gd->dev, ng * gd->k, r->best, drafts));
     }
@@ -494,8 +497,9 @@ dflash_status dflash_spec_batch_new(dflash_qwen3 *target, dflash_proposer *p, in
     if (r) {
         r->ms = calloc((size_t)max_seqs, sizeof *r->ms);
         r->best = malloc((size_t)target->opts.max_rows * sizeof *r->best);
+        r->draw = malloc((size_t)target->opts.max_rows * sizeof *r->draw);
     }
-    if (!r || !r->ms || !r->best) {
+    if (!r || !r->ms || !r->best || !r->draw) {
         dflash_spec_batch_free(r);
         return dflash_fail(DFLASH_ERR_OOM, "batch: out of memory for %d sequences", max_seqs);
     }
@@ -646,6 +650,7 @@ void dflash_spec_batch_free(dflash_spec_batch *r)
         leave(r, r->n - 1);
     free(r->ms);
     free(r->best);
+    free(r->draw);
     free(r);
 }
 

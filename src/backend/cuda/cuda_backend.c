@@ -847,7 +847,10 @@ static dflash_status cuda_sample_rows(dflash_backend *be, const float *logits, i
 }
 
 /* sample.cu's dflash_count_tokens; ids NULL: every count -1. The ids go
- * up with the call (an upload, so not inside a graph). */
+ * up with the call (an upload, so not inside a graph), in pieces of a
+ * fixed size: a buffer that grew would wait for the stream and send every
+ * captured graph to be captured again. */
+#define COUNT_TOKENS_PIECE 4096
 static dflash_status cuda_count_tokens(dflash_backend *be, int32_t *counts, int V, const int32_t *ids, int n,
                                        int generated)
 {
@@ -857,10 +860,14 @@ static dflash_status cuda_count_tokens(dflash_backend *be, int32_t *counts, int 
         return DFLASH_CU(&c->cu, cuMemsetD32Async(DPTR(counts), 0xffffffffu, (size_t)V, c->stream));
     if (n <= 0)
         return DFLASH_OK;
-    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_ids, (size_t)n * sizeof *ids, 0));
-    DFLASH_TRY(cuda_upload(be, HPTR(c->smp_ids.p), ids, (size_t)n * sizeof *ids));
-    void *args[] = { &counts, &V, &c->smp_ids.p, &n, &generated };
-    return cuda_launch(c, DFK_COUNT_TOKENS, (unsigned)((n + 255) / 256), 1, 256, args);
+    DFLASH_TRY(cuda_buf_reserve(c, &c->smp_ids, COUNT_TOKENS_PIECE * sizeof *ids, 0));
+    for (int i0 = 0; i0 < n; i0 += COUNT_TOKENS_PIECE) {
+        int m = n - i0 < COUNT_TOKENS_PIECE ? n - i0 : COUNT_TOKENS_PIECE;
+        DFLASH_TRY(cuda_upload(be, HPTR(c->smp_ids.p), ids + i0, (size_t)m * sizeof *ids));
+        void *args[] = { &counts, &V, &c->smp_ids.p, &m, &generated };
+        DFLASH_TRY(cuda_launch(c, DFK_COUNT_TOKENS, (unsigned)((m + 255) / 256), 1, 256, args));
+    }
+    return DFLASH_OK;
 }
 
 /* Benchmarks read these around a call (dflash bench). */

@@ -550,7 +550,8 @@ extern "C" __global__ void SMP_CLUSTER_DIMS __launch_bounds__(SMP_THREADS)
 /* A logit under the penalties (dflash_sampler_probs' step 1, bit for bit):
  * c = the token's count (-1: not in the sequence, 0: in it, k > 0:
  * generated k times); the repetition penalty, then frequency and presence,
- * in double without contraction, the result rounded to f32. */
+ * in double without contraction, the result rounded to f32 (a finite
+ * logit past f32's range to its largest). */
 __forceinline__ float smp_penalized(float v, int c, const sample_row &a)
 {
     if (c < 0)
@@ -566,7 +567,10 @@ __forceinline__ float smp_penalized(float v, int c, const sample_row &a)
         x = __dsub_rn(x, a.presence_penalty);
         changed = 1;
     }
-    return changed ? __double2float_rn(x) : v;
+    if (!changed)
+        return v;
+    const float r = __double2float_rn(x), big = __int_as_float(0x7f7fffff);
+    return isinf(r) && !isinf(x) ? (x > 0 ? big : -big) : r;
 }
 
 /* out [n, V] = the rows of logits under their penalties (a row without
