@@ -390,9 +390,12 @@ dflash_status dflash_spec_prefill_begin(const dflash_gen_opts *o, spec_sampling 
 {
     if (!ss)
         return DFLASH_OK;
-    if (o->history)
-        dflash_sampler_observe(&ss->smp, o->history, o->n_history);
-    dflash_sampler_observe(&ss->smp, prompt, n_prompt);
+    if (!ss->ids) { /* the host sampler's own penalty state; drawing by ids keeps ss->counts instead */
+        if (o->history)
+            dflash_sampler_observe(&ss->smp, o->history, o->n_history);
+        dflash_sampler_observe(&ss->smp, prompt, n_prompt);
+        return DFLASH_OK;
+    }
     if (!ss->counts)
         return DFLASH_OK;
     dflash_backend *be = ss->be;
