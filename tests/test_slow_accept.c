@@ -2,7 +2,7 @@
  * that drafts the target's own continuation must see every draft accepted
  * (a == k at every step), for every block size, greedy and with
  * penalties (repetition; frequency and presence, whose counts must take
- * in accepted drafts); its
+ * in accepted drafts), one sequence or several stepped together; its
  * mirror, drafting tokens the target never picks, must see none accepted;
  * both must still produce exactly the plain output. A step cut short by
  * the budget must leave the caches ready for a continuing call. */
@@ -16,12 +16,54 @@
 
 static dflash_backend *be;
 
+/* The oracle over SEQS copies of the prompt stepped together
+ * (dflash_spec_generate_many: each row of a penalized block reads the
+ * drafts before it where the batch's forward holds them): every output
+ * equal to plain, every draft accepted. */
+static void check_batch(dflash_qwen3 *t, const char *name, const int32_t *expect, int block,
+                        const dflash_sampler_opts *pen)
+{
+    enum { SEQS = 3 };
+    oracle o;
+    oracle_init(&o, expect, N_PROMPT + N_NEW, t->cfg.vocab_size, block, 0);
+    dflash_kv_seq seqs[SEQS];
+    void *states[SEQS] = { 0 };
+    int32_t out[SEQS][N_NEW];
+    dflash_spec_item items[SEQS];
+    for (int i = 0; i < SEQS; i++) {
+        CHECK_OK(dflash_qwen3_seq_init(t, &seqs[i]));
+        CHECK_OK(o.proposer.ops->alloc_state(&o.proposer, N_PROMPT + N_NEW + block, &states[i]));
+        items[i] = (dflash_spec_item){ .seq = &seqs[i], .pstate = states[i], .prompt = expect,
+                                       .n_prompt = N_PROMPT, .out = out[i] };
+        dflash_gen_default_opts(&items[i].opts);
+        items[i].opts.n_new = N_NEW;
+        items[i].opts.sampler = *pen;
+    }
+    CHECK_OK(dflash_spec_generate_many(t, &o.proposer, items, SEQS, block, 0));
+    for (int i = 0; i < SEQS; i++) {
+        int64_t tried = 0, accepted = 0;
+        for (int j = 0; j < block - 1; j++) {
+            tried += items[i].stats.pos_tried[j];
+            accepted += items[i].stats.pos_accepted[j];
+        }
+        CHECKF(items[i].n_out == N_NEW && !memcmp(out[i], expect + N_PROMPT, sizeof out[i]),
+               "%s penalties %.1f / %.1f / %.1f, block %d, batch item %d: output differs from plain", name,
+               pen->rep_penalty, pen->frequency_penalty, pen->presence_penalty, block, i);
+        CHECKF(tried > 0 && accepted == tried, "%s block %d, batch item %d: %lld of %lld drafts accepted", name,
+               block, i, (long long)accepted, (long long)tried);
+        o.proposer.ops->free_state(&o.proposer, states[i]);
+        dflash_qwen3_seq_free(t, &seqs[i]);
+    }
+}
+
 static void check_model(const char *family, const char *name)
 {
     char dir[512];
     dflash_qwen3_opts to;
     dflash_qwen3_default_opts(&to);
     to.max_ctx = 256;
+    to.max_seqs = 3;
+    to.kv_pages = 3 * 256 / DFLASH_KV_PAGE; /* check_batch's sequences */
     dflash_qwen3 *t = NULL;
     CHECK_OK(dflash_qwen3_load(fx_path(dir, sizeof dir, family, name), be, &to, &t));
     if (!t)
@@ -47,6 +89,8 @@ static void check_model(const char *family, const char *name)
                        "%s penalties %.1f / %.1f / %.1f: %s", name, pen.rep_penalty, pen.frequency_penalty,
                        pen.presence_penalty, msg);
             }
+        check_batch(t, name, expect, 4, &pen);
+        check_batch(t, name, expect, 16, &pen);
     }
     dflash_qwen3_free(t);
 }

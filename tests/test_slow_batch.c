@@ -195,8 +195,11 @@ static void item_setup(int i, int32_t *prompt, int *n_prompt, dflash_gen_opts *o
         o->sampler.top_k = 40;
         o->sampler.seed = 1000 + (uint64_t)i;
     }
-    if (i == 3)
+    if (i == 3) { /* greedy under every penalty: each row reads the drafts before it */
         o->sampler.rep_penalty = 1.3;
+        o->sampler.frequency_penalty = 0.5;
+        o->sampler.presence_penalty = 0.3;
+    }
     if (*stop >= 0) {
         o->stop_ids = stop;
         o->n_stop = 1;

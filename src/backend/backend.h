@@ -269,9 +269,11 @@ typedef struct dflash_experts_args {
  * the host sampler does it (dflash_sampler_probs: in double, the result
  * rounded to f32) from its sequence's token counts on the device, counts
  * [V]: -1 not in the sequence, 0 in it but never generated (the prompt),
- * k > 0 generated k times (count_tokens keeps them), plus gen[0..n_gen):
- * tokens generated before this row that counts does not hold yet (the
- * drafts before it in its block: the row matters only if they are
+ * k > 0 generated k times (count_tokens keeps them), plus gen[0..n_gen)
+ * (backend memory, n_gen <= DFLASH_SAMPLE_GEN_MAX): tokens generated
+ * before this row that counts does not hold yet (the drafts before it in
+ * its block, read where the verify's forward holds its rows' tokens, so
+ * they never visit the host first: the row matters only if they are
  * accepted). */
 typedef struct dflash_sample_row {
     double temperature, top_p, min_p;
@@ -280,7 +282,7 @@ typedef struct dflash_sample_row {
     int64_t pos;
     double rep_penalty, frequency_penalty, presence_penalty;
     const int32_t *counts;
-    int32_t gen[DFLASH_SAMPLE_GEN_MAX];
+    const int32_t *gen;
 } dflash_sample_row;
 
 typedef struct dflash_backend dflash_backend;

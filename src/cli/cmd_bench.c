@@ -852,7 +852,7 @@ static int32_t random_token(uint64_t i, int vocab) { return (int32_t)(bench_spli
 typedef struct forward_op {
     dflash_qwen3 *m;
     dflash_kv_seq **seqs;
-    int n_seqs, n;
+    int n_seqs, width, n;
     int32_t ctx;
     int32_t *tokens, *pos, *row_seq, *logit_rows; /* [n] */
     /* --sample: each row's draw, and for a host draw the sampler, the
@@ -906,8 +906,7 @@ static dflash_status forward_counts(forward_op *o, int width, const bench_args *
         r->presence_penalty = a->so.presence_penalty;
         r->counts = o->counts;
         r->n_gen = i % width < DFLASH_SAMPLE_GEN_MAX ? i % width : DFLASH_SAMPLE_GEN_MAX;
-        for (int g = 0; g < r->n_gen; g++)
-            r->gen[g] = o->tokens[i - i % width + 1 + g];
+        r->gen = o->m->s.in.ids + (i - i % width) + 1; /* where each forward holds o->tokens */
     }
     if (!o->host)
         return DFLASH_OK;
@@ -920,7 +919,7 @@ static dflash_status forward_counts(forward_op *o, int width, const bench_args *
 static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq **seqs, int n_seqs, int width,
                                   int32_t ctx, const bench_args *a)
 {
-    *o = (forward_op){ .m = m, .seqs = seqs, .n_seqs = n_seqs, .n = n_seqs * width, .ctx = ctx };
+    *o = (forward_op){ .m = m, .seqs = seqs, .n_seqs = n_seqs, .width = width, .n = n_seqs * width, .ctx = ctx };
     const size_t V = (size_t)m->cfg.vocab_size;
     int32_t *buf = malloc((size_t)o->n * 4 * sizeof(int32_t));
     o->tokens = buf;
@@ -979,7 +978,7 @@ static dflash_status forward_run(void *self)
         for (int i = 0; i < o->n; i++) {
             float *row = o->host_logits + (size_t)i * V;
             if (o->draw[i].counts)
-                dflash_spec_penalize_row(row, V, o->host_counts, &o->draw[i]);
+                dflash_spec_penalize_row(row, V, o->host_counts, &o->draw[i], o->tokens + (i - i % o->width) + 1);
             o->ids[i] = dflash_spec_draw_row(&o->smp, row, &o->draw[i]);
         }
         return DFLASH_OK;

@@ -78,13 +78,14 @@ int dflash_spec_is_stop(const dflash_gen_opts *o, int32_t t)
  * sampling (ss without ids): the whole logits rows [n_logit, V] are
  * downloaded into ss->logits instead. dev_drafts: the rows after the
  * first take their tokens from these (propose_dev's, n - 1 of them),
- * which come back beside the ids into drafts_out. gen: the rows after
- * the first are drafts (tokens + 1), which a penalty counts as generated
- * in the rows after them; NULL for a prompt's rows. */
+ * which come back beside the ids into drafts_out. drafted: the rows after
+ * the first are drafts, which a penalty counts as generated in the rows
+ * after them (read where the forward holds its rows' tokens); 0 for a
+ * prompt's rows. */
 static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int32_t *tokens, int n,
                                  const int *taps, int n_taps, int n_logit, const int32_t *logit_rows,
                                  int32_t *ids_out, spec_sampling *ss, float **taps_out, const int32_t *dev_drafts,
-                                 int32_t *drafts_out, const int32_t *gen)
+                                 int32_t *drafts_out, int drafted)
 {
     int32_t positions[t->opts.max_rows], row_seq[t->opts.max_rows];
     const int32_t pos0 = seq->len;
@@ -107,7 +108,8 @@ static dflash_status target_rows(dflash_qwen3 *t, dflash_kv_seq *seq, const int3
     if (n_logit > 0 && ss) { /* row logit_rows[i] predicts the position after it */
         dflash_sample_row rows[n_logit];
         for (int i = 0; i < n_logit; i++)
-            rows[i] = dflash_spec_sample_row(ss, pos0 + logit_rows[i] + 1, gen, gen ? logit_rows[i] : 0);
+            rows[i] =
+                dflash_spec_sample_row(ss, pos0 + logit_rows[i] + 1, t->s.in.ids + 1, drafted ? logit_rows[i] : 0);
         DFLASH_TRY(
             dflash_spec_sample_rows(be, logits, n_logit, V, rows, t->s.best, &ss->smp, ss->logits, ss->host_counts));
     }
@@ -131,7 +133,7 @@ void dflash_spec_split_ms(dflash_backend *be, const int32_t *dev_drafts, double 
 
 int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss)
 {
-    return p && p->ops->propose_dev && (!ss || (ss->ids && !ss->counts)) && !dflash_levers_get()->host_drafts;
+    return p && p->ops->propose_dev && (!ss || ss->ids) && !dflash_levers_get()->host_drafts;
 }
 
 dflash_status dflash_spec_propose(dflash_proposer *p, void **states, int n, const int32_t *last,
@@ -171,7 +173,7 @@ dflash_status dflash_spec_dev_status(dflash_backend *be, const dflash_proposer *
     return cs != DFLASH_OK ? cs : vs;
 }
 
-_Static_assert(DFLASH_MAX_BLOCK <= DFLASH_SAMPLE_GEN_MAX, "a row's drafts before it fit dflash_sample_row.gen");
+_Static_assert(DFLASH_MAX_BLOCK <= DFLASH_SAMPLE_GEN_MAX, "a row's drafts before it are at most DFLASH_SAMPLE_GEN_MAX");
 
 dflash_sample_row dflash_spec_sample_row_opts(const dflash_sampler_opts *o, int64_t pos)
 {
@@ -189,8 +191,7 @@ dflash_sample_row dflash_spec_sample_row(const spec_sampling *ss, int64_t pos, c
         r.presence_penalty = o->presence_penalty;
         r.counts = ss->counts;
         r.n_gen = n_gen; /* < DFLASH_MAX_BLOCK <= DFLASH_SAMPLE_GEN_MAX */
-        if (r.n_gen > 0)
-            memcpy(r.gen, gen, (size_t)r.n_gen * sizeof *gen);
+        r.gen = gen;
     }
     return r;
 }
@@ -230,14 +231,15 @@ int32_t dflash_spec_draw_row(dflash_sampler *s, const float *logits, const dflas
     return id;
 }
 
-void dflash_spec_penalize_row(float *row, int V, const int32_t *counts, const dflash_sample_row *r)
+void dflash_spec_penalize_row(float *row, int V, const int32_t *counts, const dflash_sample_row *r,
+                              const int32_t *gen)
 {
     /* the row's generated tokens: each once, how often, its logit before any penalty */
     int32_t tok[DFLASH_SAMPLE_GEN_MAX], more[DFLASH_SAMPLE_GEN_MAX];
     float orig[DFLASH_SAMPLE_GEN_MAX];
     int m = 0;
     for (int i = 0; i < r->n_gen && i < DFLASH_SAMPLE_GEN_MAX; i++) {
-        const int32_t t = r->gen[i];
+        const int32_t t = gen[i];
         if (t < 0 || t >= V)
             continue;
         int k = 0;
@@ -275,7 +277,11 @@ dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, i
             if (r->counts != have)
                 DFLASH_TRY(be->ops->download(be, host_counts, r->counts, (size_t)V * sizeof *host_counts));
             have = r->counts;
-            dflash_spec_penalize_row(host_row, V, host_counts, r);
+            int32_t gen[DFLASH_SAMPLE_GEN_MAX];
+            const int n_gen = r->n_gen < DFLASH_SAMPLE_GEN_MAX ? r->n_gen : DFLASH_SAMPLE_GEN_MAX;
+            if (n_gen > 0)
+                DFLASH_TRY(be->ops->download(be, gen, r->gen, (size_t)n_gen * sizeof *gen));
+            dflash_spec_penalize_row(host_row, V, host_counts, r, gen);
         }
         const int32_t id = dflash_spec_draw_row(scratch, host_row, r);
         DFLASH_TRY(be->ops->upload(be, ids + i, &id, sizeof id));
@@ -413,7 +419,7 @@ dflash_status dflash_spec_prefill_chunk(dflash_qwen3 *target, dflash_kv_seq *seq
     float *tap_rows = NULL;
     const int32_t pos0 = seq->len;
     dflash_status s =
-        target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss, &tap_rows, NULL, NULL, NULL);
+        target_rows(target, seq, rows, n, taps, n_taps, last, &last_row, cur, ss, &tap_rows, NULL, NULL, 0);
     if (s != DFLASH_OK) {
         dflash_kv_seq_truncate(seq, pos0); /* the forward may have advanced it before failing */
         return s;
@@ -511,8 +517,7 @@ static dflash_status spec_loop(dflash_qwen3 *target, dflash_kv_seq *seq, dflash_
             rows_idx[i] = i;
         float *tap_rows = NULL;
         dflash_status cs =
-            target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, ss, &tap_rows, dev, block + 1,
-                        block + 1);
+            target_rows(target, seq, block, k + 1, taps, n_taps, k + 1, rows_idx, g, ss, &tap_rows, dev, block + 1, 1);
         if (dev)
             cs = dflash_spec_dev_status(target->be, p, cs, dev, block + 1, 1, &s, k);
         if (cs == DFLASH_OK && (!ss || ss->ids))

@@ -44,15 +44,17 @@ dflash_status dflash_spec_accept_sampled(spec_sampling *ss, const dflash_qwen3 *
                                         const int32_t *block, int k, int V, int *a_out, int32_t *bonus);
 /* A row's arguments for dflash_spec_sample_rows: ss's options, the
  * position the row predicts and, under penalties, ss's counts and
- * gen[0..n_gen): the tokens before the row that count as generated
- * without being in the counts yet (the drafts before it). */
+ * gen[0..n_gen) (backend memory: the verify forward's row tokens,
+ * dflash_qwen3's s.in.ids): the tokens before the row that count as
+ * generated without being in the counts yet (the drafts before it). */
 dflash_sample_row dflash_spec_sample_row(const spec_sampling *ss, int64_t pos, const int32_t *gen, int n_gen);
 /* The same from options alone, penalties off. */
 dflash_sample_row dflash_spec_sample_row_opts(const dflash_sampler_opts *o, int64_t pos);
 /* The row [V] (host memory) under r's penalties, as sample_rows applies
- * them, from counts: a host copy of r->counts (r->gen added to it as
- * generated). */
-void dflash_spec_penalize_row(float *row, int V, const int32_t *counts, const dflash_sample_row *r);
+ * them, from host copies of r->counts (counts [V]) and of r->gen (gen
+ * [r->n_gen], added to the counts as generated). */
+void dflash_spec_penalize_row(float *row, int V, const int32_t *counts, const dflash_sample_row *r,
+                              const int32_t *gen);
 /* Tokens generated (committed) join ss's counts on the backend (no-op
  * without them); _step: a step's, the accepted drafts block[1..a] and
  * the bonus. */
@@ -74,8 +76,8 @@ dflash_status dflash_spec_sample_rows(dflash_backend *be, const float *logits, i
  * propose_dev) for the verify to read where they are: the step's tokens
  * come back as ids (greedy, or drawn where the logits are, ss->ids), so
  * one download brings the tokens and the drafts together (one wait for
- * the device a step). Not with DFLASH_HOST_DRAFTS=1, nor under penalties
- * drawn on the device (the rows need the drafts before them). */
+ * the device a step; penalized rows read the drafts before them there
+ * too). Not with DFLASH_HOST_DRAFTS=1. */
 int dflash_spec_dev_drafts(const dflash_proposer *p, const spec_sampling *ss);
 /* 2 PROPOSE for n sequences drafting k each: with `dev` (a caller that
  * passed dflash_spec_dev_drafts) the drafts stay in backend memory, *dev

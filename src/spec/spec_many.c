@@ -112,7 +112,7 @@ static dflash_status propose_group(dflash_spec_batch *r, const int *g, int ng, g
     int32_t last[ng], drafts[ng * DFLASH_MAX_BLOCK];
     int ids = 1;
     for (int j = 0; j < ng; j++)
-        ids &= !r->ms[g[j]].sampled || (r->ms[g[j]].ss.ids && !r->ms[g[j]].ss.counts);
+        ids &= !r->ms[g[j]].sampled || r->ms[g[j]].ss.ids;
     gd->dev = NULL;
     for (int k = 1; k < r->B; k++) {
         int n = 0;
@@ -172,6 +172,7 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
      * to the host */
     const int V = r->t->cfg.vocab_size;
     dflash_sample_row *draw = r->draw;
+    const int32_t *drafts_at = r->t->s.in.ids; /* the forward's row tokens: a penalty reads the drafts there */
     spec_sampling *scratch = NULL;
     for (int j = 0; j < ng; j++) {
         many_seq *m = &r->ms[g[j]];
@@ -179,7 +180,7 @@ static dflash_status verify_group(dflash_spec_batch *r, const int *g, int ng, in
         if (m->ss.ids && (!scratch || (!scratch->host_counts && m->ss.host_counts)))
             scratch = &m->ss;
         for (int i = 0; i <= m->k; i++)
-            draw[m->row0 + i] = m->ss.ids ? dflash_spec_sample_row(&m->ss, m->s + 1 + i, m->block + 1, i)
+            draw[m->row0 + i] = m->ss.ids ? dflash_spec_sample_row(&m->ss, m->s + 1 + i, drafts_at + m->row0 + 1, i)
                                           : (dflash_sample_row){ .top_p = 1.0, .rep_penalty = 1.0 };
     }
     if (scratch) {

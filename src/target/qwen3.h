@@ -105,7 +105,8 @@ void dflash_qwen3_seq_free(dflash_qwen3 *m, dflash_kv_seq *seq);
  * covers its rows, and (in backend memory, valid until the next forward):
  *   *logits = [n_logit_rows, V] (NULL with argmax_only: m->s.best
  *   [n_logit_rows] holds each row's argmax), *taps = [n_rows, n_taps * H]
- *   (NULL if none). */
+ *   (NULL if none), m->s.in.ids [n_rows] the rows' tokens (dev_tokens'
+ *   among them). */
 dflash_status dflash_qwen3_forward(dflash_qwen3 *m, const dflash_qwen3_batch *b, float **logits, float **taps);
 
 #endif

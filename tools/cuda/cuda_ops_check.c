@@ -2300,6 +2300,13 @@ static void case_sample_penalties(int V, int D)
     dflash_sampler_opts so;
     dflash_sampler_default_opts(&so);
     MUST(dflash_sampler_init(&smp, V, &so));
+    /* draw d of row r: the row's top tokens before it (repeats among
+     * them), in device memory as a verify's drafts are */
+    int32_t *hgen = xmalloc((size_t)n * TOPS * sizeof(int32_t));
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < TOPS; g++)
+            hgen[(size_t)i * TOPS + g] = top[(i / D) * TOPS + (g * 5) % TOPS];
+    const int32_t *dgen = gpu_copy(hgen, (size_t)n * TOPS * sizeof(int32_t));
     for (size_t si = 0; si < sizeof set / sizeof set[0]; si++) {
         char shape[128];
         snprintf(shape, sizeof shape, "%d rows x %d, T %g top-k %d top-p %g, penalties %g / %g / %g", n, V, set[si].T,
@@ -2311,9 +2318,7 @@ static void case_sample_penalties(int V, int D)
                                           .seed = 2000 + si, .pos = 41 * (r * D + d) + 3,
                                           .rep_penalty = set[si].rep, .frequency_penalty = set[si].freq,
                                           .presence_penalty = set[si].pres, .counts = dc[r % 2],
-                                          .n_gen = d % TOPS };
-                for (int g = 0; g < w->n_gen; g++)
-                    w->gen[g] = top[r * TOPS + (g * 5) % TOPS]; /* repeats among them */
+                                          .n_gen = d % TOPS, .gen = dgen + (size_t)(r * D + d) * TOPS };
             }
         MUST(g_gpu->ops->sample_rows(g_gpu, dx, n, V, rows, dids));
         gpu_get(got, dids, (size_t)n * sizeof(int32_t));
@@ -2328,7 +2333,7 @@ static void case_sample_penalties(int V, int D)
         for (int i = 0; i < n; i++) {
             const int r = i / D;
             memcpy(cnt, hc[r % 2], (size_t)V * sizeof(int32_t));
-            count_host(cnt, V, rows[i].gen, rows[i].n_gen, 1);
+            count_host(cnt, V, hgen + (size_t)i * TOPS, rows[i].n_gen, 1);
             for (int j = 0; j < V; j++) {
                 smp.seen[j] = cnt[j] >= 0;
                 smp.count[j] = cnt[j] > 0 ? cnt[j] : 0;
@@ -2345,6 +2350,7 @@ static void case_sample_penalties(int V, int D)
         record("sample_rows", shape, bad ? INFINITY : 0.0, 0.0);
     }
     dflash_sampler_free(&smp);
+    free(hgen);
     free(x);
     free(top);
     free(rows);

@@ -803,7 +803,7 @@ static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int 
  * workspace. Where a row has penalties, a launch first writes every row
  * of the chunk under its penalties (dflash_penalize_rows) and the draw
  * reads those. */
-_Static_assert(sizeof(dflash_sample_row) == 80 + 4 * DFLASH_SAMPLE_GEN_MAX, "mirrored by sample.cu's sample_row");
+_Static_assert(sizeof(dflash_sample_row) == 88, "mirrored by sample.cu's sample_row");
 #define SAMPLE_WS_ROW (4 * 1024 + 4 * 8 * 8) /* sample.cu's WS_ROW (for clusters of 8), in u64 */
 /* Rows drawn per launch: the workspace holds [rows, V] doubles (156 MB
  * for 128 rows of Qwen3's 151936), so the verify rows of many sessions

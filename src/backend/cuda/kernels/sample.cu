@@ -47,10 +47,9 @@ struct sample_row {
     u64 seed;
     long long pos;
     double rep_penalty, frequency_penalty, presence_penalty;
-    const int *counts;
-    int gen[DFLASH_SAMPLE_GEN_MAX];
+    const int *counts, *gen;
 };
-static_assert(sizeof(sample_row) == 80 + 4 * DFLASH_SAMPLE_GEN_MAX, "mirrors dflash_sample_row in backend.h");
+static_assert(sizeof(sample_row) == 88, "mirrors dflash_sample_row in backend.h");
 
 /* Unsigned keys in the order of the f32 values they come from. */
 __forceinline__ u32 smp_key(float f)
@@ -585,7 +584,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const sample_row &a = rows[blockIdx.y];
     const int n_gen = min(max(a.n_gen, 0), DFLASH_SAMPLE_GEN_MAX);
     for (int i = threadIdx.x; i < n_gen; i += blockDim.x)
-        gen[i] = a.gen[i];
+        gen[i] = a.gen[i]; /* the drafts where the verify's forward holds its rows' tokens */
     __syncthreads();
     const float *l = logits + (i64)blockIdx.y * V;
     float *o = out + (i64)blockIdx.y * V;
