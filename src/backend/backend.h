@@ -457,6 +457,11 @@ typedef struct dflash_backend_ops {
      * dflash_route_args and dflash_experts_args). */
     dflash_status (*moe_route)(dflash_backend *be, const dflash_route_args *r);
     dflash_status (*linear_experts)(dflash_backend *be, const dflash_experts_args *a);
+    /* The router's projection and the routing (dflash_be_linear_moe_route):
+     * optional; the composition is linear (linear_group with the shared
+     * expert's gate), then moe_route. */
+    dflash_status (*linear_moe_route)(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                      float *const *out, const dflash_route_args *r);
 
     /* Sampling on the device: optional; NULL where the caller's host
      * sampler draws from downloaded logits (dflash_spec_sample_rows,
@@ -556,6 +561,14 @@ dflash_status dflash_be_linear_add_rmsnorm_composed(dflash_backend *be, const fl
  * downloaded, the arrays uploaded) and runs linear_group once per expert
  * that has rows. */
 dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r);
+/* out[i] = x [n, w[i].cols] w[i]^T for the router (i = 0) and, with n_w 2,
+ * the shared expert's gate, then the routing r of those logits: r->logits
+ * must be out[0], and r->shared_logit out[1] or NULL (a shared expert
+ * added apart). One launch less where the backend fuses them. */
+dflash_status dflash_be_linear_moe_route(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                         float *const *out, const dflash_route_args *r);
+dflash_status dflash_be_linear_moe_route_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                                  int n_w, float *const *out, const dflash_route_args *r);
 dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_args *a);
 /* One linear_group per expert with rows: the default linear_experts, and
  * what a backend runs where its own version declines a case. host_first: a

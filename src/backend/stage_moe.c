@@ -1,8 +1,9 @@
-/* stage_moe.c: the MoE layer's two stages, moe_route and linear_experts
- * (backend.h): their argument checks, the definition of the routing (what
- * the CPU backend runs in place), and the default composition a backend
- * without its own version runs (the routing on the host between a
- * download and an upload; one linear_group per expert that has rows). */
+/* stage_moe.c: the MoE layer's stages, moe_route, linear_moe_route (the
+ * router's projection with the routing) and linear_experts (backend.h):
+ * their argument checks, the definition of the routing (what the CPU
+ * backend runs in place), and the default composition a backend without
+ * its own version runs (the routing on the host between a download and an
+ * upload; one linear_group per expert that has rows). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,31 @@ dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r
     if (be->ops->moe_route)
         return be->ops->moe_route(be, r);
     return route_on_host(be, r);
+}
+
+dflash_status dflash_be_linear_moe_route_composed(dflash_backend *be, const float *x, int n, const dflash_weight *w,
+                                                  int n_w, float *const *out, const dflash_route_args *r)
+{
+    if (n_w == 2)
+        DFLASH_TRY(dflash_be_linear_group(be, x, n, w, 2, out, DFLASH_ACT_NONE));
+    else
+        DFLASH_TRY(be->ops->linear(be, x, n, &w[0], out[0]));
+    return dflash_be_moe_route(be, r);
+}
+
+dflash_status dflash_be_linear_moe_route(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                         float *const *out, const dflash_route_args *r)
+{
+    if (n_w < 1 || n_w > 2 || r->n != n || r->logits != out[0] || w[0].rows != r->n_experts ||
+        (r->shared_logit && (n_w != 2 || r->shared_logit != out[1])) || (n_w == 2 && w[1].rows != 1))
+        return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_moe_route: %d weights (the router's %lld rows for %d "
+                           "experts) and a routing of %d rows that does not read their outputs", n_w,
+                           (long long)w[0].rows, r->n_experts, r->n);
+    if (n == 0)
+        return DFLASH_OK;
+    if (be->ops->linear_moe_route)
+        return be->ops->linear_moe_route(be, x, n, w, n_w, out, r);
+    return dflash_be_linear_moe_route_composed(be, x, n, w, n_w, out, r);
 }
 
 dflash_status dflash_be_linear_experts(dflash_backend *be, const dflash_experts_args *a)

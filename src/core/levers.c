@@ -57,6 +57,7 @@ void dflash_levers_reload(void)
     g_levers.cuda_gemm_share_sum = env_int("DFLASH_CUDA_GEMM_SHARE_SUM", 1, 0, 2);
     g_levers.cuda_gemm_defer_sum = env_int("DFLASH_CUDA_GEMM_DEFER_SUM", 1, 0, 1);
     g_levers.cuda_qk_attention = env_int("DFLASH_CUDA_QK_ATTENTION", 1, 0, 1);
+    g_levers.cuda_route_sum_rows = env_int("DFLASH_CUDA_ROUTE_SUM_ROWS", 1, 0, 64);
     g_levers.cuda_attn_group = env_int("DFLASH_CUDA_ATTN_GROUP", 0, 0, 32);
     g_levers.cuda_attn_min_warps = env_int("DFLASH_CUDA_ATTN_MIN_WARPS", 0, 0, 8);
     g_levers.cuda_gemm_wide = env_int("DFLASH_CUDA_GEMM_WIDE", 65, 1, 1 << 30);

@@ -18,6 +18,7 @@ typedef struct dflash_levers {
     int cuda_attn_group;    /* DFLASH_CUDA_ATTN_GROUP: an attention block walks this many of the call's key splits (of its bound on the keys), 1..32; 0 (default) as many as one wave of blocks needs (same bits; tuning and checks) */
     int cuda_attn_min_warps; /* DFLASH_CUDA_ATTN_MIN_WARPS: warps of a tensor-core attention block, at least those its query tiles need, 1..8; 0 (default) its own choice (same bits; tuning and checks) */
     int cuda_gemm_defer_sum; /* DFLASH_CUDA_GEMM_DEFER_SUM: 1 (default) a split-K GEMM whose output only feeds the next launch (o and down before a norm, q/k/v before their norm and RoPE) leaves its partials' sum to that launch, 0 the GEMM adds them (same bits; A/B) */
+    int cuda_route_sum_rows; /* DFLASH_CUDA_ROUTE_SUM_ROWS: calls of up to this many rows (0..64; default 1, a decode) have a MoE router's split-K GEMM leave its sum to the routing's launch, 0 never (same bits; A/B and tuning) */
     int cuda_gemm_wide;  /* DFLASH_CUDA_GEMM_WIDE: rows from which a GEMM takes the many-row kernel (default 65; same bits) */
     int cuda_gemm_tile;  /* DFLASH_CUDA_GEMM_TILE: the many-row kernel's activation tile, 32, 64 or 128; 0 (default) its own choice */
     int cuda_experts_tile;  /* DFLASH_CUDA_EXPERTS_TILE: the grouped expert GEMM's tile rows, 8, 16, 32 or 64; 0 (default) its own choice */

@@ -222,23 +222,17 @@ dflash_gather qwen3_moe_sum(const dflash_model_config *c, const qwen3_moe *m, co
 dflash_status qwen3_moe_forward(dflash_backend *be, const dflash_model_config *c, const qwen3_moe *m,
                                 const qwen3_moe_bufs *b, const float *x, int n, float *out)
 {
-    const dflash_backend_ops *o = be->ops;
     const int E = c->num_experts, k = c->num_experts_per_tok, joined = m->shared_joined;
     const int ne = E + joined, kr = k + joined;
-    if (m->shared_gate.data) {
-        /* the router and the shared expert's gate read the same x: one
-         * launch where the backend groups */
-        const dflash_weight rg[2] = { m->router, m->shared_gate };
-        float *const rg_out[2] = { b->logits, b->sh_logit };
-        DFLASH_TRY(dflash_be_linear_group(be, x, n, rg, 2, rg_out, DFLASH_ACT_NONE));
-    } else {
-        DFLASH_TRY(o->linear(be, x, n, &m->router, b->logits));
-    }
+    /* the router and the shared expert's gate read the same x: one
+     * projection, and the routing with it where the backend fuses them */
+    const dflash_weight rg[2] = { m->router, m->shared_gate };
+    float *const rg_out[2] = { b->logits, b->sh_logit };
     const dflash_route_args r = { .n = n, .n_experts = E, .k = k, .norm_topk_prob = c->norm_topk_prob,
                                   .logits = b->logits, .shared_logit = joined ? b->sh_logit : NULL,
                                   .expert = b->expert, .prob = b->prob, .first = b->first, .src = b->src,
                                   .slot = b->slot };
-    DFLASH_TRY(dflash_be_moe_route(be, &r));
+    DFLASH_TRY(dflash_be_linear_moe_route(be, x, n, rg, m->shared_gate.data ? 2 : 1, rg_out, &r));
     if (b->tally->on)
         DFLASH_TRY(tally_experts(be, c, b));
     /* gate and up with SwiGLU (reading each gathered row from x through

@@ -1971,6 +1971,86 @@ static void case_moe_route_shared(int n, int E, int k)
     gpu_reset();
 }
 
+/* The router's projection with the routing (linear_moe_route): the
+ * fused stage (the routing adds the GEMM's partials where it can) equal
+ * byte for byte to its composition (linear or linear_group, then
+ * moe_route), logits, gate and every routing array; the logits within
+ * rounding of the CPU's. shared: 0 none, 1 a shared expert joined to the
+ * routing, 2 its gate computed but the expert added apart. */
+typedef struct lmr_arg {
+    const float *x;
+    int n, n_w, composed;
+    const dflash_weight *w;
+    float *out[2];
+    dflash_route_args r;
+} lmr_arg;
+static dflash_status run_lmr(void *p)
+{
+    lmr_arg *a = p;
+    return a->composed ? dflash_be_linear_moe_route_composed(g_gpu, a->x, a->n, a->w, a->n_w, a->out, &a->r)
+                       : dflash_be_linear_moe_route(g_gpu, a->x, a->n, a->w, a->n_w, a->out, &a->r);
+}
+
+static void case_linear_moe_route(dflash_dtype dt, int n, int E, int k, int64_t H, int shared, int timed)
+{
+    char shape[112];
+    snprintf(shape, sizeof shape, "%s %d rows, router %d x %lld top %d%s", dflash_dtype_name(dt), n, E, (long long)H,
+             k, shared == 1 ? ", shared expert" : shared == 2 ? ", shared gate apart" : "");
+    const int n_w = shared ? 2 : 1, kr = k + (shared == 1), ne = E + (shared == 1);
+    const size_t nk = (size_t)n * kr, ints_n = 3 * nk + ne + 1;
+    wpair w[2];
+    make_weight(&w[0], dt, E, H, 2.0f / sqrtf((float)H));
+    if (shared)
+        make_weight(&w[1], dt, 1, H, 2.0f / sqrtf((float)H));
+    const dflash_weight wh[2] = { w[0].h, shared ? w[1].h : w[0].h }, wd[2] = { w[0].d, shared ? w[1].d : w[0].d };
+    float *x = rand_f32((size_t)n * H, 1.0f), *logits = xmalloc((size_t)n * E * sizeof(float));
+    float *sl = xmalloc((size_t)n * sizeof(float)), *prob = xmalloc(nk * sizeof(float));
+    int32_t *ints = xmalloc(ints_n * sizeof(int32_t));
+    float *const hout[2] = { logits, shared ? sl : NULL };
+    dflash_route_args rc = { .n = n, .n_experts = E, .k = k, .norm_topk_prob = 1, .logits = logits,
+                             .shared_logit = shared == 1 ? sl : NULL, .expert = ints, .src = ints + nk,
+                             .slot = ints + 2 * nk, .first = ints + 3 * nk, .prob = prob };
+    MUST(dflash_be_linear_moe_route(g_cpu, x, n, wh, n_w, hout, &rc));
+    lmr_arg a[2]; /* the stage, the composition */
+    for (int v = 0; v < 2; v++) {
+        a[v] = (lmr_arg){ .x = v ? a[0].x : gpu_copy(x, (size_t)n * H * sizeof(float)), .n = n, .n_w = n_w,
+                          .composed = v, .w = wd, .out = { gpu_poison((size_t)n * E), shared ? gpu_poison(n) : NULL },
+                          .r = rc };
+        a[v].r.logits = a[v].out[0];
+        a[v].r.shared_logit = shared == 1 ? a[v].out[1] : NULL;
+        a[v].r.expert = gpu_alloc(nk * 4), a[v].r.src = gpu_alloc(nk * 4), a[v].r.slot = gpu_alloc(nk * 4);
+        a[v].r.first = gpu_alloc(((size_t)ne + 1) * 4);
+        a[v].r.prob = gpu_poison(nk);
+        MUST(run_lmr(&a[v]));
+    }
+    check_f32("linear_moe_route logits", shape, a[0].out[0], logits, (size_t)n * E, 1e-4);
+    const struct { const char *what; const void *d0, *d1; size_t bytes; } same[] = {
+        { "logits", a[0].out[0], a[1].out[0], (size_t)n * E * 4 }, { "gate", a[0].out[1], a[1].out[1], (size_t)n * 4 },
+        { "experts", a[0].r.expert, a[1].r.expert, nk * 4 },      { "prob", a[0].r.prob, a[1].r.prob, nk * 4 },
+        { "first", a[0].r.first, a[1].r.first, ((size_t)ne + 1) * 4 }, { "src", a[0].r.src, a[1].r.src, nk * 4 },
+        { "slot", a[0].r.slot, a[1].r.slot, nk * 4 },
+    };
+    unsigned char *comp = xmalloc((size_t)n * E * 4);
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        if (!same[i].d0)
+            continue;
+        char op[96];
+        snprintf(op, sizeof op, "linear_moe_route %s == composition", same[i].what);
+        gpu_get(comp, same[i].d1, same[i].bytes);
+        check_exact(op, shape, same[i].d0, comp, same[i].bytes);
+    }
+    if (timed) {
+        const double bytes = (double)(E + (shared != 0)) * (double)H * (double)dflash_dtype_size(dt);
+        time_op("linear_moe_route", shape, run_lmr, &a[0], bytes);
+        time_op("linear, moe_route", shape, run_lmr, &a[1], bytes);
+    }
+    free(comp), free(x), free(logits), free(sl), free(prob), free(ints);
+    free_weight(&w[0]);
+    if (shared)
+        free_weight(&w[1]);
+    gpu_reset();
+}
+
 static void case_moe(dflash_dtype dt, int n, int E, int k, int64_t H, int64_t I, int timed)
 {
     case_moe_routing(dt, n, E, k, H, I, timed, 0);
@@ -3386,6 +3466,26 @@ int main(int argc, char **argv)
         case_moe_route_shared(460, 64, 8);
         case_moe_route_shared(3, 64, 40);
         case_moe_route_shared(5, DFLASH_ROUTE_MAX_EXPERTS - 1, 8);
+        /* the router's projection with the routing: decode, verify, the
+         * most rows a split GEMM leaves to it, past that (composed); the
+         * fused form for every row count (its default is decodes only) */
+        char *was = getenv("DFLASH_CUDA_ROUTE_SUM_ROWS") ? strdup(getenv("DFLASH_CUDA_ROUTE_SUM_ROWS")) : NULL;
+        lever_env("DFLASH_CUDA_ROUTE_SUM_ROWS", "64");
+        for (int sh = 0; sh < 3; sh++)
+            for (size_t i = 0; i < 4; i++) {
+                const int rows[4] = { 1, 16, 64, 65 };
+                case_linear_moe_route(DFLASH_DTYPE_BF16, rows[i], 256, 8, g_small ? 256 : 2048, sh, 0);
+            }
+        case_linear_moe_route(DFLASH_DTYPE_F8_E4M3, 16, 256, 8, 2048, 1, 0);
+        case_linear_moe_route(DFLASH_DTYPE_F8_E4M3, 1, 128, 8, 2048, 0, 0);
+        case_linear_moe_route(DFLASH_DTYPE_BF16, 3, 64, 40, 512, 1, 0); /* more than 32 taken */
+        case_linear_moe_route(DFLASH_DTYPE_BF16, 5, 600, 8, 512, 1, 0); /* the wide routing kernel */
+        if (!g_small) {
+            case_linear_moe_route(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 1, T);
+            case_linear_moe_route(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 1, T);
+        }
+        lever_env("DFLASH_CUDA_ROUTE_SUM_ROWS", was);
+        free(was);
         if (!g_small) {
             case_moe(DFLASH_DTYPE_BF16, 1, 256, 8, 2048, 512, T);
             case_moe(DFLASH_DTYPE_BF16, 16, 256, 8, 2048, 512, T);

@@ -774,15 +774,46 @@ static dflash_status cuda_gather_sum(dflash_backend *be, float *out, const float
     return cuda_launch(c, DFK_GATHER_SUM, (unsigned)n, chunks, 256, args);
 }
 
-/* A MoE layer's routing (moe.cu): one block for the whole call. */
-static dflash_status cuda_moe_route(dflash_backend *be, const dflash_route_args *r)
+/* A MoE layer's routing (moe.cu): one block for the whole call; with
+ * rp.ws, the router's logits summed from its GEMM's partials first. */
+static dflash_status route_launch(cuda_ctx *c, const dflash_route_args *r, const route_parts *rp)
 {
-    cuda_ctx *c = CTX(be);
     DFLASH_TRY(cuda_enter(c));
     int n = r->n, E = r->n_experts, k = r->k, norm = r->norm_topk_prob;
     void *args[] = { (void *)&r->logits, (void *)&r->shared_logit, &n, &E, &k, &norm, (void *)&r->expert,
-                     (void *)&r->prob, (void *)&r->first, (void *)&r->src, (void *)&r->slot };
+                     (void *)&r->prob, (void *)&r->first, (void *)&r->src, (void *)&r->slot, (void *)rp };
     return cuda_launch(c, E <= 256 ? DFK_MOE_ROUTE : DFK_MOE_ROUTE_WIDE, 1, 1, 1024, args);
+}
+
+static dflash_status cuda_moe_route(dflash_backend *be, const dflash_route_args *r)
+{
+    const route_parts none = { 0 };
+    return route_launch(CTX(be), r, &none);
+}
+
+/* The router's GEMM leaves its split-K sum to the routing's launch where
+ * it can (cuda_gemm_partials), which adds the partials as the GEMM's
+ * epilogue would before it routes: the GEMM's arrival count, wait and
+ * last pass go, the bits stay the composition's. Only for calls of up to
+ * DFLASH_CUDA_ROUTE_SUM_ROWS rows (a decode): the routing is one block, and summing
+ * 2-16 rows' partials there cost more than the GEMM's own last pass,
+ * spread over its blocks (docs/perf-notes.md). */
+static dflash_status cuda_linear_moe_route(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
+                                           float *const *out, const dflash_route_args *r)
+{
+    cuda_ctx *c = CTX(be);
+    cuda_partials p = { 0 };
+    if (n <= dflash_levers_get()->cuda_route_sum_rows)
+        DFLASH_TRY(cuda_gemm_partials(c, x, n, w, n_w, &p));
+    if (!p.slices)
+        return dflash_be_linear_moe_route_composed(be, x, n, w, n_w, out, r);
+    const route_parts rp = {
+        .ws = p.ws, .stride = p.stride, .ld = p.ld, .off_sh = n_w > 1 ? p.off[1] : 0, .slices = p.slices,
+        .sh_out = n_w > 1 ? out[1] : NULL,
+        .scale_r = w[0].dtype == DFLASH_DTYPE_F8_E4M3 ? w[0].scales : NULL,
+        .scale_s = n_w > 1 && w[1].dtype == DFLASH_DTYPE_F8_E4M3 ? w[1].scales : NULL,
+    };
+    return route_launch(c, r, &rp);
 }
 
 static dflash_status cuda_argmax(dflash_backend *be, const float *x, int n, int cols, int32_t *out)
@@ -912,6 +943,7 @@ static const dflash_backend_ops k_cuda_ops = {
     .qkv_norm_rope_store = cuda_qkv_norm_rope_store,
     .qkv_attention = cuda_qkv_attention,
     .moe_route = cuda_moe_route,
+    .linear_moe_route = cuda_linear_moe_route,
     .linear_experts = cuda_linear_experts,
     .counters = cuda_counters,
     .capture_begin = cuda_capture_begin,

@@ -159,6 +159,16 @@ typedef struct cuda_partials {
 dflash_status cuda_gemm_partials(cuda_ctx *c, const float *x, int n, const dflash_weight *w, int n_w,
                                  cuda_partials *p);
 
+/* Mirrors struct route_parts in kernels/moe.cu. */
+typedef struct route_parts {
+    const float *ws;
+    int64_t stride, ld, off_sh;
+    int32_t slices;
+    float *sh_out;
+    const float *scale_r, *scale_s;
+} route_parts;
+_Static_assert(sizeof(route_parts) == 64, "mirrors moe.cu's route_parts");
+
 /* Mirrors struct qk_store in kernels/norm_rope.cuh. */
 typedef struct qk_store {
     void *pool;

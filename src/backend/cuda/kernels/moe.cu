@@ -29,11 +29,20 @@
  * expert's entries the popcount of the rows below it; every entry is
  * handled by one thread, once. Beyond that, thread e walks all the entries
  * (staged in shared memory, by the rows themselves when they fit one
- * chunk, and read four at a time), once to count and once to place. */
+ * chunk, and read four at a time), once to count and once to place.
+ *
+ * Where the router's split-K GEMM left its sum to this launch (ws set:
+ * linear_moe_route in cuda_backend.c), the block first sums the partials
+ * into the logits [n, E] and the shared expert's gate sh_out [n] as the
+ * GEMM's epilogue would (split_sum), then routes as above: the same bits
+ * as the GEMM followed by the routing, without the GEMM's arrival, wait
+ * and last pass. */
 #include "common.cuh"
+#include "norm_rope.cuh"
 
 #define MR_THREADS 1024
 #define MR_CHUNK 4096 /* entries staged in shared memory at a time (a multiple of 4) */
+#define MR_SUM_PER 4  /* router partials' elements a thread sums at once */
 /* A row's experts a lane holds: up to 256 experts (Qwen3-MoE's 128,
  * Qwen3.5's 256), or up to the most the stage allows (1024, where the
  * registers of 1024-thread blocks run out and values spill to L1). */
@@ -166,9 +175,21 @@ __forceinline__ int mr_scan(const int *expert, int nk, int k, int e, bool place,
     return count;
 }
 
+/* The router GEMM's partials (see the top): slice s of row r at ws + s *
+ * stride + r * ld, the router's rows from column 0, the shared gate's at
+ * off_sh; fp8 row scales scale_r [E] and scale_s [1], or NULL. */
+struct route_parts {
+    const float *ws;
+    i64 stride, ld, off_sh;
+    int slices;
+    float *sh_out;
+    const float *scale_r, *scale_s;
+};
+static_assert(sizeof(route_parts) == 64, "mirrored by route_parts in cuda_internal.h");
+
 template <int PL>
-__forceinline__ void moe_route_body(const float *logits, const float *shared_logit, int n, int E, int k, int norm,
-                                    int *expert, float *prob, int *first, int *src, int *slot)
+__forceinline__ void moe_route_body(float *logits, const float *shared_logit, int n, int E, int k, int norm,
+                                    int *expert, float *prob, int *first, int *src, int *slot, const route_parts &rp)
 {
     __shared__ __align__(16) int stage[MR_CHUNK];
     __shared__ int warp_total[MR_THREADS / 32];
@@ -176,6 +197,30 @@ __forceinline__ void moe_route_body(const float *logits, const float *shared_log
     __shared__ int start[DFLASH_ROUTE_MAX_EXPERTS];                 /* masks: first[e] */
     pdl_trigger();
     pdl_wait();
+    if (rp.ws) { /* the logits from the router's partials; the rows read them back after the barrier */
+        /* the partials' rows [n, ld] as one run: thread t sums elements
+         * t + i * blockDim.x, MR_SUM_PER of them with all their slices'
+         * loads in flight (a few passes over a block, not a chain of
+         * round trips per logit), then keeps the router's (j < E) and
+         * the gate's (j == off_sh), each scaled as the GEMM's epilogue
+         * scales it */
+        const int total = n * (int)rp.ld;
+        for (int u0 = threadIdx.x; u0 < total; u0 += MR_SUM_PER * blockDim.x) {
+            float v[MR_SUM_PER];
+            split_sum<MR_SUM_PER, 8>(rp.ws, rp.stride, rp.slices, nullptr, u0, blockDim.x, total, v);
+#pragma unroll
+            for (int i = 0; i < MR_SUM_PER; i++) {
+                const int u = u0 + i * blockDim.x, r = u / (int)rp.ld, j = u - r * (int)rp.ld;
+                if (u >= total)
+                    break;
+                if (j < E)
+                    logits[(i64)r * E + j] = rp.scale_r ? __fmul_rn(v[i], rp.scale_r[j]) : v[i];
+                else if (rp.sh_out && j == rp.off_sh)
+                    rp.sh_out[r] = rp.scale_s ? __fmul_rn(v[i], rp.scale_s[0]) : v[i];
+            }
+        }
+        __syncthreads();
+    }
     /* from here on kr entries a row and ne experts (the shared one too) */
     const int sh = shared_logit != nullptr, kr = k + sh, ne = E + sh;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nk = n * kr;
@@ -241,15 +286,15 @@ __forceinline__ void moe_route_body(const float *logits, const float *shared_log
 }
 
 extern "C" __global__ void __launch_bounds__(MR_THREADS)
-    dflash_moe_route(const float *logits, const float *shared_logit, int n, int E, int k, int norm, int *expert,
-                     float *prob, int *first, int *src, int *slot)
+    dflash_moe_route(float *logits, const float *shared_logit, int n, int E, int k, int norm, int *expert,
+                     float *prob, int *first, int *src, int *slot, route_parts rp)
 {
-    moe_route_body<MR_PER_LANE_NARROW>(logits, shared_logit, n, E, k, norm, expert, prob, first, src, slot);
+    moe_route_body<MR_PER_LANE_NARROW>(logits, shared_logit, n, E, k, norm, expert, prob, first, src, slot, rp);
 }
 
 extern "C" __global__ void __launch_bounds__(MR_THREADS)
-    dflash_moe_route_wide(const float *logits, const float *shared_logit, int n, int E, int k, int norm,
-                          int *expert, float *prob, int *first, int *src, int *slot)
+    dflash_moe_route_wide(float *logits, const float *shared_logit, int n, int E, int k, int norm, int *expert,
+                          float *prob, int *first, int *src, int *slot, route_parts rp)
 {
-    moe_route_body<MR_PER_LANE_WIDE>(logits, shared_logit, n, E, k, norm, expert, prob, first, src, slot);
+    moe_route_body<MR_PER_LANE_WIDE>(logits, shared_logit, n, E, k, norm, expert, prob, first, src, slot, rp);
 }
