@@ -1062,6 +1062,48 @@ static void test_moe_route_shared(void)
     check_route_on_host(&r, N * KR, E + 2);
 }
 
+/* linear_moe_route: the router's projection (with the shared expert's
+ * gate, joined to the routing or not) then the routing, equal to the two
+ * in turn; a routing that does not read the projection's outputs is
+ * refused. */
+static void test_linear_moe_route(void)
+{
+    enum { N = 4, H = 9, E = 6, K = 2, KR = K + 1 };
+    float x[N * H], wr[E * H], wg[H], logits[N * E], sl[N], prob[N * KR], l2[N * E], s2[N], p2[N * KR];
+    int32_t ints[4 * N * KR + E + 2], i2[4 * N * KR + E + 2];
+    fill(x, N * H, 0.0f, 1.0f);
+    fill(wr, E * H, 0.0f, 1.0f);
+    fill(wg, H, 0.0f, 1.0f);
+    const dflash_weight w[2] = { { DFLASH_DTYPE_F32, E, H, wr, NULL, "router" },
+                                 { DFLASH_DTYPE_F32, 1, H, wg, NULL, "shared_gate" } };
+    for (int shared = 0; shared < 3; shared++) { /* none, joined, apart */
+        const int n_w = shared ? 2 : 1, kr = K + (shared == 1);
+        float *const out[2] = { logits, shared ? sl : NULL }, *const out2[2] = { l2, shared ? s2 : NULL };
+        dflash_route_args r = { .n = N, .n_experts = E, .k = K, .norm_topk_prob = 1, .logits = logits,
+                                .shared_logit = shared == 1 ? sl : NULL, .expert = ints, .prob = prob,
+                                .src = ints + N * KR, .slot = ints + 2 * N * KR, .first = ints + 3 * N * KR };
+        dflash_route_args r2 = { .n = N, .n_experts = E, .k = K, .norm_topk_prob = 1, .logits = l2,
+                                 .shared_logit = shared == 1 ? s2 : NULL, .expert = i2, .prob = p2,
+                                 .src = i2 + N * KR, .slot = i2 + 2 * N * KR, .first = i2 + 3 * N * KR };
+        memset(ints, 0, sizeof ints), memset(i2, 0, sizeof i2);
+        CHECK_OK(dflash_be_linear_moe_route(be, x, N, w, n_w, out, &r));
+        if (n_w == 2)
+            CHECK_OK(dflash_be_linear_group(be, x, N, w, 2, out2, DFLASH_ACT_NONE));
+        else
+            CHECK_OK(be->ops->linear(be, x, N, &w[0], l2));
+        CHECK_OK(dflash_be_moe_route(be, &r2));
+        CHECKF(!memcmp(logits, l2, sizeof logits) && (!shared || !memcmp(sl, s2, sizeof sl)) &&
+                   !memcmp(ints, i2, sizeof ints) && !memcmp(prob, p2, (size_t)N * kr * sizeof *prob),
+               "shared %d: the stage differs from linear then moe_route", shared);
+    }
+    dflash_route_args bad = { .n = N, .n_experts = E, .k = K, .logits = l2, .expert = ints, .prob = prob,
+                              .src = ints + N * KR, .slot = ints + 2 * N * KR, .first = ints + 3 * N * KR };
+    float *const out[2] = { logits, NULL };
+    CHECK_FAILS(dflash_be_linear_moe_route(be, x, N, w, 1, out, &bad), DFLASH_ERR_INVALID_ARG,
+                "linear_moe_route: 1 weights (the router's 6 rows for 6 experts) and a routing of 4 rows that does "
+                "not read their outputs");
+}
+
 /* A shared expert of the routed experts' shape joined to them (one more
  * entry of every row, weighted sum over k + 1 terms, left to the caller)
  * gives the same bits as run apart (its own SwiGLU and gated add after the routed sum): the
@@ -1128,6 +1170,7 @@ int main(void)
     RUN(test_moe_route);
     RUN(test_moe_stages);
     RUN(test_moe_route_shared);
+    RUN(test_linear_moe_route);
     RUN(test_moe_shared_joined);
     dflash_backend_destroy(be);
     TEST_END();
