@@ -112,7 +112,7 @@ static dflash_status route_on_host(dflash_backend *be, const dflash_route_args *
     return s;
 }
 
-dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r)
+static dflash_status route_check(const dflash_route_args *r)
 {
     const int sh = r->shared_logit != NULL;
     if (r->n < 0 || r->n_experts < 1 || r->n_experts + sh > DFLASH_ROUTE_MAX_EXPERTS || r->k < 1 ||
@@ -120,6 +120,12 @@ dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "moe_route: %d rows, %d experts%s, %d per row (1..%d experts "
                            "with the shared one, 1..experts per row)", r->n, r->n_experts,
                            sh ? " and a shared one" : "", r->k, DFLASH_ROUTE_MAX_EXPERTS);
+    return DFLASH_OK;
+}
+
+dflash_status dflash_be_moe_route(dflash_backend *be, const dflash_route_args *r)
+{
+    DFLASH_TRY(route_check(r));
     if (r->n == 0)
         return DFLASH_OK;
     if (be->ops->moe_route)
@@ -141,10 +147,11 @@ dflash_status dflash_be_linear_moe_route(dflash_backend *be, const float *x, int
                                          float *const *out, const dflash_route_args *r)
 {
     if (n_w < 1 || n_w > 2 || r->n != n || r->logits != out[0] || w[0].rows != r->n_experts ||
-        (r->shared_logit && (n_w != 2 || r->shared_logit != out[1])) || (n_w == 2 && w[1].rows != 1))
+        (r->shared_logit && (n_w != 2 || r->shared_logit != out[1])) || (n_w == 2 && (w[1].rows != 1 || !out[1])))
         return dflash_fail(DFLASH_ERR_INVALID_ARG, "linear_moe_route: %d weights (the router's %lld rows for %d "
                            "experts) and a routing of %d rows that does not read their outputs", n_w,
                            (long long)w[0].rows, r->n_experts, r->n);
+    DFLASH_TRY(route_check(r));
     if (n == 0)
         return DFLASH_OK;
     if (be->ops->linear_moe_route)

@@ -795,9 +795,9 @@ static dflash_status cuda_moe_route(dflash_backend *be, const dflash_route_args 
  * it can (cuda_gemm_partials), which adds the partials as the GEMM's
  * epilogue would before it routes: the GEMM's arrival count, wait and
  * last pass go, the bits stay the composition's. Only for calls of up to
- * DFLASH_CUDA_ROUTE_SUM_ROWS rows (a decode): the routing is one block, and summing
- * 2-16 rows' partials there cost more than the GEMM's own last pass,
- * spread over its blocks (docs/perf-notes.md). */
+ * DFLASH_CUDA_ROUTE_SUM_ROWS rows (default 1, a decode): the routing is
+ * one block, and summing 2-16 rows' partials there cost more than the
+ * GEMM's own last pass, spread over its blocks (docs/perf-notes.md). */
 static dflash_status cuda_linear_moe_route(dflash_backend *be, const float *x, int n, const dflash_weight *w, int n_w,
                                            float *const *out, const dflash_route_args *r)
 {

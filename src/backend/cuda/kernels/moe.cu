@@ -199,11 +199,11 @@ __forceinline__ void moe_route_body(float *logits, const float *shared_logit, in
     pdl_wait();
     if (rp.ws) { /* the logits from the router's partials; the rows read them back after the barrier */
         /* the partials' rows [n, ld] as one run: thread t sums elements
-         * t + i * blockDim.x, MR_SUM_PER of them with all their slices'
-         * loads in flight (a few passes over a block, not a chain of
-         * round trips per logit), then keeps the router's (j < E) and
-         * the gate's (j == off_sh), each scaled as the GEMM's epilogue
-         * scales it */
+         * t + i * blockDim.x, MR_SUM_PER of them with eight slices' loads
+         * of each in flight at once (a few rounds, not a chain of round
+         * trips per logit), then keeps the router's (j < E) and the
+         * gate's (j == off_sh), each scaled as the GEMM's epilogue scales
+         * it */
         const int total = n * (int)rp.ld;
         for (int u0 = threadIdx.x; u0 < total; u0 += MR_SUM_PER * blockDim.x) {
             float v[MR_SUM_PER];
