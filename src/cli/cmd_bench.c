@@ -883,8 +883,9 @@ static void forward_free(forward_op *o)
  * the same random tokens, prefill's): the context as the prompt, 64
  * generated tokens; row i of a block counts the block's rows 1..i as
  * generated (drafts before it). */
-static dflash_status forward_counts(forward_op *o, int width, const bench_args *a)
+static dflash_status forward_counts(forward_op *o, const bench_args *a)
 {
+    const int width = o->width;
     dflash_backend *be = o->m->be;
     const int V = o->m->cfg.vocab_size;
     DFLASH_TRY(dflash_be_alloc_i32(be, (size_t)V, &o->counts));
@@ -950,7 +951,7 @@ static dflash_status forward_init(forward_op *o, dflash_qwen3 *m, dflash_kv_seq 
             o->draw[i] = dflash_spec_sample_row_opts(&a->so, o->pos[i] + 1);
     }
     if (a->penalties) {
-        const dflash_status s = forward_counts(o, width, a);
+        const dflash_status s = forward_counts(o, a);
         if (s != DFLASH_OK) {
             forward_free(o);
             return s;

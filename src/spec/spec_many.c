@@ -65,7 +65,7 @@ struct dflash_spec_batch {
     const int *taps;
     int64_t tap_cols;
     int32_t *best; /* host [max_rows] */
-    dflash_sample_row *draw; /* host [max_rows]: a verify's rows to draw (336 bytes each: not on the stack) */
+    dflash_sample_row *draw; /* host [max_rows]: a verify's rows to draw (made once, not per verify) */
     int n, cap;    /* sequences joined and generating */
     many_seq *ms;  /* [cap] */
     int width_auto; /* each step's width from wm, else B - 1 */
